@@ -1,0 +1,48 @@
+# The one entry point: `make run` starts a broker, `make test` runs every test.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PYTHON ?= python3
+STAMP  := $(VENV)/.installed
+NODE_STAMP := tests/interop/node_modules/.installed
+PORT   ?= 8765
+
+.PHONY: install run test lint fmt check bench clean node
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,uvloop]'
+	touch $@
+
+# The npm fq client is the independent interop client for the wire tests.
+node: $(NODE_STAMP)
+
+$(NODE_STAMP): tests/interop/package.json
+	cd tests/interop && npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+run: install
+	mkdir -p var
+	$(VENV)/bin/fqd -p $(PORT) -n 127.0.0.1 -c var/fqd.sqlite -q var/queues
+
+test: install node
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff format --check fqbroker tests bench
+	$(VENV)/bin/ruff check fqbroker tests bench
+	$(VENV)/bin/mypy
+
+fmt: install
+	$(VENV)/bin/ruff format fqbroker tests bench
+	$(VENV)/bin/ruff check --fix fqbroker tests bench
+
+check: lint test
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) var tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,9 @@
+"""fqbroker: a Python (asyncio) message broker, wire-compatible with fq."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+# What /stats.json reports as "version": the fq release whose behaviour we follow.
+FQ_COMPAT_VERSION = "0.13.12"
+
+__all__ = ["FQ_COMPAT_VERSION", "__version__"]

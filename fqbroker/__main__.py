@@ -1,0 +1,7 @@
+"""``python -m fqbroker`` runs fqd."""
+
+import sys
+
+from .cli import fqd
+
+sys.exit(fqd())

@@ -1,0 +1,95 @@
+"""``fqd``: run the broker (fqd.c). Flags follow fqd's where they mean the same thing."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .config import DEFAULT_PORT, Settings
+
+__all__ = ["fqd"]
+
+DEBUG_FLAGS = ("mem", "msg", "route", "io", "conn", "config", "peer", "http")
+
+
+def _fqd_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fqd", description="fq-compatible message broker")
+    p.add_argument("--config", type=Path, help="TOML settings file (see conf/fqd.toml)")
+    p.add_argument("-p", "--port", type=int, help=f"port (default {DEFAULT_PORT}; 0 picks one)")
+    p.add_argument("--bind", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("-n", "--node-id", help="IPv4 node id used in hops")
+    p.add_argument("-c", "--config-db", type=Path, help="sqlite configuration database")
+    p.add_argument("-q", "--queue-dir", type=Path, help="disk queue directory")
+    p.add_argument("-w", "--web-root", type=Path, help="web UI root directory")
+    p.add_argument(
+        "-m", "--module", dest="modules", action="append", help="rule-function module to load"
+    )
+    p.add_argument(
+        "-D", "--foreground", action="store_true", help="accepted; fqd always runs in the foreground"
+    )
+    p.add_argument("-v", "--debug", help="debug flags: " + ",".join(DEBUG_FLAGS))
+    return p
+
+
+def settings_from_args(argv: list[str] | None = None) -> Settings:
+    args = _fqd_parser().parse_args(argv)
+    settings = Settings.from_toml(args.config) if args.config else Settings()
+    overrides = {
+        "port": args.port,
+        "bind": args.bind,
+        "node_id": args.node_id,
+        "config_db": args.config_db,
+        "queue_dir": args.queue_dir,
+        "web_root": args.web_root,
+        "debug": args.debug,
+    }
+    settings = settings.updated(overrides)
+    if args.modules:
+        settings.modules = [*settings.modules, *args.modules]
+    return settings
+
+
+def _configure_logging(debug: str) -> None:
+    level = logging.DEBUG if debug else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+async def _run(settings: Settings) -> None:
+    from .server import Broker
+
+    broker = Broker(settings)
+    await broker.start()
+    print(f"Listening on port: {broker.port}", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+
+
+def fqd(argv: list[str] | None = None) -> int:
+    settings = settings_from_args(argv)
+    _configure_logging(settings.debug)
+    try:
+        runner = _event_loop_runner()
+        with runner:
+            runner.run(_run(settings))
+    except ValueError as exc:
+        print(f"fqd: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _event_loop_runner() -> asyncio.Runner:
+    # uvloop when installed: same semantics, a faster loop.
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    return asyncio.Runner()

@@ -1,0 +1,77 @@
+"""Broker settings: one dataclass, from defaults < TOML file < command line (fqd.c).
+
+The defaults mirror fqd's, except that the broker listens on 127.0.0.1 unless told
+otherwise, and keeps its state under ``./var`` rather than ``/usr/local/var/lib/fq``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_PORT", "Settings", "resolve_node_id"]
+
+DEFAULT_PORT = 8765
+
+
+@dataclass(slots=True)
+class Settings:
+    port: int = DEFAULT_PORT
+    bind: str = "127.0.0.1"
+    node_id: str = ""  # IPv4 used in hops; empty means the host name's address
+    config_db: Path = Path("var/fqd.sqlite")
+    queue_dir: Path = Path("var/queues")
+    web_root: Path | None = None  # None serves the web UI shipped in the package
+    modules: list[str] = field(default_factory=list)  # rule-function modules (-m)
+    debug: str = ""  # -v flags: mem,msg,route,io,conn,config,peer,http
+    max_message_size: int = 1 << 28
+    default_backlog: int = 16384
+    idle_sniff_timeout: float = 30.0  # seconds a new connection may take to say what it is
+
+    @classmethod
+    def from_toml(cls, path: Path | str) -> Settings:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+        return cls().updated(data.get("fqd", data))
+
+    def updated(self, values: dict[str, Any]) -> Settings:
+        """A copy with ``values`` applied; unknown keys are an error, not silently ignored."""
+        known = {f.name: f for f in fields(self)}
+        out = Settings(**{name: getattr(self, name) for name in known})
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ValueError(f"unknown setting {key!r}")
+            if value is None:
+                continue
+            if name in ("config_db", "queue_dir", "web_root"):
+                value = Path(value)
+            setattr(out, name, value)
+        return out
+
+
+def resolve_node_id(node_id: str) -> bytes:
+    """The 4 network-order bytes of the node id.
+
+    fqd refuses loopback; we accept it (a lone broker on a laptop is a fine use) and only
+    refuse 0.0.0.0, which would end the hop list. Peered brokers need distinct ids.
+    """
+    text = node_id or _host_address()
+    try:
+        ip = ipaddress.IPv4Address(text)
+    except ValueError:
+        raise ValueError(f"node id {text!r} is not an IPv4 address") from None
+    if int(ip) == 0:
+        raise ValueError("nodeid cannot be INADDR_ANY or loopback")
+    return ip.packed
+
+
+def _host_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,193 @@
+"""The data channel: messages in from a client, messages out of its queue (fqd_dss.c).
+
+Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session by key
+(§1.4), two tasks run side by side:
+
+* ``_pump_in`` reads whatever has arrived, decodes every whole frame, stamps sender and
+  hops as fqd does (§1.11) and publishes into the router. Reading what is there, never a
+  fixed size per field, keeps it cancel-safe. After a block-policy queue fills up it
+  waits for room before reading more, which pushes back on this publisher only.
+* ``_pump_out`` waits on the queue, drops messages that already passed through the peer
+  at the other end (loop prevention, §5.3), and writes the rest in peer format, one
+  write per batch.
+
+A bad frame closes this data channel only; the command session survives and can pair a
+new one (§1.9). Messages taken from the queue but not yet written go back to its head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from . import wire
+from .errors import ProtocolError
+from .message import Message, ipv4_bytes
+
+if TYPE_CHECKING:
+    from .command import CommandSession
+    from .server import Broker
+
+__all__ = ["DataSession", "Phase"]
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 256 * 1024
+BATCH = 1024
+NO_PEER = bytes(4)
+
+
+class Phase(Enum):
+    AWAIT_KEY = "await_key"
+    STREAMING = "streaming"
+    CLOSED = "closed"
+
+
+class DataSession:
+    def __init__(
+        self,
+        broker: Broker,
+        mode: wire.Mode,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        leftover: bytes = b"",
+    ) -> None:
+        self.broker = broker
+        self.mode = mode
+        self.reader = reader
+        self.writer = writer
+        self.phase = Phase.AWAIT_KEY
+        self.hello = wire.DataHelloDecoder(mode)
+        self.hello.feed(leftover)
+        self.is_peer = mode in (wire.Mode.PEER, wire.Mode.OLD_PEER)
+        self.peer_id = NO_PEER
+        self.owner: CommandSession | None = None
+        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
+        self.remote_addr: str = peer[0]
+        self.remote_port: int = peer[1]
+        self._publisher_hop = ipv4_bytes(self.remote_addr)
+
+    async def run(self) -> None:
+        try:
+            owner = await self._pair()
+            if owner is None:
+                return
+            self.phase = Phase.STREAMING
+            async with asyncio.TaskGroup() as tasks:
+                pump_in = tasks.create_task(self._pump_in(owner))
+                pump_out = tasks.create_task(self._pump_out(owner))
+                # Whichever pump ends first ends the channel.
+                await asyncio.wait({pump_in, pump_out}, return_when=asyncio.FIRST_COMPLETED)
+                pump_in.cancel()
+                pump_out.cancel()
+        except* ProtocolError as group:
+            log.info("closing data channel of %s: %s", self._name(), group.exceptions[0])
+        except* (ConnectionError, asyncio.IncompleteReadError):
+            log.debug("data channel of %s lost", self._name())
+        finally:
+            self.phase = Phase.CLOSED
+            if self.owner is not None and self.owner.data is self:
+                self.owner.data = None
+            self.writer.close()
+
+    def _name(self) -> str:
+        return self.owner.pretty if self.owner else f"{self.remote_addr}:{self.remote_port}"
+
+    def close(self) -> None:
+        self.writer.close()
+        self.reader.feed_eof()
+
+    async def _pair(self) -> CommandSession | None:
+        while (hello := self.hello.next_hello()) is None:
+            chunk = await self.reader.read(READ_SIZE)
+            if not chunk:
+                return None
+            self.hello.feed(chunk)
+        owner = self.broker.clients.get(hello.key)
+        if owner is None or owner.data is not None:
+            log.info("data channel from %s:%s: unknown or taken key", *self._addr())
+            return None
+        self.owner = owner
+        self.peer_id = hello.peer_id
+        owner.data = self
+        self._leftover = self.hello.unconsumed()
+        log.debug("data channel paired for %s (peer=%s)", owner.pretty, self.is_peer)
+        return owner
+
+    def _addr(self) -> tuple[str, int]:
+        return self.remote_addr, self.remote_port
+
+    async def _pump_in(self, owner: CommandSession) -> None:
+        broker = self.broker
+        publish = broker.router.publish
+        stats = owner.stats
+        decoder = wire.MessageDecoder(
+            peer_format=self.is_peer, max_payload=broker.settings.max_message_size
+        )
+        decoder.feed(self._leftover)
+        node_id = broker.node_id
+        stamp_hops = node_id + self._publisher_hop
+        user = owner.user
+        reader = self.reader
+        while True:
+            blocked = []
+            while (msg := decoder.next_message()) is not None:
+                stats.msgs_in += 1
+                if self.is_peer:
+                    stats.octets_in += msg.peer_octets
+                    if not self._accept_from_peer(msg, node_id):
+                        continue
+                else:
+                    stats.octets_in += msg.publish_octets
+                    msg.stamp(user, stamp_hops)
+                result = publish(msg, stats)
+                if result.blocked:
+                    blocked.extend(result.blocked)
+            if decoder.oversized:
+                stats.size_dropped += decoder.oversized
+                broker.router.aggregate.size_dropped += decoder.oversized
+                decoder.oversized = 0
+            for queue in blocked:
+                await queue.wait_not_full()
+            chunk = await reader.read(READ_SIZE)
+            if not chunk:
+                return
+            decoder.feed(chunk)
+
+    @staticmethod
+    def _accept_from_peer(msg: Message, node_id: bytes) -> bool:
+        """Drop a message that already passed through us; else put us first in its hops."""
+        if _has_hop(msg.hops, node_id):
+            log.debug("received looped message %r", msg)
+            return False
+        msg.stamp(msg.sender, (node_id + msg.hops)[: 4 * wire.MAX_HOPS])
+        return True
+
+    async def _pump_out(self, owner: CommandSession) -> None:
+        assert owner.queue is not None
+        queue = owner.queue
+        stats = owner.stats
+        writer = self.writer
+        peer_id = self.peer_id
+        while True:
+            batch = await queue.get_batch(BATCH)
+            if writer.is_closing():
+                queue.put_back(batch)
+                return
+            if peer_id != NO_PEER:
+                batch = [m for m in batch if not _has_hop(m.hops, peer_id)]
+            frames = [m.peer_frame() for m in batch]
+            writer.write(b"".join(frames))
+            stats.msgs_out += len(frames)
+            stats.octets_out += sum(map(len, frames))
+            try:
+                await writer.drain()
+            except ConnectionError:
+                return
+
+
+def _has_hop(hops: bytes, hop: bytes) -> bool:
+    return any(hops[i : i + 4] == hop for i in range(0, len(hops), 4))
+

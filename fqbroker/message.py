@@ -1,0 +1,160 @@
+"""Message and hop-list value types (fq_msg.c).
+
+A message carries the exchange and route it was published on, a 16-byte opaque id, the
+sender's name, its hops (IPv4 addresses, 4 raw bytes each, nearest broker first) and the
+payload. Everything is ``bytes`` because that is what the wire carries; names become text
+only at the edges (stats, logs).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import struct
+
+__all__ = [
+    "ZERO_MSGID",
+    "Message",
+    "MsgIdCounter",
+    "hop_addresses",
+    "ipv4_bytes",
+]
+
+ZERO_MSGID = bytes(16)
+_U32 = struct.Struct(">I")
+_LE4 = struct.Struct("<IIII")
+
+
+def ipv4_bytes(address: str) -> bytes:
+    """The 4 network-order bytes of an IPv4 address; 0.0.0.0 for anything else."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return bytes(4)
+    if isinstance(ip, ipaddress.IPv6Address):
+        ip = ip.ipv4_mapped or ipaddress.IPv4Address(0)
+    return ip.packed
+
+
+def hop_addresses(hops: bytes) -> list[str]:
+    """Dotted-quad form of a raw hop list, for JSON and logs."""
+    return [str(ipaddress.IPv4Address(hops[i : i + 4])) for i in range(0, len(hops), 4)]
+
+
+class Message:
+    """One fq message. Mutable only while a broker stamps sender and hops on arrival."""
+
+    __slots__ = ("_frame", "exchange", "hops", "msgid", "payload", "route", "sender")
+
+    def __init__(
+        self,
+        exchange: bytes,
+        route: bytes,
+        payload: bytes,
+        msgid: bytes = ZERO_MSGID,
+        sender: bytes = b"",
+        hops: bytes = b"",
+    ) -> None:
+        self.exchange = exchange
+        self.route = route
+        self.payload = payload
+        self.msgid = msgid
+        self.sender = sender
+        self.hops = hops
+        self._frame: bytes | None = None
+
+    def peer_frame(self) -> bytes:
+        """The peer-format frame every consumer receives (§1.10), built once per message.
+
+        A message fanned out to many queues is encoded once, not once per consumer.
+        """
+        frame = self._frame
+        if frame is None:
+            ex, rt, snd, hops = self.exchange, self.route, self.sender, self.hops
+            frame = b"".join(
+                (
+                    bytes((len(ex),)),
+                    ex,
+                    bytes((len(rt),)),
+                    rt,
+                    self.msgid,
+                    bytes((len(snd),)),
+                    snd,
+                    bytes((len(hops) // 4,)),
+                    hops,
+                    _U32.pack(len(self.payload)),
+                    self.payload,
+                )
+            )
+            self._frame = frame
+        return frame
+
+    def publish_frame(self) -> bytes:
+        """The publisher-format frame a client sends on a plain data channel (§1.10)."""
+        ex, rt = self.exchange, self.route
+        return b"".join(
+            (
+                bytes((len(ex),)),
+                ex,
+                bytes((len(rt),)),
+                rt,
+                self.msgid,
+                _U32.pack(len(self.payload)),
+                self.payload,
+            )
+        )
+
+    def stamp(self, sender: bytes, hops: bytes) -> None:
+        self.sender = sender
+        self.hops = hops
+        self._frame = None
+
+    @property
+    def publish_octets(self) -> int:
+        """Wire size in publisher format: what ``octets_in`` counts for a data client."""
+        return 22 + len(self.exchange) + len(self.route) + len(self.payload)
+
+    @property
+    def peer_octets(self) -> int:
+        """Wire size in peer format: what ``octets_out`` counts."""
+        return 24 + len(self.exchange) + len(self.route) + len(self.sender) + len(self.hops) + len(
+            self.payload
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Message(exchange={self.exchange!r}, route={self.route!r}, "
+            f"sender={self.sender!r}, hops={hop_addresses(self.hops)}, "
+            f"payload={self.payload[:32]!r}{'...' if len(self.payload) > 32 else ''})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (
+            self.exchange == other.exchange
+            and self.route == other.route
+            and self.payload == other.payload
+            and self.msgid == other.msgid
+            and self.sender == other.sender
+            and self.hops == other.hops
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class MsgIdCounter:
+    """A process-wide 128-bit id counter laid out like libfq's (§1.11).
+
+    libfq keeps four u32s in host byte order and carries from the first into the next; on
+    x86 the first id is ``01000000 00000000 ...``. We always write little-endian so the ids
+    look the same as fqd's on the hardware fq runs on.
+    """
+
+    def __init__(self) -> None:
+        self._count = itertools.count(1)
+
+    def next(self) -> bytes:
+        n = next(self._count)
+        mask = 0xFFFFFFFF
+        return _LE4.pack(n & mask, (n >> 32) & mask, (n >> 64) & mask, (n >> 96) & mask)

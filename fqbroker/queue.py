@@ -1,0 +1,229 @@
+"""Queues: policy, backlog, clients and competing consumers (fqd_queue.c, fqd_queue_mem.c).
+
+Theory of operation
+-------------------
+A queue holds messages routed to it until a consumer's data channel takes them. Under
+the **drop** policy a message offered while ``backlog >= limit`` is refused (tail drop)
+and counted in ``dropped_to``; ``backlog=0`` therefore drops everything. Under **block**
+the message is accepted and the queue reports ``is_full``: the publishing session then
+waits on :meth:`Queue.wait_not_full` before it reads more from its socket. That stalls
+only the publishers writing into the full queue, not every publisher as fqd's worker
+thread does (§1.13, §9), and nothing a publisher handed over is lost.
+
+Consumers are data channels of the queue's clients (1 for a private queue, 16 for a
+public one). Each awaits :meth:`get_batch`; a waiting consumer is woken the moment a
+message arrives (fqd polls, §1.13). Waiting consumers are served first come, first
+served, and a batch is split between the consumers still waiting, so a public queue
+shares work fairly under light load too, where fqd hands everything to one consumer
+(§3.4).
+
+Messages live in a :class:`MemoryStore`; disk queues swap in another store with the
+same small interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterable
+from typing import Protocol
+
+from .errors import QueueError
+from .message import Message
+from .queuespec import Policy, QueueKind, QueueSpec, signed_backlog
+
+__all__ = ["MAX_PUBLIC_CLIENTS", "MemoryStore", "Queue", "Store"]
+
+MAX_PUBLIC_CLIENTS = 16
+
+
+class Store(Protocol):
+    """Where a queue keeps its messages (fqd's ``fqd_queue_impl``)."""
+
+    def __len__(self) -> int: ...
+    def append(self, msg: Message) -> None: ...
+    def take(self, n: int) -> list[Message]: ...
+    def put_back(self, msgs: list[Message]) -> None: ...
+    def close(self, *, destroy: bool) -> None: ...
+
+
+class MemoryStore:
+    """An in-memory FIFO; its contents die with the process."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Message] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def append(self, msg: Message) -> None:
+        self._items.append(msg)
+
+    def take(self, n: int) -> list[Message]:
+        items = self._items
+        if n >= len(items):
+            out = list(items)
+            items.clear()
+            return out
+        popleft = items.popleft
+        return [popleft() for _ in range(n)]
+
+    def put_back(self, msgs: list[Message]) -> None:
+        self._items.extendleft(reversed(msgs))
+
+    def close(self, *, destroy: bool) -> None:
+        self._items.clear()
+
+
+class Queue:
+    """One named queue and the clients attached to it."""
+
+    def __init__(self, spec: QueueSpec, store: Store | None = None) -> None:
+        self.name = spec.name
+        self.kind = spec.kind
+        self.private = spec.is_private
+        self.policy = spec.effective_policy
+        self.limit = spec.backlog_limit
+        self.permanent = bool(spec.permanent)
+        self.store: Store = store if store is not None else MemoryStore()
+        self.clients: list[object] = []
+        self.dropped_to = 0
+        self._getters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._space: asyncio.Event | None = None
+
+    # --- attributes -----------------------------------------------------------------------
+
+    @property
+    def spec(self) -> QueueSpec:
+        return QueueSpec(
+            self.name, self.kind, self.private, self.policy, self.limit, self.permanent
+        )
+
+    @property
+    def backlog(self) -> int:
+        return len(self.store)
+
+    @property
+    def backlog_limit(self) -> int:
+        return signed_backlog(self.limit)
+
+    @property
+    def max_clients(self) -> int:
+        return 1 if self.private else MAX_PUBLIC_CLIENTS
+
+    @property
+    def is_full(self) -> bool:
+        return len(self.store) >= self.limit
+
+    # --- clients --------------------------------------------------------------------------
+
+    def check_attach(self, spec: QueueSpec) -> None:
+        """fqd's checks for attaching to an existing queue, in its order (§3.2)."""
+        if self.private and self.clients:
+            raise QueueError("requested queue is private and in use\n")
+        if spec.kind != self.kind:
+            raise QueueError(f"requested type {spec.kind}, queue is {self.kind}")
+        if spec.is_private != self.private:
+            if spec.is_private:
+                raise QueueError("requested private, queue is public")
+            raise QueueError("requested public, queue is private")
+        if spec.effective_policy != self.policy:
+            if spec.effective_policy is Policy.BLOCK:
+                raise QueueError("request block, queue is drop")
+            raise QueueError("request drop, queue is block")
+        # A differing backlog= is ignored: the queue keeps the limit it was made with.
+
+    def attach(self, client: object) -> None:
+        if len(self.clients) >= self.max_clients:
+            raise QueueError("can't add you to queue")
+        self.clients.append(client)
+
+    def detach(self, client: object) -> None:
+        if client in self.clients:
+            self.clients.remove(client)
+
+    # --- producing ------------------------------------------------------------------------
+
+    def offer(self, msg: Message) -> bool:
+        if self.policy is Policy.DROP and len(self.store) >= self.limit:
+            self.dropped_to += 1
+            return False
+        self.store.append(msg)
+        self._wake_getter()
+        return True
+
+    async def wait_not_full(self) -> None:
+        """Return once the backlog is under the limit (block policy)."""
+        while self.is_full:
+            if self._space is None:
+                self._space = asyncio.Event()
+            await self._space.wait()
+
+    # --- consuming ------------------------------------------------------------------------
+
+    def _wake_getter(self) -> None:
+        getters = self._getters
+        while getters:
+            getter = getters.popleft()
+            if not getter.done():
+                getter.set_result(None)
+                return
+
+    def take(self, max_n: int) -> list[Message]:
+        """Take up to ``max_n`` messages now, sharing them with consumers still waiting."""
+        available = len(self.store)
+        if not available:
+            return []
+        waiting = sum(1 for g in self._getters if not g.done())
+        n = min(max_n, -(-available // (waiting + 1)))
+        batch = self.store.take(n)
+        if len(self.store):
+            self._wake_getter()
+        if self._space is not None and not self.is_full:
+            self._space.set()
+            self._space = None
+        return batch
+
+    async def get_batch(self, max_n: int = 1024) -> list[Message]:
+        """Wait for messages and take up to ``max_n`` of them."""
+        while True:
+            batch = self.take(max_n)
+            if batch:
+                return batch
+            getter = asyncio.get_running_loop().create_future()
+            self._getters.append(getter)
+            try:
+                await getter
+            except asyncio.CancelledError:
+                # Hand our wake-up to the next consumer so no message sits unnoticed.
+                if getter.done() and not getter.cancelled():
+                    self._wake_getter()
+                raise
+
+    def put_back(self, msgs: Iterable[Message]) -> None:
+        """Return messages taken but never written; they go out first next time."""
+        msgs = list(msgs)
+        if msgs:
+            self.store.put_back(msgs)
+            self._wake_getter()
+
+    def close(self, *, destroy: bool) -> None:
+        for getter in self._getters:
+            if not getter.done():
+                getter.cancel()
+        self._getters.clear()
+        if self._space is not None:
+            self._space.set()
+        self.store.close(destroy=destroy)
+
+    def __repr__(self) -> str:
+        return (
+            f"Queue({self.name!r}, {self.kind}, {'private' if self.private else 'public'}, "
+            f"{self.policy}, backlog={self.backlog}/{self.backlog_limit})"
+        )
+
+
+def make_queue(spec: QueueSpec) -> Queue:
+    if spec.kind is QueueKind.DISK:
+        raise QueueError("initialization of disk queue failed")
+    return Queue(spec)

@@ -1,0 +1,312 @@
+"""Exchanges, bindings and routing, sans I/O (fqd_routemgr.c, fqd_config.c).
+
+Theory of operation
+-------------------
+An exchange exists from the first successful bind on it and is never deleted while the
+broker runs (§2.1). Each binding joins a compiled program to a target queue under a
+route id drawn from one global counter (§2.5).
+
+Routing a message looks up candidate bindings by its route, not by scanning every
+binding: bindings are indexed by their exact route (``exact:``) or by their prefix
+(``prefix:``), and the prefix index is probed once per distinct prefix length in use. The
+cost is therefore flat in the number of bindings and grows only with the number of
+distinct prefix lengths, which is at most 128. fqd gets the same effect from an 8-byte
+prefix jump table.
+
+Each queue receives a message at most once: once a queue is a target, its other
+bindings are skipped and their ``invocations`` do not move (§2.3). The router then
+offers the message to every target. Outcomes are counters, never exceptions: no
+exchange, no route, routed (per target, even when then dropped) and dropped, kept per
+exchange, in the aggregate and for the publishing client (§1.6, §2.6).
+
+Targets are anything with the small :class:`Target` protocol, so the router knows
+nothing of storage, sockets or any wire protocol; every front end publishes through
+:meth:`Router.publish` the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .errors import ProgramError
+from .message import Message
+from .program import Program, RuleRegistry, compile_program
+from .wire import BIND_ILLEGAL, BindFlags
+
+__all__ = [
+    "AggregateStats",
+    "Binding",
+    "ClientStats",
+    "Exchange",
+    "PublishResult",
+    "Router",
+    "Target",
+]
+
+# avg_ns is a moving average with alpha 1/128, as in fqd (§2.3).
+_AVG_SHIFT = 7
+
+
+class Target(Protocol):
+    """What a binding delivers into: a queue, as far as the router cares."""
+
+    def offer(self, msg: Message) -> bool:
+        """Take the message, or refuse it (tail drop) and return False."""
+        ...
+
+    @property
+    def is_full(self) -> bool:
+        """Whether a publisher should wait before sending more (block policy)."""
+        ...
+
+
+@dataclass(slots=True)
+class ClientStats:
+    """A client's counters, in the order of the status reply (§1.6)."""
+
+    no_exchange: int = 0
+    no_route: int = 0
+    routed: int = 0
+    dropped: int = 0
+    size_dropped: int = 0
+    msgs_in: int = 0
+    msgs_out: int = 0
+    octets_in: int = 0
+    octets_out: int = 0
+
+
+@dataclass(slots=True)
+class AggregateStats:
+    no_exchange: int = 0
+    messages: int = 0
+    octets: int = 0
+    no_route: int = 0
+    routed: int = 0
+    dropped: int = 0
+    size_dropped: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Binding:
+    route_id: int
+    exchange: Exchange
+    program: Program
+    queue: Target
+    permanent: bool = False
+    peer: bool = False
+    invocations: int = 0
+    avg_ns: int = 0
+
+    def matches(self, msg: Message) -> bool:
+        if self.program.always_true:
+            return True
+        start = time.perf_counter_ns()
+        hit = self.program.evaluate(msg)
+        elapsed = time.perf_counter_ns() - start
+        self.avg_ns += (elapsed - self.avg_ns) >> _AVG_SHIFT
+        return hit
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    name: bytes
+    messages: int = 0
+    octets: int = 0
+    no_route: int = 0
+    routed: int = 0
+    dropped: int = 0
+    bindings: dict[int, Binding] = field(default_factory=dict)
+    # (id of the target queue, program text) -> binding: finds a duplicate bind in O(1).
+    _by_owner: dict[tuple[int, bytes], Binding] = field(default_factory=dict)
+    _by_exact: dict[bytes, list[Binding]] = field(default_factory=dict)
+    _by_prefix: dict[bytes, list[Binding]] = field(default_factory=dict)
+    # Distinct prefix lengths in use, longest first, each with how many prefixes have it.
+    _prefix_lengths: dict[int, int] = field(default_factory=dict)
+    _lengths_desc: tuple[int, ...] = ()
+
+    def add(self, binding: Binding) -> None:
+        self.bindings[binding.route_id] = binding
+        program = binding.program
+        self._by_owner[id(binding.queue), program.text] = binding
+        if program.exact:
+            self._by_exact.setdefault(program.prefix, []).append(binding)
+            return
+        bucket = self._by_prefix.get(program.prefix)
+        if bucket is None:
+            bucket = self._by_prefix[program.prefix] = []
+            n = len(program.prefix)
+            self._prefix_lengths[n] = self._prefix_lengths.get(n, 0) + 1
+            self._lengths_desc = tuple(sorted(self._prefix_lengths, reverse=True))
+        bucket.append(binding)
+
+    def remove(self, binding: Binding) -> None:
+        del self.bindings[binding.route_id]
+        program = binding.program
+        del self._by_owner[id(binding.queue), program.text]
+        index = self._by_exact if program.exact else self._by_prefix
+        bucket = index[program.prefix]
+        bucket.remove(binding)
+        if bucket:
+            return
+        del index[program.prefix]
+        if not program.exact:
+            n = len(program.prefix)
+            self._prefix_lengths[n] -= 1
+            if not self._prefix_lengths[n]:
+                del self._prefix_lengths[n]
+                self._lengths_desc = tuple(sorted(self._prefix_lengths, reverse=True))
+
+    def find(self, queue: Target, text: bytes) -> Binding | None:
+        return self._by_owner.get((id(queue), text))
+
+    def candidates(self, route: bytes) -> Iterator[Binding]:
+        """Bindings whose prefix or exact route matches ``route``; programs not yet run."""
+        exact = self._by_exact.get(route)
+        if exact:
+            yield from exact
+        by_prefix = self._by_prefix
+        size = len(route)
+        for n in self._lengths_desc:
+            if n <= size:
+                bucket = by_prefix.get(route[:n])
+                if bucket:
+                    yield from bucket
+
+
+@dataclass(slots=True)
+class PublishResult:
+    routed: int = 0
+    dropped: int = 0
+    no_route: int = 0
+    no_exchange: int = 0
+    # Block-policy targets now full: the publisher should wait on them before sending more.
+    blocked: list[Target] = field(default_factory=list)
+
+
+class Router:
+    """All exchanges and bindings of one broker."""
+
+    def __init__(self, registry: RuleRegistry | None = None) -> None:
+        self.exchanges: dict[bytes, Exchange] = {}
+        self.aggregate = AggregateStats()
+        self.registry = registry
+        self._last_route_id = 0
+
+    # --- bindings -------------------------------------------------------------------------
+
+    def _next_route_id(self) -> int:
+        route_id = self._last_route_id % 0xFFFFFFFF + 1  # 1 .. 0xfffffffe, never BIND_ILLEGAL
+        self._last_route_id = route_id
+        return route_id
+
+    def bind(self, exchange: bytes, program: bytes, queue: Target, flags: int = 0) -> Binding:
+        """Bind ``program`` on ``exchange`` to ``queue``; raises ProgramError if it won't compile.
+
+        Binding the same program to the same queue and exchange again returns the existing
+        binding, with its permanence changed as ``flags`` say (§2.5).
+        """
+        compiled = compile_program(program, self.registry)
+        ex = self.exchanges.get(exchange)
+        if ex is None:
+            ex = self.exchanges[exchange] = Exchange(exchange)
+        binding = ex.find(queue, compiled.text)
+        if binding is None:
+            binding = Binding(self._next_route_id(), ex, compiled, queue)
+            ex.add(binding)
+        if flags & BindFlags.PEER:
+            binding.peer = True
+        if flags & BindFlags.PERM == BindFlags.PERM:
+            binding.permanent = True
+        elif flags & BindFlags.PERM == BindFlags.TRANS:
+            binding.permanent = False
+        return binding
+
+    def try_bind(self, exchange: bytes, program: bytes, queue: Target, flags: int = 0) -> int:
+        """``bind`` as the wire answers it: the route id, or BIND_ILLEGAL."""
+        try:
+            return self.bind(exchange, program, queue, flags).route_id
+        except ProgramError:
+            return BIND_ILLEGAL
+
+    def unbind(self, exchange: bytes, route_id: int, queue: Target) -> Binding | None:
+        """Remove the caller's own binding; None when nothing matched (§2.5)."""
+        ex = self.exchanges.get(exchange)
+        if ex is None:
+            return None
+        binding = ex.bindings.get(route_id)
+        if binding is None or binding.queue is not queue:
+            return None
+        ex.remove(binding)
+        return binding
+
+    def unbind_queue(self, queue: Target) -> list[Binding]:
+        """Remove every binding into ``queue`` (its queue is going away)."""
+        removed = []
+        for ex in self.exchanges.values():
+            for binding in [b for b in ex.bindings.values() if b.queue is queue]:
+                ex.remove(binding)
+                removed.append(binding)
+        return removed
+
+    def bindings(self) -> Iterable[Binding]:
+        for ex in self.exchanges.values():
+            yield from ex.bindings.values()
+
+    # --- routing --------------------------------------------------------------------------
+
+    def route(self, msg: Message) -> list[Target]:
+        """The queues ``msg`` goes to, each once; counts messages, octets and misses."""
+        agg = self.aggregate
+        agg.messages += 1
+        agg.octets += len(msg.payload)
+        ex = self.exchanges.get(msg.exchange)
+        if ex is None:
+            agg.no_exchange += 1
+            agg.no_route += 1
+            return []
+        ex.messages += 1
+        ex.octets += len(msg.payload)
+        targets: list[Target] = []
+        for binding in ex.candidates(msg.route):
+            queue = binding.queue
+            # Identity, not equality: a queue is a target once however many rules match.
+            if any(t is queue for t in targets):
+                continue
+            binding.invocations += 1
+            if binding.matches(msg):
+                targets.append(queue)
+        if not targets:
+            ex.no_route += 1
+            agg.no_route += 1
+        return targets
+
+    def publish(self, msg: Message, client: ClientStats | None = None) -> PublishResult:
+        """Route ``msg`` and offer it to every target, keeping every counter of §1.6/§2.6."""
+        targets = self.route(msg)
+        result = PublishResult()
+        if not targets:
+            result.no_route = 1
+            if msg.exchange not in self.exchanges:
+                result.no_exchange = 1
+        for queue in targets:
+            if not queue.offer(msg):
+                result.dropped += 1
+            elif queue.is_full:
+                result.blocked.append(queue)
+        result.routed = len(targets)
+        agg = self.aggregate
+        agg.routed += result.routed
+        agg.dropped += result.dropped
+        ex = self.exchanges.get(msg.exchange)
+        if ex is not None:
+            ex.routed += result.routed
+            ex.dropped += result.dropped
+        if client is not None:
+            client.no_exchange += result.no_exchange
+            client.no_route += result.no_route
+            client.routed += result.routed
+            client.dropped += result.dropped
+        return result

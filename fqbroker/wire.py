@@ -1,0 +1,564 @@
+"""The fq wire protocol, sans I/O (fq.h, fq_utils.c, fqd_listener.c, fqd_ccs.c).
+
+Theory of operation
+-------------------
+Every connection starts with 4 big-endian bytes that say what it is (:func:`sniff`):
+``0xcc50cafe`` command, ``0xcc50face`` data, ``0xcc50feed`` peer data (4-byte peer id
+follows), ``0xcc50fade`` old peer data (no peer id), or the first 4 bytes of an HTTP
+request. What follows the magic is decoded by one of the decoders here:
+
+* :class:`ServerCommandDecoder`: an ``AuthPlain`` first, then ``Heartbeat``,
+  ``HeartbeatRequest``, ``StatusRequest``, ``BindRequest`` and ``UnbindRequest``.
+* :class:`ClientCommandDecoder`: the replies a client reads on its command socket.
+* :class:`DataHelloDecoder`: the key (and peer id) that pairs a data socket.
+* :class:`MessageDecoder`: message frames, in publisher format (u8 exchange, u8 route,
+  16-byte id, u32 payload) or peer format (sender and hops between id and payload).
+
+Decoders only buffer what they are fed. ``next_*()`` returns a whole frame, or ``None``
+when more bytes are needed, and then consumes nothing: any split of the input yields the
+same frames. Bad input raises a :class:`~fqbroker.errors.ProtocolError` naming the field;
+on the auth frame it is an :class:`~fqbroker.errors.AuthError` whose text is fq's exact
+error text (§1.8). Limits are checked on the length field, before the bytes arrive, so a
+hostile length never makes us buffer.
+
+Encoders are pure functions returning bytes. All integers are big-endian.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Final, Literal
+
+from .errors import AuthError, FrameTooLarge, ProtocolError
+from .message import Message
+
+__all__ = [
+    "BIND_ILLEGAL",
+    "HTTP_METHODS",
+    "KEY_LEN",
+    "MAX_HOPS",
+    "MAX_MESSAGE_SIZE",
+    "MAX_RK_LEN",
+    "AuthPlain",
+    "AuthResponse",
+    "BindFlags",
+    "BindRequest",
+    "BindResponse",
+    "ClientCommandDecoder",
+    "Cmd",
+    "DataHello",
+    "DataHelloDecoder",
+    "ErrorReply",
+    "Frame",
+    "Heartbeat",
+    "HeartbeatRequest",
+    "MessageDecoder",
+    "Mode",
+    "ServerCommandDecoder",
+    "Status",
+    "StatusRequest",
+    "UnbindRequest",
+    "UnbindResponse",
+    "encode",
+    "sniff",
+]
+
+
+class Mode(IntEnum):
+    """The 4-byte magic that opens a connection (``FQ_PROTO_*_MODE``)."""
+
+    CMD = 0xCC50CAFE
+    DATA = 0xCC50FACE
+    PEER = 0xCC50FEED
+    OLD_PEER = 0xCC50FADE
+
+
+class Cmd(IntEnum):
+    """Command-channel codes (``FQ_PROTO_*``)."""
+
+    AUTH_CMD = 0xAAAA
+    AUTH_RESP = 0xAA00
+    HBREQ = 0x4848
+    HB = 0xBEA7
+    BIND = 0xB170
+    BINDRESP = 0xB171
+    UNBIND = 0x071B
+    UNBINDRESP = 0x171B
+    STATUS = 0xC7A7
+    STATUSRESP = 0x57A7
+    ERROR = 0xEEEE
+
+
+class BindFlags:
+    """Bind flag bits (``FQ_BIND_*``); PERM and TRANS share bit 0x0100."""
+
+    PEER: Final = 0x0001
+    PERM: Final = 0x0110
+    TRANS: Final = 0x0100
+
+
+AUTH_PLAIN: Final = 0
+MAX_RK_LEN: Final = 127  # exchange, route, sender, user and queue name
+MAX_HOPS: Final = 32
+KEY_LEN: Final = 127
+MAX_KEY_LEN: Final = 127
+MAX_QUEUE_FIELD: Final = 1023
+MAX_PASSWORD: Final = 10240
+MAX_MESSAGE_SIZE: Final = 1 << 28
+BIND_ILLEGAL: Final = 0xFFFFFFFF
+HTTP_METHODS: Final = frozenset({b"GET ", b"PUT ", b"POST", b"HEAD"})
+
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U16U16 = struct.Struct(">HH")
+_U16U32 = struct.Struct(">HI")
+
+
+def sniff(first4: bytes) -> Mode | Literal["http"] | None:
+    """What a connection is, from its first 4 bytes; ``None`` means close it."""
+    if first4 in HTTP_METHODS:
+        return "http"
+    if len(first4) != 4:
+        return None
+    try:
+        return Mode(_U32.unpack(first4)[0])
+    except ValueError:
+        return None
+
+
+# --- frames -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AuthPlain:
+    user: bytes
+    queue_field: bytes
+    password: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResponse:
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    interval_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRequest:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    items: tuple[tuple[str, int], ...]
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.items)
+
+
+@dataclass(frozen=True, slots=True)
+class BindRequest:
+    flags: int
+    exchange: bytes
+    program: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class BindResponse:
+    route_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnbindRequest:
+    route_id: int
+    exchange: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class UnbindResponse:
+    route_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class DataHello:
+    key: bytes
+    peer_id: bytes = bytes(4)
+
+
+Frame = (
+    AuthPlain
+    | AuthResponse
+    | ErrorReply
+    | Heartbeat
+    | HeartbeatRequest
+    | StatusRequest
+    | Status
+    | BindRequest
+    | BindResponse
+    | UnbindRequest
+    | UnbindResponse
+)
+
+
+def _short(data: bytes) -> bytes:
+    return _U16.pack(len(data)) + data
+
+
+def encode(frame: Frame) -> bytes:
+    """The bytes of one command-channel frame (either direction), without the mode magic."""
+    match frame:
+        case Heartbeat():
+            return b"\xbe\xa7"
+        case HeartbeatRequest(interval_ms):
+            return _U16U16.pack(Cmd.HBREQ, interval_ms)
+        case StatusRequest():
+            return b"\xc7\xa7"
+        case BindRequest(flags, exchange, program):
+            return _U16U16.pack(Cmd.BIND, flags) + _short(exchange) + _short(program)
+        case BindResponse(route_id):
+            return _U16U32.pack(Cmd.BINDRESP, route_id)
+        case UnbindRequest(route_id, exchange):
+            return _U16U32.pack(Cmd.UNBIND, route_id) + _short(exchange)
+        case UnbindResponse(route_id):
+            return _U16U32.pack(Cmd.UNBINDRESP, route_id)
+        case AuthPlain(user, queue_field, password):
+            return (
+                _U16U16.pack(Cmd.AUTH_CMD, AUTH_PLAIN)
+                + _short(user)
+                + _short(queue_field)
+                + _short(password)
+            )
+        case AuthResponse(key):
+            return _U16.pack(Cmd.AUTH_RESP) + _short(key)
+        case ErrorReply(text):
+            return _U16.pack(Cmd.ERROR) + _short(text.encode())
+        case Status(items):
+            parts = [_U16.pack(Cmd.STATUSRESP)]
+            for name, value in items:
+                parts.append(_short(name.encode()) + _U32.pack(value & 0xFFFFFFFF))
+            parts.append(b"\x00\x00")
+            return b"".join(parts)
+    raise TypeError(f"not a frame: {frame!r}")
+
+
+def encode_hello(mode: Mode, key: bytes, peer_id: bytes = bytes(4)) -> bytes:
+    """The opening bytes of a data connection: magic, [peer id], key."""
+    head = _U32.pack(mode)
+    if mode is Mode.PEER:
+        head += peer_id
+    return head + _short(key)
+
+
+# --- incremental reading ------------------------------------------------------------------
+
+
+class _NeedData(Exception):
+    """Raised inside a decode step when the buffer runs out; the step is rolled back."""
+
+
+class _Buffer:
+    """A receive buffer read with a cursor; a failed step rolls back to its start."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.pos = 0
+
+    def feed(self, chunk: bytes) -> None:
+        if self.pos:
+            # Compact only when there is something to drop: the buffer stays small, and a
+            # byte-at-a-time feed does not copy the whole tail each time.
+            if self.pos >= len(self.data):
+                self.data.clear()
+            else:
+                del self.data[: self.pos]
+            self.pos = 0
+        self.data += chunk
+
+    def __len__(self) -> int:
+        return len(self.data) - self.pos
+
+    def u8(self) -> int:
+        if self.pos >= len(self.data):
+            raise _NeedData
+        value = self.data[self.pos]
+        self.pos += 1
+        return value
+
+    def u16(self) -> int:
+        if self.pos + 2 > len(self.data):
+            raise _NeedData
+        (value,) = _U16.unpack_from(self.data, self.pos)
+        self.pos += 2
+        return value
+
+    def u32(self) -> int:
+        if self.pos + 4 > len(self.data):
+            raise _NeedData
+        (value,) = _U32.unpack_from(self.data, self.pos)
+        self.pos += 4
+        return value
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.data):
+            raise _NeedData
+        value = bytes(self.data[self.pos : end])
+        self.pos = end
+        return value
+
+    def skip(self, n: int) -> int:
+        """Drop up to ``n`` buffered bytes; returns how many were dropped."""
+        n = min(n, len(self.data) - self.pos)
+        self.pos += n
+        return n
+
+    def rest(self) -> bytes:
+        value = bytes(self.data[self.pos :])
+        self.pos = len(self.data)
+        return value
+
+
+class _Decoder:
+    def __init__(self) -> None:
+        self._buf = _Buffer()
+        self._eof = False
+
+    def feed(self, data: bytes) -> None:
+        self._buf.feed(data)
+
+    def feed_eof(self) -> None:
+        self._eof = True
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def unconsumed(self) -> bytes:
+        """Bytes fed but not yet decoded (for handing a connection to another protocol)."""
+        return self._buf.rest()
+
+
+def _limited(buf: _Buffer, field: str, limit: int) -> bytes:
+    n = buf.u16()
+    if n > limit:
+        raise FrameTooLarge(field, n, limit)
+    return buf.take(n)
+
+
+# --- command channel ----------------------------------------------------------------------
+
+
+class ServerCommandDecoder(_Decoder):
+    """Frames a client sends on its command socket, after the 4-byte magic.
+
+    The first frame must be the plain-auth request; its failures raise ``AuthError`` with
+    fq's error text, in the order fqd checks the fields (fqd_ccs.c).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._authed = False
+
+    def next_frame(self) -> AuthPlain | Heartbeat | HeartbeatRequest | StatusRequest | BindRequest | UnbindRequest | None:  # noqa: E501
+        buf = self._buf
+        start = buf.pos
+        try:
+            if not self._authed:
+                frame: (
+                    AuthPlain
+                    | Heartbeat
+                    | HeartbeatRequest
+                    | StatusRequest
+                    | BindRequest
+                    | UnbindRequest
+                ) = self._auth(buf)
+                self._authed = True
+                return frame
+            return self._command(buf)
+        except _NeedData:
+            buf.pos = start
+            if self._eof and not self._authed and len(buf) < 4:
+                raise AuthError("auth method read failed") from None
+            return None
+
+    @staticmethod
+    def _auth(buf: _Buffer) -> AuthPlain:
+        if buf.u16() != Cmd.AUTH_CMD:
+            raise AuthError("auth command expected")
+        if buf.u16() != AUTH_PLAIN:
+            raise AuthError("unsupported auth method")
+        n = buf.u16()
+        if n > MAX_RK_LEN:
+            raise AuthError("user name is too long")
+        user = buf.take(n)
+        n = buf.u16()
+        if n > MAX_QUEUE_FIELD:
+            raise AuthError("queue detail is too long")
+        queue_field = buf.take(n)
+        n = buf.u16()
+        if n > MAX_PASSWORD:
+            # fqd answers "queue name is too long" here, a copy-and-paste slip (§1.8).
+            raise AuthError("pass field is too long")
+        return AuthPlain(user, queue_field, buf.take(n))
+
+    @staticmethod
+    def _command(
+        buf: _Buffer,
+    ) -> Heartbeat | HeartbeatRequest | StatusRequest | BindRequest | UnbindRequest:
+        code = buf.u16()
+        if code == Cmd.HB:
+            return Heartbeat()
+        if code == Cmd.HBREQ:
+            return HeartbeatRequest(buf.u16())
+        if code == Cmd.STATUS:
+            return StatusRequest()
+        if code == Cmd.BIND:
+            flags = buf.u16()
+            exchange = _limited(buf, "exchange", MAX_RK_LEN)
+            program = buf.take(buf.u16())
+            # fqd reads the program as a C string: an embedded NUL ends it.
+            nul = program.find(0)
+            if nul >= 0:
+                program = program[:nul]
+            return BindRequest(flags, exchange, program)
+        if code == Cmd.UNBIND:
+            route_id = buf.u32()
+            return UnbindRequest(route_id, _limited(buf, "exchange", MAX_RK_LEN))
+        raise ProtocolError(f"unknown command 0x{code:04x}")
+
+
+class ClientCommandDecoder(_Decoder):
+    """Replies a broker sends on the command socket (the client's side of fq_client.c)."""
+
+    def next_frame(
+        self,
+    ) -> AuthResponse | ErrorReply | Heartbeat | BindResponse | UnbindResponse | Status | None:
+        buf = self._buf
+        start = buf.pos
+        try:
+            code = buf.u16()
+            if code == Cmd.HB:
+                return Heartbeat()
+            if code == Cmd.BINDRESP:
+                return BindResponse(buf.u32())
+            if code == Cmd.UNBINDRESP:
+                return UnbindResponse(buf.u32())
+            if code == Cmd.STATUSRESP:
+                items = []
+                while True:
+                    n = buf.u16()
+                    if n == 0:
+                        return Status(tuple(items))
+                    name = buf.take(n).decode("latin-1")
+                    items.append((name, buf.u32()))
+            if code == Cmd.AUTH_RESP:
+                return AuthResponse(_limited(buf, "key", MAX_KEY_LEN))
+            if code == Cmd.ERROR:
+                return ErrorReply(buf.take(buf.u16()).decode("latin-1"))
+            raise ProtocolError(f"unknown reply 0x{code:04x}")
+        except _NeedData:
+            buf.pos = start
+            return None
+
+
+# --- data channel -------------------------------------------------------------------------
+
+
+class DataHelloDecoder(_Decoder):
+    """The bytes after a data-channel magic: [4-byte peer id], u16 key length, key."""
+
+    def __init__(self, mode: Mode) -> None:
+        super().__init__()
+        self._with_peer_id = mode is Mode.PEER
+
+    def next_hello(self) -> DataHello | None:
+        buf = self._buf
+        start = buf.pos
+        try:
+            peer_id = buf.take(4) if self._with_peer_id else bytes(4)
+            return DataHello(_limited(buf, "key", MAX_KEY_LEN), peer_id)
+        except _NeedData:
+            buf.pos = start
+            return None
+
+
+class MessageDecoder(_Decoder):
+    """Message frames on a data channel (§1.10).
+
+    ``peer_format`` selects the frame with sender and hops. A payload over ``max_payload``
+    is not buffered: its bytes are skipped as they arrive and ``oversized`` counts it. fqd
+    truncates such payloads instead; we drop them, because a truncated message is a corrupt
+    one, and count them as ``size_dropped``, the counter fq has for exactly this.
+    """
+
+    def __init__(self, *, peer_format: bool, max_payload: int = MAX_MESSAGE_SIZE) -> None:
+        super().__init__()
+        self.peer_format = peer_format
+        self.max_payload = max_payload
+        self.oversized = 0
+        self._skipping = 0
+
+    def next_message(self) -> Message | None:
+        buf = self._buf
+        if self._skipping:
+            self._skipping -= buf.skip(self._skipping)
+            if self._skipping:
+                return None
+        while True:
+            start = buf.pos
+            try:
+                n = buf.u8()
+                if n > MAX_RK_LEN:
+                    raise FrameTooLarge("exchange", n, MAX_RK_LEN)
+                exchange = buf.take(n)
+                n = buf.u8()
+                if n > MAX_RK_LEN:
+                    raise FrameTooLarge("route", n, MAX_RK_LEN)
+                route = buf.take(n)
+                msgid = buf.take(16)
+                sender = hops = b""
+                if self.peer_format:
+                    n = buf.u8()
+                    if n > MAX_RK_LEN:
+                        raise FrameTooLarge("sender", n, MAX_RK_LEN)
+                    sender = buf.take(n)
+                    n = buf.u8()
+                    if n > MAX_HOPS:
+                        raise FrameTooLarge("hops", n, MAX_HOPS)
+                    hops = buf.take(4 * n)
+                n = buf.u32()
+                if n > self.max_payload:
+                    self.oversized += 1
+                    self._skipping = n - buf.skip(n)
+                    if self._skipping:
+                        return None
+                    continue
+                payload = buf.take(n)
+            except _NeedData:
+                buf.pos = start
+                return None
+            return Message(exchange, route, payload, msgid, sender, hops)
+
+    def messages(self) -> list[Message]:
+        """Every whole message buffered so far."""
+        out = []
+        while (msg := self.next_message()) is not None:
+            out.append(msg)
+        return out
