@@ -89,6 +89,8 @@ class Queue:
         self.clients: list[object] = []
         self.dropped_to = 0
         self._getters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # Consumers woken for new messages that have not taken their share yet.
+        self._woken = 0
         self._space: asyncio.Event | None = None
 
     # --- attributes -----------------------------------------------------------------------
@@ -167,6 +169,7 @@ class Queue:
             getter = getters.popleft()
             if not getter.done():
                 getter.set_result(None)
+                self._woken += 1
                 return
 
     def take(self, max_n: int) -> list[Message]:
@@ -174,8 +177,8 @@ class Queue:
         available = len(self.store)
         if not available:
             return []
-        waiting = sum(1 for g in self._getters if not g.done())
-        n = min(max_n, -(-available // (waiting + 1)))
+        sharers = self._woken + sum(1 for g in self._getters if not g.done())
+        n = min(max_n, -(-available // (sharers + 1)))
         batch = self.store.take(n)
         if len(self.store):
             self._wake_getter()
@@ -195,10 +198,12 @@ class Queue:
             try:
                 await getter
             except asyncio.CancelledError:
-                # Hand our wake-up to the next consumer so no message sits unnoticed.
                 if getter.done() and not getter.cancelled():
+                    # Woken, then cancelled: hand the wake-up on so no message sits unseen.
+                    self._woken -= 1
                     self._wake_getter()
                 raise
+            self._woken -= 1
 
     def put_back(self, msgs: Iterable[Message]) -> None:
         """Return messages taken but never written; they go out first next time."""

@@ -109,6 +109,10 @@ class Broker:
             await self._dispatch(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             writer.close()
+        except asyncio.CancelledError:
+            # The broker is stopping. Ending quietly matters: asyncio's stream callback
+            # asks this task for its exception and would log a cancelled one as an error.
+            writer.close()
         except Exception:
             log.exception("connection handler failed")
             writer.close()

@@ -1,0 +1,168 @@
+"""Fixtures: a real broker on a loopback port picked by the kernel, and raw connections."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from fqbroker import wire
+from fqbroker.config import Settings
+from fqbroker.server import Broker
+
+NODE_ID = "10.254.254.1"
+TIMEOUT = 10.0
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(
+        port=0,
+        node_id=NODE_ID,
+        config_db=tmp_path / "fqd.sqlite",
+        queue_dir=tmp_path / "queues",
+    )
+
+
+@pytest.fixture
+async def broker(settings: Settings) -> AsyncIterator[Broker]:
+    b = Broker(settings)
+    await b.start()
+    try:
+        yield b
+    finally:
+        async with asyncio.timeout(TIMEOUT):
+            await b.stop()
+
+
+class RawConn:
+    """A bare loopback connection for sending exact bytes and reading exact replies."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.replies = wire.ClientCommandDecoder()
+
+    @classmethod
+    async def open(cls, port: int) -> RawConn:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def read_exactly(self, n: int) -> bytes:
+        async with asyncio.timeout(TIMEOUT):
+            return await self.reader.readexactly(n)
+
+    async def frame(self) -> wire.Frame:
+        """The next command-channel reply."""
+        async with asyncio.timeout(TIMEOUT):
+            while (frame := self.replies.next_frame()) is None:
+                chunk = await self.reader.read(65536)
+                if not chunk:
+                    raise EOFError("connection closed")
+                self.replies.feed(chunk)
+            return frame
+
+    async def reply(self) -> wire.Frame:
+        """The next reply that is not a heartbeat."""
+        while isinstance(frame := await self.frame(), wire.Heartbeat):
+            pass
+        return frame
+
+    async def closed(self) -> bytes:
+        """Wait for the broker to close the connection; returns what it sent before."""
+        data = b""
+        async with asyncio.timeout(TIMEOUT):
+            try:
+                while chunk := await self.reader.read(65536):
+                    data += chunk
+            except ConnectionResetError:
+                pass
+        await self.close()
+        return data
+
+    async def close(self) -> None:
+        self.writer.close()
+        try:
+            await self.writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+
+class Session:
+    """An authenticated command connection with its paired data connection."""
+
+    def __init__(self, cmd: RawConn, data: RawConn, key: bytes) -> None:
+        self.cmd = cmd
+        self.data = data
+        self.key = key
+        self.messages = wire.MessageDecoder(peer_format=True)
+
+    async def bind(self, exchange: bytes, program: bytes, flags: int = 0x100) -> int:
+        await self.cmd.send(wire.encode(wire.BindRequest(flags, exchange, program)))
+        reply = await self.cmd.reply()
+        assert isinstance(reply, wire.BindResponse)
+        return reply.route_id
+
+    async def status(self) -> dict[str, int]:
+        await self.cmd.send(wire.encode(wire.StatusRequest()))
+        reply = await self.cmd.reply()
+        assert isinstance(reply, wire.Status)
+        return reply.as_dict()
+
+    async def publish(self, exchange: bytes, route: bytes, payload: bytes) -> None:
+        from fqbroker.message import Message
+
+        await self.data.send(Message(exchange, route, payload).publish_frame())
+
+    async def receive(self, n: int = 1) -> list:  # type: ignore[type-arg]
+        out: list = []  # type: ignore[type-arg]
+        async with asyncio.timeout(TIMEOUT):
+            while len(out) < n:
+                out.extend(self.messages.messages())
+                if len(out) >= n:
+                    break
+                chunk = await self.data.reader.read(65536)
+                if not chunk:
+                    raise EOFError("data channel closed")
+                self.messages.feed(chunk)
+        return out
+
+    async def close(self) -> None:
+        await self.data.close()
+        await self.cmd.close()
+
+
+async def authenticate(
+    port: int, user: bytes = b"user", queue_field: bytes = b"", password: bytes = b"pw"
+) -> RawConn:
+    cmd = await RawConn.open(port)
+    await cmd.send(
+        wire.encode_hello(wire.Mode.CMD, b"")[:4]
+        + wire.encode(wire.AuthPlain(user, queue_field, password))
+    )
+    return cmd
+
+
+async def open_session(
+    port: int, user: bytes = b"user", queue_field: bytes = b""
+) -> Session:
+    cmd = await authenticate(port, user, queue_field)
+    reply = await cmd.frame()
+    assert isinstance(reply, wire.AuthResponse), reply
+    assert await cmd.frame() == wire.Heartbeat()
+    data = await RawConn.open(port)
+    await data.send(wire.encode_hello(wire.Mode.DATA, reply.key))
+    return Session(cmd, data, reply.key)
+
+
+async def wait_for(predicate, timeout: float = TIMEOUT) -> None:  # type: ignore[no-untyped-def]
+    """Poll a condition on broker state: for things no event announces (bounded)."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.005)
