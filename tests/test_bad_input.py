@@ -1,0 +1,204 @@
+"""One test per row of §1.9: each bad input gets its specified answer, the socket is
+closed promptly (fixing fqd's late close), and another client is then served normally."""
+
+from __future__ import annotations
+
+import pytest
+
+from fqbroker import wire
+from fqbroker.config import Settings
+from fqbroker.server import Broker
+
+from .conftest import RawConn, authenticate, open_session, wait_for
+from .test_server import assert_broker_serves
+
+
+@pytest.mark.parametrize("preamble", [b"OPTI", b"\x00\x00\x00\x00", b"\xde\xad\xbe\xef", b"get "])
+async def test_unknown_first_bytes_close_silently(broker: Broker, preamble: bytes) -> None:
+    conn = await RawConn.open(broker.port)
+    await conn.send(preamble + b"ONS / HTTP/1.1\r\n\r\n")
+    assert await conn.closed() == b""
+    await assert_broker_serves(broker)
+
+
+async def test_unknown_command_after_auth_closes_promptly(broker: Broker) -> None:
+    session = await open_session(broker.port)
+    await session.cmd.send(b"\x12\x34")
+    assert await session.cmd.closed() == b""  # no error frame, as fqd
+    await wait_for(lambda: session.key not in broker.clients)
+    await session.data.closed()  # its data channel goes with it
+    await assert_broker_serves(broker)
+
+
+async def test_bind_with_exchange_over_127_closes(broker: Broker) -> None:
+    session = await open_session(broker.port)
+    await session.cmd.send(wire.encode(wire.BindRequest(0x100, b"e" * 128, b"prefix:")))
+    assert await session.cmd.closed() == b""
+    await session.data.closed()
+    await assert_broker_serves(broker)
+
+
+async def test_bind_cut_short_then_eof_closes(broker: Broker) -> None:
+    session = await open_session(broker.port)
+    await session.cmd.send(wire.encode(wire.BindRequest(0x100, b"ex", b"prefix:"))[:-3])
+    session.cmd.writer.write_eof()
+    assert await session.cmd.closed() == b""
+    await wait_for(lambda: session.key not in broker.clients)
+    await session.data.closed()
+    await assert_broker_serves(broker)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [b"nonsense", b"prefix:x (route_contains(\"a\"))", b"prefix:" + b"x" * 121, b"prefix:\"abc"],
+)
+async def test_program_that_does_not_compile_answers_bind_illegal(
+    broker: Broker, program: bytes
+) -> None:
+    session = await open_session(broker.port)
+    assert await session.bind(b"ex", program) == wire.BIND_ILLEGAL
+    assert await session.bind(b"ex", b"prefix:") == 1  # the session carries on
+    await session.close()
+    await assert_broker_serves(broker)
+
+
+async def test_data_channel_with_unknown_key_closes_silently(broker: Broker) -> None:
+    conn = await RawConn.open(broker.port)
+    await conn.send(wire.encode_hello(wire.Mode.DATA, b"k" * 127))
+    assert await conn.closed() == b""
+    await assert_broker_serves(broker)
+
+
+async def test_second_data_channel_for_a_key_closes_silently(broker: Broker) -> None:
+    session = await open_session(broker.port)
+    await wait_for(lambda: broker.clients[session.key].data is not None)
+    second = await RawConn.open(broker.port)
+    await second.send(wire.encode_hello(wire.Mode.DATA, session.key))
+    assert await second.closed() == b""
+    # The first data channel still works.
+    await session.bind(b"ex", b"prefix:")
+    publisher = await open_session(broker.port)
+    await publisher.publish(b"ex", b"r", b"first channel")
+    assert [m.payload for m in await session.receive()] == [b"first channel"]
+    await session.close()
+    await publisher.close()
+    await assert_broker_serves(broker)
+
+
+def _publish_frame(ex: bytes, route: bytes, payload: bytes) -> bytes:
+    return bytes([len(ex)]) + ex + bytes([len(route)]) + route + bytes(16) + len(
+        payload
+    ).to_bytes(4, "big") + payload
+
+
+BAD_FRAMES = [
+    ("exchange over 127", wire.Mode.DATA, b"\x80" + b"e" * 128),
+    ("route over 127", wire.Mode.DATA, b"\x02ex\xff" + b"r" * 255),
+    ("sender over 127", wire.Mode.OLD_PEER, b"\x02ex\x01r" + bytes(16) + b"\x80" + b"s" * 128),
+    ("hops over 32", wire.Mode.OLD_PEER, b"\x02ex\x01r" + bytes(16) + b"\x01s\x21" + bytes(132)),
+]
+
+
+@pytest.mark.parametrize(
+    ("mode", "frame"), [(m, f) for _, m, f in BAD_FRAMES], ids=[n for n, _, _ in BAD_FRAMES]
+)
+async def test_bad_data_frame_closes_only_the_data_channel(
+    broker: Broker, mode: wire.Mode, frame: bytes
+) -> None:
+    consumer = await open_session(broker.port, b"watcher")
+    await consumer.bind(b"ex", b"prefix:")
+    session = await open_session(broker.port, b"offender")
+    await session.data.close()
+    await wait_for(lambda: broker.clients[session.key].data is None)
+    data = await RawConn.open(broker.port)
+    await data.send(wire.encode_hello(mode, session.key))
+    await wait_for(lambda: broker.clients[session.key].data is not None)
+    # A good message first: what was handed over before the bad frame is not lost.
+    good = _publish_frame(b"ex", b"r", b"before") if mode is wire.Mode.DATA else (
+        b"\x02ex\x01r" + bytes(16) + b"\x01s\x00" + b"\x00\x00\x00\x06before"
+    )
+    await data.send(good + frame)
+    assert await data.closed() == b""
+    assert [m.payload for m in await consumer.receive()] == [b"before"]
+    # The command session survives; with no data channel its status is only dropped_in.
+    assert await session.status() == {"dropped_in": 0}
+    await session.close()
+    await consumer.close()
+    await assert_broker_serves(broker)
+
+
+async def test_payload_over_the_limit_is_dropped_and_counted(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(
+        port=0, node_id="10.254.254.1", config_db=tmp_path / "db", max_message_size=1000
+    )
+    async with Broker(settings) as broker:
+        consumer = await open_session(broker.port)
+        await consumer.bind(b"ex", b"prefix:")
+        publisher = await open_session(broker.port)
+        await publisher.data.send(
+            _publish_frame(b"ex", b"r", b"a")
+            + _publish_frame(b"ex", b"r", b"x" * 5000)
+            + _publish_frame(b"ex", b"r", b"b")
+        )
+        got = await consumer.receive(2)
+        assert [m.payload for m in got] == [b"a", b"b"]
+        status = await publisher.status()
+        assert (status["size_dropped"], status["msgs_in"], status["routed"]) == (1, 2, 2)
+        assert broker.router.aggregate.size_dropped == 1
+        await consumer.close()
+        await publisher.close()
+        await assert_broker_serves(broker)
+
+
+AUTH_FAILURES = [
+    ("auth command expected", b"\xb1\x70\x00\x00"),
+    ("unsupported auth method", b"\xaa\xaa\x00\x07"),
+    ("user name is too long", wire.encode(wire.AuthPlain(b"u" * 128, b"q"))),
+    ("queue detail is too long", wire.encode(wire.AuthPlain(b"u", b"q" * 1024))),
+    ("queue name is too long", wire.encode(wire.AuthPlain(b"u", b"q" * 128))),
+    ("queue name is too long", wire.encode(wire.AuthPlain(b"u", b"q" * 200 + b"\x00mem"))),
+    ("pass field is too long", wire.encode(wire.AuthPlain(b"u", b"q", b"p" * 10241))),
+    ("invalid queue type: ", wire.encode(wire.AuthPlain(b"u", b"bob\x00:public"))),
+    ("invalid queue type: jlog", wire.encode(wire.AuthPlain(b"u", b"bob\x00jlog"))),
+    ("invalid queue param:  drop", wire.encode(wire.AuthPlain(b"u", b"bob\x00mem:public, drop"))),
+    ("invalid queue param: Public", wire.encode(wire.AuthPlain(b"u", b"bob\x00mem:Public"))),
+]
+
+
+@pytest.mark.parametrize(("text", "request_bytes"), AUTH_FAILURES, ids=[t for t, _ in AUTH_FAILURES])
+async def test_failed_auth_sends_the_error_then_closes(
+    broker: Broker, text: str, request_bytes: bytes
+) -> None:
+    conn = await RawConn.open(broker.port)
+    # Send more than the server reads: the error must still arrive (no RST, §1.8).
+    await conn.send(wire.Mode.CMD.to_bytes(4, "big") + request_bytes + b"\x00" * 20000)
+    assert await conn.frame() == wire.ErrorReply(text)
+    assert await conn.closed() == b""
+    await assert_broker_serves(broker)
+
+
+async def test_auth_cut_short_gives_auth_method_read_failed(broker: Broker) -> None:
+    conn = await RawConn.open(broker.port)
+    await conn.send(wire.Mode.CMD.to_bytes(4, "big") + b"\xaa\xaa")
+    conn.writer.write_eof()
+    assert await conn.frame() == wire.ErrorReply("auth method read failed")
+    assert await conn.closed() == b""
+    await assert_broker_serves(broker)
+
+
+async def test_a_silent_connection_is_closed_after_the_sniff_timeout(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(
+        port=0, node_id="10.254.254.1", config_db=tmp_path / "db", idle_sniff_timeout=0.2
+    )
+    async with Broker(settings) as broker:
+        conn = await RawConn.open(broker.port)
+        await conn.send(b"\xcc\x50")
+        assert await conn.closed() == b""
+        await assert_broker_serves(broker)
+
+
+async def test_garbage_on_the_command_channel_before_auth(broker: Broker) -> None:
+    cmd = await authenticate(broker.port)
+    assert isinstance(await cmd.frame(), wire.AuthResponse)
+    await cmd.close()
+    await assert_broker_serves(broker)
