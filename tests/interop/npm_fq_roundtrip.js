@@ -38,12 +38,12 @@ consumer.on('message', function (msg) {
       publisher.status(function (err2, pubStatus) {
         if (err2) return fail('publisher status', err2);
         clearTimeout(timer);
-        process.stdout.write(JSON.stringify({
-          bind: bindResult, received: received, status: status, publisher_status: pubStatus,
-        }) + '\n');
         consumer.shutdown();
         publisher.shutdown();
-        process.exit(0);
+        // A pipe write is asynchronous: exit only once it is flushed.
+        process.stdout.write(JSON.stringify({
+          bind: bindResult, received: received, status: status, publisher_status: pubStatus,
+        }) + '\n', function () { process.exit(0); });
       });
     });
   }
