@@ -5,6 +5,7 @@ PYTHON ?= python3
 STAMP  := $(VENV)/.installed
 NODE_STAMP := tests/interop/node_modules/.installed
 PORT   ?= 8765
+VARDIR ?= var
 
 .PHONY: install run test lint fmt check bench clean node
 
@@ -24,8 +25,8 @@ $(NODE_STAMP): tests/interop/package.json
 	touch $@
 
 run: install
-	mkdir -p var
-	$(VENV)/bin/fqd -p $(PORT) -n 127.0.0.1 -c var/fqd.sqlite -q var/queues
+	mkdir -p $(VARDIR)
+	exec $(VENV)/bin/fqd -p $(PORT) -n 127.0.0.1 -c $(VARDIR)/fqd.sqlite -q $(VARDIR)/queues
 
 test: install node
 	$(PY) -m pytest -q
