@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -157,6 +158,8 @@ class Broker:
         """Find or create the queue a client asked for and add the client (§3.2)."""
         queue = self.queues.get(spec.name)
         if queue is None:
+            if spec.backlog is None:
+                spec = dataclasses.replace(spec, backlog=self.settings.default_backlog)
             queue = make_queue(spec)
             self.queues[spec.name] = queue
         else:
