@@ -30,7 +30,10 @@ def _fqd_parser() -> argparse.ArgumentParser:
         "-m", "--module", dest="modules", action="append", help="rule-function module to load"
     )
     p.add_argument(
-        "-D", "--foreground", action="store_true", help="accepted; fqd always runs in the foreground"
+        "-D",
+        "--foreground",
+        action="store_true",
+        help="accepted; fqd always runs in the foreground",
     )
     p.add_argument("-v", "--debug", help="debug flags: " + ",".join(DEBUG_FLAGS))
     return p

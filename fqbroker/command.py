@@ -79,27 +79,21 @@ class CommandSession:
             self._last_sent = time.monotonic()
 
     async def run(self) -> None:
+        heartbeats = asyncio.create_task(self._heartbeats())
         try:
-            async with asyncio.TaskGroup() as tasks:
-                tasks.create_task(self._heartbeats())
-                await self._read_loop()
-                self._closing.set()
-        except* AuthError as group:
-            text = group.exceptions[0].text  # type: ignore[attr-defined]
-            log.info("auth refused from %s:%s: %r", self.remote_addr, self.remote_port, text)
-            self._send(wire.ErrorReply(text))
+            await self._read_loop()
+        except (AuthError, QueueError) as exc:
+            log.info("refusing %s: %r", self.pretty, exc.text)
+            self._send(wire.ErrorReply(exc.text))
             await self.broker.linger_close(self.reader, self.writer)
-        except* QueueError as group:
-            text = group.exceptions[0].text  # type: ignore[attr-defined]
-            log.info("queue refused for %s: %r", self.pretty, text)
-            self._send(wire.ErrorReply(text))
-            await self.broker.linger_close(self.reader, self.writer)
-        except* ProtocolError as group:
-            log.info("closing %s: %s", self.pretty, group.exceptions[0])
-        except* (ConnectionError, asyncio.IncompleteReadError):
+        except ProtocolError as exc:
+            log.info("closing %s: %s", self.pretty, exc)
+        except (ConnectionError, asyncio.IncompleteReadError):
             log.debug("connection lost: %s", self.pretty)
         finally:
             self.phase = Phase.CLOSED
+            self._closing.set()
+            heartbeats.cancel()
             self.broker.deregister(self)
             self.writer.close()
 
@@ -119,15 +113,7 @@ class CommandSession:
                 return
             decoder.feed(chunk)
 
-    def _handle(
-        self,
-        frame: wire.AuthPlain
-        | wire.Heartbeat
-        | wire.HeartbeatRequest
-        | wire.StatusRequest
-        | wire.BindRequest
-        | wire.UnbindRequest,
-    ) -> None:
+    def _handle(self, frame: wire.ClientRequest) -> None:
         broker = self.broker
         match frame:
             case wire.AuthPlain(user, queue_field, _password):

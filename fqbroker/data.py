@@ -190,4 +190,3 @@ class DataSession:
 
 def _has_hop(hops: bytes, hop: bytes) -> bool:
     return any(hops[i : i + 4] == hop for i in range(0, len(hops), 4))
-

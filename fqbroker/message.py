@@ -117,8 +117,13 @@ class Message:
     @property
     def peer_octets(self) -> int:
         """Wire size in peer format: what ``octets_out`` counts."""
-        return 24 + len(self.exchange) + len(self.route) + len(self.sender) + len(self.hops) + len(
-            self.payload
+        return (
+            24
+            + len(self.exchange)
+            + len(self.route)
+            + len(self.sender)
+            + len(self.hops)
+            + len(self.payload)
         )
 
     def __repr__(self) -> str:

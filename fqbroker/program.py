@@ -23,7 +23,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeGuard
 
 from .errors import ProgramError
 from .message import Message
@@ -206,12 +206,16 @@ class Program:
         return self.source().decode("utf-8", "surrogateescape")
 
 
-def _is_bare_true(rule: Rule) -> bool:
+def _is_bare_true(rule: Rule) -> TypeGuard[Call]:
     return isinstance(rule, Call) and rule.name == "true" and not rule.args
 
 
 def compile_program(text: bytes, registry: RuleRegistry | None = None) -> Program:
-    """Compile a bind program; `ProgramError` (only) if C fqd would answer BIND_ILLEGAL."""
+    """Compile a bind program (bytes as they came off the wire; NUL ends them).
+
+    Raises `ProgramError`, and nothing else, for anything that does not compile; the bind
+    is then answered with BIND_ILLEGAL. `registry` defaults to `default_registry()`.
+    """
     text = bytes(text)
     nul = text.find(0)
     if nul >= 0:
@@ -234,7 +238,7 @@ def compile_program(text: bytes, registry: RuleRegistry | None = None) -> Progra
         parser.skip_ws()
         if parser.pos != len(text):
             raise ProgramError("trailing text after the rule", parser.pos)
-    always_true = isinstance(rule, Call) and _is_bare_true(rule) and rule.fn is _true
+    always_true = _is_bare_true(rule) and rule.fn is _true
     return Program(text, exact, prefix, rule, always_true)
 
 
@@ -321,8 +325,6 @@ class _Parser:
         match = _NAME.match(self.text, start)
         if match is None:
             raise self.error("expected a function name or (")
-        if match.end() - start > MAX_NAME_LEN:
-            raise self.error(f"function name over {MAX_NAME_LEN} characters")
         self.pos = match.end()
         self.skip_ws()
         if self.peek() != ord("("):
@@ -453,10 +455,6 @@ class RuleRegistry:
     def lookup(self, name: str, signature: str) -> RuleFunction | None:
         fn = self._functions.get((name, signature))
         return self._functions.get((name, "VA")) if fn is None else fn
-
-    def signatures(self) -> list[tuple[str, str]]:
-        """Every registered (name, signature), sorted; for logs and diagnostics."""
-        return sorted(self._functions)
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
         """Call every installed plugin's ``register(registry)`` (entry points in `group`).

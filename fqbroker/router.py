@@ -27,7 +27,7 @@ nothing of storage, sockets or any wire protocol; every front end publishes thro
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,6 +60,10 @@ class Target(Protocol):
     @property
     def is_full(self) -> bool:
         """Whether a publisher should wait before sending more (block policy)."""
+        ...
+
+    def wait_not_full(self) -> Awaitable[None]:
+        """Resolves once the target has room again."""
         ...
 
 

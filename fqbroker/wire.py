@@ -47,6 +47,7 @@ __all__ = [
     "BindRequest",
     "BindResponse",
     "ClientCommandDecoder",
+    "ClientRequest",
     "Cmd",
     "DataHello",
     "DataHelloDecoder",
@@ -57,6 +58,7 @@ __all__ = [
     "MessageDecoder",
     "Mode",
     "ServerCommandDecoder",
+    "ServerReply",
     "Status",
     "StatusRequest",
     "UnbindRequest",
@@ -214,6 +216,13 @@ Frame = (
     | UnbindResponse
 )
 
+# What a client may send on its command socket.
+ClientRequest = (
+    AuthPlain | Heartbeat | HeartbeatRequest | StatusRequest | BindRequest | UnbindRequest
+)
+# What a broker may send on a command socket.
+ServerReply = AuthResponse | ErrorReply | Heartbeat | BindResponse | UnbindResponse | Status
+
 
 def _short(data: bytes) -> bytes:
     return _U16.pack(len(data)) + data
@@ -304,14 +313,14 @@ class _Buffer:
     def u16(self) -> int:
         if self.pos + 2 > len(self.data):
             raise _NeedData
-        (value,) = _U16.unpack_from(self.data, self.pos)
+        value: int = _U16.unpack_from(self.data, self.pos)[0]
         self.pos += 2
         return value
 
     def u32(self) -> int:
         if self.pos + 4 > len(self.data):
             raise _NeedData
-        (value,) = _U32.unpack_from(self.data, self.pos)
+        value: int = _U32.unpack_from(self.data, self.pos)[0]
         self.pos += 4
         return value
 
@@ -376,21 +385,14 @@ class ServerCommandDecoder(_Decoder):
         super().__init__()
         self._authed = False
 
-    def next_frame(self) -> AuthPlain | Heartbeat | HeartbeatRequest | StatusRequest | BindRequest | UnbindRequest | None:  # noqa: E501
+    def next_frame(self) -> ClientRequest | None:
         buf = self._buf
         start = buf.pos
         try:
             if not self._authed:
-                frame: (
-                    AuthPlain
-                    | Heartbeat
-                    | HeartbeatRequest
-                    | StatusRequest
-                    | BindRequest
-                    | UnbindRequest
-                ) = self._auth(buf)
+                auth = self._auth(buf)
                 self._authed = True
-                return frame
+                return auth
             return self._command(buf)
         except _NeedData:
             buf.pos = start
@@ -419,9 +421,7 @@ class ServerCommandDecoder(_Decoder):
         return AuthPlain(user, queue_field, buf.take(n))
 
     @staticmethod
-    def _command(
-        buf: _Buffer,
-    ) -> Heartbeat | HeartbeatRequest | StatusRequest | BindRequest | UnbindRequest:
+    def _command(buf: _Buffer) -> ClientRequest:
         code = buf.u16()
         if code == Cmd.HB:
             return Heartbeat()
@@ -447,9 +447,7 @@ class ServerCommandDecoder(_Decoder):
 class ClientCommandDecoder(_Decoder):
     """Replies a broker sends on the command socket (the client's side of fq_client.c)."""
 
-    def next_frame(
-        self,
-    ) -> AuthResponse | ErrorReply | Heartbeat | BindResponse | UnbindResponse | Status | None:
+    def next_frame(self) -> ServerReply | None:
         buf = self._buf
         start = buf.pos
         try:
@@ -461,7 +459,7 @@ class ClientCommandDecoder(_Decoder):
             if code == Cmd.UNBINDRESP:
                 return UnbindResponse(buf.u32())
             if code == Cmd.STATUSRESP:
-                items = []
+                items: list[tuple[str, int]] = []
                 while True:
                     n = buf.u16()
                     if n == 0:

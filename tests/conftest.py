@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -88,10 +89,8 @@ class RawConn:
 
     async def close(self) -> None:
         self.writer.close()
-        try:
+        with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
-        except (ConnectionError, OSError):
-            pass
 
 
 class Session:
@@ -149,9 +148,7 @@ async def authenticate(
     return cmd
 
 
-async def open_session(
-    port: int, user: bytes = b"user", queue_field: bytes = b""
-) -> Session:
+async def open_session(port: int, user: bytes = b"user", queue_field: bytes = b"") -> Session:
     cmd = await authenticate(port, user, queue_field)
     reply = await cmd.frame()
     assert isinstance(reply, wire.AuthResponse), reply

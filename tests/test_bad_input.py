@@ -50,7 +50,7 @@ async def test_bind_cut_short_then_eof_closes(broker: Broker) -> None:
 
 @pytest.mark.parametrize(
     "program",
-    [b"nonsense", b"prefix:x (route_contains(\"a\"))", b"prefix:" + b"x" * 121, b"prefix:\"abc"],
+    [b"nonsense", b'prefix:x (route_contains("a"))', b"prefix:" + b"x" * 121, b'prefix:"abc'],
 )
 async def test_program_that_does_not_compile_answers_bind_illegal(
     broker: Broker, program: bytes
@@ -86,9 +86,15 @@ async def test_second_data_channel_for_a_key_closes_silently(broker: Broker) -> 
 
 
 def _publish_frame(ex: bytes, route: bytes, payload: bytes) -> bytes:
-    return bytes([len(ex)]) + ex + bytes([len(route)]) + route + bytes(16) + len(
-        payload
-    ).to_bytes(4, "big") + payload
+    return (
+        bytes([len(ex)])
+        + ex
+        + bytes([len(route)])
+        + route
+        + bytes(16)
+        + len(payload).to_bytes(4, "big")
+        + payload
+    )
 
 
 BAD_FRAMES = [
@@ -114,8 +120,10 @@ async def test_bad_data_frame_closes_only_the_data_channel(
     await data.send(wire.encode_hello(mode, session.key))
     await wait_for(lambda: broker.clients[session.key].data is not None)
     # A good message first: what was handed over before the bad frame is not lost.
-    good = _publish_frame(b"ex", b"r", b"before") if mode is wire.Mode.DATA else (
-        b"\x02ex\x01r" + bytes(16) + b"\x01s\x00" + b"\x00\x00\x00\x06before"
+    good = (
+        _publish_frame(b"ex", b"r", b"before")
+        if mode is wire.Mode.DATA
+        else (b"\x02ex\x01r" + bytes(16) + b"\x01s\x00" + b"\x00\x00\x00\x06before")
     )
     await data.send(good + frame)
     assert await data.closed() == b""
@@ -165,7 +173,9 @@ AUTH_FAILURES = [
 ]
 
 
-@pytest.mark.parametrize(("text", "request_bytes"), AUTH_FAILURES, ids=[t for t, _ in AUTH_FAILURES])
+@pytest.mark.parametrize(
+    ("text", "request_bytes"), AUTH_FAILURES, ids=[t for t, _ in AUTH_FAILURES]
+)
 async def test_failed_auth_sends_the_error_then_closes(
     broker: Broker, text: str, request_bytes: bytes
 ) -> None:

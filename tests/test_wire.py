@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -74,7 +76,9 @@ def test_server_decodes_client_commands(
     name: str, frame: wire.Frame, data: bytes, chunk: int | None
 ) -> None:
     factory = (
-        wire.ServerCommandDecoder if isinstance(frame, wire.AuthPlain) else _server_decoder_after_auth
+        wire.ServerCommandDecoder
+        if isinstance(frame, wire.AuthPlain)
+        else _server_decoder_after_auth
     )
     frames, decoder = decode_all(factory, data, chunk)
     assert frames == [frame]
@@ -122,8 +126,18 @@ def test_status_reply_round_trip_with_all_keys() -> None:
     items = tuple(
         (k, i)
         for i, k in enumerate(
-            "dropped_in no_exchange no_route routed dropped size_dropped msgs_in msgs_out "
-            "octets_in octets_out".split()
+            [
+                "dropped_in",
+                "no_exchange",
+                "no_route",
+                "routed",
+                "dropped",
+                "size_dropped",
+                "msgs_in",
+                "msgs_out",
+                "octets_in",
+                "octets_out",
+            ]
         )
     )
     data = wire.encode(wire.Status(items))
@@ -268,8 +282,8 @@ def test_publish_format_message_bytes() -> None:
 def test_message_decoder_any_split(peer_format: bool, chunk: int | None) -> None:
     data = (PEER_MESSAGE_BYTES if peer_format else PUBLISH_MESSAGE_BYTES) * 3
     frames, decoder = decode_all(lambda: wire.MessageDecoder(peer_format=peer_format), data, chunk)
-    expected = PEER_MESSAGE if peer_format else Message(
-        b"ex", b"a.b", b"hello", msgid=bytes(range(16))
+    expected = (
+        PEER_MESSAGE if peer_format else Message(b"ex", b"a.b", b"hello", msgid=bytes(range(16)))
     )
     assert frames == [expected] * 3
     assert decoder.buffered == 0
@@ -332,7 +346,7 @@ def test_any_chunking_of_valid_messages_decodes_the_same(
     points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
     decoder = wire.MessageDecoder(peer_format=True)
     got: list[Message] = []
-    for a, b in zip(points, points[1:], strict=False):
+    for a, b in itertools.pairwise(points):
         decoder.feed(data[a:b])
         got.extend(decoder.messages())
     assert got == messages

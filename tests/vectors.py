@@ -34,8 +34,11 @@ CLIENT_COMMANDS: list[tuple[str, wire.Frame, bytes]] = [
         wire.BindRequest(0x0100, b"maryland", b'prefix:"test."'),
         h("b170 0100 0008 6d6172796c616e64 000e 7072656669783a22746573742e22"),
     ),
-    ("bind_perm_empty", wire.BindRequest(0x0110, b"", b"prefix:"), h("b170 0110 0000 0007")
-     + b"prefix:"),
+    (
+        "bind_perm_empty",
+        wire.BindRequest(0x0110, b"", b"prefix:"),
+        h("b170 0110 0000 0007") + b"prefix:",
+    ),
     ("unbind", wire.UnbindRequest(7, b"ex"), h("071b 00000007 0002 6578")),
 ]
 
@@ -47,8 +50,11 @@ SERVER_REPLIES: list[tuple[str, wire.Frame, bytes]] = [
     ("bind_illegal", wire.BindResponse(0xFFFFFFFF), h("b171 ffffffff")),
     ("unbind_response", wire.UnbindResponse(3), h("171b 00000003")),
     ("unbind_illegal", wire.UnbindResponse(0xFFFFFFFF), h("171b ffffffff")),
-    ("status_no_data", wire.Status((("dropped_in", 4),)), h("57a7 000a") + b"dropped_in"
-     + h("00000004 0000")),
+    (
+        "status_no_data",
+        wire.Status((("dropped_in", 4),)),
+        h("57a7 000a") + b"dropped_in" + h("00000004 0000"),
+    ),
     (
         "error",
         wire.ErrorReply("client heartbeat failed"),
