@@ -83,7 +83,7 @@ def fqd(argv: list[str] | None = None) -> int:
         runner = _event_loop_runner()
         with runner:
             runner.run(_run(settings))
-    except ValueError as exc:
+    except (ValueError, ImportError, OSError) as exc:
         print(f"fqd: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -330,7 +330,7 @@ class _Parser:
         if self.peek() != ord("("):
             raise self.error('expected "(" after the function name')
         self.pos += 1
-        self.skip_ws()  # C skips spaces before the first argument too (and strtod would)
+        self.skip_ws()  # fqd's strtod skips spaces before a number; strings get the same
         args: list[Arg] = []
         while self.peek() != ord(")"):
             if args:

@@ -8,10 +8,8 @@ route id drawn from one global counter (§2.5).
 
 Routing a message looks up candidate bindings by its route, not by scanning every
 binding: bindings are indexed by their exact route (``exact:``) or by their prefix
-(``prefix:``), and the prefix index is probed once per distinct prefix length in use. The
-cost is therefore flat in the number of bindings and grows only with the number of
-distinct prefix lengths, which is at most 128. fqd gets the same effect from an 8-byte
-prefix jump table.
+(``prefix:``, a :class:`~fqbroker.prefixes.PrefixIndex`: one bisect and a short walk).
+The cost is therefore flat in the number of bindings, as with fqd's prefix jump table.
 
 Each queue receives a message at most once: once a queue is a target, its other
 bindings are skipped and their ``invocations`` do not move (§2.3). The router then
@@ -27,12 +25,13 @@ nothing of storage, sockets or any wire protocol; every front end publishes thro
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from .errors import ProgramError
 from .message import Message
+from .prefixes import PrefixIndex
 from .program import Program, RuleRegistry, compile_program
 from .wire import BIND_ILLEGAL, BindFlags
 
@@ -126,10 +125,7 @@ class Exchange:
     # (id of the target queue, program text) -> binding: finds a duplicate bind in O(1).
     _by_owner: dict[tuple[int, bytes], Binding] = field(default_factory=dict)
     _by_exact: dict[bytes, list[Binding]] = field(default_factory=dict)
-    _by_prefix: dict[bytes, list[Binding]] = field(default_factory=dict)
-    # Distinct prefix lengths in use, longest first, each with how many prefixes have it.
-    _prefix_lengths: dict[int, int] = field(default_factory=dict)
-    _lengths_desc: tuple[int, ...] = ()
+    _by_prefix: PrefixIndex[Binding] = field(default_factory=PrefixIndex)
 
     def add(self, binding: Binding) -> None:
         self.bindings[binding.route_id] = binding
@@ -137,47 +133,31 @@ class Exchange:
         self._by_owner[id(binding.queue), program.text] = binding
         if program.exact:
             self._by_exact.setdefault(program.prefix, []).append(binding)
-            return
-        bucket = self._by_prefix.get(program.prefix)
-        if bucket is None:
-            bucket = self._by_prefix[program.prefix] = []
-            n = len(program.prefix)
-            self._prefix_lengths[n] = self._prefix_lengths.get(n, 0) + 1
-            self._lengths_desc = tuple(sorted(self._prefix_lengths, reverse=True))
-        bucket.append(binding)
+        else:
+            self._by_prefix.add(program.prefix, binding)
 
     def remove(self, binding: Binding) -> None:
         del self.bindings[binding.route_id]
         program = binding.program
         del self._by_owner[id(binding.queue), program.text]
-        index = self._by_exact if program.exact else self._by_prefix
-        bucket = index[program.prefix]
-        bucket.remove(binding)
-        if bucket:
-            return
-        del index[program.prefix]
         if not program.exact:
-            n = len(program.prefix)
-            self._prefix_lengths[n] -= 1
-            if not self._prefix_lengths[n]:
-                del self._prefix_lengths[n]
-                self._lengths_desc = tuple(sorted(self._prefix_lengths, reverse=True))
+            self._by_prefix.remove(program.prefix, binding)
+            return
+        bucket = self._by_exact[program.prefix]
+        bucket.remove(binding)
+        if not bucket:
+            del self._by_exact[program.prefix]
 
     def find(self, queue: Target, text: bytes) -> Binding | None:
         return self._by_owner.get((id(queue), text))
 
-    def candidates(self, route: bytes) -> Iterator[Binding]:
+    def candidates(self, route: bytes) -> list[list[Binding]]:
         """Bindings whose prefix or exact route matches ``route``; programs not yet run."""
+        found = self._by_prefix.matching(route)
         exact = self._by_exact.get(route)
         if exact:
-            yield from exact
-        by_prefix = self._by_prefix
-        size = len(route)
-        for n in self._lengths_desc:
-            if n <= size:
-                bucket = by_prefix.get(route[:n])
-                if bucket:
-                    yield from bucket
+            found.append(exact)
+        return found
 
 
 @dataclass(slots=True)
@@ -202,7 +182,9 @@ class Router:
     # --- bindings -------------------------------------------------------------------------
 
     def _next_route_id(self) -> int:
-        route_id = self._last_route_id % 0xFFFFFFFF + 1  # 1 .. 0xfffffffe, never BIND_ILLEGAL
+        route_id = self._last_route_id + 1
+        if route_id >= BIND_ILLEGAL:  # ids run 1 .. 0xfffffffe, then wrap
+            route_id = 1
         self._last_route_id = route_id
         return route_id
 
@@ -274,14 +256,15 @@ class Router:
         ex.messages += 1
         ex.octets += len(msg.payload)
         targets: list[Target] = []
-        for binding in ex.candidates(msg.route):
-            queue = binding.queue
-            # Identity, not equality: a queue is a target once however many rules match.
-            if any(t is queue for t in targets):
-                continue
-            binding.invocations += 1
-            if binding.matches(msg):
-                targets.append(queue)
+        for bucket in ex.candidates(msg.route):
+            for binding in bucket:
+                queue = binding.queue
+                # Identity, not equality: a queue is a target once however many rules match.
+                if any(t is queue for t in targets):
+                    continue
+                binding.invocations += 1
+                if binding.matches(msg):
+                    targets.append(queue)
         if not targets:
             ex.no_route += 1
             agg.no_route += 1

@@ -23,7 +23,7 @@ from .config import Settings, resolve_node_id
 from .data import DataSession
 from .errors import QueueError
 from .message import MsgIdCounter
-from .program import default_registry
+from .program import RuleRegistry, default_registry
 from .queue import Queue, make_queue
 from .queuespec import QueueSpec
 from .router import Router
@@ -45,10 +45,7 @@ class Broker:
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings or Settings()
         self.node_id = resolve_node_id(self.settings.node_id)
-        registry = default_registry()
-        for module in self.settings.modules:
-            registry.load_module(module)
-        self.router = Router(registry)
+        self.router = Router(self._rule_registry())
         self.queues: dict[bytes, Queue] = {}
         self.clients: dict[bytes, CommandSession] = {}
         self.msgids = MsgIdCounter()
@@ -56,6 +53,17 @@ class Broker:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
+
+    def _rule_registry(self) -> RuleRegistry:
+        if not self.settings.modules:
+            return default_registry()
+        # -m modules are this broker's own, so brokers in one process never see each
+        # other's functions.
+        registry = RuleRegistry()
+        registry.load_entry_points()
+        for module in self.settings.modules:
+            registry.load_module(module)
+        return registry
 
     # --- lifecycle ------------------------------------------------------------------------
 

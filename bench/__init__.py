@@ -1,0 +1,1 @@
+"""fqbroker benchmarks: `make bench` (python -m bench) runs them all and prints a report."""
