@@ -31,6 +31,8 @@ class Settings:
     max_message_size: int = 1 << 28
     default_backlog: int = 16384
     idle_sniff_timeout: float = 30.0  # seconds a new connection may take to say what it is
+    admin_token: str = ""  # when set, /submit, checkpoints and /shutdown need it
+    http_shutdown: bool = False  # whether /shutdown stops the broker (fqd: HTTP_SHUTDOWN=1)
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:

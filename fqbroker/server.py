@@ -17,7 +17,7 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 
-from . import wire
+from . import http, wire
 from .command import CommandSession
 from .config import Settings, resolve_node_id
 from .data import DataSession
@@ -49,7 +49,7 @@ class Broker:
         self.queues: dict[bytes, Queue] = {}
         self.clients: dict[bytes, CommandSession] = {}
         self.msgids = MsgIdCounter()
-        self.http_handler: HttpHandler | None = None
+        self.http_handler: HttpHandler | None = http.serve
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
