@@ -65,7 +65,13 @@ def _configure_logging(debug: str) -> None:
 async def _run(settings: Settings) -> None:
     from .server import Broker
 
+    print(f"Opening configdb {settings.config_db}", file=sys.stderr, flush=True)
     broker = Broker(settings)
+    print(
+        "Established {} exchanges, {} queues, {} bindings".format(*broker.established),
+        file=sys.stderr,
+        flush=True,
+    )
     await broker.start()
     print(f"Listening on port: {broker.port}", file=sys.stderr, flush=True)
     stop = asyncio.Event()

@@ -30,7 +30,7 @@ from typing import Protocol
 
 from .errors import QueueError
 from .message import Message
-from .queuespec import Policy, QueueKind, QueueSpec, signed_backlog
+from .queuespec import Policy, QueueSpec, signed_backlog
 
 __all__ = ["MAX_PUBLIC_CLIENTS", "MemoryStore", "Queue", "Store"]
 
@@ -226,9 +226,3 @@ class Queue:
             f"Queue({self.name!r}, {self.kind}, {'private' if self.private else 'public'}, "
             f"{self.policy}, backlog={self.backlog}/{self.backlog_limit})"
         )
-
-
-def make_queue(spec: QueueSpec) -> Queue:
-    if spec.kind is QueueKind.DISK:
-        raise QueueError("initialization of disk queue failed")
-    return Queue(spec)

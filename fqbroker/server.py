@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
@@ -19,14 +18,15 @@ from collections.abc import Awaitable, Callable
 
 from . import http, wire
 from .command import CommandSession
+from .catalog import Catalog
 from .config import Settings, resolve_node_id
 from .data import DataSession
-from .errors import QueueError
 from .message import MsgIdCounter
 from .program import RuleRegistry, default_registry
-from .queue import Queue, make_queue
+from .queue import Queue
 from .queuespec import QueueSpec
 from .router import Router
+from .state import ConfigStore
 
 __all__ = ["Broker"]
 
@@ -46,7 +46,11 @@ class Broker:
         self.settings = settings or Settings()
         self.node_id = resolve_node_id(self.settings.node_id)
         self.router = Router(self._rule_registry())
-        self.queues: dict[bytes, Queue] = {}
+        log.info("Opening configdb %s", self.settings.config_db)
+        self.catalog = Catalog(self.settings, self.router, ConfigStore(self.settings.config_db))
+        self.queues: dict[bytes, Queue] = self.catalog.queues
+        self.established = self.catalog.restore()
+        log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
         self.clients: dict[bytes, CommandSession] = {}
         self.msgids = MsgIdCounter()
         self.http_handler: HttpHandler | None = http.serve
@@ -89,8 +93,7 @@ class Broker:
             await asyncio.wait(self._connections, timeout=5)
         if self._server is not None:
             await self._server.wait_closed()
-        for queue in self.queues.values():
-            queue.close(destroy=not queue.permanent)
+        self.catalog.close()
 
     async def __aenter__(self) -> Broker:
         await self.start()
@@ -163,23 +166,7 @@ class Broker:
     # --- clients and queues ---------------------------------------------------------------
 
     def attach(self, spec: QueueSpec, client: CommandSession) -> Queue:
-        """Find or create the queue a client asked for and add the client (§3.2)."""
-        queue = self.queues.get(spec.name)
-        if queue is None:
-            if spec.backlog is None:
-                spec = dataclasses.replace(spec, backlog=self.settings.default_backlog)
-            queue = make_queue(spec)
-            self.queues[spec.name] = queue
-        else:
-            queue.check_attach(spec)
-            if spec.permanent is not None:
-                queue.permanent = spec.permanent
-        try:
-            queue.attach(client)
-        except QueueError:
-            self._forget_if_unused(queue)
-            raise
-        return queue
+        return self.catalog.attach(spec, client)
 
     def register(self, client: CommandSession) -> bytes:
         """Issue a fresh client key and file the client under it."""
@@ -195,22 +182,11 @@ class Broker:
             del self.clients[client.key]
         if client.data is not None:
             client.data.close()
-        queue = client.queue
-        if queue is not None:
-            queue.detach(client)
-            self._forget_if_unused(queue)
-
-    def _forget_if_unused(self, queue: Queue) -> None:
-        # A transient queue goes with its last client, bindings and messages too (§3.5).
-        if queue.clients or queue.permanent:
-            return
-        if self.queues.get(queue.name) is queue:
-            del self.queues[queue.name]
-        self.router.unbind_queue(queue)
-        queue.close(destroy=True)
+        if client.queue is not None:
+            self.catalog.detach(client.queue, client)
 
     def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int:
-        return self.router.try_bind(exchange, program, queue, flags)
+        return self.catalog.bind(exchange, program, queue, flags)
 
     def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool:
-        return self.router.unbind(exchange, route_id, queue) is not None
+        return self.catalog.unbind(exchange, route_id, queue)
