@@ -6,4 +6,8 @@ __version__ = "0.1.0"
 # What /stats.json reports as "version": the fq release whose behaviour we follow.
 FQ_COMPAT_VERSION = "0.13.12"
 
-__all__ = ["FQ_COMPAT_VERSION", "__version__"]
+from .client import Client
+from .message import Message
+from .server import Broker
+
+__all__ = ["FQ_COMPAT_VERSION", "Broker", "Client", "Message", "__version__"]

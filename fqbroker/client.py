@@ -20,13 +20,13 @@ import asyncio
 import contextlib
 import logging
 import random
-import socket
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import Enum
+from socket import AF_INET
 from typing import Generic, Self, TypeVar
 
 from . import wire
@@ -254,6 +254,10 @@ class Client:
         return self._link is not None and self._link.ready
 
     @property
+    def closed(self) -> bool:
+        return self._state in (_State.CLOSING, _State.CLOSED)
+
+    @property
     def received_backlog(self) -> int:
         """Messages received and not yet taken by ``receive()``."""
         return len(self._inbox)
@@ -268,13 +272,14 @@ class Client:
         self._install(link)
         link.ready = True
         self.connections += 1
+        self._write_pending()  # anything published before connect()
         self._pulse()
         self._supervisor = asyncio.create_task(self._supervise(link))
 
     async def wait_connected(self, newer_than: int = 0) -> int:
         """Wait for a ready connection numbered above ``newer_than``; returns its number."""
         while not (self.connected and self.connections > newer_than):
-            if self._state is not _State.OPEN:
+            if self.closed:
                 raise ClientClosed("client is closed")
             await self._changed.wait()
         return self.connections
@@ -306,10 +311,9 @@ class Client:
 
     def _find_binding(self, exchange: bytes, route_id: int) -> _Binding | None:
         mine = [b for b in self._bindings if b.exchange == exchange]
-        for b in mine:
-            if b.route_id == route_id:
-                return b
-        return next((b for b in mine if b.first_id == route_id), None)
+        found = [b for b in mine if b.route_id == route_id]
+        found += [b for b in mine if b.first_id == route_id]
+        return found[0] if found else None
 
     async def status(self) -> dict[str, int]:
         """The broker's counters for this client, in fq's order (§1.6)."""
@@ -318,11 +322,11 @@ class Client:
         return reply.as_dict()
 
     async def _request(self, frame: Request, link: _Link | None = None) -> wire.Frame:
-        if self._state is not _State.OPEN:
+        if self.closed:
             raise ClientClosed("client is closed")
         link = link or self._link
         if link is None:
-            raise ConnectionError("not connected (reconnecting)")
+            raise ConnectionError("not connected")
         future: asyncio.Future[wire.Frame] = asyncio.get_running_loop().create_future()
         link.cmd_w.write(link.channel.request(frame, future))
         return await future
@@ -335,12 +339,15 @@ class Client:
         """Queue one message for the data socket; ``flush()`` waits until it is written.
 
         While disconnected, up to ``backlog`` messages wait for the next connection; past
-        that, messages are dropped: the result is False and ``dropped`` counts them.
+        that, messages are dropped: the result is False and ``dropped`` counts them. As
+        with libfq, what was already written to a socket that then fails is lost.
         """
-        if self._state is not _State.OPEN:
+        if self.closed:
             raise ClientClosed("client is closed")
         if len(exchange) > wire.MAX_RK_LEN or len(route) > wire.MAX_RK_LEN:
             raise ValueError("exchange and route are at most 127 bytes")
+        if msgid is not None and len(msgid) != 16:
+            raise ValueError("a message id is 16 bytes")
         if not self.connected and len(self._pending) >= self.backlog:
             self.dropped += 1
             return False
@@ -377,7 +384,7 @@ class Client:
     async def receive(self) -> Message:
         """The next message from our queue; ``ClientClosed`` once closed and drained."""
         while not self._inbox:
-            if self._state not in (_State.OPEN, _State.NEW):
+            if self.closed:
                 raise ClientClosed("client is closed")
             self._inbox_ready.clear()
             await self._inbox_ready.wait()
@@ -398,7 +405,7 @@ class Client:
 
     async def close(self) -> None:
         """Close both sockets; published messages are written first if connected."""
-        if self._state in (_State.CLOSING, _State.CLOSED):
+        if self.closed:
             return
         self._state = _State.CLOSING
         self._inbox_room.set()
@@ -406,21 +413,17 @@ class Client:
             self._supervisor.cancel()
             await asyncio.wait([self._supervisor])
         link = self._link
+        if link is not None and link.ready:
+            # Half-close the data socket and wait for the broker to close its end: then it
+            # has read everything we sent. Closing the command socket first would let the
+            # broker end the session, data socket included, with our last messages unread.
+            self._write_pending()
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                link.data_w.write_eof()
+                await asyncio.wait([link.data_reader], timeout=GOODBYE_SECONDS)
         if link is not None:
-            if link.ready:
-                await self._goodbye(link)
             await self._teardown(link)
         self._finish()
-
-    async def _goodbye(self, link: _Link) -> None:
-        # Half-close the data socket and wait for the broker to close its end: then it has
-        # read everything we sent. Closing the command socket first would let the broker
-        # drop the session (and its data socket) with our last messages still unread.
-        self._write_pending()
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            if link.data_w.can_write_eof():
-                link.data_w.write_eof()
-            await asyncio.wait([link.data_reader], timeout=GOODBYE_SECONDS)
 
     def _finish(self) -> None:
         self._state = _State.CLOSED
@@ -435,10 +438,11 @@ class Client:
     # --- connection life cycle ------------------------------------------------------------
 
     async def _open(self) -> _Link:
-        cmd_r, cmd_w = await asyncio.open_connection(self.host, self.port)
+        # IPv4 only, as libfq (sockaddr_in): hops carry IPv4 addresses, and "localhost"
+        # must not reach a broker over ::1.
+        cmd_r, cmd_w = await asyncio.open_connection(self.host, self.port, family=AF_INET)
         data_w: asyncio.StreamWriter | None = None
         try:
-            _nodelay(cmd_w)
             channel: CommandChannel[asyncio.Future[wire.Frame]] = CommandChannel()
             cmd_w.write(channel.hello(self.user, self.queue_field, self.password))
             while not isinstance(event := channel.next_event(), Authenticated):
@@ -450,8 +454,7 @@ class Client:
             key = event.key
             if self.heartbeat_ms:
                 cmd_w.write(wire.encode(wire.HeartbeatRequest(self.heartbeat_ms)))
-            data_r, data_w = await asyncio.open_connection(self.host, self.port)
-            _nodelay(data_w)
+            data_r, data_w = await asyncio.open_connection(self.host, self.port, family=AF_INET)
             data_w.write(wire.encode_hello(wire.Mode.DATA, key))
         except BaseException:
             cmd_w.close()
@@ -524,12 +527,11 @@ class Client:
                     log.info("connection to %s:%s lost: %r", self.host, self.port, result)
         finally:
             _fail(link.channel, "connection lost")
-            for writer in (link.cmd_w, link.data_w):
-                writer.close()
-            for writer in (link.cmd_w, link.data_w):
-                with contextlib.suppress(OSError, TimeoutError):
-                    async with asyncio.timeout(1):
-                        await writer.wait_closed()
+            link.cmd_w.close()
+            link.data_w.close()
+            with contextlib.suppress(OSError, TimeoutError):
+                async with asyncio.timeout(1):
+                    await asyncio.gather(link.cmd_w.wait_closed(), link.data_w.wait_closed())
 
     async def _read_commands(self, link: _Link) -> None:
         channel = link.channel
@@ -572,10 +574,3 @@ def _fail(channel: CommandChannel[asyncio.Future[wire.Frame]], why: str) -> None
     for future in channel.abandon():
         if not future.done():
             future.set_exception(ConnectionError(why))
-
-
-def _nodelay(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

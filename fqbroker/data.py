@@ -68,6 +68,8 @@ class DataSession:
         self.remote_addr: str = peer[0]
         self.remote_port: int = peer[1]
         self._publisher_hop = ipv4_bytes(self.remote_addr)
+        self._draining = False
+        self._pump_out_task: asyncio.Task[None] | None = None
 
     async def run(self) -> None:
         try:
@@ -77,9 +79,13 @@ class DataSession:
             self.phase = Phase.STREAMING
             async with asyncio.TaskGroup() as tasks:
                 pump_in = tasks.create_task(self._pump_in(owner))
-                pump_out = tasks.create_task(self._pump_out(owner))
-                # Whichever pump ends first ends the channel.
+                pump_out = self._pump_out_task = tasks.create_task(self._pump_out(owner))
+                # Whichever pump ends first ends the channel...
                 await asyncio.wait({pump_in, pump_out}, return_when=asyncio.FIRST_COMPLETED)
+                if self._draining and not pump_in.done():
+                    # ...except after the command session ended: what the client sent
+                    # before it hung up is still routed, as fqd_dss.c reads to EOF.
+                    await pump_in
                 pump_in.cancel()
                 pump_out.cancel()
         except* ProtocolError as group:
@@ -98,6 +104,13 @@ class DataSession:
     def close(self) -> None:
         self.writer.close()
         self.reader.feed_eof()
+
+    def drain_then_close(self, linger: float) -> None:
+        """The command session ended: send nothing more, read to EOF, close after ``linger``."""
+        self._draining = True
+        if self._pump_out_task is not None:
+            self._pump_out_task.cancel()
+        asyncio.get_running_loop().call_later(linger, self.close)
 
     async def _pair(self) -> CommandSession | None:
         while (hello := self.hello.next_hello()) is None:

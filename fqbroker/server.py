@@ -17,8 +17,8 @@ import socket
 from collections.abc import Awaitable, Callable
 
 from . import http, wire
-from .command import CommandSession
 from .catalog import Catalog
+from .command import CommandSession
 from .config import Settings, resolve_node_id
 from .data import DataSession
 from .message import MsgIdCounter
@@ -181,7 +181,7 @@ class Broker:
         if client.key and self.clients.get(client.key) is client:
             del self.clients[client.key]
         if client.data is not None:
-            client.data.close()
+            client.data.drain_then_close(LINGER_SECONDS)
         if client.queue is not None:
             self.catalog.detach(client.queue, client)
 

@@ -336,3 +336,27 @@ async def test_no_heartbeat_request_means_no_timeout(broker: Broker) -> None:
     await asyncio.sleep(0.5)
     assert session.key in broker.clients
     await session.close()
+
+
+async def test_messages_sent_just_before_hanging_up_are_not_lost(broker: Broker) -> None:
+    consumer = await open_session(broker.port, b"u", b"big\x00mem:backlog=-1")
+    await consumer.bind(b"ex", b"prefix:")
+    publisher = await open_session(broker.port)
+    await paired(broker, publisher.key)
+    payload = b"x" * 5000
+    publisher.data.writer.write(
+        b"".join(wire_message(b"ex", b"r", payload + b"%d" % i) for i in range(2000))
+    )
+    # Hang up at once: the command socket may close before the data is read.
+    publisher.data.writer.write_eof()
+    await publisher.cmd.close()
+    got = await consumer.receive(2000)
+    assert [m.payload[5000:] for m in got] == [b"%d" % i for i in range(2000)]
+    await publisher.data.close()
+    await consumer.close()
+
+
+def wire_message(exchange: bytes, route: bytes, payload: bytes) -> bytes:
+    from fqbroker.message import Message
+
+    return Message(exchange, route, payload).publish_frame()
