@@ -16,6 +16,7 @@ from .queue import Queue
 from .queuespec import QueueKind, QueueSpec
 from .router import Binding, Router
 from .state import ConfigStore, StoredBinding
+from .store import DiskStore, open_disk_store
 from .wire import BIND_ILLEGAL, BindFlags
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ class Catalog:
         self.router = router
         self.config = config
         self.queues: dict[bytes, Queue] = {}
+        # Disk stores with appended, unwritten messages; publishers flush them.
+        self.dirty: set[DiskStore] = set()
 
     # --- start-up -------------------------------------------------------------------------
 
@@ -64,10 +67,8 @@ class Catalog:
         if spec.backlog is None:
             spec = dataclasses.replace(spec, backlog=self.settings.default_backlog)
         if spec.kind is QueueKind.DISK:
-            from .store import open_disk_store
-
             try:
-                store = open_disk_store(self.settings, spec.name)
+                store = open_disk_store(self.settings, spec.name, spec.fsync, self.dirty)
             except OSError as exc:
                 log.error("disk queue %r: %s", spec.name, exc)
                 raise QueueError("initialization of disk queue failed") from exc
@@ -117,6 +118,24 @@ class Catalog:
             del self.queues[queue.name]
         self.router.unbind_queue(queue)
         queue.close(destroy=True)
+
+    def flush_dirty(self) -> tuple[list[DiskStore], list[DiskStore]]:
+        """Write every disk store's appended messages: (written, failed) stores.
+
+        Every publisher calls this before it next awaits, so what it finds is its own.
+        """
+        written: list[DiskStore] = []
+        failed: list[DiskStore] = []
+        while self.dirty:
+            store = self.dirty.pop()
+            try:
+                store.flush()
+            except OSError as exc:
+                log.error("disk queue write failed in %s: %s", store.log.directory, exc)
+                failed.append(store)
+            else:
+                written.append(store)
+        return written, failed
 
     def close(self) -> None:
         for queue in self.queues.values():

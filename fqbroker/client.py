@@ -95,14 +95,16 @@ class Refused:
 @dataclass(frozen=True, slots=True)
 class Reply(Generic[T]):
     token: T
-    frame: wire.BindResponse | wire.UnbindResponse | wire.Status
+    frame: wire.BindResponse | wire.UnbindResponse | wire.Status | ConfirmReply
 
 
-Request = wire.BindRequest | wire.UnbindRequest | wire.StatusRequest
-_REPLY_TYPE: dict[type, type] = {
+ConfirmReply = wire.Confirmed | wire.ConfirmFailed
+Request = wire.BindRequest | wire.UnbindRequest | wire.StatusRequest | wire.ConfirmRequest
+_REPLY_TYPE: dict[type, type | tuple[type, ...]] = {
     wire.BindRequest: wire.BindResponse,
     wire.UnbindRequest: wire.UnbindResponse,
     wire.StatusRequest: wire.Status,
+    wire.ConfirmRequest: (wire.Confirmed, wire.ConfirmFailed),
 }
 
 
@@ -119,7 +121,7 @@ class CommandChannel(Generic[T]):
 
     def __init__(self) -> None:
         self._decoder = wire.ClientCommandDecoder()
-        self._waiting: deque[tuple[type, T]] = deque()
+        self._waiting: deque[tuple[type | tuple[type, ...], T]] = deque()
         self._outbox = bytearray()
         self.key: bytes | None = None
 
@@ -146,7 +148,14 @@ class CommandChannel(Generic[T]):
                 self._outbox += wire.encode(frame)
                 continue
             elif (
-                isinstance(frame, wire.BindResponse | wire.UnbindResponse | wire.Status)
+                isinstance(
+                    frame,
+                    wire.BindResponse
+                    | wire.UnbindResponse
+                    | wire.Status
+                    | wire.Confirmed
+                    | wire.ConfirmFailed,
+                )
                 and self._waiting
                 and isinstance(frame, self._waiting[0][0])
             ):
@@ -188,6 +197,8 @@ class _Link:
     data_w: asyncio.StreamWriter
     last_heard: float = field(default_factory=time.monotonic)
     ready: bool = False  # bindings restored: publishing goes straight to the socket
+    written: int = 0  # messages written on this data socket: what a confirm counts
+    confirms: bool | None = None  # whether the broker announced confirms; None: not asked
     tasks: list[asyncio.Task[None]] = field(default_factory=list)  # reader tasks first
 
     @property
@@ -321,6 +332,33 @@ class Client:
         assert isinstance(reply, wire.Status)
         return reply.as_dict()
 
+    async def confirm(self) -> int:
+        """Wait until the broker has routed every message published so far and made it
+        durable (docs/confirms.md); returns how many messages the confirm covers.
+
+        Raises ``ClientError`` with the broker's reason when it cannot confirm them, and
+        ``ConnectionError`` when the connection was replaced meanwhile: messages written on
+        the old one are not covered and should be sent again.
+        """
+        connection = self.connections
+        await self.flush()
+        link = self._link
+        if link is None or self.connections != connection:
+            raise ConnectionError("reconnected: earlier messages are not confirmed")
+        if link.confirms is None:
+            status = await self._request(wire.StatusRequest(), link)
+            assert isinstance(status, wire.Status)
+            link.confirms = wire.CONFIRM_STATUS_KEY in status.as_dict()
+        if not link.confirms:
+            raise ClientError("the broker does not support publisher confirms")
+        reply = await self._request(wire.ConfirmRequest(link.written), link)
+        if self._link is not link:
+            raise ConnectionError("reconnected: earlier messages are not confirmed")
+        if isinstance(reply, wire.ConfirmFailed):
+            raise ClientError(reply.text)
+        assert isinstance(reply, wire.Confirmed)
+        return reply.count
+
     async def _request(self, frame: Request, link: _Link | None = None) -> wire.Frame:
         if self.closed:
             raise ClientClosed("client is closed")
@@ -363,6 +401,7 @@ class Client:
         link = self._link
         if self._pending and link is not None and link.ready and not link.data_w.is_closing():
             link.data_w.write(b"".join(self._pending))
+            link.written += len(self._pending)
             self._pending.clear()
 
     async def flush(self) -> None:

@@ -9,9 +9,11 @@ with ``HeartbeatRequest`` (§1.7).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -67,6 +69,8 @@ class CommandSession:
         self._last_sent = time.monotonic()
         self._heartbeat_changed = asyncio.Event()
         self._closing = asyncio.Event()
+        # Replies not yet sent because an earlier one (a confirm) is still pending.
+        self._replies: collections.deque[asyncio.Future[wire.Frame]] = collections.deque()
 
     @property
     def pretty(self) -> str:
@@ -77,6 +81,27 @@ class CommandSession:
         if not self.writer.is_closing():
             self.writer.write(wire.encode(frame))
             self._last_sent = time.monotonic()
+
+    def _reply(self, frame: wire.Frame) -> None:
+        """Answer a request, after any earlier answer still being worked out (confirms)."""
+        if not self._replies:
+            self._send(frame)
+            return
+        done: asyncio.Future[wire.Frame] = asyncio.get_running_loop().create_future()
+        done.set_result(frame)
+        self._replies.append(done)
+
+    def _reply_later(self, work: Coroutine[None, None, wire.Frame]) -> None:
+        task = asyncio.ensure_future(work)
+        self._replies.append(task)
+        task.add_done_callback(lambda _: self._send_ready_replies())
+
+    def _send_ready_replies(self) -> None:
+        replies = self._replies
+        while replies and replies[0].done():
+            future = replies.popleft()
+            if not future.cancelled() and future.exception() is None:
+                self._send(future.result())
 
     async def run(self) -> None:
         heartbeats = asyncio.create_task(self._heartbeats())
@@ -94,6 +119,8 @@ class CommandSession:
             self.phase = Phase.CLOSED
             self._closing.set()
             heartbeats.cancel()
+            for reply in self._replies:
+                reply.cancel()
             self.broker.deregister(self)
             self.writer.close()
 
@@ -132,15 +159,22 @@ class CommandSession:
                 self.heartbeat_ms = interval_ms
                 self._heartbeat_changed.set()
             case wire.StatusRequest():
-                self._send(wire.Status(self.status_items()))
+                self._reply(wire.Status(self.status_items()))
             case wire.BindRequest(flags, exchange, program):
                 assert self.queue is not None
                 route_id = broker.bind(exchange, program, self.queue, flags)
-                self._send(wire.BindResponse(route_id))
+                self._reply(wire.BindResponse(route_id))
             case wire.UnbindRequest(route_id, exchange):
                 assert self.queue is not None
                 ok = broker.unbind(exchange, route_id, self.queue)
-                self._send(wire.UnbindResponse(route_id if ok else wire.BIND_ILLEGAL))
+                self._reply(wire.UnbindResponse(route_id if ok else wire.BIND_ILLEGAL))
+            case wire.ConfirmRequest(count):
+                self._reply_later(self._confirm(count))
+
+    async def _confirm(self, count: int) -> wire.Frame:
+        data = self.data
+        why = "no data channel" if data is None else await data.confirm(count)
+        return wire.Confirmed(count) if why is None else wire.ConfirmFailed(count, why)
 
     def status_items(self) -> tuple[tuple[str, int], ...]:
         assert self.queue is not None
@@ -158,6 +192,9 @@ class CommandSession:
                 ("octets_in", s.octets_in),
                 ("octets_out", s.octets_out),
             ]
+        # Last, so fq clients reading the keys they know see no change: the broker
+        # takes confirm requests (docs/confirms.md).
+        items.append((wire.CONFIRM_STATUS_KEY, wire.CONFIRM_VERSION))
         return tuple(items)
 
     async def _heartbeats(self) -> None:

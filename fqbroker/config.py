@@ -31,6 +31,9 @@ class Settings:
     max_message_size: int = 1 << 28
     default_backlog: int = 16384
     idle_sniff_timeout: float = 30.0  # seconds a new connection may take to say what it is
+    fsync: str = "interval"  # disk queues: always | interval | never
+    fsync_interval_ms: float = 5.0  # group-commit window for fsync = "interval"
+    segment_bytes: int = 64 << 20  # disk-queue segment file size
     admin_token: str = ""  # when set, /submit, checkpoints and /shutdown need it
     http_shutdown: bool = False  # whether /shutdown stops the broker (fqd: HTTP_SHUTDOWN=1)
 

@@ -29,6 +29,7 @@ from .message import Message, ipv4_bytes
 if TYPE_CHECKING:
     from .command import CommandSession
     from .server import Broker
+    from .store import DiskStore
 
 __all__ = ["DataSession", "Phase"]
 
@@ -70,6 +71,13 @@ class DataSession:
         self._publisher_hop = ipv4_bytes(self.remote_addr)
         self._draining = False
         self._pump_out_task: asyncio.Task[None] | None = None
+        # Publisher confirms (docs/confirms.md): messages handled so far on this channel,
+        # the disk stores they went to with the last seq written, and the number of the
+        # first message a disk write failed for.
+        self.handled = 0
+        self.written: dict[DiskStore, int] = {}
+        self.failed_from: int | None = None
+        self._progress = asyncio.Event()
 
     async def run(self) -> None:
         try:
@@ -94,6 +102,7 @@ class DataSession:
             log.debug("data channel of %s lost", self._name())
         finally:
             self.phase = Phase.CLOSED
+            self._progress.set()  # confirms still waiting learn the channel is gone
             if self.owner is not None and self.owner.data is self:
                 self.owner.data = None
             self.writer.close()
@@ -145,8 +154,9 @@ class DataSession:
         user = owner.user
         reader = self.reader
         while True:
-            blocked = []
+            first = self.handled + 1
             while (msg := decoder.next_message()) is not None:
+                self.handled += 1
                 stats.msgs_in += 1
                 if self.is_peer:
                     stats.octets_in += msg.peer_octets
@@ -155,19 +165,46 @@ class DataSession:
                 else:
                     stats.octets_in += msg.publish_octets
                     msg.stamp(user, stamp_hops)
-                result = publish(msg, stats)
-                if result.blocked:
-                    blocked.extend(result.blocked)
+                blocked = publish(msg, stats).blocked
+                if blocked:
+                    # Block policy: hold this publisher, and only it, until there is room.
+                    self._flush(first)
+                    first = self.handled + 1
+                    for queue in blocked:
+                        await queue.wait_not_full()
             if decoder.oversized:
                 stats.size_dropped += decoder.oversized
                 broker.router.aggregate.size_dropped += decoder.oversized
                 decoder.oversized = 0
-            for queue in blocked:
-                await queue.wait_not_full()
+            self._flush(first)
             chunk = await reader.read(READ_SIZE)
             if not chunk:
                 return
             decoder.feed(chunk)
+
+    def _flush(self, first: int) -> None:
+        """Write what this publisher appended to disk queues, before it next waits."""
+        flushed, failures = self.broker.catalog.flush_dirty()
+        for store in flushed:
+            self.written[store] = store.written_seq
+        if failures and self.failed_from is None:
+            self.failed_from = first
+        self._progress.set()
+        self._progress = asyncio.Event()
+
+    async def confirm(self, count: int) -> str | None:
+        """Wait until the first ``count`` messages are routed and durable; None, or why not."""
+        while self.handled < count:
+            if self.phase is Phase.CLOSED:
+                return "data channel closed"
+            await self._progress.wait()
+        if self.failed_from is not None and self.failed_from <= count:
+            return "disk queue write failed"
+        for store, seq in list(self.written.items()):
+            await store.wait_durable(seq)
+            if self.written.get(store) == seq:
+                del self.written[store]
+        return None
 
     @staticmethod
     def _accept_from_peer(msg: Message, node_id: bytes) -> bool:
@@ -185,7 +222,7 @@ class DataSession:
         writer = self.writer
         peer_id = self.peer_id
         while True:
-            batch = await queue.get_batch(BATCH)
+            batch = taken = await queue.get_batch(BATCH)
             if writer.is_closing():
                 queue.put_back(batch)
                 return
@@ -199,6 +236,8 @@ class DataSession:
                 await writer.drain()
             except ConnectionError:
                 return
+            # In the kernel's hands now: a disk queue may move its read checkpoint.
+            queue.ack(taken)
 
 
 def _has_hop(hops: bytes, hop: bytes) -> bool:

@@ -31,6 +31,8 @@ from typing import Protocol
 from .errors import QueueError
 from .message import Message
 from .queuespec import Policy, QueueSpec, signed_backlog
+from .segmentlog import SegmentLog
+from .store import DiskStore
 
 __all__ = ["MAX_PUBLIC_CLIENTS", "MemoryStore", "Queue", "Store"]
 
@@ -44,6 +46,7 @@ class Store(Protocol):
     def append(self, msg: Message) -> None: ...
     def take(self, n: int) -> list[Message]: ...
     def put_back(self, msgs: list[Message]) -> None: ...
+    def ack(self, msgs: list[Message]) -> None: ...
     def close(self, *, destroy: bool) -> None: ...
 
 
@@ -71,6 +74,9 @@ class MemoryStore:
     def put_back(self, msgs: list[Message]) -> None:
         self._items.extendleft(reversed(msgs))
 
+    def ack(self, msgs: list[Message]) -> None:
+        pass  # nothing to remember: a memory queue's contents die with the process
+
     def close(self, *, destroy: bool) -> None:
         self._items.clear()
 
@@ -85,6 +91,7 @@ class Queue:
         self.policy = spec.effective_policy
         self.limit = spec.backlog_limit
         self.permanent = bool(spec.permanent)
+        self.fsync = spec.fsync
         self.store: Store = store if store is not None else MemoryStore()
         self.clients: list[object] = []
         self.dropped_to = 0
@@ -98,7 +105,7 @@ class Queue:
     @property
     def spec(self) -> QueueSpec:
         return QueueSpec(
-            self.name, self.kind, self.private, self.policy, self.limit, self.permanent
+            self.name, self.kind, self.private, self.policy, self.limit, self.permanent, self.fsync
         )
 
     @property
@@ -115,7 +122,8 @@ class Queue:
 
     @property
     def is_full(self) -> bool:
-        return len(self.store) >= self.limit
+        """A block-policy queue at its limit: publishers into it should wait."""
+        return self.policy is Policy.BLOCK and len(self.store) >= self.limit
 
     # --- clients --------------------------------------------------------------------------
 
@@ -211,6 +219,24 @@ class Queue:
         if msgs:
             self.store.put_back(msgs)
             self._wake_getter()
+
+    def ack(self, msgs: list[Message]) -> None:
+        """These messages reached a consumer's socket (a disk queue's checkpoint moves)."""
+        if msgs:
+            self.store.ack(msgs)
+
+    def disk_log(self) -> SegmentLog:
+        store = self.store
+        if not isinstance(store, DiskStore):
+            raise TypeError(f"queue {self.name!r} is not a disk queue")
+        return store.log
+
+    def rewind(self, seq: int) -> None:
+        store = self.store
+        if not isinstance(store, DiskStore):
+            raise TypeError(f"queue {self.name!r} is not a disk queue")
+        store.rewind(seq)
+        self._wake_getter()
 
     def close(self, *, destroy: bool) -> None:
         for getter in self._getters:

@@ -25,6 +25,8 @@ __all__ = [
 DEFAULT_BACKLOG = 16384
 MAX_QUEUE_NAME = 127
 UNLIMITED = 0xFFFFFFFF
+# An fqbroker extension: a disk queue's own fsync policy (see conf/fqd.toml).
+FSYNC_TOKENS = frozenset({"fsync=always", "fsync=interval", "fsync=never"})
 
 
 class QueueKind(StrEnum):
@@ -47,6 +49,7 @@ class QueueSpec:
     policy: Policy | None = None
     backlog: int | None = None  # u32; 0xffffffff is in effect unlimited
     permanent: bool | None = None
+    fsync: str | None = None  # disk queues: always | interval | never; None = broker's
 
     @property
     def is_private(self) -> bool:
@@ -64,7 +67,9 @@ class QueueSpec:
     def attributes(self) -> str:
         """fqd's canonical attribute string, as stored in the sqlite ``queue`` table."""
         sharing = "private" if self.is_private else "public"
-        return f"{sharing},{self.effective_policy},backlog={signed_backlog(self.backlog_limit)}"
+        text = f"{sharing},{self.effective_policy},backlog={signed_backlog(self.backlog_limit)}"
+        # Only when set: fqd would refuse a row with a parameter it does not know.
+        return f"{text},fsync={self.fsync}" if self.fsync else text
 
     def with_params(self, params: str) -> QueueSpec:
         return _apply_params(self, params)
@@ -109,6 +114,8 @@ def _apply_params(spec: QueueSpec, params: str) -> QueueSpec:
             changes["permanent"] = False
         elif token.startswith("backlog="):
             changes["backlog"] = _atoi(token[8:]) & UNLIMITED
+        elif token in FSYNC_TOKENS:
+            changes["fsync"] = token[6:]
         else:
             raise AuthError(f"invalid queue param: {token}")
     return replace(spec, **changes)  # type: ignore[arg-type]

@@ -80,6 +80,14 @@ def _send_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--route", default="test.prefix.boo")
     p.add_argument("--count", type=int, help="send COUNT generated messages, ignore stdin")
     p.add_argument("--size", type=int, default=0, help="payload bytes with --count")
+    p.add_argument(
+        "--confirm",
+        action="store_true",
+        help="wait for publisher confirms (fqbroker extension); exit 1 if one fails",
+    )
+    p.add_argument(
+        "--confirm-every", type=int, default=10000, help="confirm after this many messages"
+    )
     return p
 
 
@@ -95,27 +103,50 @@ def fq_send(argv: list[str] | None = None) -> int:
 
 async def _send(client: Client, args: argparse.Namespace) -> int:
     exchange, route = args.exchange.encode(), args.route.encode()
-    sent = 0
+    sent = confirmed = 0
     await client.connect()
     try:
         start = time.monotonic()
         if args.count is not None:
             _log(f"payload size -> {args.size}\nmessage count -> {args.count}")
-            payload = bytes(args.size)
-            for sent in range(1, args.count + 1):
-                await _publish(client, exchange, route, payload)
-                if sent % FLUSH_EVERY == 0:
-                    await client.flush()
+            messages: AsyncIterator[bytes] = _repeat(bytes(args.size), args.count)
         else:
-            async for line in _lines(_stdin_chunks()):
-                await _publish(client, exchange, route, line)
-                sent += 1
+            messages = _lines(_stdin_chunks())
+        async for payload in messages:
+            await _publish(client, exchange, route, payload)
+            sent += 1
+            if args.confirm and sent % args.confirm_every == 0:
+                confirmed = await _confirm(client, sent)
+            elif sent % FLUSH_EVERY == 0:
+                await client.flush()
         await client.flush()
+        if args.confirm:
+            confirmed = await _confirm(client, sent)
         elapsed = max(time.monotonic() - start, 1e-9)
         _log(f"sent {sent} messages in {elapsed:.3f} s ({sent / elapsed:.0f} msg/s)")
+        if args.confirm:
+            _log(f"confirmed {confirmed} messages")
         return 0
+    except (ClientError, ConnectionError) as exc:
+        if not args.confirm:
+            raise
+        _log(f"fq-send: confirm failed after {sent} messages ({confirmed} confirmed): {exc}")
+        return 1
     finally:
         await client.close()
+
+
+async def _repeat(payload: bytes, count: int) -> AsyncIterator[bytes]:
+    for _ in range(count):
+        yield payload
+
+
+async def _confirm(client: Client, sent: int) -> int:
+    count = await client.confirm()
+    if count < sent:
+        # A reconnect replaced the data socket: the count covers only the new one.
+        raise ConnectionError(f"only {count} of {sent} messages are covered by the confirm")
+    return sent
 
 
 async def _publish(client: Client, exchange: bytes, route: bytes, payload: bytes) -> None:

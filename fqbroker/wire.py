@@ -49,6 +49,9 @@ __all__ = [
     "ClientCommandDecoder",
     "ClientRequest",
     "Cmd",
+    "ConfirmFailed",
+    "ConfirmRequest",
+    "Confirmed",
     "DataHello",
     "DataHelloDecoder",
     "ErrorReply",
@@ -91,6 +94,10 @@ class Cmd(IntEnum):
     STATUS = 0xC7A7
     STATUSRESP = 0x57A7
     ERROR = 0xEEEE
+    # fqbroker extension (docs/confirms.md): publisher confirms.
+    CONFIRM = 0xC0F1
+    CONFIRMED = 0xC0F2
+    CONFIRM_FAILED = 0xC0F3
 
 
 class BindFlags:
@@ -116,6 +123,11 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U16U16 = struct.Struct(">HH")
 _U16U32 = struct.Struct(">HI")
+_U16U64 = struct.Struct(">HQ")
+_U64 = struct.Struct(">Q")
+# The status key that announces publisher confirms, and the extension's version.
+CONFIRM_STATUS_KEY: Final = "confirm"
+CONFIRM_VERSION: Final = 1
 
 
 def sniff(first4: bytes) -> Mode | Literal["http"] | None:
@@ -197,6 +209,24 @@ class UnbindResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfirmRequest:
+    """Extension: answer once the first ``count`` messages of my data channel are safe."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfirmFailed:
+    count: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class DataHello:
     key: bytes
     peer_id: bytes = bytes(4)
@@ -214,6 +244,9 @@ Frame = (
     | BindResponse
     | UnbindRequest
     | UnbindResponse
+    | ConfirmRequest
+    | Confirmed
+    | ConfirmFailed
 )
 
 # What a client may send on its command socket.
@@ -221,7 +254,16 @@ ClientRequest = (
     AuthPlain | Heartbeat | HeartbeatRequest | StatusRequest | BindRequest | UnbindRequest
 )
 # What a broker may send on a command socket.
-ServerReply = AuthResponse | ErrorReply | Heartbeat | BindResponse | UnbindResponse | Status
+ServerReply = (
+    AuthResponse
+    | ErrorReply
+    | Heartbeat
+    | BindResponse
+    | UnbindResponse
+    | Status
+    | Confirmed
+    | ConfirmFailed
+)
 
 
 def _short(data: bytes) -> bytes:
@@ -256,6 +298,12 @@ def encode(frame: Frame) -> bytes:
             return _U16.pack(Cmd.AUTH_RESP) + _short(key)
         case ErrorReply(text):
             return _U16.pack(Cmd.ERROR) + _short(text.encode())
+        case ConfirmRequest(count):
+            return _U16U64.pack(Cmd.CONFIRM, count)
+        case Confirmed(count):
+            return _U16U64.pack(Cmd.CONFIRMED, count)
+        case ConfirmFailed(count, text):
+            return _U16U64.pack(Cmd.CONFIRM_FAILED, count) + _short(text.encode())
         case Status(items):
             parts = [_U16.pack(Cmd.STATUSRESP)]
             for name, value in items:
@@ -322,6 +370,13 @@ class _Buffer:
             raise _NeedData
         value: int = _U32.unpack_from(self.data, self.pos)[0]
         self.pos += 4
+        return value
+
+    def u64(self) -> int:
+        if self.pos + 8 > len(self.data):
+            raise _NeedData
+        value: int = _U64.unpack_from(self.data, self.pos)[0]
+        self.pos += 8
         return value
 
     def take(self, n: int) -> bytes:
@@ -441,6 +496,8 @@ class ServerCommandDecoder(_Decoder):
         if code == Cmd.UNBIND:
             route_id = buf.u32()
             return UnbindRequest(route_id, _limited(buf, "exchange", MAX_RK_LEN))
+        if code == Cmd.CONFIRM:
+            return ConfirmRequest(buf.u64())
         raise ProtocolError(f"unknown command 0x{code:04x}")
 
 
@@ -470,6 +527,11 @@ class ClientCommandDecoder(_Decoder):
                 return AuthResponse(_limited(buf, "key", MAX_KEY_LEN))
             if code == Cmd.ERROR:
                 return ErrorReply(buf.take(buf.u16()).decode("latin-1"))
+            if code == Cmd.CONFIRMED:
+                return Confirmed(buf.u64())
+            if code == Cmd.CONFIRM_FAILED:
+                count = buf.u64()
+                return ConfirmFailed(count, buf.take(buf.u16()).decode("latin-1"))
             raise ProtocolError(f"unknown reply 0x{code:04x}")
         except _NeedData:
             buf.pos = start

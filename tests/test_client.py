@@ -39,6 +39,7 @@ STATUS_KEYS = [
     "msgs_out",
     "octets_in",
     "octets_out",
+    "confirm",
 ]
 Connect = Callable[..., Awaitable[Client]]
 AUTO_QUEUE = re.compile(rb"q-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

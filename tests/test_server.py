@@ -23,6 +23,7 @@ STATUS_KEYS = [
     "msgs_out",
     "octets_in",
     "octets_out",
+    "confirm",  # fqbroker's announcement of publisher confirms, always last
 ]
 
 
@@ -111,7 +112,7 @@ async def test_status_before_pairing_has_only_dropped_in(broker: Broker) -> None
     cmd = await authenticate(broker.port)
     assert isinstance(await cmd.frame(), wire.AuthResponse)
     await cmd.send(wire.encode(wire.StatusRequest()))
-    assert await cmd.reply() == wire.Status((("dropped_in", 0),))
+    assert await cmd.reply() == wire.Status((("dropped_in", 0), ("confirm", 1)))
     await cmd.close()
 
 
@@ -137,6 +138,7 @@ async def test_status_counters_after_drops(broker: Broker) -> None:
         "msgs_out": 0,
         "octets_in": 260,
         "octets_out": 0,
+        "confirm": 1,
     }
     assert (await sink.status())["dropped_in"] == 5
     # The first five were kept (tail drop) and reach a consumer that pairs later.

@@ -1,0 +1,251 @@
+"""Disk-queue storage: a segment log under asyncio, with group commit (fqd_queue_jlog.c).
+
+Theory of operation
+-------------------
+Appends are buffered and written with one ``write()`` per store when the publisher that
+made them calls :meth:`DiskStore.flush` (every publisher flushes the broker's dirty
+stores before it next awaits, so a write error is reported to the publisher whose
+messages it concerns). Durability then follows the store's fsync policy:
+
+* ``always``: a background task fsyncs after every write, in a worker thread; writes
+  that arrive during an fsync are covered by the next one (group commit).
+* ``interval``: the same task fsyncs at most every ``fsync_interval_ms``.
+* ``never``: written is durable enough; the OS decides when data reaches the disk.
+
+:meth:`wait_durable` resolves once a sequence number is durable under that policy; it
+is what publisher confirms wait on.
+
+Consumers read without consuming: :meth:`take` hands out records from a cursor, and the
+durable read checkpoint ``fq`` moves only when :meth:`ack` says the records were written
+to a consumer's socket. After a crash at most the batches in flight are delivered again,
+never lost (fqd moves its checkpoint when it reads). Each delivered message id carries
+the record's sequence number in bytes 8-15, big-endian: ``LOG:MARKER`` in checkpoint
+terms. Segments are deleted once every checkpoint is past them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import struct
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .message import Message
+from .segmentlog import SegmentLog
+from .wire import MessageDecoder
+
+if TYPE_CHECKING:
+    from .config import Settings
+
+__all__ = ["DiskStore", "FsyncPolicy", "open_disk_store"]
+
+log = logging.getLogger(__name__)
+
+READER = "fq"  # the broker's own checkpoint, as jlog's subscriber "fq"
+_SEQ = struct.Struct(">Q")
+
+
+class FsyncPolicy(StrEnum):
+    ALWAYS = "always"
+    INTERVAL = "interval"
+    NEVER = "never"
+
+
+def queue_directory(queue_dir: Path, name: bytes) -> Path:
+    """fqd names a queue's directory by the lowercase hex of its name (§3.3)."""
+    return queue_dir / name.hex()
+
+
+def open_disk_store(
+    settings: Settings,
+    name: bytes,
+    policy: str | None = None,
+    dirty: set[DiskStore] | None = None,
+) -> DiskStore:
+    directory = queue_directory(Path(settings.queue_dir), name)
+    return DiskStore(
+        SegmentLog(directory, segment_bytes=settings.segment_bytes),
+        policy=FsyncPolicy(policy or settings.fsync),
+        interval_ms=settings.fsync_interval_ms,
+        dirty=dirty,
+    )
+
+
+def _decode(seq: int, record: bytes) -> Message:
+    decoder = MessageDecoder(peer_format=True)
+    decoder.feed(record)
+    msg = decoder.next_message()
+    if msg is None:
+        raise ValueError(f"record {seq} is not a message")
+    msg.msgid = msg.msgid[:8] + _SEQ.pack(seq)
+    return msg
+
+
+def message_seq(msg: Message) -> int:
+    seq: int = _SEQ.unpack_from(msg.msgid, 8)[0]
+    return seq
+
+
+class DiskStore:
+    """The messages of one disk queue."""
+
+    def __init__(
+        self,
+        segment_log: SegmentLog,
+        *,
+        policy: FsyncPolicy = FsyncPolicy.INTERVAL,
+        interval_ms: float = 5.0,
+        dirty: set[DiskStore] | None = None,
+    ) -> None:
+        self.log = segment_log
+        self.policy = policy
+        self.interval = interval_ms / 1000
+        self._dirty = dirty if dirty is not None else set()
+        self._pending: list[bytes] = []
+        self._cursor = segment_log.checkpoints.get(READER, segment_log.first_seq)
+        # Batches handed to consumers and not yet acknowledged: [first, last, acked].
+        self._in_flight: collections.deque[list[int]] = collections.deque()
+        self._durable = segment_log.next_seq - 1  # what recovery found is on disk
+        # Replaced, not cleared, on every change: each waiter holds the one it saw.
+        self._durable_changed = asyncio.Event()
+        self._sync_task: asyncio.Task[None] | None = None
+        self._wrote = asyncio.Event()
+        self.write_errors = 0
+        self.fsync_seconds = 0.0  # last fsync's duration, for metrics
+        self.fsyncs = 0
+
+    # --- sizes ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Messages not yet handed to a consumer: the queue's backlog."""
+        return self.log.next_seq + len(self._pending) - self._cursor
+
+    @property
+    def size_bytes(self) -> int:
+        return self.log.size_bytes
+
+    # --- writing --------------------------------------------------------------------------
+
+    def append(self, msg: Message) -> None:
+        self._pending.append(msg.peer_frame())
+        self._dirty.add(self)
+
+    def flush(self) -> None:
+        """Write what was appended; raises OSError (and drops the batch) if the disk fails."""
+        self._dirty.discard(self)
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        try:
+            self.log.append(pending)
+        except OSError:
+            self.write_errors += len(pending)
+            raise
+        if self.policy is FsyncPolicy.NEVER:
+            self._set_durable(self.log.next_seq - 1)
+        else:
+            self._start_syncing()
+            self._wrote.set()
+
+    @property
+    def written_seq(self) -> int:
+        return self.log.next_seq - 1
+
+    async def wait_durable(self, seq: int) -> None:
+        while self._durable < seq:
+            await self._durable_changed.wait()
+
+    def _set_durable(self, seq: int) -> None:
+        if seq > self._durable:
+            self._durable = seq
+            changed, self._durable_changed = self._durable_changed, asyncio.Event()
+            changed.set()
+
+    def _start_syncing(self) -> None:
+        if self._sync_task is None or self._sync_task.done():
+            self._sync_task = asyncio.get_running_loop().create_task(self._sync_loop())
+
+    async def _sync_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wrote.wait()
+            self._wrote.clear()
+            start = loop.time()
+            try:
+                durable = await asyncio.to_thread(self.log.sync)
+            except OSError:
+                log.exception("fsync failed in %s", self.log.directory)
+                await asyncio.sleep(max(self.interval, 0.1))
+                self._wrote.set()
+                continue
+            self.fsync_seconds = loop.time() - start
+            self.fsyncs += 1
+            self._set_durable(durable)
+            if self.policy is FsyncPolicy.INTERVAL:
+                await asyncio.sleep(max(0.0, self.interval - self.fsync_seconds))
+
+    # --- reading --------------------------------------------------------------------------
+
+    def take(self, n: int) -> list[Message]:
+        if self._pending:
+            with contextlib.suppress(OSError):  # the publisher saw the error already
+                self.flush()
+        records = self.log.read(self._cursor, n)
+        if not records:
+            return []
+        self._cursor = records[-1][0] + 1
+        self._in_flight.append([records[0][0], records[-1][0], 0])
+        return [_decode(seq, record) for seq, record in records]
+
+    def put_back(self, msgs: list[Message]) -> None:
+        first = message_seq(msgs[0])
+        self._forget_batch(first)
+        self._cursor = min(self._cursor, first)
+
+    def ack(self, msgs: list[Message]) -> None:
+        """The consumer's socket has these; the read checkpoint may move past them."""
+        first = message_seq(msgs[0])
+        for batch in self._in_flight:
+            if batch[0] == first:
+                batch[2] = 1
+                break
+        while self._in_flight and self._in_flight[0][2]:
+            self._in_flight.popleft()
+        checkpoint = self._in_flight[0][0] if self._in_flight else self._cursor
+        if checkpoint > self.log.checkpoints.get(READER, 0):
+            self.log.set_checkpoint(READER, checkpoint)
+            self.log.trim()
+
+    def _forget_batch(self, first: int) -> None:
+        for batch in list(self._in_flight):
+            if batch[0] >= first:
+                self._in_flight.remove(batch)
+
+    def unsynced(self) -> bool:
+        return bool(self._pending) or self._durable < self.log.next_seq - 1
+
+    def rewind(self, seq: int) -> None:
+        """Deliver again from ``seq`` (reset to a named checkpoint)."""
+        self._in_flight.clear()
+        self._cursor = max(seq, self.log.first_seq)
+        self.log.set_checkpoint(READER, self._cursor)
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    def close(self, *, destroy: bool) -> None:
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+        self._dirty.discard(self)
+        if destroy:
+            self.log.destroy()
+            return
+        with contextlib.suppress(OSError):
+            self.flush()
+        with contextlib.suppress(OSError):
+            self.log.sync()
+        self.log.close()
+
