@@ -1,0 +1,258 @@
+"""Disk queues in a running broker: delivery, restart, confirms, checkpoints, block policy."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from fqbroker import checkpoints, wire
+from fqbroker.client import Client, ClientError
+from fqbroker.config import Settings
+from fqbroker.server import Broker
+from fqbroker.store import queue_directory
+
+from .conftest import open_session, wait_for
+
+DISKQ = b"diskq\x00disk:permanent,backlog=-1"
+
+
+async def test_disk_queue_delivers_and_carries_position_in_msgid(broker: Broker) -> None:
+    consumer = await open_session(broker.port, b"u", DISKQ)
+    await consumer.bind(b"ex", b"prefix:")
+    publisher = await open_session(broker.port)
+    for i in range(5):
+        await publisher.publish(b"ex", b"r", b"m%d" % i)
+    got = await consumer.receive(5)
+    assert [m.payload for m in got] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
+    assert [int.from_bytes(m.msgid[8:], "big") for m in got] == [1, 2, 3, 4, 5]
+    assert [m.sender for m in got] == [b"user"] * 5
+    assert (queue_directory(broker.settings.queue_dir, b"diskq") / "FORMAT").exists()
+    await consumer.close()
+    await publisher.close()
+
+
+async def test_disk_queue_and_mem_queue_survive_restart(settings: Settings) -> None:
+    async with Broker(settings) as broker:
+        disk = await open_session(broker.port, b"u", DISKQ)
+        await disk.bind(b"ex", b"prefix:", 0x0110)
+        mem = await open_session(broker.port, b"u", b"memq\x00mem:permanent")
+        await mem.bind(b"ex", b"prefix:", 0x0110)
+        await disk.close()
+        await mem.close()
+        await wait_for(lambda: not broker.queues[b"diskq"].clients)
+        publisher = await open_session(broker.port)
+        for i in range(100):
+            await publisher.publish(b"ex", b"r", b"%d" % i)
+        await wait_for(lambda: broker.queues[b"diskq"].backlog == 100)
+        await publisher.close()
+    async with Broker(settings) as broker:
+        assert broker.established == (1, 2, 2)
+        assert broker.queues[b"diskq"].backlog == 100
+        assert broker.queues[b"memq"].backlog == 0  # memory contents die with the process
+        disk = await open_session(broker.port, b"u", DISKQ)
+        got = await disk.receive(100)
+        assert [m.payload for m in got] == [b"%d" % i for i in range(100)]
+        await disk.close()
+
+
+async def test_read_checkpoint_moves_only_after_delivery(settings: Settings) -> None:
+    async with Broker(settings) as broker:
+        consumer = await open_session(broker.port, b"u", DISKQ)
+        await consumer.bind(b"ex", b"prefix:", 0x0110)
+        publisher = await open_session(broker.port)
+        for i in range(10):
+            await publisher.publish(b"ex", b"r", b"%d" % i)
+        await consumer.receive(10)
+        log = broker.queues[b"diskq"].disk_log()
+        await wait_for(lambda: log.checkpoints.get("fq") == 11)
+        await consumer.close()
+        await publisher.close()
+    async with Broker(settings) as broker:
+        assert broker.queues[b"diskq"].backlog == 0
+
+
+async def test_confirms_cover_disk_and_memory_queues(broker: Broker) -> None:
+    disk = await open_session(broker.port, b"u", DISKQ)
+    await disk.bind(b"ex", b"prefix:")
+    async with Client(port=broker.port, source="pub") as client:
+        for i in range(1000):
+            client.publish(b"ex", b"r", b"%d" % i)
+        assert await client.confirm() == 1000
+        log = broker.queues[b"diskq"].disk_log()
+        assert log.next_seq == 1001
+        for i in range(10):
+            client.publish(b"nowhere", b"r", b"%d" % i)
+        assert await client.confirm() == 1010  # no route is accepted too, and counted
+        assert (await client.status())["no_exchange"] == 10
+    await disk.close()
+
+
+async def test_confirm_answers_keep_request_order(broker: Broker) -> None:
+    session = await open_session(broker.port)
+    await wait_for(lambda: broker.clients[session.key].data is not None)
+    # Ask to confirm 3 messages before they are sent: status and bind must wait behind it.
+    await session.cmd.send(
+        wire.encode(wire.ConfirmRequest(3))
+        + wire.encode(wire.StatusRequest())
+        + wire.encode(wire.BindRequest(0x100, b"ex", b"prefix:"))
+    )
+    for i in range(3):
+        await session.publish(b"ex", b"r", b"%d" % i)
+    assert await session.cmd.reply() == wire.Confirmed(3)
+    assert isinstance(await session.cmd.reply(), wire.Status)
+    assert await session.cmd.reply() == wire.BindResponse(1)
+    await session.close()
+
+
+async def test_confirm_fails_when_the_data_channel_closes_first(broker: Broker) -> None:
+    session = await open_session(broker.port)
+    await wait_for(lambda: broker.clients[session.key].data is not None)
+    await session.cmd.send(wire.encode(wire.ConfirmRequest(5)))
+    await session.publish(b"ex", b"r", b"only one")
+    await session.data.close()
+    assert await session.cmd.reply() == wire.ConfirmFailed(5, "data channel closed")
+    await session.cmd.send(wire.encode(wire.ConfirmRequest(1)))
+    assert await session.cmd.reply() == wire.ConfirmFailed(1, "no data channel")
+    await session.cmd.close()
+
+
+async def test_block_policy_stalls_only_its_publisher(broker: Broker) -> None:
+    full = await open_session(broker.port, b"u", b"slow\x00mem:block,backlog=5,permanent")
+    await full.bind(b"slow", b"prefix:")
+    await full.close()
+    await wait_for(lambda: not broker.queues[b"slow"].clients)
+    other = await open_session(broker.port)
+    await other.bind(b"fast", b"prefix:")
+
+    stuck = await open_session(broker.port, b"stuck")
+    flowing = await open_session(broker.port, b"flowing")
+    for i in range(20):
+        await stuck.publish(b"slow", b"r", b"%d" % i)
+    stats = broker.clients[stuck.key].stats
+    queue = broker.queues[b"slow"]
+    await wait_for(lambda: queue.backlog == 5 and queue.is_full)
+    # The other publisher keeps flowing while the first is held.
+    for i in range(50):
+        await flowing.publish(b"fast", b"r", b"%d" % i)
+    assert len(await other.receive(50)) == 50
+    assert stats.msgs_in == 5  # the stalled publisher is not read any further
+    assert queue.dropped_to == 0
+    # A consumer drains the queue: the stalled publisher resumes, nothing was lost.
+    reader = await open_session(broker.port, b"u", b"slow\x00mem:block")
+    got = await reader.receive(20)
+    assert [m.payload for m in got] == [b"%d" % i for i in range(20)]
+    for s in (other, stuck, flowing, reader):
+        await s.close()
+
+
+async def test_named_checkpoints(broker: Broker) -> None:
+    consumer = await open_session(broker.port, b"u", DISKQ)
+    await consumer.bind(b"ex", b"prefix:")
+    publisher = await open_session(broker.port)
+    for i in range(10):
+        await publisher.publish(b"ex", b"r", b"%d" % i)
+    got = await consumer.receive(10)
+    assert checkpoints.add_checkpoint(broker, "replay", "diskq", "0:4") == "Checkpoint added"
+    with pytest.raises(checkpoints.CheckpointError, match="out of range"):
+        checkpoints.add_checkpoint(broker, "x", "diskq", "0:99")
+    with pytest.raises(checkpoints.CheckpointError, match="must be of format"):
+        checkpoints.add_checkpoint(broker, "x", "diskq", "4")
+    with pytest.raises(checkpoints.CheckpointError, match="reserved"):
+        checkpoints.add_checkpoint(broker, "fq", "diskq", "0:4")
+    reply = checkpoints.reset_to_checkpoint(broker, "replay", "diskq")
+    assert reply == "'diskq' reset to checkpoint 'replay'"
+    again = await consumer.receive(7)
+    assert [m.payload for m in again] == [m.payload for m in got[3:]]
+    assert checkpoints.remove_checkpoint(broker, "replay", "diskq") == "Checkpoint removed"
+    with pytest.raises(checkpoints.CheckpointError, match="does not exist"):
+        checkpoints.remove_checkpoint(broker, "replay", "diskq")
+    await consumer.close()
+    await publisher.close()
+
+
+async def test_named_checkpoint_keeps_segments(tmp_path: Path) -> None:
+    settings = Settings(
+        port=0,
+        node_id="10.254.254.1",
+        config_db=tmp_path / "db",
+        queue_dir=tmp_path / "q",
+        segment_bytes=4096,
+    )
+    async with Broker(settings) as broker:
+        consumer = await open_session(broker.port, b"u", DISKQ)
+        await consumer.bind(b"ex", b"prefix:")
+        publisher = await open_session(broker.port)
+        checkpoints.add_checkpoint(broker, "keep", "diskq", "0:1")
+        for i in range(400):
+            await publisher.publish(b"ex", b"r", b"x" * 100)
+        await consumer.receive(400)
+        log = broker.queues[b"diskq"].disk_log()
+        await wait_for(lambda: log.checkpoints.get("fq") == 401)
+        assert log.first_seq == 1  # the named checkpoint holds every segment
+        checkpoints.remove_checkpoint(broker, "keep", "diskq")
+        await publisher.publish(b"ex", b"r", b"one more")
+        await consumer.receive(1)
+        await wait_for(lambda: log.first_seq > 1)  # read segments are deleted
+        await consumer.close()
+        await publisher.close()
+
+
+async def test_torn_tail_is_skipped_at_startup(settings: Settings, caplog) -> None:  # type: ignore[no-untyped-def]
+    async with Broker(settings) as broker:
+        s = await open_session(broker.port, b"u", DISKQ)
+        await s.bind(b"ex", b"prefix:", 0x0110)
+        await s.close()
+        await wait_for(lambda: not broker.queues[b"diskq"].clients)
+        publisher = await open_session(broker.port)
+        for i in range(3):
+            await publisher.publish(b"ex", b"r", b"good %d" % i)
+        await wait_for(lambda: broker.queues[b"diskq"].backlog == 3)
+        await publisher.close()
+    directory = queue_directory(settings.queue_dir, b"diskq")
+    segment = sorted(directory.glob("*.seg"))[-1]
+    data = segment.read_bytes()
+    segment.write_bytes(data[:-3])  # the last record loses its end, as in a crash
+    async with Broker(settings) as broker:
+        assert broker.queues[b"diskq"].backlog == 2
+        warnings = [r for r in caplog.records if r.name == "fqbroker.segmentlog"]
+        assert warnings and str(directory) in warnings[0].getMessage()
+        s = await open_session(broker.port, b"u", DISKQ)
+        got = await s.receive(2)
+        assert [m.payload for m in got] == [b"good 0", b"good 1"]
+        await s.close()
+
+
+async def test_confirm_client_against_broker_without_support_is_refused() -> None:
+    # A broker that does not announce confirms (an fqd) is never sent the request.
+    async def fake_fqd(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = await reader.readexactly(4)
+        if first == wire.Mode.CMD.to_bytes(4, "big"):
+            decoder = wire.ServerCommandDecoder()
+            while True:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    break
+                decoder.feed(chunk)
+                while (frame := decoder.next_frame()) is not None:
+                    if isinstance(frame, wire.AuthPlain):
+                        writer.write(wire.encode(wire.AuthResponse(b"k" * 127)))
+                    elif isinstance(frame, wire.StatusRequest):
+                        writer.write(wire.encode(wire.Status((("dropped_in", 0),))))
+                    elif isinstance(frame, wire.ConfirmRequest):
+                        raise AssertionError("fqd would tear the session down")
+        else:
+            await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(fake_fqd, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with Client(port=port, source="u", reconnect=False) as client:
+            client.publish(b"ex", b"r", b"x")
+            with pytest.raises(ClientError, match="does not support"):
+                await client.confirm()
+    finally:
+        server.close()
+        await server.wait_closed()
