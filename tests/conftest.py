@@ -13,6 +13,8 @@ from fqbroker import wire
 from fqbroker.config import Settings
 from fqbroker.server import Broker
 
+from .procs import Proc
+
 NODE_ID = "10.254.254.1"
 TIMEOUT = 10.0
 
@@ -36,6 +38,18 @@ async def broker(settings: Settings) -> AsyncIterator[Broker]:
     finally:
         async with asyncio.timeout(TIMEOUT):
             await b.stop()
+
+
+@pytest.fixture
+async def procs() -> AsyncIterator[list[Proc]]:
+    """Every process a test starts; all killed and reaped at the end, whatever happened."""
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.kill()
+    async with asyncio.timeout(TIMEOUT):
+        for p in started:
+            await p.proc.wait()
 
 
 class RawConn:

@@ -185,7 +185,7 @@ async def test_named_checkpoint_keeps_segments(tmp_path: Path) -> None:
         await consumer.bind(b"ex", b"prefix:")
         publisher = await open_session(broker.port)
         checkpoints.add_checkpoint(broker, "keep", "diskq", "0:1")
-        for i in range(400):
+        for _ in range(400):
             await publisher.publish(b"ex", b"r", b"x" * 100)
         await consumer.receive(400)
         log = broker.queues[b"diskq"].disk_log()

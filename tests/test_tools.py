@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -15,10 +13,10 @@ import pytest
 from fqbroker.message import Message
 from fqbroker.tools import _lines, format_json, format_line, main
 
+from .procs import Proc
+
 NODE_ID = "10.254.254.1"
 TIMEOUT = 20.0
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
 # --- formats, in-process ------------------------------------------------------------------
@@ -74,61 +72,6 @@ def test_main_needs_a_tool_name(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # --- processes ----------------------------------------------------------------------------
-
-
-class Proc:
-    """A child process whose stderr is read line by line as it comes."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.err_lines: list[str] = []
-
-    @classmethod
-    async def start(cls, *args: str, stdin: int | None = None) -> Proc:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *args,
-            stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=ENV,
-        )
-        return cls(proc)
-
-    async def wait_stderr(self, prefix: str) -> str:
-        """Read stderr until a line starts with ``prefix``; returns that line."""
-        assert self.proc.stderr is not None
-        while True:
-            raw = await self.proc.stderr.readline()
-            if not raw:
-                raise AssertionError(f"no {prefix!r} line; stderr was {self.err_lines}")
-            line = raw.decode().rstrip("\n")
-            self.err_lines.append(line)
-            if line.startswith(prefix):
-                return line
-
-    async def finish(self, stdin: bytes | None = None) -> tuple[int, bytes, str]:
-        """Feed stdin, wait for exit: (status, stdout, the rest of stderr)."""
-        out, err = await self.proc.communicate(stdin)
-        self.err_lines += err.decode().splitlines()
-        assert self.proc.returncode is not None
-        return self.proc.returncode, out, "\n".join(self.err_lines)
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-
-
-@pytest.fixture
-async def procs() -> AsyncIterator[list[Proc]]:
-    """Every process a test starts; all killed and reaped at the end, whatever happened."""
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.kill()
-    async with asyncio.timeout(TIMEOUT):
-        for p in started:
-            await p.proc.wait()
 
 
 @pytest.fixture

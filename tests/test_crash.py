@@ -1,0 +1,114 @@
+"""kill -9 the broker while publishers with confirms and a consumer run on a permanent
+disk queue, at many different points: no confirmed message is lost, order is kept, and
+at most the batches in flight are delivered twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from fqbroker.client import Client
+
+from .procs import Proc
+
+SOURCE = "u/crashq/disk:permanent,backlog=-1,public"
+CONFIRM_EVERY = 50
+BATCH = 1024  # the broker's delivery batch: what may be delivered twice
+# (messages published before the kill, pause before it, consumer attached meanwhile): at
+# least 10 different points, some while a confirm is outstanding, some with the backlog
+# on disk and nobody reading it.
+KILL_POINTS = [
+    (1, 0.0, True),
+    (7, 0.01, False),
+    (50, 0.0, True),
+    (51, 0.002, False),
+    (123, 0.0, False),
+    (499, 0.005, True),
+    (1000, 0.0, False),
+    (1777, 0.001, True),
+    (2600, 0.02, False),
+    (4000, 0.0, True),
+    (6001, 0.003, False),
+    (9000, 0.0, True),
+]
+
+
+def seq_of(payload: bytes) -> int:
+    return int(payload.split(b" ", 1)[0])
+
+
+async def consume(port: int, into: list[int], stop_at: int | None = None) -> None:
+    async with Client(port=port, source=SOURCE, reconnect=False) as consumer:
+        await consumer.bind(b"crash", b"prefix:", 0x0110)
+        with contextlib.suppress(ConnectionError):
+            async for msg in consumer.messages():
+                seq = seq_of(msg.payload)
+                into.append(seq)
+                if stop_at is not None and seq == stop_at:
+                    return
+
+
+@pytest.mark.parametrize(("kill_after", "pause", "reading"), KILL_POINTS)
+async def test_kill_9_loses_no_confirmed_message(
+    tmp_path: Path, kill_after: int, pause: float, reading: bool
+) -> None:
+    fqd, port = await Proc.start_fqd(tmp_path)
+    before: list[int] = []
+    confirmed = 0
+    try:
+        async with asyncio.timeout(60):
+            # The queue and its binding exist first, whether or not anyone reads.
+            async with Client(port=port, source=SOURCE, reconnect=False) as setup:
+                await setup.bind(b"crash", b"prefix:", 0x0110)
+            reader = asyncio.create_task(consume(port, before) if reading else asyncio.sleep(0))
+            await asyncio.sleep(0.05)
+            publisher = Client(port=port, source="pub", reconnect=False)
+            await publisher.connect()
+            pending_confirm = None
+            for seq in range(1, kill_after + 1):
+                publisher.publish(b"crash", b"r", b"%d payload" % seq)
+                if seq % CONFIRM_EVERY == 0:
+                    if pending_confirm is not None:
+                        confirmed = max(confirmed, await pending_confirm)
+                    pending_confirm = asyncio.ensure_future(_confirm(publisher, seq))
+                    await asyncio.sleep(0)
+            # The kill lands while the last confirm may still be outstanding.
+            await asyncio.sleep(pause)
+            fqd.proc.kill()
+            await fqd.proc.wait()
+            if pending_confirm is not None:
+                with contextlib.suppress(ConnectionError, OSError):
+                    confirmed = max(confirmed, await pending_confirm)
+            with contextlib.suppress(ConnectionError, OSError):
+                await publisher.close()
+            await asyncio.wait([reader])
+
+            fqd, port = await Proc.start_fqd(tmp_path)
+            after: list[int] = []
+            reader = asyncio.create_task(consume(port, after, stop_at=0))
+            await asyncio.sleep(0.05)
+            async with Client(port=port, source="pub2", reconnect=False) as closer:
+                closer.publish(b"crash", b"r", b"0 end")  # the marker: read up to here
+                await closer.confirm()
+            await reader
+    finally:
+        fqd.kill()
+        await fqd.proc.wait()
+
+    assert after[-1] == 0
+    after = after[:-1]
+    seen = set(before) | set(after)
+    assert set(range(1, confirmed + 1)) <= seen, "a confirmed message was lost"
+    assert before == sorted(before) and len(set(before)) == len(before)
+    assert after == sorted(after) and len(set(after)) == len(after)
+    duplicates = set(before) & set(after)
+    assert len(duplicates) <= BATCH
+    assert seen <= set(range(1, kill_after + 1))
+
+
+async def _confirm(publisher: Client, seq: int) -> int:
+    await publisher.confirm()
+    return seq

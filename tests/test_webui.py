@@ -1,0 +1,280 @@
+"""The web UI in headless Chromium: a queue appears, and its rate moves with traffic.
+
+Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`` (JSON
+messages separated by NUL bytes on file descriptors 3 and 4), so no websocket library is
+needed. The test saves a screenshot under ``$FQ_TEST_ARTIFACTS`` (default
+``var/test-artifacts``). Without Chromium it skips; ``.ci/run`` installs Debian's package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fqbroker.server import Broker
+
+from .conftest import Session, open_session
+
+ROOT = Path(__file__).resolve().parent.parent
+QUEUE = 'webui "live" ✓'
+EXCHANGE = "webui"
+VIEWPORT = {"width": 1440, "height": 900, "deviceScaleFactor": 1, "mobile": False}
+
+
+def find_chromium() -> str | None:
+    for name in (os.environ.get("FQ_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
+        if name and (path := shutil.which(name)):
+            return path
+    return None
+
+
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("FQ_TEST_ARTIFACTS") or ROOT / "var" / "test-artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class Chromium:
+    """Headless Chromium and a minimal DevTools-protocol client over its pipe."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, to_browser: int) -> None:
+        self.proc = proc
+        self.to_browser = to_browser
+        self.reader = asyncio.StreamReader(limit=64 << 20)  # screenshots are big messages
+        self.transport: asyncio.ReadTransport | None = None
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.next_id = 0
+        self.pump: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def launch(cls, executable: str, profile: Path, log: Path) -> Chromium:
+        browser_in, our_out = os.pipe()  # we write commands, Chromium reads fd 3
+        our_in, browser_out = os.pipe()  # Chromium writes replies on fd 4
+        args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            "--mute-audio",
+            "--window-size=1440,900",
+            "--remote-debugging-pipe",
+            f"--user-data-dir={profile}",
+            "about:blank",
+        ]
+        # A tiny Python trampoline moves our pipe ends to the descriptor numbers Chromium
+        # expects (3 and 4), then becomes Chromium.
+        trampoline = (
+            "import os, sys; r, w = int(sys.argv[1]), int(sys.argv[2]); "
+            "os.dup2(r, 3); os.dup2(w, 4); os.close(r); os.close(w); "
+            "os.execv(sys.argv[3], sys.argv[3:])"
+        )
+        with log.open("wb") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                trampoline,
+                str(browser_in),
+                str(browser_out),
+                executable,
+                *args,
+                pass_fds=(browser_in, browser_out),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        os.close(browser_in)
+        os.close(browser_out)
+        self = cls(proc, our_out)
+        loop = asyncio.get_running_loop()
+        self.transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(self.reader), os.fdopen(our_in, "rb", 0)
+        )
+        self.pump = asyncio.create_task(self._read_messages())
+        return self
+
+    async def _read_messages(self) -> None:
+        while True:
+            try:
+                raw = await self.reader.readuntil(b"\0")
+            except asyncio.IncompleteReadError:
+                for future in self.pending.values():
+                    if not future.done():
+                        future.set_exception(EOFError("chromium went away"))
+                return
+            message = json.loads(raw[:-1])
+            future = self.pending.pop(message.get("id", -1), None)
+            if future is None:
+                self.events.append(message)
+            elif "error" in message:
+                future.set_exception(RuntimeError(message["error"]))
+            else:
+                future.set_result(message.get("result", {}))
+
+    async def send(
+        self, method: str, params: dict[str, Any] | None = None, session: str | None = None
+    ) -> dict[str, Any]:
+        self.next_id += 1
+        message: dict[str, Any] = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        future = asyncio.get_running_loop().create_future()
+        self.pending[self.next_id] = future
+        os.write(self.to_browser, json.dumps(message).encode() + b"\0")
+        async with asyncio.timeout(15):
+            return await future
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await self.send("Browser.close")
+        try:
+            async with asyncio.timeout(10):
+                await self.proc.wait()
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        if self.pump is not None:
+            self.pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.pump
+        if self.transport is not None:
+            self.transport.close()
+        os.close(self.to_browser)
+
+
+class Page:
+    def __init__(self, browser: Chromium, session: str) -> None:
+        self.browser = browser
+        self.session = session
+
+    @classmethod
+    async def open(cls, browser: Chromium, url: str) -> Page:
+        target = await browser.send("Target.createTarget", {"url": "about:blank"})
+        attached = await browser.send(
+            "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}
+        )
+        page = cls(browser, attached["sessionId"])
+        await page.call("Runtime.enable")
+        await page.call("Emulation.setDeviceMetricsOverride", VIEWPORT)
+        await page.call("Page.navigate", {"url": url})
+        return page
+
+    async def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        return await self.browser.send(method, params, self.session)
+
+    async def evaluate(self, expression: str) -> Any:
+        reply = await self.call(
+            "Runtime.evaluate", {"expression": expression, "returnByValue": True}
+        )
+        assert "exceptionDetails" not in reply, reply
+        return reply["result"].get("value")
+
+    async def wait_for(self, expression: str, timeout: float = 15) -> Any:
+        """Evaluate until the result is truthy; returns it."""
+        async with asyncio.timeout(timeout):
+            while not (result := await self.evaluate(expression)):
+                await asyncio.sleep(0.1)
+        return result
+
+    def exceptions(self) -> list[dict[str, Any]]:
+        return [e for e in self.browser.events if e.get("method") == "Runtime.exceptionThrown"]
+
+
+# Reads the queue card the way a person would: by its name, then its displayed rates.
+QUEUE_STATE = """
+(() => {
+  const name = NAME;
+  const card = [...document.querySelectorAll("[data-queue]")].find(e => e.dataset.queue === name);
+  if (!card) return null;
+  const field = (f) => card.querySelector(`[data-field="${f}"]`);
+  return {
+    title: card.querySelector("h3").textContent,
+    rateIn: Number(field("rate-in").dataset.value),
+    textIn: field("rate-in").textContent,
+    rateOut: Number(field("rate-out").dataset.value),
+    textOut: field("rate-out").textContent,
+    status: document.getElementById("status").dataset.state,
+  };
+})()
+""".replace("NAME", json.dumps(QUEUE))
+
+
+async def publish_steadily(publisher: Session, stop: asyncio.Event) -> int:
+    sent = 0
+    while not stop.is_set():
+        for _ in range(20):
+            await publisher.publish(EXCHANGE.encode(), b"tick", b"payload %d" % sent)
+            sent += 1
+        await asyncio.sleep(0.05)
+    return sent
+
+
+async def drain(consumer: Session) -> None:
+    while True:
+        await consumer.receive(1)
+
+
+async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_path: Path) -> None:
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip(
+            "headless Chromium not found: install Debian's chromium package "
+            "(apt-get install chromium; .ci/run does it) or set FQ_CHROMIUM"
+        )
+    consumer = await open_session(broker.port, b"ui-reader", QUEUE.encode() + b"\x00mem:public")
+    await consumer.bind(EXCHANGE.encode(), b"prefix:")
+    publisher = await open_session(broker.port, b"ui-writer", b"ui-writer-q")
+    browser = await Chromium.launch(chromium, tmp_path / "profile", tmp_path / "chromium.log")
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        async with asyncio.timeout(60):
+            page = await Page.open(browser, f"http://127.0.0.1:{broker.port}/")
+            before = await page.wait_for(QUEUE_STATE)
+            assert before["title"] == QUEUE
+            # A second poll has happened, still without traffic: the rate is zero.
+            await asyncio.sleep(1.2)
+            before = await page.evaluate(QUEUE_STATE)
+            assert before["status"] == "live"
+            assert before["rateIn"] == 0 and before["textIn"] == "in 0 msg/s"
+
+            tasks = [
+                asyncio.create_task(publish_steadily(publisher, stop)),
+                asyncio.create_task(drain(consumer)),
+            ]
+            after = await page.wait_for(
+                f"(() => {{ const s = {QUEUE_STATE.strip()};"
+                " return s && s.rateIn > 0 && s.rateOut > 0 ? s : null; })()"
+            )
+            assert after["textIn"] != before["textIn"]
+            assert after["textOut"] != before["textOut"]
+            await asyncio.sleep(2.5)  # a few more points on the sparklines for the picture
+            shot = await page.call("Page.captureScreenshot", {"format": "png"})
+            png = base64.b64decode(shot["data"])
+            assert png.startswith(b"\x89PNG\r\n\x1a\n")
+            (artifacts_dir() / "webui.png").write_bytes(png)
+            assert page.exceptions() == []
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await browser.close()
+        await consumer.close()
+        await publisher.close()
