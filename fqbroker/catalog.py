@@ -119,23 +119,31 @@ class Catalog:
         self.router.unbind_queue(queue)
         queue.close(destroy=True)
 
-    def flush_dirty(self) -> tuple[list[DiskStore], list[DiskStore]]:
-        """Write every disk store's appended messages: (written, failed) stores.
+    def flush_dirty(self) -> tuple[list[DiskStore], int]:
+        """Write every disk store's appended messages: (stores written, messages lost).
 
         Every publisher calls this before it next awaits, so what it finds is its own.
         """
         written: list[DiskStore] = []
-        failed: list[DiskStore] = []
+        lost = 0
         while self.dirty:
             store = self.dirty.pop()
+            pending = store.pending
             try:
                 store.flush()
             except OSError as exc:
-                log.error("disk queue write failed in %s: %s", store.log.directory, exc)
-                failed.append(store)
+                log.error(
+                    "disk queue write failed in %s, %d messages dropped: %s",
+                    store.log.directory,
+                    pending,
+                    exc,
+                )
+                lost += pending
             else:
                 written.append(store)
-        return written, failed
+        if lost:
+            self.router.aggregate.dropped += lost
+        return written, lost
 
     def close(self) -> None:
         for queue in self.queues.values():

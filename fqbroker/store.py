@@ -130,6 +130,11 @@ class DiskStore:
 
     # --- writing --------------------------------------------------------------------------
 
+    @property
+    def pending(self) -> int:
+        """Messages appended and not yet written."""
+        return len(self._pending)
+
     def append(self, msg: Message) -> None:
         self._pending.append(msg.peer_frame())
         self._dirty.add(self)
@@ -248,4 +253,3 @@ class DiskStore:
         with contextlib.suppress(OSError):
             self.log.sync()
         self.log.close()
-

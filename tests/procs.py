@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +20,9 @@ class Proc:
         self.err_lines: list[str] = []
 
     @classmethod
-    async def start(cls, *args: str, stdin: int | None = None) -> Proc:
+    async def start(
+        cls, *args: str, stdin: int | None = None, preexec_fn: Callable[[], None] | None = None
+    ) -> Proc:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             *args,
@@ -27,6 +30,7 @@ class Proc:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=ENV,
+            preexec_fn=preexec_fn,
         )
         return cls(proc)
 
@@ -54,11 +58,14 @@ class Proc:
             self.proc.kill()
 
     @classmethod
-    async def start_fqd(cls, state: Path, *args: str) -> tuple[Proc, int]:
+    async def start_fqd(
+        cls, state: Path, *args: str, preexec_fn: Callable[[], None] | None = None
+    ) -> tuple[Proc, int]:
         """``python -m fqbroker`` on a free port with its state under ``state``."""
         fqd = await cls.start(
             "-m", "fqbroker", "-p", "0", "-n", "10.254.254.1",
             "-c", str(state / "fqd.sqlite"), "-q", str(state / "queues"), *args,
+            preexec_fn=preexec_fn,
         )  # fmt: skip
         line = await fqd.wait_stderr("Listening on port: ")
         return fqd, int(line.rsplit(" ", 1)[1])
