@@ -7,7 +7,7 @@ NODE_STAMP := tests/interop/node_modules/.installed
 PORT   ?= 8765
 VARDIR ?= var
 
-.PHONY: install run test lint fmt check bench clean node
+.PHONY: install run test lint fmt check bench clean node chromium
 
 install: $(STAMP)
 
@@ -23,6 +23,11 @@ node: $(NODE_STAMP)
 $(NODE_STAMP): tests/interop/package.json
 	cd tests/interop && npm install --no-audit --no-fund --loglevel=error
 	touch $@
+
+# Headless Chromium for tests/test_webui.py, which skips without it (needs root for apt-get).
+chromium:
+	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium </dev/null; }
 
 run: install
 	mkdir -p $(VARDIR)

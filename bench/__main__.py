@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHES = ["routing"]
+BENCHES = ["routing", "disk"]
 
 
 def main(argv: list[str]) -> int:

@@ -74,7 +74,7 @@ async def _run(settings: Settings) -> None:
     )
     await broker.start()
     print(f"Listening on port: {broker.port}", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
+    stop = broker.shutdown_requested
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

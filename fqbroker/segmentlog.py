@@ -53,7 +53,7 @@ _HEADER = struct.Struct(">IIQ")  # crc32, payload length, seq
 _LENSEQ = struct.Struct(">IQ")  # the header bytes after the crc, which the crc covers
 HEADER_SIZE = _HEADER.size
 _MAX_PAYLOAD = 0xFFFFFFFF
-_MARK_SHIFT = 10  # the sparse index keeps the offset of every 1024th record of a segment
+_MARK_SHIFT = 8  # the sparse index keeps the offset of every 256th record of a segment
 _MARK_MASK = (1 << _MARK_SHIFT) - 1
 _SEGMENT_NAME = re.compile(r"\d{20}\.seg")
 _CHECKPOINTS = "checkpoints.json"
@@ -90,35 +90,37 @@ class _Segment:
     marks: array[int] = field(default_factory=lambda: array("Q"))
 
 
-class _Damaged(Exception):
+class _Damaged(OSError):
+    """Bytes that are not a valid record: EIO to a reader, the end of the log to recovery."""
+
     def __init__(self, offset: int, reason: str) -> None:
-        super().__init__(reason)
-        self.offset = offset
-        self.reason = reason
+        super().__init__(errno.EIO, f"{reason} at offset {offset}")
+        self.offset, self.reason = offset, reason
 
 
-def _records(fd: int, off: int, end: int, chunk: int) -> Iterator[tuple[int, memoryview]]:
-    """Yield (offset, header + payload) of each record in [off, end), reading ``chunk``
-    bytes at a time; raise _Damaged where a record does not fit before ``end``."""
-    buf = memoryview(b"")
-    pos = 0
+def _records(
+    fd: int, off: int, end: int, chunk: int
+) -> Iterator[tuple[int, bytes, int, int, int, int]]:
+    """Yield (file offset, buffer, position in it, crc, payload length, seq) for each record
+    in [off, end), reading ``chunk`` bytes at a time; raise _Damaged where a record does not
+    fit before ``end``. Callers slice the buffer themselves: one copy, of the payload."""
+    buf, pos = b"", 0
     while off < end:
-        avail = len(buf) - pos
-        need = HEADER_SIZE
+        avail, need = len(buf) - pos, HEADER_SIZE
         if avail >= HEADER_SIZE:
-            need += _HEADER.unpack_from(buf, pos)[1]
+            crc, n, seq = _HEADER.unpack_from(buf, pos)
+            need += n
+            if need <= avail:
+                yield off, buf, pos, crc, n, seq
+                pos, off = pos + need, off + need
+                continue
         if need > end - off:
             reason = "truncated header" if need == HEADER_SIZE else "record runs past end of file"
             raise _Damaged(off, reason)
-        if avail < need:
-            more = os.pread(fd, min(max(need, chunk), end - off) - avail, off + avail)
-            buf, pos = memoryview(bytes(buf[pos:]) + more), 0
-            if len(buf) < need:
-                raise _Damaged(off, "file shrank while reading")
-            continue
-        yield off, buf[pos : pos + need]
-        pos += need
-        off += need
+        buf = buf[pos:] + os.pread(fd, min(max(need, chunk), end - off) - avail, off + avail)
+        pos = 0
+        if len(buf) < need:
+            raise _Damaged(off, "file shrank while reading")
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
@@ -305,24 +307,21 @@ class SegmentLog:
             return out
         seg, off = self._locate(start_seq)
         seq, total = start_seq, 0
-        try:
-            while len(out) < max_records and seq < self.next_seq:
-                if off >= seg.size:
-                    seg, off = self._find(seq), 0
-                chunk = self._chunk(seg, max_records - len(out), max_bytes - total)
-                for roff, rec in _records(self._reader(seg), off, seg.size, chunk):
-                    crc, n, rseq = _HEADER.unpack_from(rec)
-                    if out and total + n > max_bytes:
-                        max_records = len(out)
-                        break
-                    if rseq != seq or zlib.crc32(rec[4:]) != crc:
-                        raise _Damaged(roff, "record changed on disk since it was checked")
-                    out.append((seq, bytes(rec[HEADER_SIZE:])))
-                    seq, total, off = seq + 1, total + n, roff + len(rec)
-                    if len(out) >= max_records:
-                        break
-        except _Damaged as exc:
-            raise OSError(errno.EIO, f"{seg.path}:{exc.offset}: {exc.reason}") from None
+        while len(out) < max_records and seq < self.next_seq:
+            if off >= seg.size:
+                seg, off = self._find(seq), 0
+            chunk = self._chunk(seg, max_records - len(out), max_bytes - total)
+            for roff, buf, pos, crc, n, rseq in _records(self._reader(seg), off, seg.size, chunk):
+                if out and total + n > max_bytes:
+                    max_records = len(out)
+                    break
+                end = pos + HEADER_SIZE + n
+                if rseq != seq or zlib.crc32(buf[pos + 4 : end]) != crc:
+                    raise _Damaged(roff, "record changed on disk since it was checked")
+                out.append((seq, buf[pos + HEADER_SIZE : end]))
+                seq, total, off = seq + 1, total + n, roff + HEADER_SIZE + n
+                if len(out) >= max_records:
+                    break
         self._remember(seq, seg, off)
         return out
 
@@ -339,12 +338,9 @@ class SegmentLog:
         if skip:
             chunk = self._chunk(seg, skip, _MAX_CHUNK)
             records = _records(self._reader(seg), off, seg.size, chunk)
-            try:
-                for _ in range(skip):
-                    roff, rec = next(records)
-                    off = roff + len(rec)
-            except _Damaged as exc:
-                raise OSError(errno.EIO, f"{seg.path}:{exc.offset}: {exc.reason}") from None
+            for _ in range(skip):
+                roff, _, _, _, n, _ = next(records)
+                off = roff + HEADER_SIZE + n
         return seg, off
 
     def _chunk(self, seg: _Segment, records: int, max_bytes: int) -> int:
@@ -449,7 +445,7 @@ class SegmentLog:
 
     def _check_writable(self) -> None:
         self._check_open()
-        if self._broken is not None:
+        if self._broken is not None:  # reads still work: what is stored was checked
             msg = f"segment log {self.directory} failed earlier ({self._broken}); reopen it"
             raise OSError(errno.EIO, msg) from self._broken
 
@@ -470,7 +466,7 @@ class SegmentLog:
             os.replace(tmp, path)
             _fsync_path(self.directory)
             return
-        if found != FORMAT_LINE:
+        if found.split() != FORMAT_LINE.split():
             raise LogFormatError(
                 f"{self.directory} holds format {found.strip()!r}; this fqbroker reads "
                 f"only {FORMAT_LINE.strip()!r}"
@@ -538,16 +534,15 @@ class SegmentLog:
         """Index ``seg``'s valid records; return (offset, reason, torn) of the first bad one."""
         seq = seg.first
         try:
-            for off, rec in _records(fd, 0, end, _SCAN_CHUNK):
-                crc, _, rseq = _HEADER.unpack_from(rec)
-                if zlib.crc32(rec[4:]) != crc:
+            for off, buf, pos, crc, n, rseq in _records(fd, 0, end, _SCAN_CHUNK):
+                if zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
                     return off, "checksum mismatch", False
                 if rseq != seq:
                     return off, f"record has seq {rseq}, expected {seq}", False
                 if not (seq - seg.first) & _MARK_MASK:
                     seg.marks.append(off)
                 seq += 1
-                seg.end, seg.size = seq, off + len(rec)
+                seg.end, seg.size = seq, off + HEADER_SIZE + n
         except _Damaged as exc:
             return exc.offset, exc.reason, True
         return None

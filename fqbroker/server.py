@@ -57,6 +57,8 @@ class Broker:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
+        # Set by HTTP /shutdown; whoever runs the broker (fqd's main) waits on it and stops.
+        self.shutdown_requested = asyncio.Event()
 
     def _rule_registry(self) -> RuleRegistry:
         if not self.settings.modules:

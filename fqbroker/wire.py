@@ -251,7 +251,13 @@ Frame = (
 
 # What a client may send on its command socket.
 ClientRequest = (
-    AuthPlain | Heartbeat | HeartbeatRequest | StatusRequest | BindRequest | UnbindRequest
+    AuthPlain
+    | Heartbeat
+    | HeartbeatRequest
+    | StatusRequest
+    | BindRequest
+    | UnbindRequest
+    | ConfirmRequest
 )
 # What a broker may send on a command socket.
 ServerReply = (

@@ -13,7 +13,7 @@ from fqbroker.config import Settings
 from fqbroker.server import Broker
 from fqbroker.store import queue_directory
 
-from .conftest import open_session, wait_for
+from .conftest import authenticate, open_session, wait_for
 
 DISKQ = b"diskq\x00disk:permanent,backlog=-1"
 
@@ -256,3 +256,14 @@ async def test_confirm_client_against_broker_without_support_is_refused() -> Non
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_queue_can_choose_its_fsync_policy(broker: Broker) -> None:
+    session = await open_session(broker.port, b"u", b"q\x00disk:fsync=always,permanent")
+    queue = broker.queues[b"q"]
+    assert queue.store.policy == "always"  # type: ignore[attr-defined]
+    assert queue.spec.attributes == "private,drop,backlog=16384,fsync=always"
+    await session.close()
+    bad = await authenticate(broker.port, b"u", b"q2\x00disk:fsync=sometimes")
+    assert await bad.frame() == wire.ErrorReply("invalid queue param: fsync=sometimes")
+    await bad.closed()

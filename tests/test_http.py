@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 import h11
@@ -16,6 +17,7 @@ from fqbroker.message import hop_addresses
 from fqbroker.server import Broker
 
 from .conftest import TIMEOUT, RawConn, Session, authenticate, open_session, wait_for
+from .procs import Proc
 
 NODE = "10.254.254.1"
 
@@ -36,11 +38,10 @@ class HttpConn:
         self,
         method: str,
         target: str,
-        headers: list[tuple[str, str | bytes]] | None = None,
+        headers: Sequence[tuple[str, str]] = (),
         body: bytes | None = None,
     ) -> tuple[h11.Response, bytes]:
-        hdrs: list[tuple[str, str | bytes]] = [("host", "localhost")]
-        hdrs += headers or []
+        hdrs = [("host", "localhost"), *headers]
         if body is not None:
             hdrs.append(("content-length", str(len(body))))
         if self.conn.our_state is h11.DONE:
@@ -83,7 +84,7 @@ def header(response: h11.Response, name: bytes) -> bytes | None:
 async def get(
     port: int,
     target: str,
-    headers: list[tuple[str, str | bytes]] | None = None,
+    headers: Sequence[tuple[str, str]] = (),
     body: bytes | None = None,
 ) -> tuple[h11.Response, bytes]:
     conn = await HttpConn.open(port)
@@ -484,7 +485,8 @@ async def test_submit_expect_100_refused_early_for_bad_headers(broker: Broker) -
 
 async def test_submit_waits_for_room_in_a_block_queue(broker: Broker) -> None:
     cmd = await authenticate(broker.port, b"slow", b"blk\x00mem:block,backlog=1")
-    key = (await cmd.frame()).key  # type: ignore[attr-defined]
+    auth = await cmd.frame()
+    assert isinstance(auth, wire.AuthResponse)
     await cmd.frame()
     await cmd.send(wire.encode(wire.BindRequest(0x100, b"blk", b"prefix:")))
     assert isinstance(await cmd.reply(), wire.BindResponse)
@@ -495,7 +497,7 @@ async def test_submit_waits_for_room_in_a_block_queue(broker: Broker) -> None:
     assert not reply.done()  # the queue is full: the reply waits (block policy)
     assert broker.queues[b"blk"].backlog == 1
     data = await RawConn.open(broker.port)
-    await data.send(wire.encode_hello(wire.Mode.DATA, key))  # a consumer drains it
+    await data.send(wire.encode_hello(wire.Mode.DATA, auth.key))  # a consumer drains it
     response, body = await reply
     assert response.status_code == 200 and json.loads(body)["routed"] == 1
     await conn.close()
@@ -583,8 +585,7 @@ async def test_shutdown_is_404_unless_enabled(broker: Broker) -> None:
 async def test_shutdown_when_enabled_needs_the_token(broker: Broker) -> None:
     broker.settings.http_shutdown = True
     broker.settings.admin_token = "t"
-    requested = asyncio.Event()
-    broker.shutdown_requested = requested  # type: ignore[attr-defined]
+    requested = broker.shutdown_requested
     response, _ = await get(broker.port, "/shutdown")
     assert response.status_code == 403 and not requested.is_set()
     response, body = await get(broker.port, "/shutdown", headers=[("X-Fq-Token", "t")])
@@ -593,6 +594,18 @@ async def test_shutdown_when_enabled_needs_the_token(broker: Broker) -> None:
     assert header(response, b"connection") == b"close"
     async with asyncio.timeout(TIMEOUT):
         await requested.wait()
+
+
+async def test_shutdown_stops_the_fqd_process(tmp_path: Path, procs: list[Proc]) -> None:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text('[fqd]\nhttp_shutdown = true\nadmin_token = "t"\n')
+    fqd, port = await Proc.start_fqd(tmp_path, "--config", str(conf))
+    procs.append(fqd)
+    response, _ = await get(port, "/shutdown", headers=[("X-Fq-Token", "t")])
+    assert response.status_code == 200
+    async with asyncio.timeout(TIMEOUT):
+        status, _, _ = await fqd.finish()
+    assert status == 0
 
 
 # --- static files --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 from prometheus_client import REGISTRY
 from prometheus_client.openmetrics.parser import (
@@ -21,7 +22,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 async def scrape(broker: Broker, accept: str | None = None) -> tuple[Samples, str]:
-    headers = [("Accept", accept)] if accept else None
+    headers = [("Accept", accept)] if accept else []
     response, body = await get(broker.port, "/metrics", headers=headers)
     assert response.status_code == 200
     content_type = dict(response.headers)[b"content-type"].decode()
@@ -149,8 +150,12 @@ async def test_openmetrics_when_asked(broker: Broker) -> None:
     assert value(samples, "fq_messages_total") == 0
 
 
-async def test_each_broker_has_its_own_registry(broker: Broker) -> None:
-    other = Broker(broker.settings.updated({"port": 0}))
+async def test_each_broker_has_its_own_registry(broker: Broker, tmp_path: Path) -> None:
+    other = Broker(
+        broker.settings.updated(
+            {"port": 0, "config_db": tmp_path / "other.sqlite", "queue_dir": tmp_path / "oq"}
+        )
+    )
     await other.start()
     try:
         consumer = await open_session(other.port, b"other", b"only-on-other")

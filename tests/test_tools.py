@@ -164,6 +164,15 @@ async def test_count_and_size_mode(fqd_port: int, procs: list[Proc]) -> None:
         }
 
 
+async def test_fq_send_confirm(fqd_port: int, procs: list[Proc]) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        recv = await start_recv(procs, fqd_port, "-u", "r/dq/disk", "--count", "2500")
+        err = await send(procs, fqd_port, "--count", "2500", "--confirm", "--confirm-every", "1000")
+        assert "confirmed 2500 messages" in err
+        status, out, _ = await recv.finish()
+        assert status == 0 and len(out.splitlines()) == 2500
+
+
 async def test_rate_mode_prints_the_total(fqd_port: int, procs: list[Proc]) -> None:
     async with asyncio.timeout(TIMEOUT):
         recv = await start_recv(procs, fqd_port, "-s", "--count", "100")

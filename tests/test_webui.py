@@ -113,12 +113,13 @@ class Chromium:
             try:
                 raw = await self.reader.readuntil(b"\0")
             except asyncio.IncompleteReadError:
-                for future in self.pending.values():
-                    if not future.done():
-                        future.set_exception(EOFError("chromium went away"))
+                for waiter in self.pending.values():
+                    if not waiter.done():
+                        waiter.set_exception(EOFError("chromium went away"))
                 return
             message = json.loads(raw[:-1])
-            future = self.pending.pop(message.get("id", -1), None)
+            key = message.get("id")
+            future = self.pending.pop(key) if key in self.pending else None
             if future is None:
                 self.events.append(message)
             elif "error" in message:
@@ -137,7 +138,8 @@ class Chromium:
         self.pending[self.next_id] = future
         os.write(self.to_browser, json.dumps(message).encode() + b"\0")
         async with asyncio.timeout(15):
-            return await future
+            result: dict[str, Any] = await future
+        return result
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -192,8 +194,17 @@ class Page:
                 await asyncio.sleep(0.1)
         return result
 
-    def exceptions(self) -> list[dict[str, Any]]:
-        return [e for e in self.browser.events if e.get("method") == "Runtime.exceptionThrown"]
+    def errors(self) -> list[dict[str, Any]]:
+        """Uncaught exceptions and console.error calls in the page so far."""
+        return [
+            e
+            for e in self.browser.events
+            if e.get("method") == "Runtime.exceptionThrown"
+            or (
+                e.get("method") == "Runtime.consoleAPICalled"
+                and e.get("params", {}).get("type") == "error"
+            )
+        ]
 
 
 # Reads the queue card the way a person would: by its name, then its displayed rates.
@@ -269,7 +280,14 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
             png = base64.b64decode(shot["data"])
             assert png.startswith(b"\x89PNG\r\n\x1a\n")
             (artifacts_dir() / "webui.png").write_bytes(png)
-            assert page.exceptions() == []
+            # The same page as a dark-mode system shows it.
+            await page.call(
+                "Emulation.setEmulatedMedia",
+                {"features": [{"name": "prefers-color-scheme", "value": "dark"}]},
+            )
+            shot = await page.call("Page.captureScreenshot", {"format": "png"})
+            (artifacts_dir() / "webui-dark.png").write_bytes(base64.b64decode(shot["data"]))
+            assert page.errors() == []
     finally:
         stop.set()
         for task in tasks:
