@@ -229,6 +229,7 @@ class Client:
         *,
         backlog: int = DEFAULT_BACKLOG,
         connect_timeout: float = 10.0,
+        peer_id: bytes | None = None,
     ) -> None:
         if not 0 <= heartbeat_ms <= 0xFFFF:
             raise ValueError("heartbeat_ms is a u16")
@@ -240,6 +241,11 @@ class Client:
         self.reconnect = reconnect
         self.backlog = backlog
         self.connect_timeout = connect_timeout
+        # A broker pulling from another opens its data channel in peer mode with its node
+        # id (§5.2): the upstream then withholds messages that already passed through it.
+        if peer_id is not None and len(peer_id) != 4:
+            raise ValueError("a peer id is a 4-byte IPv4 address")
+        self.peer_id = peer_id
         self.connections = 0  # successful connects so far, reconnects included
         self.dropped = 0  # messages refused because the backlog was full
         self._state = _State.NEW
@@ -389,8 +395,10 @@ class Client:
         if not self.connected and len(self._pending) >= self.backlog:
             self.dropped += 1
             return False
-        msg = Message(exchange, route, payload, msgid or _MSGIDS.next())
-        self._pending.append(msg.publish_frame())
+        msg = Message(exchange, route, payload, msgid or _MSGIDS.next(), sender=self.user)
+        # A peer channel carries the peer format both ways (§5.3: fqd gets this wrong).
+        frame = msg.publish_frame() if self.peer_id is None else msg.peer_frame()
+        self._pending.append(frame)
         if self.connected and self._write_handle is None:
             # One write per loop iteration, not one per message.
             self._write_handle = asyncio.get_running_loop().call_soon(self._write_pending)
@@ -431,6 +439,16 @@ class Client:
         if len(self._inbox) < INBOX_LIMIT:
             self._inbox_room.set()
         return msg
+
+    async def receive_many(self, limit: int) -> list[Message]:
+        """Up to ``limit`` messages, waiting only for the first; ``ClientClosed`` as receive()."""
+        batch = [await self.receive()]
+        inbox = self._inbox
+        while inbox and len(batch) < limit:
+            batch.append(inbox.popleft())
+        if len(inbox) < INBOX_LIMIT:
+            self._inbox_room.set()
+        return batch
 
     async def messages(self) -> AsyncIterator[Message]:
         """Every message from our queue until the client is closed."""
@@ -494,7 +512,10 @@ class Client:
             if self.heartbeat_ms:
                 cmd_w.write(wire.encode(wire.HeartbeatRequest(self.heartbeat_ms)))
             data_r, data_w = await asyncio.open_connection(self.host, self.port, family=AF_INET)
-            data_w.write(wire.encode_hello(wire.Mode.DATA, key))
+            if self.peer_id is None:
+                data_w.write(wire.encode_hello(wire.Mode.DATA, key))
+            else:
+                data_w.write(wire.encode_hello(wire.Mode.PEER, key, self.peer_id))
         except BaseException:
             cmd_w.close()
             if data_w is not None:

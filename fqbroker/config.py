@@ -13,9 +13,42 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_PORT", "Settings", "resolve_node_id"]
+__all__ = ["DEFAULT_PORT", "Settings", "Upstream", "resolve_node_id"]
 
 DEFAULT_PORT = 8765
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """One row of fqd's ``upstream`` table: pull ``exchange`` through ``program`` from a
+    broker at ``host:port``, logging in with ``source`` and ``password`` (§5.1)."""
+
+    host: str
+    port: int
+    source: str
+    password: str
+    exchange: bytes
+    program: bytes
+    permanent_binding: bool
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> Upstream:
+        """An ``[[upstream]]`` table of the TOML file, with the sqlite columns' defaults."""
+        known = {"host", "port", "source", "password", "exchange", "program", "permanent_binding"}
+        if unknown := set(table) - known:
+            raise ValueError(f"unknown upstream setting(s): {', '.join(sorted(unknown))}")
+        for required in ("host", "source", "exchange"):
+            if not table.get(required):
+                raise ValueError(f"an upstream needs {required!r}")
+        return cls(
+            host=str(table["host"]),
+            port=int(table.get("port", DEFAULT_PORT)),
+            source=str(table["source"]),
+            password=str(table.get("password", "")),
+            exchange=str(table["exchange"]).encode(),
+            program=str(table.get("program", "")).encode(),
+            permanent_binding=bool(table.get("permanent_binding", False)),
+        )
 
 
 @dataclass(slots=True)
@@ -36,12 +69,18 @@ class Settings:
     segment_bytes: int = 64 << 20  # disk-queue segment file size
     admin_token: str = ""  # when set, /submit, checkpoints and /shutdown need it
     http_shutdown: bool = False  # whether /shutdown stops the broker (fqd: HTTP_SHUTDOWN=1)
+    upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
+    peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
+    peer_dedupe: int = 0  # message ids from peers remembered to drop repeats; 0: off, as fqd
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
-        return cls().updated(data.get("fqd", data))
+        values = dict(data.get("fqd", data))
+        if "fqd" in data and "upstream" in data:
+            values["upstream"] = data["upstream"]
+        return cls().updated(values)
 
     def updated(self, values: dict[str, Any]) -> Settings:
         """A copy with ``values`` applied; unknown keys are an error, not silently ignored."""
@@ -55,6 +94,8 @@ class Settings:
                 continue
             if name in ("config_db", "queue_dir", "web_root"):
                 value = Path(value)
+            elif name == "upstream":
+                value = [v if isinstance(v, Upstream) else Upstream.from_table(v) for v in value]
             setattr(out, name, value)
         return out
 

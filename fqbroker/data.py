@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .errors import ProtocolError
-from .message import Message, ipv4_bytes
+from .message import accept_from_peer, has_hop, ipv4_bytes
 
 if TYPE_CHECKING:
     from .command import CommandSession
@@ -160,7 +160,8 @@ class DataSession:
                 stats.msgs_in += 1
                 if self.is_peer:
                     stats.octets_in += msg.peer_octets
-                    if not self._accept_from_peer(msg, node_id):
+                    if not accept_from_peer(msg, node_id):
+                        log.debug("received looped message %r", msg)
                         continue
                 else:
                     stats.octets_in += msg.publish_octets
@@ -210,15 +211,6 @@ class DataSession:
                 del self.written[store]
         return None
 
-    @staticmethod
-    def _accept_from_peer(msg: Message, node_id: bytes) -> bool:
-        """Drop a message that already passed through us; else put us first in its hops."""
-        if _has_hop(msg.hops, node_id):
-            log.debug("received looped message %r", msg)
-            return False
-        msg.stamp(msg.sender, (node_id + msg.hops)[: 4 * wire.MAX_HOPS])
-        return True
-
     async def _pump_out(self, owner: CommandSession) -> None:
         assert owner.queue is not None
         queue = owner.queue
@@ -231,7 +223,7 @@ class DataSession:
                 queue.put_back(batch)
                 return
             if peer_id != NO_PEER:
-                batch = [m for m in batch if not _has_hop(m.hops, peer_id)]
+                batch = [m for m in batch if not has_hop(m.hops, peer_id)]
             frames = [m.peer_frame() for m in batch]
             writer.write(b"".join(frames))
             stats.msgs_out += len(frames)
@@ -242,7 +234,3 @@ class DataSession:
                 return
             # In the kernel's hands now: a disk queue may move its read checkpoint.
             queue.ack(taken)
-
-
-def _has_hop(hops: bytes, hop: bytes) -> bool:
-    return any(hops[i : i + 4] == hop for i in range(0, len(hops), 4))

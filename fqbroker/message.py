@@ -13,13 +13,17 @@ import itertools
 import struct
 
 __all__ = [
+    "MAX_HOPS",
     "ZERO_MSGID",
     "Message",
     "MsgIdCounter",
+    "accept_from_peer",
+    "has_hop",
     "hop_addresses",
     "ipv4_bytes",
 ]
 
+MAX_HOPS = 32  # FQ_MAX_HOPS: older hops fall off the end
 ZERO_MSGID = bytes(16)
 _U32 = struct.Struct(">I")
 _LE4 = struct.Struct("<IIII")
@@ -39,6 +43,22 @@ def ipv4_bytes(address: str) -> bytes:
 def hop_addresses(hops: bytes) -> list[str]:
     """Dotted-quad form of a raw hop list, for JSON and logs."""
     return [str(ipaddress.IPv4Address(hops[i : i + 4])) for i in range(0, len(hops), 4)]
+
+
+def has_hop(hops: bytes, hop: bytes) -> bool:
+    return any(hops[i : i + 4] == hop for i in range(0, len(hops), 4))
+
+
+def accept_from_peer(msg: Message, node_id: bytes) -> bool:
+    """Drop a message that already passed through us; else put us first in its hops (§5.2).
+
+    fqd never compares the first hop it receives; we compare them all, which only differs
+    when two brokers share a node id, and then refusing the message is the safe answer.
+    """
+    if has_hop(msg.hops, node_id):
+        return False
+    msg.stamp(msg.sender, (node_id + msg.hops)[: 4 * MAX_HOPS])
+    return True
 
 
 class Message:

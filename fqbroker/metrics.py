@@ -78,6 +78,7 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     yield from _queues(snap)
     yield from _clients(snap)
     yield from _connections(snap)
+    yield from _peers(snap)
 
 
 def _aggregate(snap: Snapshot) -> Iterator[Metric]:
@@ -255,6 +256,41 @@ def _connections(snap: Snapshot) -> Iterator[Metric]:
     for code, count in sorted(snap.http.responses.items()):
         responses.add_metric([str(code)], count)
     yield responses
+
+
+def _peers(snap: Snapshot) -> Iterator[Metric]:
+    labels = ["peer", "source"]
+    up = GaugeMetricFamily(
+        "fq_peer_up", "1 while the connection to an upstream broker is up.", labels=labels
+    )
+    reconnects = CounterMetricFamily(
+        "fq_peer_reconnects", "Times the upstream connection was made again.", labels=labels
+    )
+    received = CounterMetricFamily(
+        "fq_peer_messages_received", "Messages received from the upstream.", labels=labels
+    )
+    looped = CounterMetricFamily(
+        "fq_peer_messages_looped",
+        "Received messages dropped because they had passed through this broker.",
+        labels=labels,
+    )
+    duplicates = CounterMetricFamily(
+        "fq_peer_messages_duplicate",
+        "Received messages dropped as repeats (peer_dedupe).",
+        labels=labels,
+    )
+    bindings = GaugeMetricFamily(
+        "fq_peer_bindings", "Exchanges pulled from the upstream, bound or not.", labels=labels
+    )
+    for p in snap.peers:
+        values = [f"{p.host}:{p.port}", p.source]
+        up.add_metric(values, 1 if p.state == "connected" else 0)
+        reconnects.add_metric(values, p.reconnects)
+        received.add_metric(values, p.stats.msgs_in)
+        looped.add_metric(values, p.looped)
+        duplicates.add_metric(values, p.duplicates)
+        bindings.add_metric(values, len(p.bindings))
+    yield from (up, reconnects, received, looped, duplicates, bindings)
 
 
 _registries: weakref.WeakKeyDictionary[Broker, CollectorRegistry] = weakref.WeakKeyDictionary()

@@ -22,6 +22,7 @@ from .command import CommandSession
 from .config import Settings, resolve_node_id
 from .data import DataSession
 from .message import MsgIdCounter
+from .peering import Peering
 from .program import RuleRegistry, default_registry
 from .queue import Queue
 from .queuespec import QueueSpec
@@ -57,6 +58,7 @@ class Broker:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self.port = 0
+        self.peering = Peering(self)
         # Set by HTTP /shutdown; whoever runs the broker (fqd's main) waits on it and stops.
         self.shutdown_requested = asyncio.Event()
 
@@ -83,8 +85,10 @@ class Broker:
         )
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("Listening on port: %d", self.port)
+        self.peering.start()
 
     async def stop(self) -> None:
+        await self.peering.stop()
         if self._server is not None:
             self._server.close()
         for session in list(self.clients.values()):

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .config import Upstream
 from .queuespec import QueueKind, QueueSpec, parse_queue_field
 
 __all__ = ["ConfigStore", "StoredBinding", "StoredQueue", "Upstream"]
@@ -59,17 +60,6 @@ class StoredBinding:
     queue: bytes
     peermode: bool
     program: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Upstream:
-    host: str
-    port: int
-    source: str
-    password: str
-    exchange: bytes
-    program: bytes
-    permanent_binding: bool
 
 
 def _bool(value: object) -> bool:

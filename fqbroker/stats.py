@@ -27,6 +27,7 @@ from .version import FQ_COMPAT_VERSION
 
 if TYPE_CHECKING:
     from .command import CommandSession
+    from .peering import PeerLink
     from .queue import Queue
     from .server import Broker
 
@@ -34,6 +35,7 @@ __all__ = [
     "ClientSnapshot",
     "ExchangeSnapshot",
     "HttpCounters",
+    "PeerSnapshot",
     "QueueSnapshot",
     "RouteSnapshot",
     "Snapshot",
@@ -95,6 +97,29 @@ class QueueSnapshot:
     fsync_last_seconds: float | None = None  # the latest fsync's duration
 
 
+@dataclass(frozen=True, slots=True)
+class PeerBindingSnapshot:
+    exchange: bytes
+    program: bytes
+    permanent: bool
+    route_id: int | None  # None until the upstream accepted it
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSnapshot:
+    """An upstream this broker pulls from (§5): where, how it goes, what it brought."""
+
+    host: str
+    port: int
+    source: str
+    state: str
+    reconnects: int
+    looped: int
+    duplicates: int
+    bindings: tuple[PeerBindingSnapshot, ...]
+    stats: ClientStats
+
+
 @dataclass(slots=True)
 class HttpCounters:
     """What the HTTP front end counts for one broker (it owns no state of its own)."""
@@ -115,6 +140,7 @@ class Snapshot:
     data_connections: int
     peer_connections: int
     http: HttpCounters
+    peers: tuple[PeerSnapshot, ...] = ()
 
 
 _http: weakref.WeakKeyDictionary[Broker, HttpCounters] = weakref.WeakKeyDictionary()
@@ -171,6 +197,24 @@ def take_snapshot(broker: Broker) -> Snapshot:
         data_connections=data,
         peer_connections=peers,
         http=HttpCounters(http.open_connections, http.accepted, Counter(http.responses)),
+        peers=tuple(_peer_snapshot(link) for link in broker.peering.links.values()),
+    )
+
+
+def _peer_snapshot(link: PeerLink) -> PeerSnapshot:
+    return PeerSnapshot(
+        host=link.address.host,
+        port=link.address.port,
+        source=link.address.source,
+        state=str(link.state),
+        reconnects=link.reconnects,
+        looped=link.looped,
+        duplicates=link.duplicates,
+        bindings=tuple(
+            PeerBindingSnapshot(b.exchange, b.program, b.permanent, link.bound.get(b))
+            for b in sorted(link.wanted, key=lambda b: (b.exchange, b.program, b.permanent))
+        ),
+        stats=dataclasses.replace(link.stats),
     )
 
 
@@ -280,7 +324,35 @@ def stats_json(snap: Snapshot) -> dict[str, Any]:
             "dropped_to": q.dropped_to,
             "clients": [_client_json(c) for c in q.clients],
         }
-    return {"version": snap.version, "exchanges": exchanges, "queues": queues}
+    out: dict[str, Any] = {"version": snap.version, "exchanges": exchanges, "queues": queues}
+    if snap.peers:
+        # Not in fqd, which shows its upstreams nowhere; only present when there are some,
+        # so a broker without peers answers exactly fqd's shape.
+        out["peers"] = [_peer_json(p) for p in snap.peers]
+    return out
+
+
+def _peer_json(p: PeerSnapshot) -> dict[str, Any]:
+    return {
+        "mode": "peer",
+        "host": p.host,
+        "port": p.port,
+        "source": p.source,
+        "state": p.state,
+        "reconnects": p.reconnects,
+        "bindings": [
+            {
+                "exchange": _text(b.exchange),
+                "program": _text(b.program),
+                "permanent": b.permanent,
+                "route_id": b.route_id,
+            }
+            for b in p.bindings
+        ],
+        **{k: getattr(p.stats, k) for k in _CLIENT_COUNTERS},
+        "looped": p.looped,
+        "duplicates": p.duplicates,
+    }
 
 
 def _client_json(c: ClientSnapshot) -> dict[str, str]:

@@ -32,7 +32,7 @@ from enum import IntEnum
 from typing import Final, Literal
 
 from .errors import AuthError, FrameTooLarge, ProtocolError
-from .message import Message
+from .message import MAX_HOPS, Message
 
 __all__ = [
     "BIND_ILLEGAL",
@@ -110,7 +110,6 @@ class BindFlags:
 
 AUTH_PLAIN: Final = 0
 MAX_RK_LEN: Final = 127  # exchange, route, sender, user and queue name
-MAX_HOPS: Final = 32
 KEY_LEN: Final = 127
 MAX_KEY_LEN: Final = 127
 MAX_QUEUE_FIELD: Final = 1023

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fqbroker.cli import settings_from_args
-from fqbroker.config import Settings, resolve_node_id
+from fqbroker.config import Settings, Upstream, resolve_node_id
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "fqd.toml"
 
@@ -45,3 +45,31 @@ def test_node_id(text: str, packed: bytes) -> None:
 def test_bad_node_id(text: str) -> None:
     with pytest.raises(ValueError):
         resolve_node_id(text)
+
+
+def test_upstream_tables(tmp_path: Path) -> None:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text(
+        '[fqd]\nport = 1\n\n[[upstream]]\nhost = "a"\nsource = "b//mem"\nexchange = "logs"\n'
+        '\n[[upstream]]\nhost = "c"\nport = 9\nsource = "d/q/disk:permanent"\n'
+        'password = "p"\nexchange = "x"\nprogram = "prefix:\\"a.\\""\npermanent_binding = true\n'
+    )
+    settings = Settings.from_toml(conf)
+    assert settings.upstream == [
+        Upstream("a", 8765, "b//mem", "", b"logs", b"", False),
+        Upstream("c", 9, "d/q/disk:permanent", "p", b"x", b'prefix:"a."', True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("table", "error"),
+    [
+        ('hots = "a"\nsource = "s"\nexchange = "e"', "hots"),
+        ('host = "a"\nsource = "s"', "exchange"),
+    ],
+)
+def test_bad_upstream_table(tmp_path: Path, table: str, error: str) -> None:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text(f"[fqd]\n\n[[upstream]]\n{table}\n")
+    with pytest.raises(ValueError, match=error):
+        Settings.from_toml(conf)
