@@ -1,0 +1,373 @@
+"""Peering between real brokers on loopback, each its own process, node id, port and data
+directory (§5): one-way, two-way, a ring, a full mesh, an upstream restart, a row removed."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import signal
+import sqlite3
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fqbroker.client import Client
+from fqbroker.message import Message, hop_addresses
+
+from .conftest import TIMEOUT, wait_for
+from .procs import Proc
+
+NODES = {"A": "10.254.254.1", "B": "10.254.254.2", "C": "10.254.254.3"}
+EXCHANGE = b"peered"
+
+
+@dataclass
+class Node:
+    name: str
+    state: Path
+    proc: Proc
+    port: int
+
+    @property
+    def node_id(self) -> str:
+        return NODES[self.name]
+
+    def add_upstream(
+        self,
+        upstream: Node,
+        *,
+        source: str | None = None,
+        program: str = "prefix:",
+        permanent: bool = False,
+    ) -> None:
+        """Insert a row into this broker's sqlite upstream table, as an operator would."""
+        with contextlib.closing(sqlite3.connect(self.state / "fqd.sqlite")) as db, db:
+            db.execute(
+                "INSERT INTO upstream (host, port, source, password, exchange, program, "
+                "permanent_binding) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    "127.0.0.1",
+                    upstream.port,
+                    source or f"fqd-peer{self.name.lower()}//mem:drop,private,backlog=-1",
+                    "none",
+                    EXCHANGE.decode(),
+                    program,
+                    "true" if permanent else "false",
+                ),
+            )
+
+    def remove_upstreams(self) -> None:
+        with contextlib.closing(sqlite3.connect(self.state / "fqd.sqlite")) as db, db:
+            db.execute("DELETE FROM upstream")
+
+    async def stats(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.port}/stats.json"
+
+        def fetch() -> dict[str, Any]:
+            with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+                data: dict[str, Any] = json.load(response)
+                return data
+
+        return await asyncio.to_thread(fetch)
+
+    async def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+
+        def fetch() -> str:
+            with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+                return str(response.read().decode())
+
+        text = await asyncio.to_thread(fetch)
+        return {
+            (sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    async def peers_bound(self, count: int) -> list[dict[str, Any]]:
+        """Wait until ``count`` upstream links are connected with every binding accepted."""
+
+        async def ready() -> list[dict[str, Any]] | None:
+            peers = (await self.stats()).get("peers", [])
+            ok = [
+                p
+                for p in peers
+                if p["state"] == "connected" and all(b["route_id"] for b in p["bindings"])
+            ]
+            return peers if len(ok) == count == len(peers) else None
+
+        return await poll(ready)
+
+
+async def poll(check: Any, timeout: float = TIMEOUT) -> Any:
+    async with asyncio.timeout(timeout):
+        while (result := await check()) is None:
+            await asyncio.sleep(0.05)
+        return result
+
+
+class Cluster:
+    """Brokers started by one test, each with its own node id, port and data directory."""
+
+    def __init__(self, root: Path, procs: list[Proc]) -> None:
+        self.root = root
+        self.procs = procs
+
+    async def start(self, name: str, *args: str) -> Node:
+        state = self.root / name
+        state.mkdir(exist_ok=True)
+        proc, port = await Proc.start_fqd(state, "-n", NODES[name], *args)
+        self.procs.append(proc)
+        return Node(name, state, proc, port)
+
+    async def restart(self, node: Node) -> None:
+        """kill -9, then start again on the same port with the same data."""
+        os.kill(node.proc.proc.pid, signal.SIGKILL)
+        await node.proc.proc.wait()
+        node.proc, node.port = await Proc.start_fqd(
+            node.state, "-n", NODES[node.name], "-p", str(node.port)
+        )
+        self.procs.append(node.proc)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, procs: list[Proc]) -> Cluster:
+    return Cluster(tmp_path, procs)
+
+
+async def subscriber(node: Node, name: str = "sub") -> Client:
+    client = Client(port=node.port, source=f"{name}/{name}-{node.name}/mem:backlog=-1")
+    await client.connect()
+    await client.bind(EXCHANGE, b"prefix:")
+    return client
+
+
+async def publish(node: Node, payloads: Iterable[bytes], sender: str = "pub") -> None:
+    async with Client(port=node.port, source=sender) as pub:
+        for payload in payloads:
+            pub.publish(EXCHANGE, b"r." + payload[:8], payload)
+        await pub.flush()
+
+
+async def collect(client: Client, expected: int, settle: float = 0.3) -> list[Message]:
+    """Everything the client gets: ``expected`` messages, then whatever else comes soon."""
+    got: list[Message] = []
+    async with asyncio.timeout(TIMEOUT * 3):
+        while len(got) < expected:
+            got.append(await client.receive())
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(settle):
+            while True:
+                got.append(await client.receive())
+    return got
+
+
+def payloads(tag: str, n: int) -> list[bytes]:
+    return [f"{tag}-{i:05d}".encode() for i in range(n)]
+
+
+def counts(messages: list[Message]) -> collections.Counter[bytes]:
+    return collections.Counter(m.payload for m in messages)
+
+
+async def exchange_messages(node: Node) -> int:
+    ex = (await node.stats())["exchanges"].get(EXCHANGE.decode())
+    return 0 if ex is None else int(ex["messages"])
+
+
+# --- one-way and two-way -------------------------------------------------------------------
+
+
+async def test_one_way_keeps_sender_and_stacks_hops(cluster: Cluster, tmp_path: Path) -> None:
+    a = await cluster.start("A")
+    # B's upstream comes from the TOML file this time; the others use the sqlite table.
+    conf = tmp_path / "b.toml"
+    conf.write_text(
+        f'[fqd]\npeer_poll_seconds = 0.2\n\n[[upstream]]\nhost = "127.0.0.1"\nport = {a.port}\n'
+        f'source = "fqd-peerb//mem:drop,private,backlog=4096"\npassword = "none"\n'
+        f'exchange = "{EXCHANGE.decode()}"\nprogram = "prefix:"\n'
+    )
+    b = await cluster.start("B", "--config", str(conf))
+    (peer,) = await b.peers_bound(1)
+    assert (peer["mode"], peer["port"], peer["reconnects"]) == ("peer", a.port, 0)
+    upstream_side = [c for q in (await a.stats())["queues"].values() for c in q["clients"]]
+    assert [c["mode"] for c in upstream_side if c["user"] == "fqd-peerb"] == ["peer"]
+
+    sub_b = await subscriber(b)
+    await publish(a, [b"hello"], sender="pubA")
+    (msg,) = await collect(sub_b, 1)
+    assert (msg.payload, msg.sender, msg.exchange) == (b"hello", b"pubA", EXCHANGE)
+    assert hop_addresses(msg.hops) == [NODES["B"], NODES["A"], "127.0.0.1"]
+    await sub_b.close()
+
+    labels = {"peer": f"127.0.0.1:{a.port}", "source": "fqd-peerb//mem:drop,private,backlog=4096"}
+    samples = await b.metrics()
+    assert samples[("fq_peer_up", frozenset(labels.items()))] == 1
+    assert samples[("fq_peer_reconnects_total", frozenset(labels.items()))] == 0
+    assert samples[("fq_peer_messages_received_total", frozenset(labels.items()))] == 1
+
+
+async def test_two_way_delivers_each_message_once_everywhere(cluster: Cluster) -> None:
+    a = await cluster.start("A")
+    b = await cluster.start("B")
+    a.add_upstream(b)
+    b.add_upstream(a)
+    await a.peers_bound(1)
+    await b.peers_bound(1)
+    sub_a, sub_b = await subscriber(a), await subscriber(b)
+    sent = payloads("a", 500) + payloads("b", 500)
+    await asyncio.gather(publish(a, sent[:500]), publish(b, sent[500:]))
+    for sub in (sub_a, sub_b):
+        got = counts(await collect(sub, len(sent)))
+        assert got == collections.Counter(sent)
+        await sub.close()
+    stats = {n.name: (await n.stats())["peers"][0] for n in (a, b)}
+    # The upstream never sends a peer what already went through it (§5.3, done right).
+    assert stats["A"]["looped"] == stats["B"]["looped"] == 0
+
+
+# --- ring and mesh ---------------------------------------------------------------------------
+
+
+async def test_ring_of_three_delivers_exactly_once(cluster: Cluster) -> None:
+    a, b, c = [await cluster.start(n) for n in "ABC"]
+    b.add_upstream(a)
+    c.add_upstream(b)
+    a.add_upstream(c)
+    for node in (a, b, c):
+        await node.peers_bound(1)
+    subs = [await subscriber(n) for n in (a, b, c)]
+    sent = payloads("a", 3334) + payloads("b", 3333) + payloads("c", 3333)
+    assert len(sent) == 10_000
+    await asyncio.gather(
+        publish(a, sent[:3334]), publish(b, sent[3334:6667]), publish(c, sent[6667:])
+    )
+    for sub in subs:
+        got = counts(await collect(sub, len(sent)))
+        assert got == collections.Counter(sent), "every message exactly once"
+        await sub.close()
+    # No message circulates: each exchange saw each message once, and stays there.
+    for node in (a, b, c):
+        assert await exchange_messages(node) == 10_000
+    await asyncio.sleep(0.5)
+    for node in (a, b, c):
+        assert await exchange_messages(node) == 10_000
+
+
+async def mesh(cluster: Cluster, *args: str) -> list[Node]:
+    nodes = [await cluster.start(n, *args) for n in "ABC"]
+    for node in nodes:
+        for other in nodes:
+            if other is not node:
+                node.add_upstream(other)
+    for node in nodes:
+        await node.peers_bound(2)
+    return nodes
+
+
+async def test_full_mesh_does_not_circulate_and_delivers_a_second_copy(
+    cluster: Cluster,
+) -> None:
+    a, b, c = await mesh(cluster)
+    subs = [await subscriber(n) for n in (a, b, c)]
+    sent = payloads("a", 1000)
+    await publish(a, sent)
+    # As with fqd: A's own subscriber once; B and C once directly, once by the other path.
+    expected = {"A": 1, "B": 2, "C": 2}
+    for node, sub in zip((a, b, c), subs, strict=True):
+        got = counts(await collect(sub, len(sent) * expected[node.name], settle=0.5))
+        assert got == collections.Counter({p: expected[node.name] for p in sent}), node.name
+        await sub.close()
+    totals = [await exchange_messages(n) for n in (a, b, c)]
+    await asyncio.sleep(0.5)
+    assert [await exchange_messages(n) for n in (a, b, c)] == totals == [1000, 2000, 2000]
+
+
+async def test_full_mesh_with_dedupe_delivers_once(cluster: Cluster, tmp_path: Path) -> None:
+    conf = tmp_path / "dedupe.toml"
+    conf.write_text("[fqd]\npeer_dedupe = 100000\n")
+    a, b, c = await mesh(cluster, "--config", str(conf))
+    subs = [await subscriber(n) for n in (a, b, c)]
+    sent = payloads("a", 500) + payloads("b", 500)
+    await asyncio.gather(publish(a, sent[:500]), publish(b, sent[500:]))
+    for sub in subs:
+        assert counts(await collect(sub, len(sent), settle=0.5)) == collections.Counter(sent)
+        await sub.close()
+    stats = [await n.stats() for n in (a, b, c)]
+    dropped = sum(p["duplicates"] for s in stats for p in s["peers"])
+    # Each message reached the two brokers that did not publish it by two paths.
+    assert dropped == 2 * len(sent)
+
+
+# --- failures and configuration changes --------------------------------------------------------
+
+
+async def test_upstream_restart_reconnects_and_loses_nothing(cluster: Cluster) -> None:
+    a = await cluster.start("A")
+    b = await cluster.start("B")
+    b.add_upstream(a, source="fqd-peerb/from-a/disk:permanent,backlog=-1", permanent=True)
+    await b.peers_bound(1)
+    sub_b = await subscriber(b)
+    await publish(a, payloads("before", 200))
+    received = await collect(sub_b, 200, settle=0)
+
+    await cluster.restart(a)  # same port, same data: the permanent queue comes back
+    # Published before B is back: waits in A's permanent queue.
+    await publish(a, payloads("outage", 200))
+    (peer,) = await b.peers_bound(1)
+    assert peer["reconnects"] >= 1
+    await publish(a, payloads("after", 200))
+    received += await collect(sub_b, 400, settle=0.3)
+    await sub_b.close()
+    want = payloads("before", 200) + payloads("outage", 200) + payloads("after", 200)
+    assert set(counts(received)) == set(want), "nothing lost"
+
+
+async def test_removing_the_row_unbinds_and_disconnects(cluster: Cluster) -> None:
+    a = await cluster.start("A")
+    b = await cluster.start("B")
+    b.add_upstream(a, source="fqd-peerb/from-a/mem:backlog=-1", permanent=True)
+    b.add_upstream(a, source="fqd-peerb/from-a/mem:backlog=-1", program='prefix:"x."')
+    (peer,) = await b.peers_bound(1)
+    assert len(peer["bindings"]) == 2
+
+    async def routes_on_a() -> int:
+        exchange = (await a.stats())["exchanges"].get(EXCHANGE.decode(), {})
+        return len(exchange.get("routes", {}))
+
+    assert await routes_on_a() == 2
+    b.remove_upstreams()
+
+    async def gone() -> bool | None:
+        a_stats, b_stats = await a.stats(), await b.stats()
+        peers_on_a = [c for q in a_stats["queues"].values() for c in q["clients"]]
+        if "peers" in b_stats or peers_on_a or await routes_on_a():
+            return None
+        return True
+
+    await poll(gone, timeout=5)
+    # The permanent binding went from A's configuration too: a restart does not revive it.
+    with contextlib.closing(sqlite3.connect(a.state / "fqd.sqlite")) as db:
+        assert db.execute("SELECT COUNT(*) FROM binding").fetchone() == (0,)
+
+
+async def test_a_peer_channel_publisher_is_parsed_in_peer_format(cluster: Cluster) -> None:
+    """A client that publishes on a peer channel sends sender and hops (§5.3)."""
+    a = await cluster.start("A")
+    sub = await subscriber(a)
+    async with Client(port=a.port, source="relay", peer_id=bytes([10, 9, 9, 9])) as relay:
+        relay.publish(EXCHANGE, b"r", b"via a peer channel")
+        await relay.flush()
+        await wait_for(lambda: sub.received_backlog == 1)
+    msg = await sub.receive()
+    assert (msg.payload, msg.sender) == (b"via a peer channel", b"relay")
+    assert hop_addresses(msg.hops) == [NODES["A"]]
+    await sub.close()
