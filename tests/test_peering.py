@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fqbroker.client import Client
 from fqbroker.message import Message, hop_addresses
+from fqbroker.wire import BindFlags
 
 from .conftest import TIMEOUT, wait_for
 from .procs import Proc
@@ -128,10 +129,14 @@ class Cluster:
         self.procs.append(proc)
         return Node(name, state, proc, port)
 
+    async def kill(self, node: Node) -> None:
+        if node.proc.proc.returncode is None:
+            os.kill(node.proc.proc.pid, signal.SIGKILL)
+            await node.proc.proc.wait()
+
     async def restart(self, node: Node) -> None:
-        """kill -9, then start again on the same port with the same data."""
-        os.kill(node.proc.proc.pid, signal.SIGKILL)
-        await node.proc.proc.wait()
+        """kill -9 if running, then start again on the same port with the same data."""
+        await self.kill(node)
         node.proc, node.port = await Proc.start_fqd(
             node.state, "-n", NODES[node.name], "-p", str(node.port)
         )
@@ -329,6 +334,31 @@ async def test_upstream_restart_reconnects_and_loses_nothing(cluster: Cluster) -
     await sub_b.close()
     want = payloads("before", 200) + payloads("outage", 200) + payloads("after", 200)
     assert set(counts(received)) == set(want), "nothing lost"
+
+
+async def test_downstream_outage_loses_nothing(cluster: Cluster) -> None:
+    """B is down while A's publishers go on: A's permanent queue keeps it all for B."""
+    a = await cluster.start("A")
+    b = await cluster.start("B")
+    b.add_upstream(a, source="fqd-peerb/to-b/disk:permanent,backlog=-1", permanent=True)
+    await b.peers_bound(1)
+    # B's own subscriber queue is permanent too, so B holds what arrives before it is back.
+    source = "sub/sub-B/disk:permanent,backlog=-1"
+    async with Client(port=b.port, source=source) as sub:
+        await sub.bind(EXCHANGE, b"prefix:", BindFlags.PERM)
+    await publish(a, payloads("up", 100))
+
+    async def held_by_b() -> bool | None:
+        return (await b.stats())["queues"]["sub-B"]["backlog"] == 100 or None
+
+    # fq has no consumer acknowledgements: what is in flight to B when it dies is gone.
+    await poll(held_by_b)
+    await cluster.kill(b)
+    await publish(a, payloads("down", 300))
+    await cluster.restart(b)
+    async with Client(port=b.port, source=source) as sub:
+        received = await collect(sub, 400)
+    assert counts(received) == collections.Counter(payloads("up", 100) + payloads("down", 300))
 
 
 async def test_removing_the_row_unbinds_and_disconnects(cluster: Cluster) -> None:
