@@ -324,6 +324,12 @@ class _Connection:
         # One hop, the node id: fqd sends none, which the npm client rejects (§9.6).
         msg = Message(exchange, route, payload, broker.msgids.next(), sender, broker.node_id)
         result = broker.router.publish(msg)
+        # Written and durable under each disk queue's fsync policy before we say "routed":
+        # a 200 is as good as a publisher confirm.
+        written, lost = broker.catalog.flush_dirty()
+        result.dropped += lost
+        for store in written:
+            await store.wait_durable(store.written_seq)
         for queue in result.blocked:
             await queue.wait_not_full()  # block policy: the reply waits for room
         body = (

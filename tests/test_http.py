@@ -13,6 +13,7 @@ import h11
 import pytest
 
 from fqbroker import wire
+from fqbroker.client import Client
 from fqbroker.message import hop_addresses
 from fqbroker.server import Broker
 
@@ -368,6 +369,26 @@ async def test_submit_delivers_with_id_sender_and_one_hop(broker: Broker) -> Non
     assert broker.router.aggregate.messages == 1
     assert all(s.stats.msgs_in == 0 for s in broker.clients.values())
     await consumer.close()
+
+
+async def test_submit_to_a_disk_queue_survives_kill_9(tmp_path: Path, procs: list[Proc]) -> None:
+    """A 200 from /submit means written and durable: no consumer needs to flush it first."""
+    fqd, port = await Proc.start_fqd(tmp_path)
+    procs.append(fqd)
+    source = "keeper/kept/disk:permanent,backlog=-1"
+    async with Client(port=port, source=source) as setup:
+        await setup.bind(b"durable", b"prefix:", wire.BindFlags.PERM)
+    headers = [("X-Fq-Route", "r"), ("X-Fq-Exchange", "durable")]
+    for i in range(3):
+        _, body = await get(port, "/submit", headers, b"kept %d" % i)
+        assert json.loads(body)["routed"] == 1
+    fqd.kill()
+    await fqd.proc.wait()
+    fqd, port = await Proc.start_fqd(tmp_path)
+    procs.append(fqd)
+    async with Client(port=port, source=source) as consumer, asyncio.timeout(TIMEOUT):
+        got = [(await consumer.receive()).payload for _ in range(3)]
+    assert got == [b"kept 0", b"kept 1", b"kept 2"]
 
 
 async def test_submit_default_sender_and_misses(broker: Broker) -> None:
