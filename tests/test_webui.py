@@ -1,9 +1,11 @@
-"""The web UI in headless Chromium: a queue appears, and its rate moves with traffic.
+"""The web UI in headless Chromium: a queue appears, and its rate moves with traffic; an
+upstream peer shows up with its link state and its received rate.
 
 Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`` (JSON
 messages separated by NUL bytes on file descriptors 3 and 4), so no websocket library is
-needed. The test saves a screenshot under ``$FQ_TEST_ARTIFACTS`` (default
-``var/test-artifacts``). Without Chromium it skips; ``.ci/run`` installs Debian's package.
+needed. The tests save screenshots, light and dark, under ``$FQ_TEST_ARTIFACTS`` (default
+``var/test-artifacts``): ``webui*.png`` and ``webui-peers*.png``. Without Chromium they
+skip; ``.ci/run`` installs Debian's package.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Any
 
 import pytest
 
+from fqbroker.config import Settings, Upstream
 from fqbroker.server import Broker
 
-from .conftest import Session, open_session
+from .conftest import TIMEOUT, Session, open_session
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = 'webui "live" ✓'
@@ -226,11 +229,13 @@ QUEUE_STATE = """
 """.replace("NAME", json.dumps(QUEUE))
 
 
-async def publish_steadily(publisher: Session, stop: asyncio.Event) -> int:
+async def publish_steadily(
+    publisher: Session, stop: asyncio.Event, exchange: str = EXCHANGE
+) -> int:
     sent = 0
     while not stop.is_set():
         for _ in range(20):
-            await publisher.publish(EXCHANGE.encode(), b"tick", b"payload %d" % sent)
+            await publisher.publish(exchange.encode(), b"tick", b"payload %d" % sent)
             sent += 1
         await asyncio.sleep(0.05)
     return sent
@@ -241,13 +246,32 @@ async def drain(consumer: Session) -> None:
         await consumer.receive(1)
 
 
-async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_path: Path) -> None:
+def require_chromium() -> str:
     chromium = find_chromium()
     if chromium is None:
         pytest.skip(
             "headless Chromium not found: install Debian's chromium package "
             "(apt-get install chromium; .ci/run does it) or set FQ_CHROMIUM"
         )
+    return chromium
+
+
+async def screenshot(page: Page, name: str) -> None:
+    """Save the page as ``<name>.png`` (light) and ``<name>-dark.png`` under the artifacts."""
+    for suffix, scheme in (("", "light"), ("-dark", "dark")):
+        await page.call(
+            "Emulation.setEmulatedMedia",
+            {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+        )
+        shot = await page.call("Page.captureScreenshot", {"format": "png"})
+        png = base64.b64decode(shot["data"])
+        assert png.startswith(b"\x89PNG\r\n\x1a\n")
+        (artifacts_dir() / f"{name}{suffix}.png").write_bytes(png)
+    await page.call("Emulation.setEmulatedMedia", {"features": []})
+
+
+async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_path: Path) -> None:
+    chromium = require_chromium()
     consumer = await open_session(broker.port, b"ui-reader", QUEUE.encode() + b"\x00mem:public")
     await consumer.bind(EXCHANGE.encode(), b"prefix:")
     publisher = await open_session(broker.port, b"ui-writer", b"ui-writer-q")
@@ -263,6 +287,8 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
             await asyncio.sleep(1.2)
             before = await page.evaluate(QUEUE_STATE)
             assert before["status"] == "live"
+            # No upstreams configured: no "peers" in stats.json, and no Upstreams panel.
+            assert await page.evaluate(PEERS_PANEL_VISIBLE) is False
             assert before["rateIn"] == 0 and before["textIn"] == "in 0 msg/s"
 
             tasks = [
@@ -276,17 +302,7 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
             assert after["textIn"] != before["textIn"]
             assert after["textOut"] != before["textOut"]
             await asyncio.sleep(2.5)  # a few more points on the sparklines for the picture
-            shot = await page.call("Page.captureScreenshot", {"format": "png"})
-            png = base64.b64decode(shot["data"])
-            assert png.startswith(b"\x89PNG\r\n\x1a\n")
-            (artifacts_dir() / "webui.png").write_bytes(png)
-            # The same page as a dark-mode system shows it.
-            await page.call(
-                "Emulation.setEmulatedMedia",
-                {"features": [{"name": "prefers-color-scheme", "value": "dark"}]},
-            )
-            shot = await page.call("Page.captureScreenshot", {"format": "png"})
-            (artifacts_dir() / "webui-dark.png").write_bytes(base64.b64decode(shot["data"]))
+            await screenshot(page, "webui")
             assert page.errors() == []
     finally:
         stop.set()
@@ -296,3 +312,147 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
         await browser.close()
         await consumer.close()
         await publisher.close()
+
+
+# --- upstream peers ---------------------------------------------------------------------------
+
+PEER_EXCHANGE = "ex"
+PEER_SOURCE = "fqd-peerb//mem:backlog=-1"
+NODE_B = "10.254.254.2"  # the fixture broker (A) is 10.254.254.1
+NODE_C = "10.254.254.3"
+
+PEERS_PANEL_VISIBLE = """
+(() => {
+  const panel = document.getElementById("peers-panel");
+  return !panel.hidden && panel.getBoundingClientRect().height > 0;
+})()
+"""
+
+# Reads an upstream card as a person would: by its address, then its badge and rate.
+PEER_STATE = """
+(() => {
+  const card = [...document.querySelectorAll("[data-peer]")].find(e => e.dataset.peer === ADDRESS);
+  if (!card) return null;
+  const rate = card.querySelector('[data-field="rate"]');
+  const badge = card.querySelector(".state");
+  return {
+    title: card.querySelector("h3").textContent,
+    source: card.dataset.source,
+    state: card.dataset.state,
+    badge: badge.textContent,
+    badgeColor: getComputedStyle(badge).color,
+    rate: Number(rate.dataset.value),
+    text: rate.textContent,
+    bindings: [...card.querySelectorAll("tbody tr")].map(
+      tr => [...tr.children].map(td => td.textContent)),
+    panelVisible: PANEL,
+    count: document.getElementById("peer-count").textContent,
+  };
+})()
+""".replace("PANEL", PEERS_PANEL_VISIBLE.strip())
+
+
+def peer_state(port: int) -> str:
+    return PEER_STATE.replace("ADDRESS", json.dumps(f"127.0.0.1:{port}"))
+
+
+def until(expression: str, condition: str) -> str:
+    """A page expression that is ``expression``'s value once ``condition`` holds on it."""
+    return f"(() => {{ const s = {expression.strip()}; return s && ({condition}) ? s : null; }})()"
+
+
+def peer_settings(tmp_path: Path, name: str, node_id: str, upstreams: list[int]) -> Settings:
+    state = tmp_path / name
+    state.mkdir()
+    return Settings(
+        port=0,
+        node_id=node_id,
+        config_db=state / "fqd.sqlite",
+        queue_dir=state / "queues",
+        upstream=[
+            Upstream(
+                host="127.0.0.1",
+                port=port,
+                source=PEER_SOURCE,
+                password="none",
+                exchange=PEER_EXCHANGE.encode(),
+                program=b"prefix:",
+                permanent_binding=False,
+            )
+            for port in upstreams
+        ],
+    )
+
+
+async def test_web_ui_shows_upstream_peers(broker: Broker, tmp_path: Path) -> None:
+    """B pulls ``ex`` from A (the fixture) and from C. Traffic published on A moves B's
+    received rate for A; stopping C turns its card from connected to reconnecting."""
+    chromium = require_chromium()
+    upstream_a = broker
+    upstream_c = Broker(peer_settings(tmp_path, "c", NODE_C, []))
+    await upstream_c.start()
+    downstream = Broker(peer_settings(tmp_path, "b", NODE_B, [upstream_a.port, upstream_c.port]))
+    await downstream.start()
+    c_running = True
+    sessions: list[Session] = []
+    browser = await Chromium.launch(chromium, tmp_path / "profile", tmp_path / "chromium.log")
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        # On B, a reader of what the peering brings in, so its exchange and queue show too.
+        consumer = await open_session(downstream.port, b"peer-reader", b"from-a\x00mem:public")
+        sessions.append(consumer)
+        await consumer.bind(PEER_EXCHANGE.encode(), b"prefix:")
+        publisher = await open_session(upstream_a.port, b"publisher", b"publisher-q")
+        sessions.append(publisher)
+        async with asyncio.timeout(60):
+            page = await Page.open(browser, f"http://127.0.0.1:{downstream.port}/")
+            a_state, c_state = peer_state(upstream_a.port), peer_state(upstream_c.port)
+            # Both links up, their bindings accepted upstream (a route id, not "pending").
+            bound = "s.state === 'connected' && s.bindings.length && s.bindings[0][2] !== 'pending'"
+            for expression in (a_state, c_state):
+                await page.wait_for(until(expression, bound), timeout=TIMEOUT)
+            before = await page.evaluate(a_state)
+            assert before["panelVisible"] is True
+            assert before["count"] == "2"
+            assert before["title"] == f"127.0.0.1:{upstream_a.port}"
+            assert before["source"] == PEER_SOURCE
+            assert before["badge"] == "connected"
+            assert before["bindings"] == [[PEER_EXCHANGE, "prefix:", "1"]]
+            # A second poll has happened, still without traffic: the rate is zero.
+            await asyncio.sleep(1.2)
+            before = await page.evaluate(a_state)
+            assert before["rate"] == 0 and before["text"] == "0 msg/s"
+
+            tasks = [
+                asyncio.create_task(publish_steadily(publisher, stop, PEER_EXCHANGE)),
+                asyncio.create_task(drain(consumer)),
+            ]
+            after = await page.wait_for(until(a_state, "s.rate > 0"))
+            assert after["text"] != before["text"]
+            assert after["state"] == "connected"
+            assert (await page.evaluate(c_state))["rate"] == 0  # nothing published on C
+
+            # C goes away: B keeps retrying it, and its card says so in another colour.
+            await upstream_c.stop()
+            c_running = False
+            lost = await page.wait_for(until(c_state, "s.state === 'reconnecting'"))
+            assert lost["badge"] == "reconnecting"
+            assert lost["badgeColor"] != after["badgeColor"]
+            assert (await page.evaluate(a_state))["state"] == "connected"
+
+            await asyncio.sleep(2.5)  # a few more points on the sparklines for the picture
+            await screenshot(page, "webui-peers")
+            assert page.errors() == []
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await browser.close()
+        for session in sessions:
+            await session.close()
+        async with asyncio.timeout(TIMEOUT):
+            await downstream.stop()
+            if c_running:
+                await upstream_c.stop()

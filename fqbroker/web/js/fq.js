@@ -2,12 +2,14 @@
 //
 // Polls /stats.json once a second (as fqd's own UI does), turns counter deltas into
 // msg/s rates, keeps the last minute of each rate for the sparklines, and keeps one card
-// per exchange and per queue, updated in place so nothing jumps while you read it.
-// No libraries: the broker serves this file and nothing else is fetched.
+// per exchange, per queue and per upstream peer, updated in place so nothing jumps while
+// you read it. No libraries: the broker serves this file and nothing else is fetched.
 //
 // Stable hooks for tests and scripts: every exchange card has data-exchange=<name>, every
-// queue card data-queue=<name>; rates are elements with data-field="rate" (exchanges),
-// "rate-in"/"rate-out" (queues), each with the raw number in data-value.
+// queue card data-queue=<name>, every upstream card data-peer=<host:port>,
+// data-source=<source> and data-state=<state>; rates are elements with data-field="rate"
+// (exchanges, upstreams), "rate-in"/"rate-out" (queues), each with the raw number in
+// data-value.
 (function () {
   "use strict";
 
@@ -365,6 +367,119 @@
     return `c:${queue}\u0000${c.remote_addr}:${c.remote_port}`;
   }
 
+  // --- upstreams ------------------------------------------------------------------------
+
+  // Peers this broker pulls from ("peers" in stats.json, only present when configured).
+  // A link is one connection: host, port and source together (rows may share a host).
+  const peerCards = new Map();
+  const PEER_STATES = { connected: "ok", reconnecting: "warn" }; // anything else is grey
+
+  function peerKey(p) {
+    return `${p.host}:${p.port}\u0000${p.source}`;
+  }
+
+  function createPeer() {
+    const card = h("article", { class: "card peer" });
+    const f = {};
+    f.title = h("h3");
+    f.state = h("span", { class: "state" });
+    f.rate = rateEl("rate", "rate");
+    f.source = h("div", { class: "source" });
+    f.spark = spark(["in"]);
+    const stats = h("dl", { class: "stats" });
+    for (const [key, label] of [
+      ["msgs_in", "received"],
+      ["octets_in", "bytes"],
+      ["routed", "routed"],
+      ["dropped", "dropped"],
+      ["looped", "looped"],
+      ["duplicates", "duplicates"],
+      ["reconnects", "reconnects"],
+    ]) {
+      const [wrap, dd] = stat(label);
+      stats.append(wrap);
+      f[key] = dd;
+    }
+    f.bindings = h("tbody");
+    const table = h(
+      "table",
+      { class: "bindings" },
+      h(
+        "thead",
+        {},
+        h(
+          "tr",
+          {},
+          h("th", { text: "exchange" }),
+          h("th", { text: "program" }),
+          h("th", { class: "n", text: "route id" }),
+        ),
+      ),
+      f.bindings,
+    );
+    card.append(h("div", { class: "card-head" }, f.title, f.state, f.rate), f.source, f.spark, stats, table);
+    card.fields = f;
+    return card;
+  }
+
+  function updatePeer(card, p, key, r) {
+    const f = card.fields;
+    const address = `${p.host}:${p.port}`;
+    card.dataset.peer = address;
+    card.dataset.source = p.source;
+    card.dataset.state = p.state;
+    setText(f.title, address);
+    f.title.title = address;
+    setText(f.state, p.state);
+    f.state.className = "state " + (PEER_STATES[p.state] || "idle");
+    setText(f.source, p.source);
+    f.source.title = "logs in as " + p.source;
+    setRate(f.rate, r.get("p:" + key) || 0);
+    drawSpark(f.spark, [history.get("p:" + key) || []]);
+    setText(f.msgs_in, fmtInt(num(p.msgs_in)));
+    setText(f.octets_in, fmtBytes(num(p.octets_in)));
+    setText(f.routed, fmtInt(num(p.routed)));
+    setText(f.dropped, fmtInt(num(p.dropped)));
+    setText(f.looped, fmtInt(num(p.looped)));
+    setText(f.duplicates, fmtInt(num(p.duplicates)));
+    setText(f.reconnects, fmtInt(num(p.reconnects)));
+    f.dropped.className = num(p.dropped) ? "bad" : "";
+    f.reconnects.className = num(p.reconnects) ? "warn" : "";
+    const bindings = p.bindings || [];
+    const rowsKey = JSON.stringify(bindings);
+    if (f.rowsKey !== rowsKey) {
+      f.rowsKey = rowsKey;
+      f.bindings.replaceChildren(
+        ...bindings.map((b) => {
+          const program = h("td", { class: "code", text: b.program || "prefix:" });
+          if (b.permanent) program.append(h("span", { class: "tag", text: "permanent" }));
+          const route =
+            b.route_id == null
+              ? h("td", { class: "n warn", text: "pending", title: "not yet accepted upstream" })
+              : h("td", { class: "n muted", text: String(b.route_id) });
+          return h("tr", {}, h("td", { class: "code", text: b.exchange }), program, route);
+        }),
+      );
+    }
+  }
+
+  function renderPeers(peers, r) {
+    const panel = document.getElementById("peers-panel");
+    panel.hidden = peers.length === 0;
+    syncCards(
+      document.getElementById("peers"),
+      peerCards,
+      peers.map((p) => [peerKey(p), p]),
+      createPeer,
+      (card, p, key) => updatePeer(card, p, key, r),
+    );
+    setText(document.getElementById("peer-count"), String(peers.length));
+    const up = peers.filter((p) => p.state === "connected").length;
+    const summary = document.getElementById("peer-summary");
+    setText(summary, up === peers.length ? "all connected" : `${up} of ${peers.length} connected`);
+    summary.className = "summary " + (up === peers.length ? "ok" : "warn");
+  }
+
   // --- one poll -------------------------------------------------------------------------
 
   // Flattens the counters that get a rate into one map, so rates() treats them alike.
@@ -388,6 +503,7 @@
       values.set("qo:" + name, out);
       values.set("qi:" + name, out + q.backlog + q.dropped_to);
     }
+    for (const p of stats.peers || []) values.set("p:" + peerKey(p), num(p.msgs_in));
     return values;
   }
 
@@ -427,6 +543,8 @@
     const clients = queues.reduce((n, [, q]) => n + (q.clients || []).length, 0);
     setText(document.getElementById("agg-clients"), fmtInt(clients));
     setText(document.getElementById("agg-queues"), queues.length + (queues.length === 1 ? " queue" : " queues"));
+
+    renderPeers(stats.peers || [], r);
 
     document.title = `fq · ${fmtRate(r.get("a:messages"))} msg/s`;
   }
