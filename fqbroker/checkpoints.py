@@ -72,7 +72,7 @@ def add_checkpoint(broker: Broker, cpname: str, qname: str, chkptid: str) -> str
         raise CheckpointError("'chkptid' is out of range of the queue")
     try:
         log.set_checkpoint(cpname, seq)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name too long to store
         raise CheckpointError("Failed to set checkpoint") from None
     return "Checkpoint added"
 

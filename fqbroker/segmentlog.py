@@ -16,6 +16,11 @@ tail is normal after a crash; anything else is logged as an error. Both are list
 trim of everything; a checkpoint beyond the recovered end (records lost in a power cut)
 also moves ``next_seq`` up, so a sequence number a reader has seen is not handed out again.
 
+Checkpoints live in one preallocated file of three slots (``_CheckpointFile``): an update
+is one ``pwrite`` of the whole state into a slot that holds neither the latest state nor
+the latest fsynced one, so a crash mid-write falls back to one of those. Format 1 kept them
+in ``checkpoints.json``; opening such a log converts it.
+
 Threads: append, read, trim and checkpoints run on one thread (the event loop). ``sync``
 may run on another one at the same time; it shares only ``next_seq`` and the set of
 segments written since the last sync, under ``_lock``, which an append takes once per
@@ -48,15 +53,26 @@ __all__ = ["FORMAT_LINE", "HEADER_SIZE", "CorruptionReport", "LogFormatError", "
 
 logger = logging.getLogger(__name__)
 
-FORMAT_LINE = "fqbroker-segmentlog 1\n"
+FORMAT_LINE = "fqbroker-segmentlog 2\n"
+_FORMAT_V1 = "fqbroker-segmentlog 1\n"  # checkpoints in checkpoints.json; converted on open
 _HEADER = struct.Struct(">IIQ")  # crc32, payload length, seq
 _LENSEQ = struct.Struct(">IQ")  # the header bytes after the crc, which the crc covers
+_CRC = struct.Struct(">I")
 HEADER_SIZE = _HEADER.size
 _MAX_PAYLOAD = 0xFFFFFFFF
 _MARK_SHIFT = 8  # the sparse index keeps the offset of every 256th record of a segment
 _MARK_MASK = (1 << _MARK_SHIFT) - 1
 _SEGMENT_NAME = re.compile(r"\d{20}\.seg")
-_CHECKPOINTS = "checkpoints.json"
+_CHECKPOINTS = "checkpoints"
+_CHECKPOINTS_V1 = "checkpoints.json"
+_BLOCK = 4096  # slots start on block boundaries: writing one never rewrites another's sector
+_SLOTS = 3
+_CKPT_MAGIC = b"fqckpts\n"
+_CKPT_HEADER = struct.Struct(">8sII")  # magic, slot size, crc32 of the 12 bytes before it
+_ENTRY = struct.Struct(">QH")  # seq, name length; then the UTF-8 name
+_SEQ = struct.Struct(">Q")
+_MAX_NAME = 0xFFFF
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
 _SCAN_CHUNK = 1 << 20
 _MIN_CHUNK, _MAX_CHUNK = 4 << 10, 1 << 20
 _READ_FDS = 4  # open read descriptors kept per log, most recently used
@@ -123,7 +139,7 @@ def _records(
             raise _Damaged(off, "file shrank while reading")
 
 
-def _write_all(fd: int, data: bytes, offset: int) -> None:
+def _write_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)  # a short write is followed by one that raises
@@ -132,7 +148,7 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
-def _write_file(path: Path, data: bytes, *, fsync: bool) -> None:
+def _write_file(path: Path, data: bytes | bytearray, *, fsync: bool) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(fd, data, 0)
@@ -159,6 +175,229 @@ def _is_zeros(fd: int, off: int, end: int) -> bool:
     return True
 
 
+# --- the checkpoints file -------------------------------------------------------------
+
+
+class _Unreadable(Exception):
+    """A checkpoints file with no usable state in it."""
+
+
+def _encode_points(points: Mapping[str, int]) -> tuple[bytearray, dict[str, int]]:
+    """A slot image of ``points`` (its header left blank) and where each name's seq is."""
+    image = bytearray(HEADER_SIZE)
+    offsets: dict[str, int] = {}
+    for name, seq in points.items():
+        # surrogatepass: any str round-trips, as it did through checkpoints.json.
+        raw = name.encode("utf-8", "surrogatepass")
+        if len(raw) > _MAX_NAME:
+            raise ValueError(f"checkpoint name of {len(raw)} bytes is over {_MAX_NAME}")
+        offsets[name] = len(image)
+        image += _ENTRY.pack(seq, len(raw))
+        image += raw
+    return image, offsets
+
+
+def _decode_points(data: bytes) -> dict[str, int]:
+    points: dict[str, int] = {}
+    off = 0
+    while off < len(data):
+        if off + _ENTRY.size > len(data):
+            raise ValueError("entry runs past the slot")
+        seq, n = _ENTRY.unpack_from(data, off)
+        off += _ENTRY.size + n
+        if off > len(data):
+            raise ValueError("name runs past the slot")
+        name = data[off - n : off].decode("utf-8", "surrogatepass")
+        if name in points:
+            raise ValueError(f"name {name!r} twice")
+        points[name] = seq
+    return points
+
+
+def _seal(image: bytearray, generation: int) -> None:
+    """Fill in a slot image's header: the same crc, length, seq layout as a record's."""
+    _LENSEQ.pack_into(image, 4, len(image) - HEADER_SIZE, generation)
+    # A copy costs less than a memoryview for the few bytes of the usual state.
+    rest = image[4:] if len(image) < _BLOCK else memoryview(image)[4:]
+    _CRC.pack_into(image, 0, zlib.crc32(rest))
+
+
+def _install(path: Path, image: bytearray, generation: int) -> tuple[int, int]:
+    """Put a new checkpoints file holding ``image`` in slot 0 in place of ``path``, by an
+    fsynced file and a rename; return (its descriptor, slot size). The caller fsyncs the
+    directory, and keeps the descriptor even if that fails: the rename is done."""
+    slot_size = max(_BLOCK, -(-2 * len(image) // _BLOCK) * _BLOCK)  # room to grow
+    _seal(image, generation)
+    # Every byte is written, not left a hole, so overwriting a slot never allocates a block:
+    # no ENOSPC on a full disk (on file systems that overwrite in place).
+    data = bytearray(_BLOCK + _SLOTS * slot_size)
+    head = _CKPT_HEADER.pack(_CKPT_MAGIC, slot_size, 0)
+    _CKPT_HEADER.pack_into(data, 0, _CKPT_MAGIC, slot_size, zlib.crc32(head[:12]))
+    data[_BLOCK : _BLOCK + len(image)] = image
+    tmp = path.with_name(path.name + ".tmp")
+    fd = -1
+    try:
+        _write_file(tmp, data, fsync=True)
+        fd = os.open(tmp, os.O_RDWR)  # before the rename, so nothing can fail after it
+        os.replace(tmp, path)
+    except OSError:
+        if fd >= 0:
+            os.close(fd)
+        tmp.unlink(missing_ok=True)  # a full disk, say: keep the space for the queue
+        raise
+    return fd, slot_size
+
+
+class _CheckpointFile:
+    """Named reader positions in a header block and three slots (docs/disk-format.md).
+
+    Every update writes the whole state, with the next generation, into one slot with one
+    ``pwrite``; opening takes the valid slot with the highest generation. The slot written
+    is never ``_latest`` (the newest state: a process killed mid-write loses nothing it
+    completed) nor ``_safe`` (the newest fsynced state: after a power cut the state is that
+    one or newer). A durable update fsyncs and becomes ``_safe``. The encoded state is kept
+    in ``_image`` so that moving an existing name's position packs 8 bytes into it.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        fd: int,
+        slot_size: int,
+        points: dict[str, int],
+        generation: int,
+        slot: int,
+    ) -> None:
+        self.path = path
+        self.points = points
+        self.view: Mapping[str, int] = MappingProxyType(points)
+        self._fd = fd
+        self._slot_size = slot_size
+        self._generation = generation
+        self._latest = self._safe = slot
+        self._image, self._offsets = _encode_points(points)
+
+    @classmethod
+    def create(cls, path: Path, points: Mapping[str, int]) -> _CheckpointFile:
+        """A new file holding ``points``, durably."""
+        image, _ = _encode_points(points)
+        fd, slot_size = _install(path, image, 1)
+        try:
+            _fsync_path(path.parent)
+        except OSError:
+            os.close(fd)
+            raise
+        return cls(path, fd, slot_size, dict(points), 1, 0)
+
+    @classmethod
+    def open(cls, path: Path) -> _CheckpointFile:
+        """Raises FileNotFoundError, or _Unreadable if no slot holds a valid state."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            # A killed process may have left its last update only in the page cache: make
+            # it durable, so the slot found is the safe one too.
+            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            head = os.pread(fd, _CKPT_HEADER.size, 0)
+            if len(head) < _CKPT_HEADER.size:
+                raise _Unreadable(f"file of {size} bytes")
+            magic, slot_size, crc = _CKPT_HEADER.unpack(head)
+            if magic != _CKPT_MAGIC or crc != zlib.crc32(head[:12]):
+                raise _Unreadable("bad header")
+            if slot_size < _BLOCK or slot_size % _BLOCK or size < _BLOCK + _SLOTS * slot_size:
+                raise _Unreadable(f"slot size {slot_size} in a file of {size} bytes")
+            best: tuple[int, int, dict[str, int]] | None = None
+            for slot in range(_SLOTS):
+                data = os.pread(fd, slot_size, _BLOCK + slot * slot_size)
+                crc, n, generation = _HEADER.unpack_from(data)
+                end = HEADER_SIZE + n
+                if end > slot_size or zlib.crc32(memoryview(data)[4:end]) != crc:
+                    continue  # never written, or torn by a crash mid-write
+                try:
+                    points = _decode_points(data[HEADER_SIZE:end])
+                except ValueError:
+                    continue
+                if best is None or generation > best[0]:
+                    best = (generation, slot, points)
+            if best is None:
+                raise _Unreadable("no valid slot")
+        except BaseException:
+            os.close(fd)
+            raise
+        generation, slot, points = best
+        return cls(path, fd, slot_size, points, generation, slot)
+
+    def set(self, name: str, seq: int, *, durable: bool) -> None:
+        off = self._offsets.get(name)
+        if off is None:
+            self.replace({**self.points, name: seq}, durable=durable)
+            return
+        old = self.points[name]
+        _SEQ.pack_into(self._image, off, seq)
+        try:
+            self._write()
+        except OSError:
+            _SEQ.pack_into(self._image, off, old)
+            raise
+        self.points[name] = seq
+        if durable:
+            self._sync()
+
+    def replace(self, points: Mapping[str, int], *, durable: bool) -> None:
+        """Make ``points`` the whole state. Raising after the write (a failed fsync) keeps
+        the new state: it is in the page cache, as safe as a non-durable update."""
+        new = dict(points)
+        image, offsets = _encode_points(new)
+        grow = len(image) > self._slot_size
+        old, self._image = self._image, image
+        try:
+            if grow:
+                self._grow()
+            else:
+                self._write()
+        except OSError:
+            self._image = old
+            raise
+        self._offsets = offsets
+        self.points.clear()
+        self.points.update(new)
+        if grow:
+            _fsync_path(self.path.parent)  # the rename
+        elif durable:
+            self._sync()
+
+    def _write(self) -> None:
+        generation = self._generation + 1
+        _seal(self._image, generation)
+        if self._latest == self._safe:
+            slot = (self._latest + 1) % _SLOTS
+        else:
+            slot = _SLOTS - self._latest - self._safe  # the third one
+        off = _BLOCK + slot * self._slot_size
+        n = os.pwrite(self._fd, self._image, off)
+        if n < len(self._image):
+            _write_all(self._fd, self._image[n:], off + n)
+        self._generation, self._latest = generation, slot
+
+    def _sync(self) -> None:
+        _fdatasync(self._fd)  # the file's size never changes in place: no metadata to sync
+        self._safe = self._latest
+
+    def _grow(self) -> None:
+        """Replace the file by one with bigger slots. Always durable (but for the directory,
+        left to the caller): a rename is only safe after an fsync of what it renames."""
+        fd, slot_size = _install(self.path, self._image, self._generation + 1)
+        os.close(self._fd)
+        self._fd, self._slot_size = fd, slot_size
+        self._generation += 1
+        self._latest = self._safe = 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class SegmentLog:
     """A directory of segment files holding one queue's records, and its checkpoints."""
 
@@ -171,8 +410,6 @@ class SegmentLog:
         self.size_bytes = 0
         self._segment_bytes = segment_bytes
         self._segments: list[_Segment] = []
-        self._checkpoints: dict[str, int] = {}
-        self._checkpoint_view = MappingProxyType(self._checkpoints)
         self._wfd = -1  # the last segment's, opened on the first append
         self._rfds: dict[int, int] = {}  # segment first seq -> fd, least recently used first
         self._cursors: dict[int, tuple[_Segment, int]] = {}
@@ -183,9 +420,12 @@ class SegmentLog:
         self._broken: OSError | None = None
         self._closed = False
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._check_format()
-        self._load_checkpoints()
-        self._recover()
+        self._ckpt = self._open_checkpoints(self._check_format())
+        try:
+            self._recover()
+        except BaseException:
+            self._ckpt.close()
+            raise
 
     # --- properties -----------------------------------------------------------------------
 
@@ -195,7 +435,7 @@ class SegmentLog:
 
     @property
     def checkpoints(self) -> Mapping[str, int]:
-        return self._checkpoint_view
+        return self._ckpt.view
 
     # --- writing --------------------------------------------------------------------------
 
@@ -371,37 +611,28 @@ class SegmentLog:
     # --- checkpoints and trimming ---------------------------------------------------------
 
     def set_checkpoint(self, name: str, seq: int, *, durable: bool = False) -> None:
-        """Record that reader ``name`` reads ``seq`` next; fsync only when ``durable``."""
+        """Record that reader ``name`` reads ``seq`` next; fsync only when ``durable``.
+
+        Either way a process crash keeps the change once this returns. If the fsync of a
+        durable change fails, the change is made (it raises all the same)."""
         self._check_open()
-        if not self.first_seq <= seq <= self.next_seq:
+        if not self._segments[0].first <= seq <= self.next_seq:
             raise ValueError(f"seq {seq} is outside [{self.first_seq}, {self.next_seq}]")
-        self._save_checkpoints({**self._checkpoints, name: seq}, durable=durable)
-        self._checkpoints[name] = seq
+        self._ckpt.set(name, seq, durable=durable)
 
     def remove_checkpoint(self, name: str) -> None:
         self._check_open()
-        if name not in self._checkpoints:
-            raise KeyError(name)
-        points = dict(self._checkpoints)
-        del points[name]
-        self._save_checkpoints(points, durable=False)
-        del self._checkpoints[name]
-
-    def _save_checkpoints(self, points: dict[str, int], *, durable: bool) -> None:
-        # Rename over the old file: a crash leaves the old or the new file, never half of one.
-        tmp = self.directory / (_CHECKPOINTS + ".tmp")
-        data = json.dumps({"checkpoints": points}, sort_keys=True).encode() + b"\n"
-        _write_file(tmp, data, fsync=durable)
-        os.replace(tmp, self.directory / _CHECKPOINTS)
-        if durable:
-            _fsync_path(self.directory)
+        points = dict(self._ckpt.points)
+        del points[name]  # KeyError if there is none
+        self._ckpt.replace(points, durable=False)
 
     def trim(self) -> int:
         """Delete the segments every checkpoint is past (never the last); return bytes freed."""
         self._check_open()
-        if not self._checkpoints:
+        points = self._ckpt.points
+        if not points:
             return 0
-        low, freed = min(self._checkpoints.values()), 0
+        low, freed = min(points.values()), 0
         while len(self._segments) > 1 and self._segments[0].end <= low:
             seg = self._segments[0]
             fd = self._rfds.pop(seg.first, None)
@@ -430,6 +661,7 @@ class SegmentLog:
         for fd in [self._wfd, *self._rfds.values()]:
             if fd >= 0:
                 os.close(fd)
+        self._ckpt.close()
         self._wfd = -1
         self._rfds.clear()
         self._cursors.clear()
@@ -454,37 +686,77 @@ class SegmentLog:
 
     # --- opening and recovery -------------------------------------------------------------
 
-    def _check_format(self) -> None:
+    def _check_format(self) -> int | None:
+        """The format version of the log, or None for a new one."""
         path = self.directory / "FORMAT"
         try:
             found = path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             if any(_SEGMENT_NAME.fullmatch(p.name) for p in self.directory.iterdir()):
                 raise LogFormatError(f"{self.directory} has segments but no FORMAT file") from None
-            tmp = path.with_name("FORMAT.tmp")
-            _write_file(tmp, FORMAT_LINE.encode(), fsync=True)
-            os.replace(tmp, path)
-            _fsync_path(self.directory)
-            return
-        if found.split() != FORMAT_LINE.split():
-            raise LogFormatError(
-                f"{self.directory} holds format {found.strip()!r}; this fqbroker reads "
-                f"only {FORMAT_LINE.strip()!r}"
-            )
+            return None
+        for version, line in ((2, FORMAT_LINE), (1, _FORMAT_V1)):
+            if found.split() == line.split():
+                return version
+        raise LogFormatError(
+            f"{self.directory} holds format {found.strip()!r}; this fqbroker reads "
+            f"only {FORMAT_LINE.strip()!r} (and converts {_FORMAT_V1.strip()!r})"
+        )
 
-    def _load_checkpoints(self) -> None:
+    def _open_checkpoints(self, version: int | None) -> _CheckpointFile:
         path = self.directory / _CHECKPOINTS
+        if version == 2:
+            try:
+                ckpt = _CheckpointFile.open(path)
+            except FileNotFoundError:
+                self._report(_CHECKPOINTS, 0, "checkpoints file missing", 0, 0, torn=False)
+            except _Unreadable as exc:
+                size = path.stat().st_size
+                self._report(
+                    _CHECKPOINTS, 0, f"unreadable checkpoints ({exc})", size, 0, torn=False
+                )
+            else:
+                self._remove_v1_checkpoints()  # a conversion stopped just before this
+                return ckpt
+            return _CheckpointFile.create(path, {})
+        # New, or format 1. FORMAT is written last, so a log whose FORMAT says 2 always has
+        # its checkpoints file; until then checkpoints.json is the one that counts.
+        ckpt = _CheckpointFile.create(path, self._load_v1_checkpoints() if version else {})
+        try:
+            tmp = self.directory / "FORMAT.tmp"
+            _write_file(tmp, FORMAT_LINE.encode(), fsync=True)
+            os.replace(tmp, self.directory / "FORMAT")
+            _fsync_path(self.directory)
+        except BaseException:
+            ckpt.close()
+            raise
+        if version:
+            logger.warning(
+                "%s: converted from %r to %r: checkpoints %s moved from %s to %s",
+                self.directory, _FORMAT_V1.strip(), FORMAT_LINE.strip(), dict(ckpt.points),
+                _CHECKPOINTS_V1, _CHECKPOINTS,
+            )  # fmt: skip
+            self._remove_v1_checkpoints()
+        return ckpt
+
+    def _load_v1_checkpoints(self) -> dict[str, int]:
+        path = self.directory / _CHECKPOINTS_V1
         try:
             points = json.loads(path.read_bytes())["checkpoints"]
-            if not all(isinstance(v, int) and v >= 0 for v in points.values()):
+            if not all(isinstance(v, int) and 0 <= v < 1 << 64 for v in points.values()):
                 raise ValueError("a position is not a sequence number")
+            _encode_points(points)  # ValueError for a name format 2 cannot hold
         except FileNotFoundError:
-            return
+            return {}
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             size = path.stat().st_size
-            self._report(_CHECKPOINTS, 0, f"unreadable checkpoints ({exc})", size, 0, torn=False)
-            return
-        self._checkpoints.update(points)
+            self._report(_CHECKPOINTS_V1, 0, f"unreadable checkpoints ({exc})", size, 0, torn=False)
+            return {}
+        return dict(points)
+
+    def _remove_v1_checkpoints(self) -> None:
+        for name in (_CHECKPOINTS_V1, _CHECKPOINTS_V1 + ".tmp"):
+            (self.directory / name).unlink(missing_ok=True)
 
     def _recover(self) -> None:
         paths = sorted(p for p in self.directory.iterdir() if _SEGMENT_NAME.fullmatch(p.name))
@@ -514,21 +786,22 @@ class SegmentLog:
                 break
         if self._segments:
             self.next_seq = self._segments[-1].end
-        floor = max([1, *self._checkpoints.values()])
-        saved = dict(self._checkpoints)
+        saved = dict(self._ckpt.points)
+        points = dict(saved)
+        floor = max([1, *points.values()])
         if self._segments and self.next_seq < floor:
-            self._checkpoint_past_end(floor)
+            self._checkpoint_past_end(points, floor)
         if not self._segments:
             self._segments.append(_Segment(floor, self._path(floor), floor))
             _write_file(self._segments[0].path, b"", fsync=True)
             _fsync_path(self.directory)
             self.next_seq = floor
-        for name, seq in self._checkpoints.items():
+        for name, seq in points.items():
             if seq < self.first_seq:  # its records are gone: read from the first one left
-                self._checkpoints[name] = self.first_seq
-        if self._checkpoints != saved:
-            logger.warning("%s: checkpoints %s became %s", self.directory, saved, self._checkpoints)
-            self._save_checkpoints(self._checkpoints, durable=True)
+                points[name] = self.first_seq
+        if points != saved:
+            logger.warning("%s: checkpoints %s became %s", self.directory, saved, points)
+            self._ckpt.replace(points, durable=True)
 
     def _scan(self, seg: _Segment, fd: int, end: int) -> tuple[int, str, bool] | None:
         """Index ``seg``'s valid records; return (offset, reason, torn) of the first bad one."""
@@ -561,10 +834,10 @@ class SegmentLog:
         estimate = 0 if reason == "zero-filled tail" or not average else -(-dropped // average)
         self._report(seg.path.name, seg.size, reason, dropped, estimate, torn=torn)
 
-    def _checkpoint_past_end(self, floor: int) -> None:
+    def _checkpoint_past_end(self, points: dict[str, int], floor: int) -> None:
         """A checkpoint is past the last record: records were lost after a reader saw them."""
         lost = floor - self.next_seq
-        if min(self._checkpoints.values()) >= self.next_seq:
+        if min(points.values()) >= self.next_seq:
             # No reader needs what is stored: restart empty at the checkpoint, never reusing
             # a seq a reader has seen.
             dropped = self.size_bytes
@@ -574,14 +847,14 @@ class SegmentLog:
             self.size_bytes = 0
             reason = f"log ends at seq {self.next_seq}, before a checkpoint at {floor}"
             self._report(self._path(floor).name, 0, reason, dropped, lost, torn=False)
-            for name in self._checkpoints:
-                self._checkpoints[name] = floor
+            for name in points:
+                points[name] = floor
             return
         # A reader still needs stored records, so keep them and reuse the lost seqs.
         reason = f"checkpoints past the last seq {self.next_seq - 1} moved back; seqs reused"
         self._report(self._segments[-1].path.name, 0, reason, 0, lost, torn=False)
-        for name, seq in self._checkpoints.items():
-            self._checkpoints[name] = min(seq, self.next_seq)
+        for name, seq in points.items():
+            points[name] = min(seq, self.next_seq)
 
     def _report(
         self, segment: str, offset: int, reason: str, dropped: int, records: int, *, torn: bool

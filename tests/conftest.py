@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -177,3 +179,22 @@ async def wait_for(predicate, timeout: float = TIMEOUT) -> None:  # type: ignore
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.005)
+
+
+class FailingFsync:
+    """Stands in for the os module in fqbroker.segmentlog (monkeypatch its ``os``): fsync
+    fails with EIO while ``failing`` is set. The fault is injected at the OS boundary and
+    nowhere else; ``synced`` lists what the fsyncs that went through were for."""
+
+    def __init__(self, failing: bool = True) -> None:
+        self.failing = failing
+        self.synced: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def fsync(self, fd: int) -> None:
+        if self.failing:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        self.synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        os.fsync(fd)

@@ -1,18 +1,24 @@
 """kill -9 the broker while publishers with confirms and a consumer run on a permanent
 disk queue, at many different points: no confirmed message is lost, order is kept, and
-at most the batches in flight are delivered twice."""
+at most the batches in flight are delivered twice. kill -9 a process updating checkpoints:
+every update that returned is kept."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fqbroker.client import Client
+from fqbroker.segmentlog import SegmentLog
 
-from .procs import Proc
+from .procs import ENV, Proc
 
 SOURCE = "u/crashq/disk:permanent,backlog=-1,public"
 CONFIRM_EVERY = 50
@@ -112,3 +118,57 @@ async def test_kill_9_loses_no_confirmed_message(
 async def _confirm(publisher: Client, seq: int) -> int:
     await publisher.confirm()
     return seq
+
+
+# A child that updates checkpoints as fast as it can and prints the number of each update
+# once it returns. Update i sets one of 200 named checkpoints when i % 7 == 0 (each name
+# about 110 bytes: a state of about 23 KB, six pages, so a kill can land mid-write) and
+# "fq" otherwise, always to i: the state after update i follows from i alone.
+_CHECKPOINTER = r"""
+import sys
+import time
+from pathlib import Path
+from fqbroker.segmentlog import SegmentLog
+
+log = SegmentLog(Path(sys.argv[1]))
+if log.next_seq == 1:
+    log.append([b""] * 60_000)
+i = max(log.checkpoints.values(), default=0)
+print("ready", flush=True)
+while i < 60_000:
+    i += 1
+    name = "reader-%03d-%s" % (i // 7 % 200, "x" * 100) if i % 7 == 0 else "fq"
+    log.set_checkpoint(name, i)
+    print(i, flush=True)
+time.sleep(60)
+"""
+
+
+def _state_after(last: int) -> dict[str, int]:
+    state: dict[str, int] = {}
+    for i in range(1, last + 1):
+        name = f"reader-{i // 7 % 200:03d}-{'x' * 100}" if i % 7 == 0 else "fq"
+        state[name] = i
+    return state
+
+
+def test_kill_9_keeps_every_completed_checkpoint_update(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    for _ in range(8):
+        with subprocess.Popen(
+            [sys.executable, "-c", _CHECKPOINTER, str(tmp_path)],
+            env=ENV, stdout=subprocess.PIPE, text=True,
+        ) as child:  # fmt: skip
+            assert child.stdout is not None
+            assert child.stdout.readline() == "ready\n"
+            time.sleep(rng.uniform(0, 0.03))
+            child.kill()
+            lines = child.stdout.read().split()
+        assert lines, "no update finished"
+        done = int(lines[-1])
+        log = SegmentLog(tmp_path)
+        assert log.recovery == []
+        found = dict(log.checkpoints)
+        log.close()
+        # The last update printed, or the one after it (killed between it and the print).
+        assert found in (_state_after(done), _state_after(done + 1)), done

@@ -172,6 +172,43 @@ async def test_named_checkpoints(broker: Broker) -> None:
     await publisher.close()
 
 
+async def test_queues_of_format_1_keep_their_positions(settings: Settings) -> None:
+    async with Broker(settings) as broker:
+        s = await open_session(broker.port, b"u", DISKQ)
+        await s.bind(b"ex", b"prefix:", 0x0110)
+        await s.close()
+        await wait_for(lambda: not broker.queues[b"diskq"].clients)
+        publisher = await open_session(broker.port)
+        for i in range(10):
+            await publisher.publish(b"ex", b"r", b"%d" % i)
+        await wait_for(lambda: broker.queues[b"diskq"].backlog == 10)
+        await publisher.close()
+    # As a format 1 broker would have left it, with 4 messages read and a named checkpoint.
+    directory = queue_directory(settings.queue_dir, b"diskq")
+    (directory / "checkpoints").unlink()
+    (directory / "FORMAT").write_text("fqbroker-segmentlog 1\n")
+    (directory / "checkpoints.json").write_text('{"checkpoints": {"fq": 5, "replay": 2}}\n')
+    async with Broker(settings) as broker:
+        assert broker.queues[b"diskq"].backlog == 6
+        s = await open_session(broker.port, b"u", DISKQ)
+        assert [m.payload for m in await s.receive(6)] == [b"%d" % i for i in range(4, 10)]
+        checkpoints.reset_to_checkpoint(broker, "replay", "diskq")
+        assert [m.payload for m in await s.receive(9)] == [b"%d" % i for i in range(1, 10)]
+        names = [f"r{i}-" + "€" * 50 for i in range(300)]  # past one slot: the file grows
+        for i, name in enumerate(names):
+            checkpoints.add_checkpoint(broker, name, "diskq", f"0:{1 + i % 10}")
+        with pytest.raises(checkpoints.CheckpointError, match="Failed to set checkpoint"):
+            checkpoints.add_checkpoint(broker, "n" * 0x10000, "diskq", "0:1")
+        await s.close()
+    assert (directory / "FORMAT").read_text() == "fqbroker-segmentlog 2\n"
+    assert not (directory / "checkpoints.json").exists()
+    async with Broker(settings) as broker:
+        log = broker.queues[b"diskq"].disk_log()
+        assert log.recovery == []
+        assert log.checkpoints["replay"] == 2
+        assert [log.checkpoints[name] for name in names] == [1 + i % 10 for i in range(300)]
+
+
 async def test_named_checkpoint_keeps_segments(tmp_path: Path) -> None:
     settings = Settings(
         port=0,
