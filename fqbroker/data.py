@@ -206,7 +206,8 @@ class DataSession:
         if self.failed_from is not None and self.failed_from <= count:
             return "disk queue write failed"
         for store, seq in list(self.written.items()):
-            await store.wait_durable(seq)
+            if not await store.wait_durable(seq):
+                return "disk queue write failed"  # an fsync failed
             if self.written.get(store) == seq:
                 del self.written[store]
         return None

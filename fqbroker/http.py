@@ -329,7 +329,8 @@ class _Connection:
         written, lost = broker.catalog.flush_dirty()
         result.dropped += lost
         for store in written:
-            await store.wait_durable(store.written_seq)
+            if not await store.wait_durable(store.written_seq):
+                return _submit_error("disk queue write failed")  # an fsync failed, as a confirm
         for queue in result.blocked:
             await queue.wait_not_full()  # block policy: the reply waits for room
         body = (

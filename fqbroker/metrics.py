@@ -161,6 +161,11 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
     write_errors = CounterMetricFamily(
         "fq_queue_disk_write_errors", "Failed writes to the disk queue.", labels=labels
     )
+    fsync_errors = CounterMetricFamily(
+        "fq_queue_disk_fsync_errors",
+        "Failed fsyncs of the disk queue; each fails the confirms waiting on it.",
+        labels=labels,
+    )
     fsync = SummaryMetricFamily(
         "fq_queue_fsync_seconds", "Time spent in fsync by the disk queue.", labels=labels
     )
@@ -189,6 +194,8 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
             disk.add_metric(name, q.disk_bytes)
         if q.disk_write_errors is not None:
             write_errors.add_metric(name, q.disk_write_errors)
+        if q.disk_fsync_errors is not None:
+            fsync_errors.add_metric(name, q.disk_fsync_errors)
         if q.fsyncs is not None and q.fsync_seconds_total is not None:
             fsync.add_metric(name, count_value=q.fsyncs, sum_value=q.fsync_seconds_total)
         elif q.fsyncs is not None:
@@ -198,7 +205,8 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
             fsync_last.add_metric(name, q.fsync_last_seconds)
     yield from (info, backlog, limit, dropped, clients)
     # Disk families appear once some queue reports them, not as empty stubs.
-    yield from (m for m in (disk, write_errors, fsync, fsyncs, fsync_last) if m.samples)
+    families = (disk, write_errors, fsync_errors, fsync, fsyncs, fsync_last)
+    yield from (m for m in families if m.samples)
 
 
 # (metric name, ClientStats field, help): the status counters of §1.6, in base units.

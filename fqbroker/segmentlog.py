@@ -21,10 +21,15 @@ is one ``pwrite`` of the whole state into a slot that holds neither the latest s
 the latest fsynced one, so a crash mid-write falls back to one of those. Format 1 kept them
 in ``checkpoints.json``; opening such a log converts it.
 
-Threads: append, read, trim and checkpoints run on one thread (the event loop). ``sync``
-may run on another one at the same time; it shares only ``next_seq`` and the set of
-segments written since the last sync, under ``_lock``, which an append takes once per
-call. It fsyncs by path, so the writer may close its descriptor whenever it wants.
+A failed fsync leaves the log refusing writes until :meth:`SegmentLog.repair` rewrites
+what the failed sync covered, so the next sync writes it to disk again.
+
+Threads: append, read, trim and checkpoints run on one thread (the event loop). ``sync``,
+and ``repair`` after a failed sync, may run on another one at the same time; they share
+``next_seq``, the set of segments written since the last sync and the failure, under
+``_lock``, which an append takes once per call. ``repair`` also reads the segments, which
+only a trim changes while the log refuses appends. Both open files by path, so the writer
+may close its descriptors whenever it wants.
 """
 
 from __future__ import annotations
@@ -426,6 +431,7 @@ class SegmentLog:
         except BaseException:
             self._ckpt.close()
             raise
+        self._durable_seq = self.next_seq - 1  # recovery fsynced what it found
 
     # --- properties -----------------------------------------------------------------------
 
@@ -528,10 +534,68 @@ class SegmentLog:
                     _fsync_path(self.directory)
             except OSError as exc:
                 # Linux marks the failed pages clean: a later fsync would succeed without
-                # the data, so every later sync would lie. Only a reopen knows what is there.
+                # the data, so every later sync would lie until repair() dirties them again.
                 self._broken = exc
                 raise
+            self._durable_seq = durable
         return durable
+
+    def repair(self) -> None:
+        """Make a failed log writable again, if what the failed sync covered is intact.
+
+        Every record written since the last successful sync is checked (crc, seq) and
+        written again, from the page cache, so the next sync writes it to disk again; bytes
+        a failed append left past the end are cut off. Raises OSError, and stays failed, if
+        the disk still fails or those records are damaged (a reopen recovers then).
+
+        Like sync(), it may run on another thread: appends fail meanwhile, and it touches
+        no descriptor or cursor of the writer's and readers'.
+        """
+        with self._sync_lock:
+            self._check_open()
+            if self._broken is None:
+                return
+            start = max(self._durable_seq + 1, self.first_seq)
+            segments = list(self._segments)
+            if start < self.next_seq:
+                # From the sparse index mark at or before it: a few durable records more
+                # are written again, as they are, which saves a scan to find it.
+                seg = segments[bisect_right(segments, start, key=_first) - 1]
+                mark = (start - seg.first) >> _MARK_SHIFT
+                off, seq = seg.marks[mark], seg.first + (mark << _MARK_SHIFT)
+            else:
+                seg = segments[-1]
+                off, seq = seg.size, seg.end
+            touched = segments[segments.index(seg) :]
+            for seg in touched:
+                self._rewrite(seg, off, seq)
+                off, seq = 0, seg.end
+            last = self._segments[-1].first
+            for path in self.directory.iterdir():  # segments a failed append left behind
+                if _SEGMENT_NAME.fullmatch(path.name) and int(path.name[:20]) > last:
+                    path.unlink()
+            with self._lock:
+                self._dirty.update(touched)
+                self._dir_dirty = True
+                self._broken = None
+
+    def _rewrite(self, seg: _Segment, off: int, seq: int) -> None:
+        fd = os.open(seg.path, os.O_RDWR)
+        try:
+            for roff, buf, pos, crc, n, rseq in _records(fd, off, seg.size, _SCAN_CHUNK):
+                if rseq != seq or zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
+                    raise _Damaged(roff, "record changed since it was written")
+                seq += 1
+            while off < seg.size:
+                chunk = os.pread(fd, min(_SCAN_CHUNK, seg.size - off), off)
+                if not chunk:
+                    raise _Damaged(off, "file shrank while reading")
+                _write_all(fd, chunk, off)
+                off += len(chunk)
+            if os.fstat(fd).st_size > seg.size:
+                os.ftruncate(fd, seg.size)
+        finally:
+            os.close(fd)
 
     # --- reading --------------------------------------------------------------------------
 

@@ -92,6 +92,7 @@ class QueueSnapshot:
     # Disk-queue figures, None for memory queues (or a store that does not offer them).
     disk_bytes: int | None = None
     disk_write_errors: int | None = None
+    disk_fsync_errors: int | None = None
     fsyncs: int | None = None
     fsync_seconds_total: float | None = None  # summed over all fsyncs
     fsync_last_seconds: float | None = None  # the latest fsync's duration
@@ -234,6 +235,7 @@ def _queue_snapshot(queue: Queue) -> QueueSnapshot:
         clients=tuple(_client_snapshot(c, queue.name) for c in queue.clients),
         disk_bytes=_optional_int(store, "size_bytes"),
         disk_write_errors=_optional_int(store, "write_errors"),
+        disk_fsync_errors=_optional_int(store, "fsync_errors"),
         fsyncs=_optional_int(store, "fsyncs"),
         fsync_seconds_total=_optional_float(store, "fsync_seconds_total"),
         fsync_last_seconds=_optional_float(store, "fsync_seconds"),

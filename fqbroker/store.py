@@ -15,6 +15,12 @@ messages it concerns). Durability then follows the store's fsync policy:
 :meth:`wait_durable` resolves once a sequence number is durable under that policy; it
 is what publisher confirms wait on.
 
+A failed fsync may have lost anything written since the last good one (Linux drops the
+failed pages from the dirty list), so waiters for those messages get False at once: their
+confirms fail, the publisher sends them again. The log refuses writes meanwhile (they fail
+as on a full disk); the sync task retries with backoff to repair it (rewrite that tail from
+the page cache) and sync again, and the queue carries on once an fsync succeeds.
+
 Consumers read without consuming: :meth:`take` hands out records from a cursor, and the
 durable read checkpoint ``fq`` moves only when :meth:`ack` says the records were written
 to a consumer's socket. After a crash at most the batches in flight are delivered again,
@@ -47,6 +53,7 @@ log = logging.getLogger(__name__)
 
 READER = "fq"  # the broker's own checkpoint, as jlog's subscriber "fq"
 _SEQ = struct.Struct(">Q")
+_RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # seconds between attempts to repair a failed log
 
 
 class FsyncPolicy(StrEnum):
@@ -110,6 +117,7 @@ class DiskStore:
         # Batches handed to consumers and not yet acknowledged: [first, last, acked].
         self._in_flight: collections.deque[list[int]] = collections.deque()
         self._durable = segment_log.next_seq - 1  # what recovery found is on disk
+        self._failed_through = 0  # seqs up to here were written before a failed fsync
         # Replaced, not cleared, on every change: each waiter holds the one it saw.
         self._durable_changed = asyncio.Event()
         self._sync_task: asyncio.Task[None] | None = None
@@ -117,6 +125,9 @@ class DiskStore:
         self.write_errors = 0
         self.fsync_seconds = 0.0  # last fsync's duration, for metrics
         self.fsyncs = 0
+        self.fsync_errors = 0
+        self._retry = 0.0  # the next wait before repairing a failed log; 0 while healthy
+        self._repair_failed = False
 
     # --- sizes ----------------------------------------------------------------------------
 
@@ -160,15 +171,22 @@ class DiskStore:
     def written_seq(self) -> int:
         return self.log.next_seq - 1
 
-    async def wait_durable(self, seq: int) -> None:
+    async def wait_durable(self, seq: int) -> bool:
+        """Wait until ``seq`` is durable: True; False if an fsync meant to cover it failed."""
         while self._durable < seq:
+            if seq <= self._failed_through:
+                return False
             await self._durable_changed.wait()
+        return True
 
     def _set_durable(self, seq: int) -> None:
         if seq > self._durable:
             self._durable = seq
-            changed, self._durable_changed = self._durable_changed, asyncio.Event()
-            changed.set()
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        changed, self._durable_changed = self._durable_changed, asyncio.Event()
+        changed.set()
 
     def _start_syncing(self) -> None:
         if self._sync_task is None or self._sync_task.done():
@@ -182,16 +200,46 @@ class DiskStore:
             start = loop.time()
             try:
                 durable = await asyncio.to_thread(self.log.sync)
-            except OSError:
-                log.exception("fsync failed in %s", self.log.directory)
-                await asyncio.sleep(max(self.interval, 0.1))
-                self._wrote.set()
+            except OSError as exc:
+                await self._sync_failed(exc)
                 continue
+            if self._retry:
+                self._retry, self._repair_failed = 0.0, False
+                log.warning("fsync in %s works again", self.log.directory)
             self.fsync_seconds = loop.time() - start
             self.fsyncs += 1
             self._set_durable(durable)
             if self.policy is FsyncPolicy.INTERVAL:
                 await asyncio.sleep(max(0.0, self.interval - self.fsync_seconds))
+
+    async def _sync_failed(self, exc: OSError) -> None:
+        """Fail the waiters of what the failed sync covered, then repair the log."""
+        self.fsync_errors += 1
+        unsure = self.log.next_seq - 1  # the log takes no more writes: this is all of it
+        if unsure > self._failed_through:
+            self._failed_through = unsure
+            self._wake_waiters()
+        if not self._retry:
+            # Once per outage: while the disk keeps failing, every retry would say the same.
+            log.error(
+                "fsync failed in %s: %s; %d messages written since the last good fsync are "
+                "not confirmed, and the queue takes no writes until an fsync succeeds "
+                "(retrying)", self.log.directory, exc, max(0, unsure - self._durable),
+            )  # fmt: skip
+            self._retry = _RETRY_FIRST
+        while True:
+            await asyncio.sleep(self._retry)
+            self._retry = min(self._retry * 2, _RETRY_MAX)
+            try:
+                await asyncio.to_thread(self.log.repair)  # reads from a failing disk may hang
+            except OSError as repair_exc:
+                # Damaged records stay damaged: then only a restart (recovery) gets past them.
+                report = log.debug if self._repair_failed else log.warning
+                report("cannot repair %s yet: %s", self.log.directory, repair_exc)
+                self._repair_failed = True
+                continue
+            self._wrote.set()  # sync what repair wrote again
+            return
 
     # --- reading --------------------------------------------------------------------------
 

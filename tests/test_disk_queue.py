@@ -1,19 +1,21 @@
-"""Disk queues in a running broker: delivery, restart, confirms, checkpoints, block policy."""
+"""Disk queues in a running broker: delivery, restart, confirms, checkpoints, block policy,
+failed fsyncs."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import pytest
 
-from fqbroker import checkpoints, wire
+from fqbroker import checkpoints, segmentlog, wire
 from fqbroker.client import Client, ClientError
 from fqbroker.config import Settings
 from fqbroker.server import Broker
 from fqbroker.store import queue_directory
 
-from .conftest import authenticate, open_session, wait_for
+from .conftest import FailingFsync, authenticate, open_session, wait_for
 
 DISKQ = b"diskq\x00disk:permanent,backlog=-1"
 
@@ -304,3 +306,45 @@ async def test_a_queue_can_choose_its_fsync_policy(broker: Broker) -> None:
     bad = await authenticate(broker.port, b"u", b"q2\x00disk:fsync=sometimes")
     assert await bad.frame() == wire.ErrorReply("invalid queue param: fsync=sometimes")
     await bad.closed()
+
+
+async def test_a_failed_fsync_fails_confirms_and_the_queue_recovers(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    source = "c/diskq/disk:permanent,backlog=-1,fsync=always"
+    consumer = Client(port=broker.port, source=source, reconnect=False)
+    await consumer.connect()
+    await consumer.bind(b"ex", b"prefix:")
+    store = broker.queues[b"diskq"].store
+    fake = FailingFsync(failing=False)
+    monkeypatch.setattr(segmentlog, "os", fake)
+    async with asyncio.timeout(20):
+        async with Client(port=broker.port, source="pub", reconnect=False) as publisher:
+            for i in range(10):
+                publisher.publish(b"ex", b"r", b"%d" % i)
+            assert await publisher.confirm() == 10
+            fake.failing = True
+            for i in range(10, 20):
+                publisher.publish(b"ex", b"r", b"%d" % i)
+            # Their fsync failed: not known to be on disk, so not confirmed, and not a hang.
+            with pytest.raises(ClientError, match="disk queue write failed"):
+                await publisher.confirm()
+        await wait_for(lambda: store.fsync_errors >= 3)  # retried in the background
+        async with Client(port=broker.port, source="pub2", reconnect=False) as publisher:
+            publisher.publish(b"ex", b"r", b"refused")  # the queue takes no writes meanwhile
+            with pytest.raises(ClientError, match="disk queue write failed"):
+                await publisher.confirm()
+        fake.failing = False
+        await wait_for(lambda: "works again" in caplog.text)
+        async with Client(port=broker.port, source="pub3", reconnect=False) as publisher:
+            for i in range(20, 30):
+                publisher.publish(b"ex", b"r", b"%d" % i)
+            assert await publisher.confirm() == 10
+        # What the failed fsync covered was still in the page cache: written again, kept.
+        got = [(await consumer.receive()).payload for _ in range(30)]
+        assert got == [b"%d" % i for i in range(30)]
+    await consumer.close()
+    failures = [r for r in caplog.records if "fsync failed" in r.getMessage()]
+    assert len(failures) == 1  # once per outage, however many retries
+    assert failures[0].levelno == logging.ERROR
+    assert store.write_errors == 1

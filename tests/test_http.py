@@ -12,12 +12,20 @@ from pathlib import Path
 import h11
 import pytest
 
-from fqbroker import wire
+from fqbroker import segmentlog, wire
 from fqbroker.client import Client
 from fqbroker.message import hop_addresses
 from fqbroker.server import Broker
 
-from .conftest import TIMEOUT, RawConn, Session, authenticate, open_session, wait_for
+from .conftest import (
+    TIMEOUT,
+    FailingFsync,
+    RawConn,
+    Session,
+    authenticate,
+    open_session,
+    wait_for,
+)
 from .procs import Proc
 
 NODE = "10.254.254.1"
@@ -369,6 +377,19 @@ async def test_submit_delivers_with_id_sender_and_one_hop(broker: Broker) -> Non
     assert broker.router.aggregate.messages == 1
     assert all(s.stats.msgs_in == 0 for s in broker.clients.values())
     await consumer.close()
+
+
+async def test_submit_fails_when_the_fsync_fails(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a 200, which is as good as a confirm, and not a reply that never comes."""
+    async with Client(port=broker.port, source="c/dq/disk:permanent,fsync=always") as consumer:
+        await consumer.bind(b"test", b"prefix:")
+        monkeypatch.setattr(segmentlog, "os", FailingFsync())
+        headers = [("X-Fq-Route", "r"), ("X-Fq-Exchange", "test")]
+        async with asyncio.timeout(TIMEOUT):
+            response, body = await get(broker.port, "/submit", headers, b"unsure")
+        assert (response.status_code, body) == (500, b'{ "error": "disk queue write failed" }\n')
 
 
 async def test_submit_to_a_disk_queue_survives_kill_9(tmp_path: Path, procs: list[Proc]) -> None:

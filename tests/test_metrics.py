@@ -177,6 +177,7 @@ class FakeDiskStore:
 
     size_bytes = 4096
     write_errors = 2
+    fsync_errors = 1
     fsyncs = 7
     fsync_seconds = 0.003  # the latest one
     fsync_seconds_total = 0.021
@@ -194,6 +195,7 @@ async def test_disk_queue_figures_appear_when_the_store_offers_them(broker: Brok
     samples, _ = await scrape(broker)
     assert value(samples, "fq_queue_disk_bytes", queue="diskish") == 4096
     assert value(samples, "fq_queue_disk_write_errors_total", queue="diskish") == 2
+    assert value(samples, "fq_queue_disk_fsync_errors_total", queue="diskish") == 1
     assert value(samples, "fq_queue_fsync_seconds_count", queue="diskish") == 7
     assert value(samples, "fq_queue_fsync_seconds_sum", queue="diskish") == 0.021
     assert value(samples, "fq_queue_fsync_last_seconds", queue="diskish") == 0.003

@@ -1,6 +1,7 @@
 """Segment log: round trips, rolling, random access, recovery from torn and corrupt files,
 real write failures, trimming, sync from another thread, and a crash-recovery property;
-the checkpoints file (slots, torn writes, durability, growth, conversion from format 1)."""
+the checkpoints file (slots, torn writes, durability, growth, conversion from format 1);
+failed fsyncs and repair."""
 
 from __future__ import annotations
 
@@ -940,3 +941,66 @@ def _time_updates(log: SegmentLog, n: int) -> float:
     for i in range(n):
         log.set_checkpoint("fq", 1 + i % 10)
     return (time.perf_counter() - start) / n
+
+
+# --- failed fsyncs and repair -----------------------------------------------------------
+
+
+def test_a_failed_fsync_refuses_writes_until_repaired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=200)
+    log.append([p20(i) for i in range(1, 6)])  # segments 1, 6
+    assert log.sync() == 5
+    log.append([p20(i) for i in range(6, 12)])  # segments 6, 11
+    fake = FailingFsync()
+    monkeypatch.setattr(segmentlog, "os", fake)
+    with pytest.raises(OSError, match="Input/output"):
+        log.sync()
+    for call in (lambda: log.append([b"x"]), log.sync):
+        with pytest.raises(OSError, match="failed earlier"):
+            call()
+    assert contents(log) == [p20(i) for i in range(1, 12)]  # reads still work
+    log.set_checkpoint("fq", 3)  # and so do checkpoints
+    log.repair()  # while the disk still fails: the records are in the page cache
+    with pytest.raises(OSError, match="Input/output"):
+        log.sync()
+    fake.failing = False
+    log.repair()
+    log.repair()  # nothing to do on a healthy log
+    assert log.append([p20(12)]) == 12
+    assert log.sync() == 12
+    # Everything written since the last good sync was written and synced again.
+    assert sorted(Path(p).name for p in fake.synced) == [
+        "00000000000000000006.seg", "00000000000000000011.seg", tmp_path.name,
+    ]  # fmt: skip
+    log.close()
+    log = SegmentLog(tmp_path, segment_bytes=200)
+    assert log.recovery == []
+    assert contents(log) == [p20(i) for i in range(1, 13)]
+
+
+def test_repair_refuses_a_damaged_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = SegmentLog(tmp_path)
+    log.append([p20(i) for i in range(1, 4)])
+    log.sync()
+    log.append([p20(i) for i in range(4, 8)])
+    fake = FailingFsync()
+    monkeypatch.setattr(segmentlog, "os", fake)
+    with pytest.raises(OSError):
+        log.sync()
+    fake.failing = False
+    path = segments(tmp_path)[0]
+    with path.open("r+b") as f:  # what a page re-read from a failed disk might hold
+        f.seek(record_starts(path)[5] + HEADER_SIZE)
+        f.write(b"garbage")
+    with pytest.raises(OSError, match="changed since it was written"):
+        log.repair()
+    with pytest.raises(OSError, match="failed earlier"):
+        log.append([b"x"])
+    log.close()
+    monkeypatch.undo()
+    log = SegmentLog(tmp_path)  # a reopen recovers: the log ends before the damage
+    assert contents(log) == [p20(i) for i in range(1, 6)]
+    assert len(log.recovery) == 1
+    log.close()
