@@ -95,5 +95,5 @@ def test_sink_refuses_bad_input_before_publishing(
 
 def test_sink_fails_the_job_when_the_broker_is_gone(spark: Any) -> None:
     df = spark.range(1).selectExpr("'x' AS exchange", "'r' AS route", "'p' AS payload")
-    with pytest.raises(Exception, match="fq sink: publishing to 127.0.0.1:1 failed"):
+    with pytest.raises(Exception, match=r"fq sink: publishing to 127\.0\.0\.1:1 failed"):
         df.write.format("fq").option("port", "1").mode("append").save()

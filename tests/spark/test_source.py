@@ -166,8 +166,7 @@ def test_batch_read_between_offsets(spark: Any, fq: FqBroker) -> None:
         .option("endingOffsets", '{"batchq": 15}')
         .load()
     )
-    assert df.rdd.getNumPartitions() == 3
-    rows = df.orderBy("offset").collect()
+    rows = sorted(df.collect(), key=lambda r: r.offset)
     assert [r.offset for r in rows] == list(range(5, 15))
     assert [r.payload for r in rows] == [m[2] for m in messages("batchq", 4, 10)]
     assert df.schema.simpleString() == (
