@@ -83,7 +83,7 @@ def respond(broker: Broker, path: str, query: str) -> Answer:
             return 200, json.dumps(info).encode() + b"\n", "application/json", []
         start = _number(params, "from", None)
         stop = _number(params, "to", end)
-        limit = min(_number(params, "max_bytes", DEFAULT_READ_BYTES), MAX_READ_BYTES)
+        limit = max(1, min(_number(params, "max_bytes", DEFAULT_READ_BYTES), MAX_READ_BYTES))
         if start < first:
             raise _Refused(410, f"seq {start} is gone: the queue starts at {first}", first=first)
         positions = [(b"x-fq-first", b"%d" % first), (b"x-fq-next", b"%d" % end)]

@@ -95,14 +95,14 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
 class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self._ready = False  # queue and binding ensured by this process
+        self._ready = False  # queue and binding ensured by this process (with an exchange)
         self._target: int | None = None  # availableNow: the end to stop at
         self._latest: int | None = None  # the end seen last, for progress reports
 
     def _info(self) -> QueueInfo:
         opts = self.options
         client = opts.broker.client()
-        if not self._ready:
+        if not self._ready and opts.exchange:
             client.ensure_queue(
                 opts.queue,
                 user=opts.broker.user,
