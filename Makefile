@@ -3,11 +3,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP  := $(VENV)/.installed
+SPARK_STAMP := $(VENV)/.spark-installed
 NODE_STAMP := tests/interop/node_modules/.installed
 PORT   ?= 8765
 VARDIR ?= var
+LINTED := fqbroker tests bench pyspark_fqbroker examples/spark
 
-.PHONY: install run test lint fmt check bench clean node chromium
+.PHONY: install run test lint fmt check bench clean node chromium spark java
 
 install: $(STAMP)
 
@@ -16,6 +18,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,uvloop]'
 	touch $@
+
+# The spark extra (pyspark, pyarrow) for fqbroker.spark and tests/spark, and Java for Spark.
+spark: $(SPARK_STAMP) java
+
+$(SPARK_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,uvloop,spark]'
+	touch $@
+
+# Java 17+ for Spark, with apt-get (root, as on CI). Without it tests/spark skip and say why.
+java:
+	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq openjdk-17-jre-headless </dev/null >/dev/null; } || \
+	  echo "Java 17 could not be installed; the Spark tests will be skipped" >&2
 
 # The npm fq client is the independent interop client for the wire tests.
 node: $(NODE_STAMP)
@@ -33,17 +49,17 @@ run: install
 	mkdir -p $(VARDIR)
 	exec $(VENV)/bin/fqd -p $(PORT) -n 127.0.0.1 -c $(VARDIR)/fqd.sqlite -q $(VARDIR)/queues
 
-test: install node
+test: install spark node
 	$(PY) -m pytest -q
 
 lint: install
-	$(VENV)/bin/ruff format --check fqbroker tests bench
-	$(VENV)/bin/ruff check fqbroker tests bench
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/mypy
 
 fmt: install
-	$(VENV)/bin/ruff format fqbroker tests bench
-	$(VENV)/bin/ruff check --fix fqbroker tests bench
+	$(VENV)/bin/ruff format $(LINTED)
+	$(VENV)/bin/ruff check --fix $(LINTED)
 
 check: lint test
 

@@ -72,6 +72,9 @@ def add_checkpoint(broker: Broker, cpname: str, qname: str, chkptid: str) -> str
         raise CheckpointError("'chkptid' is out of range of the queue")
     try:
         log.set_checkpoint(cpname, seq)
+        # A replaying reader (the Spark source) moves only its named checkpoint, so this
+        # is where the segments it is done with can go.
+        log.trim()
     except (OSError, ValueError):  # ValueError: a name too long to store
         raise CheckpointError("Failed to set checkpoint") from None
     return "Checkpoint added"

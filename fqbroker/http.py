@@ -12,7 +12,8 @@ docs/http.md. Limits keep a bad client from hurting anyone else: headers are bou
 (431), bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
 
 Admin endpoints (/submit, checkpoints, /shutdown) need the configured ``admin_token``
-when there is one; /stats.json, /metrics and the static files stay open.
+when there is one; /stats.json, /metrics, the replay reads of replay.py and the static
+files stay open.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import h11
 
-from . import checkpoints, wire
+from . import checkpoints, replay, wire
 from .message import Message
 from .metrics import render_metrics
 from .stats import http_counters, render_stats_json
@@ -260,6 +261,9 @@ class _Connection:
                 reply = Reply(200, body, content_type)
             elif path in CHECKPOINT_PATHS:
                 reply = self._checkpoint(path, query)
+            elif path in replay.PATHS:
+                status, body, content_type, extra = replay.respond(self.broker, path, query)
+                reply = Reply(status, body, content_type, headers=extra)
             elif path == "/shutdown" and self.broker.settings.http_shutdown:
                 await self._send(
                     _json_reply(200, {"status": "success", "message": "shutting down"}, close=True),

@@ -27,6 +27,11 @@ to a consumer's socket. After a crash at most the batches in flight are delivere
 never lost (fqd moves its checkpoint when it reads). Each delivered message id carries
 the record's sequence number in bytes 8-15, big-endian: ``LOG:MARKER`` in checkpoint
 terms. Segments are deleted once every checkpoint is past them.
+
+A record is the message's peer frame behind a 9-byte tag: ``0x81`` and the broker's
+arrival time (u64 microseconds since the epoch), which replaying readers report. Records
+written before the tag existed are the bare frame; the first byte tells them apart, since
+a frame starts with the exchange length, at most 127 (docs/disk-format.md).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import collections
 import contextlib
 import logging
 import struct
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,13 +53,15 @@ from .wire import MessageDecoder
 if TYPE_CHECKING:
     from .config import Settings
 
-__all__ = ["DiskStore", "FsyncPolicy", "open_disk_store"]
+__all__ = ["DiskStore", "FsyncPolicy", "open_disk_store", "split_record"]
 
 log = logging.getLogger(__name__)
 
 READER = "fq"  # the broker's own checkpoint, as jlog's subscriber "fq"
 _SEQ = struct.Struct(">Q")
 _RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # seconds between attempts to repair a failed log
+_TAG = struct.Struct(">BQ")  # record version, arrival time in microseconds
+RECORD_V1 = 0x81
 
 
 class FsyncPolicy(StrEnum):
@@ -82,9 +90,22 @@ def open_disk_store(
     )
 
 
+def encode_record(frame: bytes, arrival_us: int) -> bytes:
+    return _TAG.pack(RECORD_V1, arrival_us) + frame
+
+
+def split_record(record: bytes) -> tuple[int | None, bytes]:
+    """(arrival time in microseconds or None if not recorded, peer frame) of a record."""
+    if record[:1] < b"\x80":
+        return None, record
+    if record[0] != RECORD_V1:
+        raise ValueError(f"unknown record version 0x{record[0]:02x}")
+    return _TAG.unpack_from(record)[1], record[_TAG.size :]
+
+
 def _decode(seq: int, record: bytes) -> Message:
     decoder = MessageDecoder(peer_format=True)
-    decoder.feed(record)
+    decoder.feed(split_record(record)[1])
     msg = decoder.next_message()
     if msg is None:
         raise ValueError(f"record {seq} is not a message")
@@ -133,7 +154,7 @@ class DiskStore:
 
     def __len__(self) -> int:
         """Messages not yet handed to a consumer: the queue's backlog."""
-        return self.log.next_seq + len(self._pending) - self._cursor
+        return self.log.next_seq + len(self._pending) - max(self._cursor, self.log.first_seq)
 
     @property
     def size_bytes(self) -> int:
@@ -147,7 +168,7 @@ class DiskStore:
         return len(self._pending)
 
     def append(self, msg: Message) -> None:
-        self._pending.append(msg.peer_frame())
+        self._pending.append(encode_record(msg.peer_frame(), time.time_ns() // 1000))
         self._dirty.add(self)
 
     def flush(self) -> None:
@@ -170,6 +191,11 @@ class DiskStore:
     @property
     def written_seq(self) -> int:
         return self.log.next_seq - 1
+
+    @property
+    def durable_seq(self) -> int:
+        """The highest seq that survives a crash under the fsync policy."""
+        return self._durable
 
     async def wait_durable(self, seq: int) -> bool:
         """Wait until ``seq`` is durable: True; False if an fsync meant to cover it failed."""
@@ -247,6 +273,8 @@ class DiskStore:
         if self._pending:
             with contextlib.suppress(OSError):  # the publisher saw the error already
                 self.flush()
+        # Named checkpoints alone may have trimmed past a reader that never read.
+        self._cursor = max(self._cursor, self.log.first_seq)
         records = self.log.read(self._cursor, n)
         if not records:
             return []

@@ -1,0 +1,198 @@
+"""The ``fq`` source: a permanent disk queue read by position, streaming or in batch.
+
+Where each piece runs decides its shape (specs/spark.md §1.3):
+
+* :class:`FqStreamReader` lives in one long-lived Python process on the driver. It makes
+  sure the queue exists and is bound (so nothing published while Spark is down is lost),
+  answers offsets from ``/queue/info`` and, on ``commit``, moves the broker checkpoint
+  that lets the broker delete segments Spark is done with.
+* ``read`` runs on executors in another instance built from the same options; everything
+  it needs is in the options and the :class:`FqRange` partition. It reads its range with
+  ``/queue/read``, which consumes nothing, so a batch Spark runs again after a failure
+  gets the same rows, byte for byte.
+
+Offsets are ``{"<queue>": seq}``, the next sequence number to read. Spark's checkpoint is
+the truth; the broker checkpoint lags it by a batch (``commit`` comes late, and never for
+the last batch before a stop) and only bounds deletion.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from ..replayclient import BrokerError, DataLost, QueueInfo
+from .options import SourceOptions
+from .schema import record_batch
+
+__all__ = ["DataLossError", "FqBatchReader", "FqRange", "FqStreamReader"]
+
+log = logging.getLogger(__name__)
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query needs are no longer stored, and ``failOnDataLoss`` is true."""
+
+
+@dataclass(frozen=True)
+class FqRange(InputPartition):
+    """Sequence numbers ``[start, end)`` of one queue: one Spark task's share."""
+
+    queue: str
+    start: int
+    end: int
+
+
+def split(queue: str, start: int, end: int, parts: int) -> list[FqRange]:
+    """``[start, end)`` as up to ``parts`` contiguous ranges of near-equal size."""
+    total = end - start
+    n = max(1, min(parts, total)) if total > 0 else 0
+    bounds = [start + total * i // n for i in range(n + 1)] if n else []
+    return [FqRange(queue, bounds[i], bounds[i + 1]) for i in range(n)]
+
+
+def _loss(options: SourceOptions, start: int, first: int) -> int:
+    """Where to go on when ``[start, first)`` is gone: ``first``, or raise if told to fail."""
+    text = (
+        f"fq source: offsets {start} to {first - 1} of queue {options.queue!r} are no longer "
+        f"stored (the queue now starts at {first}); some data was lost."
+    )
+    if options.fail_on_data_loss:
+        raise DataLossError(f"{text} Set failOnDataLoss=false to skip it and go on.")
+    log.warning("%s Skipping it (failOnDataLoss=false).", text)
+    return first
+
+
+def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The rows of ``part``: one Arrow batch per broker response."""
+    if not isinstance(part, FqRange):
+        return  # with no partitions to read, Spark still runs one task, with a placeholder
+    client = options.broker.client()
+    start = part.start
+    while start < part.end:
+        try:
+            for entries in client.read_range(part.queue, start, part.end):
+                yield record_batch(part.queue, entries)
+                start = entries[-1].seq + 1
+        except DataLost as exc:
+            if exc.first <= start:
+                # Not trimmed but missing at the end: the broker lost records it had
+                # confirmed (a crash) or the queue was recreated. Nothing more to read.
+                if options.fail_on_data_loss:
+                    raise DataLossError(
+                        f"fq source: {exc.text}. Set failOnDataLoss=false to skip it."
+                    ) from exc
+                log.warning("fq source: %s; skipping to the end of the batch", exc.text)
+                return
+            start = _loss(options, start, exc.first)
+
+
+class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._ready = False  # queue and binding ensured by this process (with an exchange)
+        self._target: int | None = None  # availableNow: the end to stop at
+        self._latest: int | None = None  # the end seen last, for progress reports
+
+    def _info(self) -> QueueInfo:
+        opts = self.options
+        client = opts.broker.client()
+        if not self._ready and opts.exchange:
+            client.ensure_queue(
+                opts.queue,
+                user=opts.broker.user,
+                password=opts.broker.password,
+                exchange=opts.exchange,
+                program=opts.program,
+            )
+            self._ready = True
+        info = client.info(opts.queue)
+        self._latest = info.next
+        return info
+
+    def _seq(self, offset: dict[str, int]) -> int:
+        queue = self.options.queue
+        if queue not in offset:
+            raise ValueError(
+                f"fq source: the checkpoint's offsets {offset} are not for queue {queue!r}; "
+                "use a new checkpoint location for a different queue"
+            )
+        return int(offset[queue])
+
+    def initialOffset(self) -> dict[str, int]:
+        opts = self.options
+        info = self._info()
+        start = opts.starting.resolve(info.first, info.next)
+        if opts.checkpoint not in info.checkpoints:
+            # Hold on to what this new query will read before its first commit.
+            opts.broker.client().set_checkpoint(
+                opts.queue, opts.checkpoint, min(max(start, info.first), info.next)
+            )
+        return {opts.queue: start}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        info = self._info()
+        begin = self._seq(start)
+        if begin < info.first:
+            begin = _loss(self.options, begin, info.first)
+        end = info.next if self._target is None else min(info.next, self._target)
+        if begin > end:
+            if self.options.fail_on_data_loss and begin > info.next:
+                raise DataLossError(
+                    f"fq source: queue {self.options.queue!r} ends at {info.next}, before "
+                    f"the query's position {begin}: it was emptied or recreated. Set "
+                    "failOnDataLoss=false to wait for new messages past that position."
+                )
+            return start
+        if isinstance(limit, ReadMaxRows):
+            end = min(end, begin + limit.max_rows)
+        return {self.options.queue: end}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets is None:
+            return super().getDefaultReadLimit()
+        return ReadMaxRows(self.options.max_offsets)
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return None if self._latest is None else {self.options.queue: self._latest}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._info().next
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[FqRange]:
+        return split(self.options.queue, self._seq(start), self._seq(end), self.options.partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.options, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        opts = self.options
+        try:
+            opts.broker.client().set_checkpoint(opts.queue, opts.checkpoint, self._seq(end))
+        except BrokerError as exc:
+            # Only a deletion hint: the query is right without it, the disk just fills up.
+            log.warning("fq source: could not move the broker checkpoint: %s", exc.text)
+
+
+class FqBatchReader(DataSourceReader):
+    """``spark.read.format("fq")``: the queue between startingOffsets and endingOffsets."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> Sequence[FqRange]:
+        opts = self.options
+        info = opts.broker.client().info(opts.queue)
+        start = opts.starting.resolve(info.first, info.next)
+        end = min(opts.ending.resolve(info.first, info.next), info.next)
+        if start < info.first:
+            start = _loss(opts, start, info.first)
+        return split(opts.queue, start, end, opts.partitions)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_range(self.options, partition)

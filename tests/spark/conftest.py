@@ -1,0 +1,201 @@
+"""Fixtures for the Spark tests: one local[2] SparkSession and one real broker per session.
+
+SparkSession start-up costs seconds and the first query of a session more (specs/spark.md
+§3.2), so both are shared by every test here; tests keep apart by using their own
+exchanges, queues and checkpoint directories. They skip, saying why, without pyspark (the
+``spark`` extra) or Java 17+ (``make java``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fqbroker.client import Client, ClientClosed
+from fqbroker.message import Message
+from fqbroker.replayclient import ReplayClient
+
+from ..procs import ENV, ROOT
+
+TIMEOUT = 10.0
+QUERY_TIMEOUT = 180.0  # one streaming query, the session's first included
+
+
+def java_problem() -> str | None:
+    """Why Spark cannot start here, or None."""
+    java = shutil.which("java")
+    if java is None and os.environ.get("JAVA_HOME"):
+        java = str(Path(os.environ["JAVA_HOME"], "bin", "java"))
+    if java is None or not Path(java).exists():
+        return "no java on PATH"
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"java -version failed: {exc}"
+    m = re.search(r'version "(\d+)', out.stderr + out.stdout)
+    if m is None or int(m.group(1)) < 17:
+        return f"Java 17 or later is needed, found: {out.stderr.strip()[:80]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark", reason="the spark extra is not installed")
+    pytest.importorskip("pyarrow", reason="the spark extra is not installed")
+    problem = java_problem()
+    if problem:
+        pytest.skip(f"Spark needs Java 17+ ({problem}); `make java` installs it")
+    from pyspark.sql import SparkSession
+
+    # Workers must run this venv's Python, not the first python3 on PATH; the repository
+    # on PYTHONPATH lets Spark find the pyspark_fqbroker shim, as a regular install would.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYTHONPATH"] = ENV["PYTHONPATH"]
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("fqbroker-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@dataclass
+class FqBroker:
+    port: int
+    state: Path
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def client(self) -> ReplayClient:
+        return ReplayClient(port=self.port)
+
+    def options(self, **more: object) -> dict[str, str]:
+        return {"host": "127.0.0.1", "port": str(self.port), **{k: str(v) for k, v in more.items()}}
+
+
+@pytest.fixture(scope="session")
+def fq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FqBroker]:
+    """A real broker process; small segments, so that checkpoints trim in these tests."""
+    state = tmp_path_factory.mktemp("fqd")
+    conf = state / "fqd.toml"
+    conf.write_text("[fqd]\nsegment_bytes = 16384\n")
+    log = (state / "fqd.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fqbroker", "-p", "0", "-n", "10.254.254.1", "--config", str(conf),
+         "-c", str(state / "fqd.sqlite"), "-q", str(state / "queues")],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=ENV, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while (
+            m := re.search(rb"Listening on port: (\d+)", (state / "fqd.log").read_bytes())
+        ) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "fqd did not start"
+            time.sleep(0.05)
+        yield FqBroker(int(m.group(1)), state, proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def publish(port: int, messages: list[tuple[str, str, bytes]]) -> None:
+    """Publish (exchange, route, payload) messages and wait for the broker's confirm."""
+
+    async def run() -> None:
+        async with asyncio.timeout(TIMEOUT), Client(port=port, source="tester") as client:
+            for exchange, route, payload in messages:
+                client.publish(exchange.encode(), route.encode(), payload)
+            assert await client.confirm() == len(messages)
+
+    asyncio.run(run())
+
+
+@dataclass
+class Consumer:
+    """An fq consumer on its own thread and event loop, bound before the test publishes."""
+
+    port: int
+    exchange: str
+    program: str = "prefix:"
+    messages: list[Message] = field(default_factory=list)
+    _ready: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _error: list[BaseException] = field(default_factory=list)
+
+    def __enter__(self) -> Consumer:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(TIMEOUT), self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(TIMEOUT)
+
+    def wait(self, n: int, timeout: float = 60.0) -> list[Message]:
+        deadline = time.monotonic() + timeout
+        while len(self.messages) < n and time.monotonic() < deadline and not self._error:
+            time.sleep(0.05)
+        assert not self._error, self._error
+        return list(self.messages)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            queue = f"test-{self.exchange}/mem:backlog=-1"
+            async with Client(port=self.port, source=f"tester/{queue}") as client:
+                await client.bind(self.exchange.encode(), self.program.encode())
+                self._ready.set()
+                while not self._stop.is_set():
+                    try:
+                        async with asyncio.timeout(0.1):
+                            self.messages.append(await client.receive())
+                    except (TimeoutError, ClientClosed):
+                        pass
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self._error.append(exc)
+            self._ready.set()
+
+
+def run_query(writer: Any, timeout: float = QUERY_TIMEOUT) -> Any:
+    """Start a streaming query (availableNow), wait for it to end, and return it.
+
+    Dead queries are silent unless asked (specs/spark.md §4.9): check ``exception()``.
+    """
+    query = writer.trigger(availableNow=True).start()
+    try:
+        assert query.awaitTermination(timeout), "the query did not finish in time"
+    except Exception:
+        if query.exception() is None:
+            raise
+        # A failed query re-raises its error here; callers read it from query.exception().
+    finally:
+        if query.isActive:
+            query.stop()
+    return query
