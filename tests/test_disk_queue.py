@@ -174,17 +174,22 @@ async def test_named_checkpoints(broker: Broker) -> None:
     await publisher.close()
 
 
-async def test_queues_of_format_1_keep_their_positions(settings: Settings) -> None:
+async def leave_waiting(settings: Settings, payloads: list[bytes]) -> None:
+    """Run a broker until ``payloads`` wait in the permanent queue diskq, nobody reading."""
     async with Broker(settings) as broker:
         s = await open_session(broker.port, b"u", DISKQ)
         await s.bind(b"ex", b"prefix:", 0x0110)
         await s.close()
         await wait_for(lambda: not broker.queues[b"diskq"].clients)
         publisher = await open_session(broker.port)
-        for i in range(10):
-            await publisher.publish(b"ex", b"r", b"%d" % i)
-        await wait_for(lambda: broker.queues[b"diskq"].backlog == 10)
+        for payload in payloads:
+            await publisher.publish(b"ex", b"r", payload)
+        await wait_for(lambda: broker.queues[b"diskq"].backlog == len(payloads))
         await publisher.close()
+
+
+async def test_queues_of_format_1_keep_their_positions(settings: Settings) -> None:
+    await leave_waiting(settings, [b"%d" % i for i in range(10)])
     # As a format 1 broker would have left it, with 4 messages read and a named checkpoint.
     directory = queue_directory(settings.queue_dir, b"diskq")
     (directory / "checkpoints").unlink()
@@ -239,16 +244,7 @@ async def test_named_checkpoint_keeps_segments(tmp_path: Path) -> None:
 
 
 async def test_torn_tail_is_skipped_at_startup(settings: Settings, caplog) -> None:  # type: ignore[no-untyped-def]
-    async with Broker(settings) as broker:
-        s = await open_session(broker.port, b"u", DISKQ)
-        await s.bind(b"ex", b"prefix:", 0x0110)
-        await s.close()
-        await wait_for(lambda: not broker.queues[b"diskq"].clients)
-        publisher = await open_session(broker.port)
-        for i in range(3):
-            await publisher.publish(b"ex", b"r", b"good %d" % i)
-        await wait_for(lambda: broker.queues[b"diskq"].backlog == 3)
-        await publisher.close()
+    await leave_waiting(settings, [b"good %d" % i for i in range(3)])
     directory = queue_directory(settings.queue_dir, b"diskq")
     segment = sorted(directory.glob("*.seg"))[-1]
     data = segment.read_bytes()
