@@ -341,6 +341,8 @@ def run_sub(args: argparse.Namespace) -> None:
             data += chunk
     total = len(data)
     target = expected * fsize
+    if credit is not None:
+        credit.set(slot, total // fsize)
     last = time.monotonic_ns()
     buffer = bytearray(1 << 20)
     view = memoryview(buffer)
