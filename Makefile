@@ -9,7 +9,7 @@ PORT   ?= 8765
 VARDIR ?= var
 LINTED := fqbroker tests bench pyspark_fqbroker examples/spark
 
-.PHONY: install run test lint fmt check bench clean node chromium spark java
+.PHONY: install run test lint fmt check bench bench-peers clean node chromium spark java
 
 install: $(STAMP)
 
@@ -63,8 +63,16 @@ fmt: install
 
 check: lint test
 
+# The whole table, or some scenarios: make bench BENCH="1to1-100 latency" (see bench/__main__.py).
 bench: install
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH)
+
+# The peers the table compares against, from Debian's packages (needs root for apt-get);
+# without them the table says "skipped: not installed".
+bench-peers:
+	command -v redis-server >/dev/null 2>&1 && command -v nats-server >/dev/null 2>&1 || { \
+	  apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server </dev/null; }
 
 clean:
 	rm -rf $(VENV) var tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache

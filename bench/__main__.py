@@ -1,23 +1,45 @@
-"""Run every benchmark, or those named: python -m bench [routing ...]."""
+"""Run the suite and print one table, or only the scenarios named.
+
+    python -m bench [--runs N] [--scale F] [--no-peers] [SCENARIO ...]
+
+Scenarios: 1to1-100 1to1-4k 1to1-128k fanout fanin disk latency memory idle (the table),
+and two in-process micro benchmarks outside it: routing, disk-inproc.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
-BENCHES = ["routing", "disk"]
+from .suite import SCENARIOS, Config, run
+
+MICRO = {"routing": "bench.routing", "disk-inproc": "bench.disk"}
 
 
 def main(argv: list[str]) -> int:
-    names = argv or BENCHES
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    p.add_argument("names", nargs="*", metavar="SCENARIO")
+    p.add_argument("--runs", type=int, default=3, help="interleaved runs per figure (median)")
+    p.add_argument("--scale", type=float, default=1.0, help="scale message counts (smoke: 0.01)")
+    p.add_argument("--no-peers", action="store_true", help="fqbroker and the relay only")
+    args = p.parse_args(argv)
+    names = args.names or SCENARIOS
     for name in names:
-        if name not in BENCHES:
-            print(f"unknown benchmark {name!r}; known: {', '.join(BENCHES)}", file=sys.stderr)
+        if name not in SCENARIOS and name not in MICRO:
+            known = ", ".join([*SCENARIOS, *MICRO])
+            print(f"unknown scenario {name!r}; known: {known}", file=sys.stderr)
             return 2
-        module = importlib.import_module(f"bench.{name}")
-        print(f"== {name}: {module.__doc__.strip().splitlines()[0]}")
-        module.main()
+    for name in names:
+        if name in MICRO:
+            module = importlib.import_module(MICRO[name])
+            print(f"== {name}: {module.__doc__.strip().splitlines()[0]}")
+            module.main()
+    table = [n for n in names if n in SCENARIOS]
+    if table:
+        cfg = Config(runs=args.runs, scale=args.scale, peers=not args.no_peers)
         print()
+        print(run(table, cfg))
     return 0
 
 

@@ -616,6 +616,8 @@ class Client:
             decoder.feed(chunk)
             self._inbox.extend(decoder.messages())
             self._inbox_ready.set()
+            if decoder.error_pending:
+                decoder.messages()  # raises: what came before the bad frame is delivered
             # Stop reading while the application lags: the broker's queue takes the strain.
             while len(self._inbox) >= INBOX_LIMIT and self._state is _State.OPEN:
                 self._inbox_room.clear()

@@ -199,6 +199,7 @@ class CommandSession:
 
     async def _heartbeats(self) -> None:
         """Send heartbeats every ``heartbeat_ms`` and fail the client after 3x of silence."""
+        next_due = 0.0
         while not self._closing.is_set():
             if self.heartbeat_ms == 0 or self.phase is not Phase.READY:
                 self._heartbeat_changed.clear()
@@ -219,9 +220,17 @@ class CommandSession:
                     await self.writer.drain()
                 self.close()
                 return
-            if now - self._last_sent >= interval:
+            if not next_due:
+                next_due = self._last_sent + interval  # one interval after auth's beat
+            if now >= next_due:
                 self._send(wire.Heartbeat())
-            next_send = self._last_sent + interval
+                # Due one interval after the last one was *due*, not after it went out:
+                # with thousands of sessions the loop runs a wave of timers late, and
+                # counting from the send time added that lateness to every period.
+                next_due += interval
+                if next_due <= now:
+                    next_due = now + interval
+            next_send = next_due
             deadline = self._last_read + 3 * interval
             delay = max(0.001, min(next_send, deadline) - time.monotonic())
             with contextlib.suppress(TimeoutError):

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .errors import ProtocolError
-from .message import accept_from_peer, has_hop, ipv4_bytes
+from .message import Message, accept_from_peer, has_hop, ipv4_bytes
 
 if TYPE_CHECKING:
     from .command import CommandSession
@@ -143,7 +143,7 @@ class DataSession:
 
     async def _pump_in(self, owner: CommandSession) -> None:
         broker = self.broker
-        publish = broker.router.publish
+        publish_many = broker.router.publish_many
         stats = owner.stats
         decoder = wire.MessageDecoder(
             peer_format=self.is_peer, max_payload=broker.settings.max_message_size
@@ -155,29 +155,42 @@ class DataSession:
         reader = self.reader
         while True:
             first = self.handled + 1
-            while (msg := decoder.next_message()) is not None:
-                self.handled += 1
-                stats.msgs_in += 1
-                if self.is_peer:
-                    stats.octets_in += msg.peer_octets
-                    if not accept_from_peer(msg, node_id):
-                        log.debug("received looped message %r", msg)
-                        continue
-                else:
-                    stats.octets_in += msg.publish_octets
-                    msg.stamp(user, stamp_hops)
-                blocked = publish(msg, stats).blocked
-                if blocked:
-                    # Block policy: hold this publisher, and only it, until there is room.
-                    self._flush(first)
-                    first = self.handled + 1
-                    for queue in blocked:
-                        await queue.wait_not_full()
+            # Every whole frame of this read at once, stamped with sender and hops.
+            msgs = decoder.messages() if self.is_peer else decoder.messages(user, stamp_hops)
+            octets, decoder.octets = decoder.octets, 0
+            if self.is_peer and msgs:
+                # Counted as read, looped ones too; then routed like any other.
+                self.handled += len(msgs)
+                stats.msgs_in += len(msgs)
+                stats.octets_in += octets
+                msgs = [m for m in msgs if _accept(m, node_id)]
+                octets = 0
+            i = 0
+            while i < len(msgs):
+                start = i
+                i, blocked = publish_many(msgs, i, stats)
+                if not self.is_peer:
+                    self.handled += i - start
+                    stats.msgs_in += i - start
+                if not blocked:
+                    stats.octets_in += octets
+                    break
+                if not self.is_peer:
+                    part = sum(m.publish_octets for m in msgs[start:i])
+                    stats.octets_in += part
+                    octets -= part
+                # Block policy: hold this publisher, and only it, until there is room.
+                self._flush(first)
+                first = self.handled + 1
+                for queue in blocked:
+                    await queue.wait_not_full()
             if decoder.oversized:
                 stats.size_dropped += decoder.oversized
                 broker.router.aggregate.size_dropped += decoder.oversized
                 decoder.oversized = 0
             self._flush(first)
+            if decoder.error_pending:
+                continue  # the next messages() raises it
             chunk = await reader.read(READ_SIZE)
             if not chunk:
                 return
@@ -235,3 +248,10 @@ class DataSession:
                 return
             # In the kernel's hands now: a disk queue may move its read checkpoint.
             queue.ack(taken)
+
+
+def _accept(msg: Message, node_id: bytes) -> bool:
+    if accept_from_peer(msg, node_id):
+        return True
+    log.debug("received looped message %r", msg)
+    return False

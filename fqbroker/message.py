@@ -40,6 +40,27 @@ def ipv4_bytes(address: str) -> bytes:
     return ip.packed
 
 
+# (exchange, route) -> its frame head; (sender, hops) -> the part after the id.
+_heads: dict[tuple[bytes, bytes], bytes] = {}
+_stamps: dict[tuple[bytes, bytes], bytes] = {}
+
+
+def _name_pair(first: bytes, second: bytes, count: int = -1) -> bytes:
+    """u8 length + first, u8 length (or ``count``) + second."""
+    return b"".join(
+        (bytes((len(first),)), first, bytes((len(second) if count < 0 else count,)), second)
+    )
+
+
+def _cached(
+    cache: dict[tuple[bytes, bytes], bytes], key: tuple[bytes, bytes], value: bytes
+) -> bytes:
+    if len(cache) >= 4096:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
 def hop_addresses(hops: bytes) -> list[str]:
     """Dotted-quad form of a raw hop list, for JSON and logs."""
     return [str(ipaddress.IPv4Address(hops[i : i + 4])) for i in range(0, len(hops), 4)]
@@ -90,22 +111,17 @@ class Message:
         """
         frame = self._frame
         if frame is None:
-            ex, rt, snd, hops = self.exchange, self.route, self.sender, self.hops
-            frame = b"".join(
-                (
-                    bytes((len(ex),)),
-                    ex,
-                    bytes((len(rt),)),
-                    rt,
-                    self.msgid,
-                    bytes((len(snd),)),
-                    snd,
-                    bytes((len(hops) // 4,)),
-                    hops,
-                    _U32.pack(len(self.payload)),
-                    self.payload,
-                )
-            )
+            # The parts before and after the id repeat across messages: built once each.
+            key = (self.exchange, self.route)
+            head = _heads.get(key)
+            if head is None:
+                head = _cached(_heads, key, _name_pair(*key))
+            key = (self.sender, self.hops)
+            stamp = _stamps.get(key)
+            if stamp is None:
+                stamp = _cached(_stamps, key, _name_pair(key[0], key[1], len(key[1]) // 4))
+            payload = self.payload
+            frame = b"".join((head, self.msgid, stamp, _U32.pack(len(payload)), payload))
             self._frame = frame
         return frame
 

@@ -37,6 +37,9 @@ from .store import DiskStore
 __all__ = ["MAX_PUBLIC_CLIENTS", "MemoryStore", "Queue", "Store"]
 
 MAX_PUBLIC_CLIENTS = 16
+# Module constants: looking members up on the Enum class costs on every message.
+_DROP = Policy.DROP
+_BLOCK = Policy.BLOCK
 
 
 class Store(Protocol):
@@ -123,7 +126,7 @@ class Queue:
     @property
     def is_full(self) -> bool:
         """A block-policy queue at its limit: publishers into it should wait."""
-        return self.policy is Policy.BLOCK and len(self.store) >= self.limit
+        return self.policy is _BLOCK and len(self.store) >= self.limit
 
     # --- clients --------------------------------------------------------------------------
 
@@ -155,7 +158,7 @@ class Queue:
     # --- producing ------------------------------------------------------------------------
 
     def offer(self, msg: Message) -> bool:
-        if self.policy is Policy.DROP and len(self.store) >= self.limit:
+        if self.policy is _DROP and len(self.store) >= self.limit:
             self.dropped_to += 1
             return False
         self.store.append(msg)

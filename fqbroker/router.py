@@ -126,8 +126,12 @@ class Exchange:
     _by_owner: dict[tuple[int, bytes], Binding] = field(default_factory=dict)
     _by_exact: dict[bytes, list[Binding]] = field(default_factory=dict)
     _by_prefix: PrefixIndex[Binding] = field(default_factory=PrefixIndex)
+    # route -> the bindings a message on it reaches, when no program looks past the route
+    # (None when one does); cleared whenever a binding comes or goes.
+    _hits: dict[bytes, list[Binding] | None] = field(default_factory=dict)
 
     def add(self, binding: Binding) -> None:
+        self._hits.clear()
         self.bindings[binding.route_id] = binding
         program = binding.program
         self._by_owner[id(binding.queue), program.text] = binding
@@ -137,6 +141,7 @@ class Exchange:
             self._by_prefix.add(program.prefix, binding)
 
     def remove(self, binding: Binding) -> None:
+        self._hits.clear()
         del self.bindings[binding.route_id]
         program = binding.program
         del self._by_owner[id(binding.queue), program.text]
@@ -150,6 +155,33 @@ class Exchange:
 
     def find(self, queue: Target, text: bytes) -> Binding | None:
         return self._by_owner.get((id(queue), text))
+
+    def hits(self, route: bytes) -> list[Binding] | None:
+        """The bindings ``route`` reaches when that depends on the route alone, else None.
+
+        Memoised per route: with only ``prefix:``/``exact:`` rules (``always_true``
+        programs) the answer is the first binding of each distinct queue among the
+        candidates, exactly what :meth:`Router.route` would pick one by one.
+        """
+        try:
+            return self._hits[route]
+        except KeyError:
+            pass
+        found: list[Binding] | None = []
+        for bucket in self.candidates(route):
+            for binding in bucket:
+                if not binding.program.always_true:
+                    found = None
+                    break
+                queue = binding.queue
+                if not any(b.queue is queue for b in found):  # type: ignore[union-attr]
+                    found.append(binding)  # type: ignore[union-attr]
+            if found is None:
+                break
+        if len(self._hits) >= 65536:
+            self._hits.clear()
+        self._hits[route] = found
+        return found
 
     def candidates(self, route: bytes) -> list[list[Binding]]:
         """Bindings whose prefix or exact route matches ``route``; programs not yet run."""
@@ -255,6 +287,21 @@ class Router:
             return []
         ex.messages += 1
         ex.octets += len(msg.payload)
+        hits = ex.hits(msg.route)
+        if hits is not None:
+            targets: list[Target] = []
+            for binding in hits:
+                binding.invocations += 1
+                targets.append(binding.queue)
+        else:
+            targets = self._route_by_programs(ex, msg)
+        if not targets:
+            ex.no_route += 1
+            agg.no_route += 1
+        return targets
+
+    @staticmethod
+    def _route_by_programs(ex: Exchange, msg: Message) -> list[Target]:
         targets: list[Target] = []
         for bucket in ex.candidates(msg.route):
             for binding in bucket:
@@ -265,10 +312,53 @@ class Router:
                 binding.invocations += 1
                 if binding.matches(msg):
                     targets.append(queue)
-        if not targets:
-            ex.no_route += 1
-            agg.no_route += 1
         return targets
+
+    def publish_many(
+        self, msgs: list[Message], start: int, client: ClientStats
+    ) -> tuple[int, list[Target]]:
+        """:meth:`publish` for ``msgs[start:]``, the data path's batch form.
+
+        Same routing and counters, kept in locals and added up once. Stops after the
+        first message that leaves a block-policy target full: returns the index to go on
+        from and those targets, for the publisher to wait on (an empty list: all done).
+        """
+        exchanges = self.exchanges
+        route = self.route
+        blocked: list[Target] = []
+        routed = dropped = no_route = no_exchange = 0
+        i = start
+        end = len(msgs)
+        while i < end:
+            msg = msgs[i]
+            i += 1
+            targets = route(msg)
+            if not targets:
+                no_route += 1
+                if msg.exchange not in exchanges:
+                    no_exchange += 1
+                continue
+            n_dropped = 0
+            for queue in targets:
+                if not queue.offer(msg):
+                    n_dropped += 1
+                elif queue.is_full:
+                    blocked.append(queue)
+            routed += len(targets)
+            if n_dropped:
+                dropped += n_dropped
+                exchanges[msg.exchange].dropped += n_dropped
+            exchanges[msg.exchange].routed += len(targets)
+            if blocked:
+                break
+        agg = self.aggregate
+        agg.routed += routed
+        agg.dropped += dropped
+        client.no_exchange += no_exchange
+        client.no_route += no_route
+        client.routed += routed
+        client.dropped += dropped
+        return i, blocked
 
     def publish(self, msg: Message, client: ClientStats | None = None) -> PublishResult:
         """Route ``msg`` and offer it to every target, keeping every counter of §1.6/§2.6."""

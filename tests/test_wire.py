@@ -368,3 +368,39 @@ def test_garbage_gives_frames_none_or_protocol_error(data: bytes) -> None:
                     break
         except ProtocolError:
             pass
+
+
+@given(
+    messages=st.lists(
+        st.builds(
+            Message,
+            exchange=st.binary(max_size=127),
+            route=st.binary(max_size=127),
+            payload=st.binary(max_size=300),
+            msgid=st.binary(min_size=16, max_size=16),
+        ),
+        max_size=6,
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=5000), max_size=6),
+    max_payload=st.integers(min_value=0, max_value=400),
+)
+def test_batch_decoding_matches_one_at_a_time_and_stamps(
+    messages: list[Message], cuts: list[int], max_payload: int
+) -> None:
+    """messages() (the data path's fast loop) gives what next_message() gives, stamped."""
+    data = b"".join(m.publish_frame() for m in messages)
+    points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
+    fast = wire.MessageDecoder(peer_format=False, max_payload=max_payload)
+    slow = wire.MessageDecoder(peer_format=False, max_payload=max_payload)
+    got: list[Message] = []
+    want: list[Message] = []
+    for a, b in itertools.pairwise(points):
+        fast.feed(data[a:b])
+        slow.feed(data[a:b])
+        got.extend(fast.messages(b"user", b"\x0a\x00\x00\x01\x7f\x00\x00\x01"))
+        while (msg := slow.next_message()) is not None:
+            msg.stamp(b"user", b"\x0a\x00\x00\x01\x7f\x00\x00\x01")
+            want.append(msg)
+    assert got == want
+    assert fast.oversized == slow.oversized
+    assert fast.octets == sum(m.publish_octets for m in got)

@@ -1,0 +1,415 @@
+"""The scenario suite: fqbroker against the Python-hop ceiling, Redis and NATS, one table.
+
+Every throughput figure is the median of ``--runs`` runs, interleaved: run 1 of every
+system, then run 2 of every system, and so on, each system a fresh server per scenario.
+Load generators are separate processes (bench/loadgen.py); flow control is the same for
+every system (a shared window of messages in flight), so nothing is dropped. msg/s is
+messages delivered over the time from the first publish to the last receipt, summed over
+subscribers (fan-out counts every delivery); ``us/msg`` is the server's CPU (utime +
+stime, all threads, from /proc) over the run divided by the deliveries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .harness import (
+    Client,
+    FqBroker,
+    Nats,
+    Redis,
+    Relay,
+    System,
+    cpu_seconds,
+    credit_file,
+    rss_bytes,
+    version,
+)
+
+QUEUE = "mem:backlog=4000000"
+
+
+@dataclass
+class Flow:
+    pubs: int
+    subs: int
+    size: int
+    count: int  # per publisher
+    label: str
+    queue: str = QUEUE
+
+
+FLOWS = {
+    "1to1-100": Flow(1, 1, 100, 600_000, "1 to 1, 100 B"),
+    "1to1-4k": Flow(1, 1, 4096, 120_000, "1 to 1, 4 KiB"),
+    "1to1-128k": Flow(1, 1, 128 * 1024, 5_000, "1 to 1, 128 KiB"),
+    "fanout": Flow(1, 8, 100, 150_000, "fan-out 1 to 8, 100 B"),
+    "fanin": Flow(8, 1, 100, 75_000, "fan-in 8 to 1, 100 B"),
+}
+DISK_POLICIES = ("never", "interval", "always")
+
+
+@dataclass
+class Config:
+    runs: int = 3
+    scale: float = 1.0
+    peers: bool = True
+    latency_seconds: float = 3.0
+    backlog: int = 1_000_000
+    idle_clients: int = 5_000
+    idle_seconds: float = 5.0
+
+
+Row = list[str]
+
+
+def peers_of(cfg: Config) -> tuple[list[System], list[Row]]:
+    """The peer systems that can run here, and table rows for those that cannot."""
+    systems: list[System] = [Relay("uvloop")]
+    notes: list[Row] = []
+    if cfg.peers:
+        for peer in (Redis(), Nats()):
+            why = peer.available()
+            if why is None:
+                systems.append(peer)
+            else:
+                notes.append([peer.name, why])
+    notes.append(["fqd 0.13.12", "not measured: not packaged in Debian (its 'fq' is another tool)"])
+    return systems, notes
+
+
+def _window(size: int) -> int:
+    return max(64, min(50_000, (16 << 20) // size))
+
+
+def flow_run(
+    system: System, flow: Flow, run: int, scale: float, tail: bool = False
+) -> dict[str, float]:
+    """One run of a flow: rate, us per delivery and, with ``tail``, one more message's latency.
+
+    The tail message is sent once everything before it was delivered, so its latency shows
+    whether a lone message waits (fqd's jlog held such tails for seconds).
+    """
+    topic = f"t{run}"
+    count = max(1, int(flow.count * scale))
+    credit = credit_file()
+    common: dict[str, Any] = {"topic": topic, "size": flow.size, "queue_type": flow.queue}
+    subs = [
+        Client("sub", system, count=count * flow.pubs + tail, credit=credit, slot=j, **common)
+        for j in range(flow.subs)
+    ]
+    pubs: list[Client] = []
+    try:
+        for s in subs:
+            s.ready()
+        pubs = [
+            Client(
+                "pub",
+                system,
+                count=count,
+                credit=credit,
+                window=_window(flow.size),
+                subs=flow.subs,
+                pubs=flow.pubs,
+                ident=i,
+                tail=tail,
+                **common,
+            )
+            for i in range(flow.pubs)
+        ]
+        for p in pubs:
+            p.ready()
+        cpu0 = cpu_seconds(system.pid)
+        for p in pubs:
+            p.go()
+        got = [s.collect() for s in subs]
+        cpu1 = cpu_seconds(system.pid)
+        sent = [p.collect() for p in pubs]
+    finally:
+        for c in pubs + subs:
+            c.go()
+            c.finish()
+        os.unlink(credit)
+    delivered = sum(r["received"] for r in got) - tail * flow.subs
+    expected = count * flow.pubs * flow.subs
+    if delivered != expected or not all(r["whole"] for r in got):
+        print(f"  ! {system.name}: {delivered} of {expected} delivered", flush=True)
+    last = max(r["last_ns"] for r in got)
+    if tail:
+        elapsed = (max(r["tail_ns"] for r in sent) - min(r["start_ns"] for r in sent)) / 1e9
+        tail_ms = (last - max(r["tail_ns"] for r in sent)) / 1e6
+    else:
+        elapsed = (last - min(r["start_ns"] for r in sent)) / 1e9
+        tail_ms = 0.0
+    return {
+        "rate": delivered / elapsed,
+        "us": (cpu1 - cpu0) * 1e6 / max(1, delivered),
+        "tail_ms": tail_ms,
+        "lost": expected - delivered,
+    }
+
+
+def interleaved(
+    systems: Sequence[System], runs: int, one: Callable[[System, int], dict[str, float]]
+) -> dict[str, dict[str, float]]:
+    """Median of each figure per system over ``runs`` interleaved runs."""
+    samples: dict[str, list[dict[str, float]]] = {s.name: [] for s in systems}
+    for system in systems:
+        system.start()
+    try:
+        for run in range(runs):
+            for system in systems:
+                samples[system.name].append(one(system, run))
+    finally:
+        for system in systems:
+            system.stop()
+    return {
+        name: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
+        for name, rs in samples.items()
+    }
+
+
+# --- formatting ------------------------------------------------------------------------------
+
+
+def _rate(value: float) -> str:
+    return f"{value / 1000:,.0f}k" if value >= 10_000 else f"{value:,.0f}"
+
+
+def _ratio(ours: float, theirs: float | None) -> str:
+    return f"{ours / theirs:.2f}x" if theirs else "-"
+
+
+class Table:
+    def __init__(self, peers: Sequence[str]) -> None:
+        self.peers = list(peers)
+        self.head = ["scenario", "fqbroker", "us/msg"]
+        for p in self.peers:
+            self.head += [p, "us/msg"]
+        self.head += [f"vs {p}" for p in self.peers] + ["target"]
+        self.rows: list[Row] = []
+        self.notes: list[str] = []
+
+    def add(self, row: Row, target: str = "") -> None:
+        """A row with fqbroker figures only: a note may span the peer columns."""
+        row = row + [""] * (len(self.head) - 1 - len(row)) + [target]
+        self.rows.append(row)
+        print("  " + " | ".join(c for c in row if c), flush=True)
+
+    def flow(self, label: str, res: dict[str, dict[str, float]], target: str) -> None:
+        ours = res["fqbroker"]
+        row = [label, _rate(ours["rate"]), f"{ours['us']:.2f}"]
+        for p in self.peers:
+            r = res.get(p)
+            row += [_rate(r["rate"]), f"{r['us']:.2f}"] if r else ["-", "-"]
+        for p in self.peers:
+            r = res.get(p)
+            row.append(_ratio(ours["rate"], r["rate"] if r else None))
+        self.rows.append([*row, target])
+        print("  " + " | ".join([*row, target]), flush=True)
+
+    def render(self) -> str:
+        widths = [max(len(r[i]) for r in [self.head, *self.rows]) for i in range(len(self.head))]
+        lines = [" | ".join(c.ljust(w) for c, w in zip(self.head, widths, strict=True))]
+        lines.append("-+-".join("-" * w for w in widths))
+        for r in self.rows:
+            lines.append(" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+        return "\n".join(lines + self.notes)
+
+
+# --- scenarios -------------------------------------------------------------------------------
+
+TARGETS = {
+    "1to1-100": ">=300k, <=3 us",
+    "fanout": ">=500k deliveries/s",
+}
+
+
+def scenario_flow(name: str, cfg: Config, table: Table) -> None:
+    flow = FLOWS[name]
+    systems, _ = peers_of(cfg)
+    res = interleaved(
+        [FqBroker(), *systems], cfg.runs, lambda s, run: flow_run(s, flow, run, cfg.scale)
+    )
+    table.flow(flow.label, res, TARGETS.get(name, ""))
+
+
+def scenario_disk(cfg: Config, table: Table) -> None:
+    for policy in DISK_POLICIES:
+        flow = Flow(1, 1, 100, 300_000, f"disk queue, fsync={policy}", "disk:backlog=4000000")
+        res = interleaved(
+            [FqBroker(fsync=policy)],
+            cfg.runs,
+            lambda s, run, flow=flow: flow_run(s, flow, run, cfg.scale, tail=True),
+        )
+        r = res["fqbroker"]
+        target = ">=150k, last <=20 ms" if policy == "interval" else ""
+        tail = f"then one more message: delivered in {r['tail_ms']:.1f} ms"
+        table.add([flow.label, _rate(r["rate"]), f"{r['us']:.2f}", tail], target)
+
+
+def latency_run(system: System, run: int, cfg: Config) -> list[int]:
+    rate = 10_000
+    common: dict[str, Any] = {"topic": f"l{run}", "size": 100, "queue_type": QUEUE}
+    sub = Client(
+        "latsub", system, count=int(rate * cfg.latency_seconds), idle_timeout=1.0, **common
+    )
+    pub: Client | None = None
+    try:
+        sub.ready()
+        pub = Client("latpub", system, rate=rate, seconds=cfg.latency_seconds, **common)
+        pub.ready()
+        pub.go()
+        lat: list[int] = sub.collect()["lat_ns"]
+    finally:
+        for c in [sub] + ([pub] if pub else []):
+            c.go()
+            c.finish()
+    return lat
+
+
+def _pct(sorted_ns: list[int], p: float) -> float:
+    return sorted_ns[min(len(sorted_ns) - 1, int(len(sorted_ns) * p))] / 1e6
+
+
+def scenario_latency(cfg: Config, table: Table) -> None:
+    peers, _ = peers_of(cfg)
+    systems = [FqBroker(), *peers]
+    pooled: dict[str, list[int]] = {s.name: [] for s in systems}
+    cpu: dict[str, list[float]] = {s.name: [] for s in systems}
+
+    def one(system: System, run: int) -> dict[str, float]:
+        c0 = cpu_seconds(system.pid)
+        lat = latency_run(system, run, cfg)
+        cpu[system.name].append((cpu_seconds(system.pid) - c0) * 1e6 / max(1, len(lat)))
+        pooled[system.name] += lat
+        return {"n": len(lat)}
+
+    interleaved(systems, cfg.runs, one)
+    cells = {}
+    for name, lat in pooled.items():
+        lat.sort()
+        cells[name] = (
+            f"{_pct(lat, 0.5):.2f}/{_pct(lat, 0.99):.2f}/{_pct(lat, 0.999):.2f} ms"
+            if lat
+            else "no data"
+        )
+    row = ["latency @10k msg/s p50/p99/p99.9", cells["fqbroker"]]
+    row.append(f"{statistics.median(cpu['fqbroker']):.2f}")
+    for p in table.peers:
+        row += [cells.get(p, "-"), f"{statistics.median(cpu[p]):.2f}" if cpu.get(p) else "-"]
+    table.add(row, "p50 <0.5 ms, p99 <2 ms")
+
+
+def _backlog(port: int, queue: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats.json", timeout=10) as reply:
+        stats = json.load(reply)
+    return int(stats["queues"].get(queue, {}).get("backlog", 0))
+
+
+def scenario_memory(cfg: Config, table: Table) -> None:
+    """RSS growth per message with a backlog of ``cfg.backlog`` 100-byte messages."""
+    broker = FqBroker()
+    broker.start()
+    n = max(1000, int(cfg.backlog * min(1.0, cfg.scale * 10)))
+    try:
+        hold = Client("hold", broker, topic="m", backlog=2 * n)
+        hold.ready()
+        time.sleep(0.3)
+        before = rss_bytes(broker.pid)
+        pub = Client("pub", broker, topic="m", count=n, size=100)
+        pub.ready()
+        pub.go()
+        pub.collect()
+        deadline = time.monotonic() + 120
+        while _backlog(broker.port, "hold") < n and time.monotonic() < deadline:
+            time.sleep(0.2)
+        after = rss_bytes(broker.pid)
+        for c in (pub, hold):
+            c.go()
+            c.finish()
+    finally:
+        broker.stop()
+    per = (after - before) / n
+    table.add(
+        [
+            f"memory, {n:,} queued 100 B msgs",
+            f"{per:.0f} B/msg",
+            "",
+            f"RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB",
+        ],
+        "<=200 B/msg",
+    )
+
+
+def _ms(ns: int | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.0f}"
+
+
+def scenario_idle(cfg: Config, table: Table) -> None:
+    broker = FqBroker()
+    broker.start()
+    clients = max(10, int(cfg.idle_clients * min(1.0, cfg.scale * 10)))
+    try:
+        base = rss_bytes(broker.pid)
+        idle = Client("idle", broker, clients=clients, hb_ms=1000, seconds=cfg.idle_seconds)
+        idle.ready()
+        loaded = rss_bytes(broker.pid)
+        c0 = cpu_seconds(broker.pid)
+        idle.go()
+        res = idle.collect()
+        cpu = cpu_seconds(broker.pid) - c0
+        loaded = max(loaded, rss_bytes(broker.pid))
+        idle.go()
+        idle.finish()
+    finally:
+        broker.stop()
+    late = res["max_late_ns"]
+    table.add(
+        [
+            f"idle: {res['connections']:,} connections, heartbeat 1 s",
+            f"RSS {loaded / 2**20:.1f} MiB",
+            "",
+            f"(empty {base / 2**20:.1f} MiB; {(loaded - base) / res['connections'] / 1024:.1f}"
+            f" KiB/conn; CPU {cpu / cfg.idle_seconds * 100:.0f}%; heartbeat gaps over 1 s:"
+            f" p50 {_ms(res['p50_late_ns'])}, p99 {_ms(res['p99_late_ns'])},"
+            f" max {_ms(late)} ms; closed {res['closed']})",
+        ],
+        "<50 MB, heartbeats on time",
+    )
+
+
+SCENARIOS = [*FLOWS, "disk", "latency", "memory", "idle"]
+
+
+def run(names: Sequence[str], cfg: Config) -> str:
+    peers, notes = peers_of(cfg)
+    table = Table([p.name for p in peers])
+    print(
+        f"fqbroker bench: {cfg.runs} interleaved runs per figure, median; peers: "
+        + ", ".join(f"{p.name} {version(p)}".strip() for p in peers),
+        flush=True,
+    )
+    for name in names:
+        if name in FLOWS:
+            scenario_flow(name, cfg, table)
+        elif name == "disk":
+            scenario_disk(cfg, table)
+        elif name == "latency":
+            scenario_latency(cfg, table)
+        elif name == "memory":
+            scenario_memory(cfg, table)
+        elif name == "idle":
+            scenario_idle(cfg, table)
+    table.notes += ["", *(f"{n}: {why}" for n, why in notes)]
+    table.notes.append(
+        "us/msg: server CPU (user+sys) per delivered message. vs X: fqbroker msg/s over X's."
+    )
+    return table.render()
