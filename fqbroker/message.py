@@ -125,6 +125,10 @@ class Message:
             self._frame = frame
         return frame
 
+    def preset_frame(self, frame: bytes) -> None:
+        """Give the peer frame a reader already holds (a disk record), to save building it."""
+        self._frame = frame
+
     def publish_frame(self) -> bytes:
         """The publisher-format frame a client sends on a plain data channel (§1.10)."""
         ex, rt = self.exchange, self.route

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker import checkpoints, segmentlog, wire
+from fqbroker import checkpoints, segmentlog, store, wire
 from fqbroker.client import Client, ClientError
 from fqbroker.config import Settings
+from fqbroker.message import Message
 from fqbroker.server import Broker
 from fqbroker.store import queue_directory
 
@@ -344,3 +345,44 @@ async def test_a_failed_fsync_fails_confirms_and_the_queue_recovers(
     assert len(failures) == 1  # once per outage, however many retries
     assert failures[0].levelno == logging.ERROR
     assert store.write_errors == 1
+
+
+def test_batch_decoding_matches_record_by_record_decoding() -> None:
+    msgs = [
+        Message(b"e" * (i % 7), b"route." * (i % 5), b"p" * i, bytes(range(16)), b"s" * (i % 3))
+        for i in range(50)
+    ]
+    for i, msg in enumerate(msgs):
+        msg.stamp(msg.sender, bytes([10, 0, 0, i]) * (i % 4))
+    # Old records (no arrival tag) and new ones, mixed, as a converted queue holds them.
+    records = [
+        (100 + i, m.peer_frame() if i % 2 else store.encode_record(m.peer_frame(), i))
+        for i, m in enumerate(msgs)
+    ]
+    batch = store._decode_batch(records)
+    one_by_one = [store._decode(seq, record) for seq, record in records]
+    assert batch == one_by_one
+    assert [m.peer_frame() for m in batch] == [
+        Message(m.exchange, m.route, m.payload, m.msgid, m.sender, m.hops).peer_frame()
+        for m in one_by_one
+    ]
+    assert [store.message_seq(m) for m in batch] == list(range(100, 150))
+
+
+async def test_a_backlog_longer_than_the_recent_cache_comes_back_whole(broker: Broker) -> None:
+    """Older messages are read back from the file, the newest from memory: one sequence."""
+    count = store.RECENT_MESSAGES * 2 + 17
+    consumer = await open_session(broker.port, b"u", DISKQ)
+    await consumer.bind(b"ex", b"prefix:")
+    await consumer.close()
+    publisher = await open_session(broker.port)
+    for i in range(count):
+        await publisher.publish(b"ex", b"r.%d" % (i % 3), b"m%d" % i)
+    await wait_for(lambda: broker.queues[b"diskq"].backlog == count)
+    consumer = await open_session(broker.port, b"u", DISKQ)
+    got = await consumer.receive(count)
+    assert [m.payload for m in got] == [b"m%d" % i for i in range(count)]
+    assert [m.route for m in got] == [b"r.%d" % (i % 3) for i in range(count)]
+    assert [int.from_bytes(m.msgid[8:], "big") for m in got] == list(range(1, count + 1))
+    await consumer.close()
+    await publisher.close()
