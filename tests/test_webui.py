@@ -256,6 +256,17 @@ def require_chromium() -> str:
     return chromium
 
 
+async def stop_traffic(
+    stop: asyncio.Event, tasks: list[asyncio.Task[Any]], browser: Chromium
+) -> None:
+    """End the test's traffic tasks and the browser, whatever state they are in."""
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await browser.close()
+
+
 async def screenshot(page: Page, name: str) -> None:
     """Save the page as ``<name>.png`` (light) and ``<name>-dark.png`` under the artifacts."""
     for suffix, scheme in (("", "light"), ("-dark", "dark")):
@@ -305,11 +316,7 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
             await screenshot(page, "webui")
             assert page.errors() == []
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await browser.close()
+        await stop_traffic(stop, tasks, browser)
         await consumer.close()
         await publisher.close()
 
@@ -445,11 +452,7 @@ async def test_web_ui_shows_upstream_peers(broker: Broker, tmp_path: Path) -> No
             await screenshot(page, "webui-peers")
             assert page.errors() == []
     finally:
-        stop.set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await browser.close()
+        await stop_traffic(stop, tasks, browser)
         for session in sessions:
             await session.close()
         async with asyncio.timeout(TIMEOUT):
