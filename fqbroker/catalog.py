@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .errors import FqError, ProgramError, QueueError
 from .queue import Queue
 from .queuespec import QueueKind, QueueSpec
-from .router import Binding, Router
+from .router import Binding, ClientStats, Router
 from .state import ConfigStore, StoredBinding
 from .store import DiskStore, open_disk_store
 from .wire import BIND_ILLEGAL, BindFlags
@@ -119,10 +119,12 @@ class Catalog:
         self.router.unbind_queue(queue)
         queue.close(destroy=True)
 
-    def flush_dirty(self) -> tuple[list[DiskStore], int]:
+    def flush_dirty(self, client: ClientStats | None = None) -> tuple[list[DiskStore], int]:
         """Write every disk store's appended messages: (stores written, messages lost).
 
-        Every publisher calls this before it next awaits, so what it finds is its own.
+        Every publisher calls this before it next awaits, so what it finds is its own: the
+        lost messages count as drops, in the aggregate and for ``client``, so status shows
+        them to any fq client.
         """
         written: list[DiskStore] = []
         lost = 0
@@ -143,6 +145,8 @@ class Catalog:
                 written.append(store)
         if lost:
             self.router.aggregate.dropped += lost
+            if client is not None:
+                client.dropped += lost
         return written, lost
 
     def close(self) -> None:

@@ -430,22 +430,17 @@ class Client:
 
     async def receive(self) -> Message:
         """The next message from our queue; ``ClientClosed`` once closed and drained."""
-        while not self._inbox:
+        return (await self.receive_many(1))[0]
+
+    async def receive_many(self, limit: int) -> list[Message]:
+        """Up to ``limit`` messages, waiting only for the first; ``ClientClosed`` as receive()."""
+        inbox = self._inbox
+        while not inbox:
             if self.closed:
                 raise ClientClosed("client is closed")
             self._inbox_ready.clear()
             await self._inbox_ready.wait()
-        msg = self._inbox.popleft()
-        if len(self._inbox) < INBOX_LIMIT:
-            self._inbox_room.set()
-        return msg
-
-    async def receive_many(self, limit: int) -> list[Message]:
-        """Up to ``limit`` messages, waiting only for the first; ``ClientClosed`` as receive()."""
-        batch = [await self.receive()]
-        inbox = self._inbox
-        while inbox and len(batch) < limit:
-            batch.append(inbox.popleft())
+        batch = [inbox.popleft() for _ in range(min(limit, len(inbox)))]
         if len(inbox) < INBOX_LIMIT:
             self._inbox_room.set()
         return batch

@@ -34,7 +34,7 @@ class Upstream:
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> Upstream:
         """An ``[[upstream]]`` table of the TOML file, with the sqlite columns' defaults."""
-        known = {"host", "port", "source", "password", "exchange", "program", "permanent_binding"}
+        known = {f.name for f in fields(cls)}
         if unknown := set(table) - known:
             raise ValueError(f"unknown upstream setting(s): {', '.join(sorted(unknown))}")
         for required in ("host", "source", "exchange"):

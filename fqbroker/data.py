@@ -198,15 +198,12 @@ class DataSession:
 
     def _flush(self, first: int) -> None:
         """Write what this publisher appended to disk queues, before it next waits."""
-        flushed, lost = self.broker.catalog.flush_dirty()
+        assert self.owner is not None
+        flushed, lost = self.broker.catalog.flush_dirty(self.owner.stats)
         for store in flushed:
             self.written[store] = store.written_seq
-        if lost:
-            # Counted as drops, so status shows them to any fq client.
-            assert self.owner is not None
-            self.owner.stats.dropped += lost
-            if self.failed_from is None:
-                self.failed_from = first
+        if lost and self.failed_from is None:
+            self.failed_from = first
         self._progress.set()
         self._progress = asyncio.Event()
 

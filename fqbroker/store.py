@@ -107,12 +107,12 @@ def split_record(record: bytes) -> tuple[int | None, bytes]:
 
 def _decode(seq: int, record: bytes) -> Message:
     decoder = MessageDecoder(peer_format=True)
-    decoder.feed(split_record(record)[1])
+    frame = split_record(record)[1]
+    decoder.feed(frame)
     msg = decoder.next_message()
     if msg is None:
         raise ValueError(f"record {seq} is not a message")
-    msg.msgid = msg.msgid[:8] + _SEQ.pack(seq)
-    return msg
+    return _place(msg, seq, frame)
 
 
 def _decode_batch(records: list[tuple[int, bytes]]) -> list[Message]:
@@ -126,26 +126,23 @@ def _decode_batch(records: list[tuple[int, bytes]]) -> list[Message]:
     decoder.feed(b"".join(frames))
     msgs = decoder.messages()
     if len(msgs) != len(records):
-        return _decode_batch(records)
+        return [_decode(seq, record) for seq, record in records]
     return [
-        _renumbered(seq, msg, frame)
-        for (seq, _), frame, msg in zip(records, frames, msgs, strict=True)
+        _place(msg, seq, frame) for (seq, _), frame, msg in zip(records, frames, msgs, strict=True)
     ]
 
 
-def _renumbered(seq: int, msg: Message, frame: bytes) -> Message:
-    """A copy of ``msg`` carrying its sequence number in bytes 8-15 of its id.
+def _place(msg: Message, seq: int, frame: bytes) -> Message:
+    """Give ``msg`` (a message of its own) its sequence number in bytes 8-15 of its id.
 
-    Its delivered frame is ``frame`` (``msg``'s peer frame) with the new id spliced in,
-    not built again.
+    Its delivered frame is ``frame``, its peer frame as stored, with the new id spliced
+    in rather than built again.
     """
     position = _SEQ.pack(seq)
-    copy = Message(
-        msg.exchange, msg.route, msg.payload, msg.msgid[:8] + position, msg.sender, msg.hops
-    )
+    msg.msgid = msg.msgid[:8] + position
     at = 2 + len(msg.exchange) + len(msg.route) + 8
-    copy.preset_frame(frame[:at] + position + frame[at + 8 :])
-    return copy
+    msg.preset_frame(frame[:at] + position + frame[at + 8 :])
+    return msg
 
 
 def message_seq(msg: Message) -> int:
@@ -168,8 +165,7 @@ class DiskStore:
         self.policy = policy
         self.interval = interval_ms / 1000
         self._dirty = dirty if dirty is not None else set()
-        self._pending: list[bytes] = []
-        self._pending_msgs: list[Message] = []
+        self._pending: list[Message] = []
         # The messages last written, by sequence number: a consumer that keeps up gets
         # them from here instead of reading and decoding them back from the file.
         self._recent: collections.deque[tuple[int, Message]] = collections.deque(
@@ -209,22 +205,22 @@ class DiskStore:
         return len(self._pending)
 
     def append(self, msg: Message) -> None:
-        self._pending.append(encode_record(msg.peer_frame(), time.time_ns() // 1000))
-        self._pending_msgs.append(msg)
+        self._pending.append(msg)
         self._dirty.add(self)
 
     def flush(self) -> None:
         """Write what was appended; raises OSError (and drops the batch) if the disk fails."""
         self._dirty.discard(self)
-        pending, self._pending = self._pending, []
-        msgs, self._pending_msgs = self._pending_msgs, []
-        if not pending:
+        msgs, self._pending = self._pending, []
+        if not msgs:
             return
+        # Arrival is when the publisher's read is written: the same loop turn it was read.
+        arrival = time.time_ns() // 1000
         first = self.log.next_seq
         try:
-            self.log.append(pending)
+            self.log.append([encode_record(msg.peer_frame(), arrival) for msg in msgs])
         except OSError:
-            self.write_errors += len(pending)
+            self.write_errors += len(msgs)
             raise
         self._recent.extend(zip(range(first, first + len(msgs)), msgs, strict=True))
         if self.policy is FsyncPolicy.NEVER:
@@ -336,9 +332,11 @@ class DiskStore:
         if not recent or not recent[0][0] <= cursor <= recent[-1][0]:
             return None
         start = cursor - recent[0][0]
+        # Copies: the written messages may sit in other queues too.
         return [
-            _renumbered(seq, msg, msg.peer_frame())
-            for seq, msg in itertools.islice(recent, start, start + n)
+            _place(Message(m.exchange, m.route, m.payload, m.msgid, m.sender, m.hops), seq, frame)
+            for seq, m in itertools.islice(recent, start, start + n)
+            if (frame := m.peer_frame())
         ]
 
     def put_back(self, msgs: list[Message]) -> None:

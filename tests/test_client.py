@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,21 +25,9 @@ from fqbroker.errors import ProtocolError
 from fqbroker.message import hop_addresses
 from fqbroker.server import Broker
 
-NODE_ID = "10.254.254.1"
-TIMEOUT = 10.0
-STATUS_KEYS = [
-    "dropped_in",
-    "no_exchange",
-    "no_route",
-    "routed",
-    "dropped",
-    "size_dropped",
-    "msgs_in",
-    "msgs_out",
-    "octets_in",
-    "octets_out",
-    "confirm",
-]
+from .conftest import NODE_ID, TIMEOUT
+from .vectors import BROKER_STATUS_KEYS
+
 Connect = Callable[..., Awaitable[Client]]
 AUTO_QUEUE = re.compile(rb"q-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -182,24 +169,6 @@ def test_abandon_returns_unanswered_tokens_in_order() -> None:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(
-        port=0, node_id=NODE_ID, config_db=tmp_path / "fqd.sqlite", queue_dir=tmp_path / "queues"
-    )
-
-
-@pytest.fixture
-async def broker(settings: Settings) -> AsyncIterator[Broker]:
-    b = Broker(settings)
-    await b.start()
-    try:
-        yield b
-    finally:
-        async with asyncio.timeout(TIMEOUT):
-            await b.stop()
-
-
-@pytest.fixture
 async def connect(broker: Broker) -> AsyncIterator[Connect]:
     """Connected clients to ``broker``, all closed at the end of the test."""
     clients: list[Client] = []
@@ -262,7 +231,7 @@ async def test_status_keys_come_in_fq_order(connect: Connect) -> None:
         await client.flush()
         await client.receive()  # our own message came back: the data channel is paired
         status = await client.status()
-        assert list(status) == STATUS_KEYS
+        assert list(status) == BROKER_STATUS_KEYS
         assert status["msgs_in"] == 1 and status["routed"] == 1 and status["msgs_out"] == 1
 
 

@@ -386,3 +386,9 @@ async def test_a_backlog_longer_than_the_recent_cache_comes_back_whole(broker: B
     assert [int.from_bytes(m.msgid[8:], "big") for m in got] == list(range(1, count + 1))
     await consumer.close()
     await publisher.close()
+
+
+def test_batch_decoding_names_a_record_that_is_not_a_message() -> None:
+    good = store.encode_record(Message(b"e", b"r", b"p", bytes(16)).peer_frame(), 1)
+    with pytest.raises(ValueError, match="record 8 is not a message"):
+        store._decode_batch([(7, good), (8, store.encode_record(b"\x05ab", 2)), (9, good)])

@@ -11,20 +11,7 @@ from fqbroker.message import hop_addresses
 from fqbroker.server import Broker
 
 from .conftest import RawConn, authenticate, open_session, wait_for
-
-STATUS_KEYS = [
-    "dropped_in",
-    "no_exchange",
-    "no_route",
-    "routed",
-    "dropped",
-    "size_dropped",
-    "msgs_in",
-    "msgs_out",
-    "octets_in",
-    "octets_out",
-    "confirm",  # fqbroker's announcement of publisher confirms, always last
-]
+from .vectors import BROKER_STATUS_KEYS
 
 
 async def paired(broker: Broker, key: bytes) -> None:
@@ -104,7 +91,7 @@ async def test_pipelined_commands_are_answered_in_order(broker: Broker) -> None:
         wire.UnbindResponse(wire.BIND_ILLEGAL),
     ]
     assert isinstance(replies[7], wire.Status)
-    assert [k for k, _ in replies[7].items] == STATUS_KEYS
+    assert [k for k, _ in replies[7].items] == BROKER_STATUS_KEYS
     await session.close()
 
 

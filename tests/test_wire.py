@@ -20,6 +20,7 @@ from .vectors import (
     PUBLISH_MESSAGE_BYTES,
     SERVER_REPLIES,
     SNIFF,
+    STATUS_KEYS,
 )
 
 
@@ -123,23 +124,7 @@ def test_pipelined_commands_decode_in_order() -> None:
 
 
 def test_status_reply_round_trip_with_all_keys() -> None:
-    items = tuple(
-        (k, i)
-        for i, k in enumerate(
-            [
-                "dropped_in",
-                "no_exchange",
-                "no_route",
-                "routed",
-                "dropped",
-                "size_dropped",
-                "msgs_in",
-                "msgs_out",
-                "octets_in",
-                "octets_out",
-            ]
-        )
-    )
+    items = tuple((k, i) for i, k in enumerate(STATUS_KEYS))
     data = wire.encode(wire.Status(items))
     assert data[:2] == b"\x57\xa7" and data[-2:] == b"\x00\x00"
     got, _ = decode_all(wire.ClientCommandDecoder, data, 1)

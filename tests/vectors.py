@@ -11,6 +11,22 @@ from fqbroker.message import Message
 
 KEY = bytes(range(127))
 
+# The status reply's keys in fq's order (§1.6).
+STATUS_KEYS = [
+    "dropped_in",
+    "no_exchange",
+    "no_route",
+    "routed",
+    "dropped",
+    "size_dropped",
+    "msgs_in",
+    "msgs_out",
+    "octets_in",
+    "octets_out",
+]
+# fqbroker's announcement of publisher confirms follows them, always last.
+BROKER_STATUS_KEYS = [*STATUS_KEYS, wire.CONFIRM_STATUS_KEY]
+
 
 def h(text: str) -> bytes:
     return bytes.fromhex(text.replace(" ", ""))
