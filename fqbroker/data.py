@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .errors import ProtocolError
-from .message import Message, accept_from_peer, has_hop, ipv4_bytes
+from .message import Message, accept_from_peer, frame_hops, has_hop, ipv4_bytes
+from .router import ClientStats
 
 if TYPE_CHECKING:
     from .command import CommandSession
@@ -68,7 +69,9 @@ class DataSession:
         peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
         self.remote_addr: str = peer[0]
         self.remote_port: int = peer[1]
-        self._publisher_hop = ipv4_bytes(self.remote_addr)
+        # The hops a publisher's messages get: this broker, then the publisher (§1.11).
+        self._stamp_hops = broker.node_id + ipv4_bytes(self.remote_addr)
+        self._stamp_size = 0  # bytes the stamp adds to each frame, once paired
         self._draining = False
         self._pump_out_task: asyncio.Task[None] | None = None
         # Publisher confirms (docs/confirms.md): messages handled so far on this channel,
@@ -135,6 +138,7 @@ class DataSession:
         self.peer_id = hello.peer_id
         owner.data = self
         self._leftover = self.hello.unconsumed()
+        self._stamp_size = 2 + len(owner.user) + len(self._stamp_hops)
         log.debug("data channel paired for %s (peer=%s)", owner.pretty, self.is_peer)
         return owner
 
@@ -143,58 +147,75 @@ class DataSession:
 
     async def _pump_in(self, owner: CommandSession) -> None:
         broker = self.broker
-        publish_many = broker.router.publish_many
         stats = owner.stats
         decoder = wire.MessageDecoder(
             peer_format=self.is_peer, max_payload=broker.settings.max_message_size
         )
         decoder.feed(self._leftover)
-        node_id = broker.node_id
-        stamp_hops = node_id + self._publisher_hop
-        user = owner.user
+        publish = self._publish_peer_messages if self.is_peer else self._publish_runs
         reader = self.reader
         while True:
-            first = self.handled + 1
-            # Every whole frame of this read at once, stamped with sender and hops.
-            msgs = decoder.messages() if self.is_peer else decoder.messages(user, stamp_hops)
-            octets, decoder.octets = decoder.octets, 0
-            if self.is_peer and msgs:
-                # Counted as read, looped ones too; then routed like any other.
-                self.handled += len(msgs)
-                stats.msgs_in += len(msgs)
-                stats.octets_in += octets
-                msgs = [m for m in msgs if _accept(m, node_id)]
-                octets = 0
-            i = 0
-            while i < len(msgs):
-                start = i
-                i, blocked = publish_many(msgs, i, stats)
-                if not self.is_peer:
-                    self.handled += i - start
-                    stats.msgs_in += i - start
-                if not blocked:
-                    stats.octets_in += octets
-                    break
-                if not self.is_peer:
-                    part = sum(m.publish_octets for m in msgs[start:i])
-                    stats.octets_in += part
-                    octets -= part
-                # Block policy: hold this publisher, and only it, until there is room.
-                self._flush(first)
-                first = self.handled + 1
-                for queue in blocked:
-                    await queue.wait_not_full()
+            await publish(decoder, stats)
             if decoder.oversized:
                 stats.size_dropped += decoder.oversized
                 broker.router.aggregate.size_dropped += decoder.oversized
                 decoder.oversized = 0
-            self._flush(first)
             if decoder.error_pending:
-                continue  # the next messages() raises it
+                continue  # the next decode raises it
             chunk = await reader.read(READ_SIZE)
             if not chunk:
                 return
             decoder.feed(chunk)
+
+    async def _publish_runs(self, decoder: wire.MessageDecoder, stats: ClientStats) -> None:
+        """Route every whole message of this read, stamped with sender and hops (§1.11)."""
+        first = self.handled + 1
+        assert self.owner is not None
+        runs = decoder.runs(self.owner.user, self._stamp_hops)
+        octets, decoder.octets = decoder.octets, 0
+        publish_run = self.broker.router.publish_run
+        for exchange, route, frames in runs:
+            while frames:
+                n, blocked = publish_run(exchange, route, frames, stats)
+                self.handled += n
+                stats.msgs_in += n
+                if not blocked:
+                    break
+                # Block policy: hold this publisher, and only it, until there is room.
+                part = sum(map(len, frames[:n])) - n * self._stamp_size
+                stats.octets_in += part
+                octets -= part
+                frames = frames[n:]
+                self._flush(first)
+                first = self.handled + 1
+                for queue in blocked:
+                    await queue.wait_not_full()
+        stats.octets_in += octets
+        self._flush(first)
+
+    async def _publish_peer_messages(
+        self, decoder: wire.MessageDecoder, stats: ClientStats
+    ) -> None:
+        """A peer's messages: counted as read, looped ones too; then routed (§5.3)."""
+        first = self.handled + 1
+        msgs = decoder.messages()
+        stats.octets_in += decoder.octets
+        decoder.octets = 0
+        self.handled += len(msgs)
+        stats.msgs_in += len(msgs)
+        node_id = self.broker.node_id
+        msgs = [m for m in msgs if _accept(m, node_id)]
+        publish_many = self.broker.router.publish_many
+        i = 0
+        while i < len(msgs):
+            i, blocked = publish_many(msgs, i, stats)
+            if not blocked:
+                break
+            self._flush(first)
+            first = self.handled + 1
+            for queue in blocked:
+                await queue.wait_not_full()
+        self._flush(first)
 
     def _flush(self, first: int) -> None:
         """Write what this publisher appended to disk queues, before it next waits."""
@@ -234,11 +255,10 @@ class DataSession:
                 queue.put_back(batch)
                 return
             if peer_id != NO_PEER:
-                batch = [m for m in batch if not has_hop(m.hops, peer_id)]
-            frames = [m.peer_frame() for m in batch]
-            writer.write(b"".join(frames))
-            stats.msgs_out += len(frames)
-            stats.octets_out += sum(map(len, frames))
+                batch = [f for f in batch if not has_hop(frame_hops(f), peer_id)]
+            writer.write(b"".join(batch))
+            stats.msgs_out += len(batch)
+            stats.octets_out += sum(map(len, batch))
             try:
                 await writer.drain()
             except ConnectionError:

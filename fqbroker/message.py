@@ -17,10 +17,17 @@ __all__ = [
     "ZERO_MSGID",
     "Message",
     "MsgIdCounter",
+    "Run",
     "accept_from_peer",
+    "frame_hops",
+    "frame_payload_size",
+    "frame_seq",
     "has_hop",
     "hop_addresses",
     "ipv4_bytes",
+    "message_from_frame",
+    "peer_frame_length",
+    "place_seq",
 ]
 
 MAX_HOPS = 32  # FQ_MAX_HOPS: older hops fall off the end
@@ -186,6 +193,73 @@ class Message:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+# Consecutive messages on one exchange and route, as peer frames: the unit the data path
+# routes in. A publisher sending on one route routes once per read, not once per message.
+Run = tuple[bytes, bytes, list[bytes]]
+
+_SEQ = struct.Struct(">Q")
+
+
+def _id_offset(frame: bytes) -> int:
+    """Where the 16-byte message id starts in a peer (or publisher) frame."""
+    return 2 + frame[0] + frame[1 + frame[0]]
+
+
+def frame_hops(frame: bytes) -> bytes:
+    """The raw hop list of a peer frame."""
+    at = _id_offset(frame) + 16
+    at += 1 + frame[at]
+    return frame[at + 1 : at + 1 + 4 * frame[at]]
+
+
+def frame_payload_size(frame: bytes) -> int:
+    """A peer frame's payload size: all but its head, for the routing counters."""
+    at = _id_offset(frame) + 16
+    at += 1 + frame[at]
+    return len(frame) - (at + 5 + 4 * frame[at])
+
+
+def peer_frame_length(frame: bytes) -> int:
+    """The length a peer frame says it has, read from its length fields.
+
+    Raises IndexError or struct.error when ``frame`` is too short to say.
+    """
+    at = _id_offset(frame) + 16
+    at += 1 + frame[at]
+    at += 1 + 4 * frame[at]
+    size: int = _U32.unpack_from(frame, at)[0]
+    return at + 4 + size
+
+
+def message_from_frame(frame: bytes) -> Message:
+    """The :class:`Message` of a whole peer frame (for rule programs and peers)."""
+    at = 1 + frame[0]
+    exchange = frame[1:at]
+    end = at + 1 + frame[at]
+    route = frame[at + 1 : end]
+    msgid = frame[end : end + 16]
+    at = end + 16
+    end = at + 1 + frame[at]
+    sender = frame[at + 1 : end]
+    at = end + 1 + 4 * frame[end]
+    hops = frame[end + 1 : at]
+    msg = Message(exchange, route, frame[at + 4 :], msgid, sender, hops)
+    msg.preset_frame(frame)
+    return msg
+
+
+def place_seq(frame: bytes, seq: int) -> bytes:
+    """``frame`` with ``seq`` in bytes 8-15 of its message id (a disk queue's position)."""
+    at = _id_offset(frame) + 8
+    return frame[:at] + _SEQ.pack(seq) + frame[at + 8 :]
+
+
+def frame_seq(frame: bytes) -> int:
+    """The position :func:`place_seq` put in ``frame``."""
+    seq: int = _SEQ.unpack_from(frame, _id_offset(frame) + 8)[0]
+    return seq
 
 
 class MsgIdCounter:

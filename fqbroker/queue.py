@@ -18,7 +18,9 @@ shares work fairly under light load too, where fqd hands everything to one consu
 (§3.4).
 
 Messages live in a :class:`MemoryStore`; disk queues swap in another store with the
-same small interface.
+same small interface. A queue holds each message as the peer frame its consumers
+receive (§1.10): nothing is decoded or built again on the way out, and a message routed
+to several queues is one shared ``bytes`` object.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from .errors import QueueError
-from .message import Message
 from .queuespec import Policy, QueueSpec, signed_backlog
 from .segmentlog import SegmentLog
 from .store import DiskStore
@@ -46,10 +47,10 @@ class Store(Protocol):
     """Where a queue keeps its messages (fqd's ``fqd_queue_impl``)."""
 
     def __len__(self) -> int: ...
-    def append(self, msg: Message) -> None: ...
-    def take(self, n: int) -> list[Message]: ...
-    def put_back(self, msgs: list[Message]) -> None: ...
-    def ack(self, msgs: list[Message]) -> None: ...
+    def extend(self, frames: list[bytes]) -> None: ...
+    def take(self, n: int) -> list[bytes]: ...
+    def put_back(self, frames: list[bytes]) -> None: ...
+    def ack(self, frames: list[bytes]) -> None: ...
     def close(self, *, destroy: bool) -> None: ...
 
 
@@ -57,15 +58,15 @@ class MemoryStore:
     """An in-memory FIFO; its contents die with the process."""
 
     def __init__(self) -> None:
-        self._items: collections.deque[Message] = collections.deque()
+        self._items: collections.deque[bytes] = collections.deque()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def append(self, msg: Message) -> None:
-        self._items.append(msg)
+    def extend(self, frames: list[bytes]) -> None:
+        self._items.extend(frames)
 
-    def take(self, n: int) -> list[Message]:
+    def take(self, n: int) -> list[bytes]:
         items = self._items
         if n >= len(items):
             out = list(items)
@@ -74,10 +75,10 @@ class MemoryStore:
         popleft = items.popleft
         return [popleft() for _ in range(n)]
 
-    def put_back(self, msgs: list[Message]) -> None:
-        self._items.extendleft(reversed(msgs))
+    def put_back(self, frames: list[bytes]) -> None:
+        self._items.extendleft(reversed(frames))
 
-    def ack(self, msgs: list[Message]) -> None:
+    def ack(self, frames: list[bytes]) -> None:
         pass  # nothing to remember: a memory queue's contents die with the process
 
     def close(self, *, destroy: bool) -> None:
@@ -157,13 +158,27 @@ class Queue:
 
     # --- producing ------------------------------------------------------------------------
 
-    def offer(self, msg: Message) -> bool:
-        if self.policy is _DROP and len(self.store) >= self.limit:
-            self.dropped_to += 1
-            return False
-        self.store.append(msg)
+    def offer(self, frames: list[bytes]) -> int:
+        """Append messages in order; under drop, those past the limit are refused."""
+        n = len(frames)
+        if self.policy is _DROP:
+            room = self.limit - len(self.store)
+            if room < n:
+                if room <= 0:
+                    self.dropped_to += n
+                    return 0
+                self.dropped_to += n - room
+                frames = frames[:room]
+                n = room
+        self.store.extend(frames)
         self._wake_getter()
-        return True
+        return n
+
+    @property
+    def until_full(self) -> int | None:
+        if self.policy is _DROP:
+            return None
+        return max(self.limit - len(self.store), 1)
 
     async def wait_not_full(self) -> None:
         """Return once the backlog is under the limit (block policy)."""
@@ -183,7 +198,7 @@ class Queue:
                 self._woken += 1
                 return
 
-    def take(self, max_n: int) -> list[Message]:
+    def take(self, max_n: int) -> list[bytes]:
         """Take up to ``max_n`` messages now, sharing them with consumers still waiting."""
         available = len(self.store)
         if not available:
@@ -198,7 +213,7 @@ class Queue:
             self._space = None
         return batch
 
-    async def get_batch(self, max_n: int = 1024) -> list[Message]:
+    async def get_batch(self, max_n: int = 1024) -> list[bytes]:
         """Wait for messages and take up to ``max_n`` of them."""
         while True:
             batch = self.take(max_n)
@@ -216,17 +231,17 @@ class Queue:
                 raise
             self._woken -= 1
 
-    def put_back(self, msgs: Iterable[Message]) -> None:
+    def put_back(self, frames: Iterable[bytes]) -> None:
         """Return messages taken but never written; they go out first next time."""
-        msgs = list(msgs)
-        if msgs:
-            self.store.put_back(msgs)
+        frames = list(frames)
+        if frames:
+            self.store.put_back(frames)
             self._wake_getter()
 
-    def ack(self, msgs: list[Message]) -> None:
+    def ack(self, frames: list[bytes]) -> None:
         """These messages reached a consumer's socket (a disk queue's checkpoint moves)."""
-        if msgs:
-            self.store.ack(msgs)
+        if frames:
+            self.store.ack(frames)
 
     def disk_log(self) -> SegmentLog:
         store = self.store

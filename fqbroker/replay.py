@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
-from .message import Message
+from .message import Message, place_seq
 from .queuespec import QueueKind
 from .store import DiskStore, split_record
 from .wire import MessageDecoder
@@ -43,7 +43,6 @@ CONTENT_TYPE = "application/x-fq-entries"
 ENTRY = struct.Struct(">QQI")
 DEFAULT_READ_BYTES = 4 << 20
 MAX_READ_BYTES = 64 << 20
-_SEQ = struct.Struct(">Q")
 _READ_BATCH = 4096  # records per segment-log read; bounds the time one call holds the loop
 
 # (status, body, content type, extra headers): what http.py turns into its reply.
@@ -122,18 +121,11 @@ def _read(store: DiskStore, start: int, stop: int, limit: int) -> bytes:
             break
         for rseq, record in records:
             arrival, frame = split_record(record)
-            entry = encode_entry(rseq, arrival, _with_seq(frame, rseq))
+            entry = encode_entry(rseq, arrival, place_seq(frame, rseq))
             parts.append(entry)
             size += len(entry)
         seq = records[-1][0] + 1
     return b"".join(parts)
-
-
-def _with_seq(frame: bytes, seq: int) -> bytes:
-    """The frame with the seq in message-id bytes 8-15, as a delivered message has it."""
-    at = 1 + frame[0]  # past the exchange
-    at += 1 + frame[at] + 8  # past the route and the sender's half of the id
-    return frame[:at] + _SEQ.pack(seq) + frame[at + 8 :]
 
 
 def encode_entry(seq: int, arrival_us: int | None, frame: bytes) -> bytes:

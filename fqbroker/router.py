@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from .errors import ProgramError
-from .message import Message
+from .message import Message, frame_payload_size, message_from_frame
 from .prefixes import PrefixIndex
 from .program import Program, RuleRegistry, compile_program
 from .wire import BIND_ILLEGAL, BindFlags
@@ -52,8 +52,16 @@ _AVG_SHIFT = 7
 class Target(Protocol):
     """What a binding delivers into: a queue, as far as the router cares."""
 
-    def offer(self, msg: Message) -> bool:
-        """Take the message, or refuse it (tail drop) and return False."""
+    def offer(self, frames: list[bytes]) -> int:
+        """Take these peer frames in order, up to the tail-drop limit; how many it took."""
+        ...
+
+    @property
+    def until_full(self) -> int | None:
+        """Messages a publisher may still send before it waits (block policy), else None.
+
+        At least 1: a block-policy queue takes the message that fills it.
+        """
         ...
 
     @property
@@ -314,62 +322,117 @@ class Router:
                     targets.append(queue)
         return targets
 
+    def publish_run(
+        self, exchange: bytes, route: bytes, frames: list[bytes], client: ClientStats
+    ) -> tuple[int, list[Target]]:
+        """Publish peer frames that share exchange, route and head size: the data path.
+
+        The run is routed once and offered to each target in one call, with every
+        counter of :meth:`publish` moved by the run's size. Stops after the first message
+        that leaves a block-policy target full: returns how many frames were published
+        and those targets, for the publisher to wait on (an empty list: all done).
+        """
+        n = len(frames)
+        if not n:
+            return 0, []
+        ex = self.exchanges.get(exchange)
+        if ex is None:
+            head = len(frames[0]) - frame_payload_size(frames[0])
+            agg = self.aggregate
+            agg.messages += n
+            agg.octets += sum(map(len, frames)) - n * head
+            agg.no_exchange += n
+            agg.no_route += n
+            client.no_exchange += n
+            client.no_route += n
+            return n, []
+        hits = ex.hits(route)
+        if hits is None:
+            return self._publish_each(frames, client)
+        for binding in hits:
+            room = binding.queue.until_full
+            if room is not None and room < n:
+                n = room
+        batch = frames if n == len(frames) else frames[:n]
+        head = len(batch[0]) - frame_payload_size(batch[0])
+        octets = sum(map(len, batch)) - n * head
+        agg = self.aggregate
+        agg.messages += n
+        agg.octets += octets
+        ex.messages += n
+        ex.octets += octets
+        if not hits:
+            ex.no_route += n
+            agg.no_route += n
+            client.no_route += n
+            return n, []
+        dropped = 0
+        blocked: list[Target] = []
+        for binding in hits:
+            binding.invocations += n
+            queue = binding.queue
+            dropped += n - queue.offer(batch)
+            if queue.is_full:
+                blocked.append(queue)
+        routed = n * len(hits)
+        ex.routed += routed
+        agg.routed += routed
+        client.routed += routed
+        if dropped:
+            ex.dropped += dropped
+            agg.dropped += dropped
+            client.dropped += dropped
+        return n, blocked
+
+    def _publish_each(self, frames: list[bytes], client: ClientStats) -> tuple[int, list[Target]]:
+        """A run whose targets depend on more than its route: one message at a time."""
+        for i, frame in enumerate(frames, 1):
+            result = self._offer(message_from_frame(frame), frame, client)
+            if result.blocked:
+                return i, result.blocked
+        return len(frames), []
+
     def publish_many(
         self, msgs: list[Message], start: int, client: ClientStats
     ) -> tuple[int, list[Target]]:
-        """:meth:`publish` for ``msgs[start:]``, the data path's batch form.
-
-        Same routing and counters, kept in locals and added up once. Stops after the
-        first message that leaves a block-policy target full: returns the index to go on
-        from and those targets, for the publisher to wait on (an empty list: all done).
-        """
-        exchanges = self.exchanges
-        route = self.route
-        blocked: list[Target] = []
-        routed = dropped = no_route = no_exchange = 0
+        """:meth:`publish_run` for ``msgs[start:]``, cut into runs; same return value."""
         i = start
         end = len(msgs)
         while i < end:
-            msg = msgs[i]
-            i += 1
-            targets = route(msg)
-            if not targets:
-                no_route += 1
-                if msg.exchange not in exchanges:
-                    no_exchange += 1
-                continue
-            n_dropped = 0
-            for queue in targets:
-                if not queue.offer(msg):
-                    n_dropped += 1
-                elif queue.is_full:
-                    blocked.append(queue)
-            routed += len(targets)
-            if n_dropped:
-                dropped += n_dropped
-                exchanges[msg.exchange].dropped += n_dropped
-            exchanges[msg.exchange].routed += len(targets)
+            first = msgs[i]
+            exchange, route = first.exchange, first.route
+            head = len(first.sender) + len(first.hops)
+            j = i + 1
+            while j < end:
+                msg = msgs[j]
+                if (
+                    msg.route != route
+                    or msg.exchange != exchange
+                    or len(msg.sender) + len(msg.hops) != head
+                ):
+                    break
+                j += 1
+            frames = [msg.peer_frame() for msg in msgs[i:j]]
+            done, blocked = self.publish_run(exchange, route, frames, client)
+            i += done
             if blocked:
-                break
-        agg = self.aggregate
-        agg.routed += routed
-        agg.dropped += dropped
-        client.no_exchange += no_exchange
-        client.no_route += no_route
-        client.routed += routed
-        client.dropped += dropped
-        return i, blocked
+                return i, blocked
+        return i, []
 
     def publish(self, msg: Message, client: ClientStats | None = None) -> PublishResult:
         """Route ``msg`` and offer it to every target, keeping every counter of §1.6/§2.6."""
+        return self._offer(msg, msg.peer_frame(), client)
+
+    def _offer(self, msg: Message, frame: bytes, client: ClientStats | None) -> PublishResult:
         targets = self.route(msg)
         result = PublishResult()
         if not targets:
             result.no_route = 1
             if msg.exchange not in self.exchanges:
                 result.no_exchange = 1
+        one = [frame]
         for queue in targets:
-            if not queue.offer(msg):
+            if not queue.offer(one):
                 result.dropped += 1
             elif queue.is_full:
                 result.blocked.append(queue)

@@ -47,9 +47,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .message import Message
+from .message import frame_seq, peer_frame_length, place_seq
 from .segmentlog import SegmentLog
-from .wire import MessageDecoder
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -59,7 +58,6 @@ __all__ = ["DiskStore", "FsyncPolicy", "open_disk_store", "split_record"]
 log = logging.getLogger(__name__)
 
 READER = "fq"  # the broker's own checkpoint, as jlog's subscriber "fq"
-_SEQ = struct.Struct(">Q")
 RECENT_MESSAGES = 4096  # written messages kept for consumers that keep up
 _RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # seconds between attempts to repair a failed log
 _TAG = struct.Struct(">BQ")  # record version, arrival time in microseconds
@@ -105,49 +103,16 @@ def split_record(record: bytes) -> tuple[int | None, bytes]:
     return _TAG.unpack_from(record)[1], record[_TAG.size :]
 
 
-def _decode(seq: int, record: bytes) -> Message:
-    decoder = MessageDecoder(peer_format=True)
+def _delivered(seq: int, record: bytes) -> bytes:
+    """The frame a consumer receives for a stored record: its position in the id."""
     frame = split_record(record)[1]
-    decoder.feed(frame)
-    msg = decoder.next_message()
-    if msg is None:
+    try:
+        whole = peer_frame_length(frame) == len(frame)
+    except (IndexError, struct.error):
+        whole = False
+    if not whole:
         raise ValueError(f"record {seq} is not a message")
-    return _place(msg, seq, frame)
-
-
-def _decode_batch(records: list[tuple[int, bytes]]) -> list[Message]:
-    """Decode records in one pass of the data path's decoder; per record if that fails.
-
-    Records passed their checksums, so their frames are whole and back to back; the
-    per-record path only runs if one is not a message, and then names which.
-    """
-    decoder = MessageDecoder(peer_format=True)
-    frames = [split_record(record)[1] for _, record in records]
-    decoder.feed(b"".join(frames))
-    msgs = decoder.messages()
-    if len(msgs) != len(records):
-        return [_decode(seq, record) for seq, record in records]
-    return [
-        _place(msg, seq, frame) for (seq, _), frame, msg in zip(records, frames, msgs, strict=True)
-    ]
-
-
-def _place(msg: Message, seq: int, frame: bytes) -> Message:
-    """Give ``msg`` (a message of its own) its sequence number in bytes 8-15 of its id.
-
-    Its delivered frame is ``frame``, its peer frame as stored, with the new id spliced
-    in rather than built again.
-    """
-    position = _SEQ.pack(seq)
-    msg.msgid = msg.msgid[:8] + position
-    at = 2 + len(msg.exchange) + len(msg.route) + 8
-    msg.preset_frame(frame[:at] + position + frame[at + 8 :])
-    return msg
-
-
-def message_seq(msg: Message) -> int:
-    seq: int = _SEQ.unpack_from(msg.msgid, 8)[0]
-    return seq
+    return place_seq(frame, seq)
 
 
 class DiskStore:
@@ -165,12 +130,10 @@ class DiskStore:
         self.policy = policy
         self.interval = interval_ms / 1000
         self._dirty = dirty if dirty is not None else set()
-        self._pending: list[Message] = []
-        # The messages last written, by sequence number: a consumer that keeps up gets
-        # them from here instead of reading and decoding them back from the file.
-        self._recent: collections.deque[tuple[int, Message]] = collections.deque(
-            maxlen=RECENT_MESSAGES
-        )
+        self._pending: list[bytes] = []
+        # The frames last written, the newest at ``written_seq``: a consumer that keeps
+        # up gets them from here instead of reading them back from the file.
+        self._recent: collections.deque[bytes] = collections.deque(maxlen=RECENT_MESSAGES)
         self._cursor = segment_log.checkpoints.get(READER, segment_log.first_seq)
         # Batches handed to consumers and not yet acknowledged: [first, last, acked].
         self._in_flight: collections.deque[list[int]] = collections.deque()
@@ -204,25 +167,24 @@ class DiskStore:
         """Messages appended and not yet written."""
         return len(self._pending)
 
-    def append(self, msg: Message) -> None:
-        self._pending.append(msg)
+    def extend(self, frames: list[bytes]) -> None:
+        self._pending.extend(frames)
         self._dirty.add(self)
 
     def flush(self) -> None:
         """Write what was appended; raises OSError (and drops the batch) if the disk fails."""
         self._dirty.discard(self)
-        msgs, self._pending = self._pending, []
-        if not msgs:
+        frames, self._pending = self._pending, []
+        if not frames:
             return
         # Arrival is when the publisher's read is written: the same loop turn it was read.
-        arrival = time.time_ns() // 1000
-        first = self.log.next_seq
+        tag = _TAG.pack(RECORD_V1, time.time_ns() // 1000)
         try:
-            self.log.append([encode_record(msg.peer_frame(), arrival) for msg in msgs])
+            self.log.append([tag + frame for frame in frames])
         except OSError:
-            self.write_errors += len(msgs)
+            self.write_errors += len(frames)
             raise
-        self._recent.extend(zip(range(first, first + len(msgs)), msgs, strict=True))
+        self._recent.extend(frames)
         if self.policy is FsyncPolicy.NEVER:
             self._set_durable(self.log.next_seq - 1)
         else:
@@ -310,43 +272,34 @@ class DiskStore:
 
     # --- reading --------------------------------------------------------------------------
 
-    def take(self, n: int) -> list[Message]:
+    def take(self, n: int) -> list[bytes]:
         if self._pending:
             with contextlib.suppress(OSError):  # the publisher saw the error already
                 self.flush()
         # Named checkpoints alone may have trimmed past a reader that never read.
-        self._cursor = max(self._cursor, self.log.first_seq)
-        msgs = self._take_recent(n)
-        if msgs is None:
-            records = self.log.read(self._cursor, n)
-            if not records:
+        cursor = self._cursor = max(self._cursor, self.log.first_seq)
+        recent = self._recent
+        first_recent = self.log.next_seq - len(recent)
+        if recent and first_recent <= cursor < self.log.next_seq:
+            frames = itertools.islice(recent, cursor - first_recent, cursor - first_recent + n)
+            out = [place_seq(frame, seq) for seq, frame in enumerate(frames, cursor)]
+        else:
+            out = [_delivered(seq, record) for seq, record in self.log.read(cursor, n)]
+            if not out:
                 return []
-            msgs = _decode_batch(records)
-        first, last = message_seq(msgs[0]), message_seq(msgs[-1])
+        last = cursor + len(out) - 1
         self._cursor = last + 1
-        self._in_flight.append([first, last, 0])
-        return msgs
+        self._in_flight.append([cursor, last, 0])
+        return out
 
-    def _take_recent(self, n: int) -> list[Message] | None:
-        recent, cursor = self._recent, self._cursor
-        if not recent or not recent[0][0] <= cursor <= recent[-1][0]:
-            return None
-        start = cursor - recent[0][0]
-        # Copies: the written messages may sit in other queues too.
-        return [
-            _place(Message(m.exchange, m.route, m.payload, m.msgid, m.sender, m.hops), seq, frame)
-            for seq, m in itertools.islice(recent, start, start + n)
-            if (frame := m.peer_frame())
-        ]
-
-    def put_back(self, msgs: list[Message]) -> None:
-        first = message_seq(msgs[0])
+    def put_back(self, frames: list[bytes]) -> None:
+        first = frame_seq(frames[0])
         self._forget_batch(first)
         self._cursor = min(self._cursor, first)
 
-    def ack(self, msgs: list[Message]) -> None:
+    def ack(self, frames: list[bytes]) -> None:
         """The consumer's socket has these; the read checkpoint may move past them."""
-        first = message_seq(msgs[0])
+        first = frame_seq(frames[0])
         for batch in self._in_flight:
             if batch[0] == first:
                 batch[2] = 1

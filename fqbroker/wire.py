@@ -32,7 +32,7 @@ from enum import IntEnum
 from typing import Final, Literal
 
 from .errors import AuthError, FrameTooLarge, ProtocolError
-from .message import MAX_HOPS, Message
+from .message import MAX_HOPS, Message, Run
 
 __all__ = [
     "BIND_ILLEGAL",
@@ -673,6 +673,86 @@ class MessageDecoder(_Decoder):
             # The messages before a bad frame are delivered; the error comes next call.
             self._error = exc
         return out
+
+    def runs(self, sender: bytes, hops: bytes) -> list[Run]:
+        """Every whole publisher-format message buffered so far, as stamped peer frames.
+
+        The data path's decoder. Frames come grouped in runs of consecutive messages on
+        one exchange and route, so the router looks a route up once per run; each frame
+        is the peer frame consumers receive (§1.10), with ``sender`` and ``hops`` (the
+        broker's stamp, §1.11) spliced in, so no per-message object is built. Anything
+        unusual is left to :meth:`next_message`, as in :meth:`messages`.
+        """
+        if self.peer_format:
+            raise TypeError("runs() decodes publisher-format frames")
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        out: list[Run] = []
+        stamp = b"".join((bytes((len(sender),)), sender, bytes((len(hops) // 4,)), hops))
+        buf = self._buf
+        if not self._skipping and len(buf) > 0:
+            pos = self._fast_runs(out, stamp)
+            buf.pos += pos
+            self.octets += pos
+        try:
+            while (msg := self.next_message()) is not None:
+                msg.stamp(sender, hops)
+                self.octets += msg.publish_octets
+                if out and out[-1][0] == msg.exchange and out[-1][1] == msg.route:
+                    out[-1][2].append(msg.peer_frame())
+                else:
+                    out.append((msg.exchange, msg.route, [msg.peer_frame()]))
+        except ProtocolError as exc:
+            if not out:
+                raise
+            self._error = exc
+        return out
+
+    def _fast_runs(self, out: list[Run], stamp: bytes) -> int:
+        buf = self._buf
+        if not self._first_is_whole():
+            return 0
+        data = bytes(memoryview(buf.data)[buf.pos :])
+        names = self._names
+        if len(names) > 4096:
+            names.clear()
+        intern = names.setdefault
+        unpack = _U32.unpack_from
+        max_payload = self.max_payload
+        startswith = data.startswith
+        n = len(data)
+        pos = 0
+        head = b""  # u8 + exchange + u8 + route of the run being filled
+        frames: list[bytes] = []
+        append = frames.append
+        while pos < n:
+            if head and startswith(head, pos):
+                q = pos + len(head)
+            else:
+                size = data[pos]
+                p = pos + 1 + size  # route length
+                if size > MAX_RK_LEN or p >= n or data[p] > MAX_RK_LEN:
+                    break
+                q = p + 1 + data[p]
+                exchange = data[pos + 1 : p]
+                route = data[p + 1 : q]
+                head = data[pos:q]
+                frames = []
+                append = frames.append
+                out.append((intern(exchange, exchange), intern(route, route), frames))
+            q += 16  # the message id
+            if q + 4 > n:
+                break
+            size = unpack(data, q)[0]
+            end = q + 4 + size
+            if size > max_payload or end > n:
+                break
+            append(data[pos:q] + stamp + data[q:end])
+            pos = end
+        if out and not out[-1][2]:
+            out.pop()  # a run opened for a frame that is not whole
+        return pos
 
     @property
     def error_pending(self) -> bool:

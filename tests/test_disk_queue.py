@@ -12,9 +12,10 @@ import pytest
 from fqbroker import checkpoints, segmentlog, store, wire
 from fqbroker.client import Client, ClientError
 from fqbroker.config import Settings
-from fqbroker.message import Message
+from fqbroker.message import Message, frame_seq
 from fqbroker.server import Broker
 from fqbroker.store import queue_directory
+from fqbroker.wire import MessageDecoder
 
 from .conftest import FailingFsync, authenticate, open_session, wait_for
 
@@ -347,7 +348,7 @@ async def test_a_failed_fsync_fails_confirms_and_the_queue_recovers(
     assert store.write_errors == 1
 
 
-def test_batch_decoding_matches_record_by_record_decoding() -> None:
+def test_records_are_delivered_as_their_frames_with_their_position() -> None:
     msgs = [
         Message(b"e" * (i % 7), b"route." * (i % 5), b"p" * i, bytes(range(16)), b"s" * (i % 3))
         for i in range(50)
@@ -359,14 +360,19 @@ def test_batch_decoding_matches_record_by_record_decoding() -> None:
         (100 + i, m.peer_frame() if i % 2 else store.encode_record(m.peer_frame(), i))
         for i, m in enumerate(msgs)
     ]
-    batch = store._decode_batch(records)
-    one_by_one = [store._decode(seq, record) for seq, record in records]
-    assert batch == one_by_one
-    assert [m.peer_frame() for m in batch] == [
-        Message(m.exchange, m.route, m.payload, m.msgid, m.sender, m.hops).peer_frame()
-        for m in one_by_one
+    delivered = [store._delivered(seq, record) for seq, record in records]
+    decoder = MessageDecoder(peer_format=True)
+    decoder.feed(b"".join(delivered))
+    got = decoder.messages()
+    expected = [
+        Message(m.exchange, m.route, m.payload, m.msgid[:8] + seq.to_bytes(8), m.sender, m.hops)
+        for m, (seq, _) in zip(msgs, records, strict=True)
     ]
-    assert [store.message_seq(m) for m in batch] == list(range(100, 150))
+    assert got == expected
+    assert [frame_seq(f) for f in delivered] == list(range(100, 150))
+
+
+PEER_FRAME = Message(b"e", b"r", b"p", bytes(16), b"s", bytes(4)).peer_frame()
 
 
 async def test_a_backlog_longer_than_the_recent_cache_comes_back_whole(broker: Broker) -> None:
@@ -388,7 +394,9 @@ async def test_a_backlog_longer_than_the_recent_cache_comes_back_whole(broker: B
     await publisher.close()
 
 
-def test_batch_decoding_names_a_record_that_is_not_a_message() -> None:
-    good = store.encode_record(Message(b"e", b"r", b"p", bytes(16)).peer_frame(), 1)
+@pytest.mark.parametrize("frame", [b"\x05ab", b"", b"\x01e\x01r" + bytes(16), PEER_FRAME + b"x"])
+def test_a_record_that_is_not_a_message_is_named(frame: bytes) -> None:
+    good = store.encode_record(PEER_FRAME, 1)
+    assert frame_seq(store._delivered(7, good)) == 7
     with pytest.raises(ValueError, match="record 8 is not a message"):
-        store._decode_batch([(7, good), (8, store.encode_record(b"\x05ab", 2)), (9, good)])
+        store._delivered(8, store.encode_record(frame, 2))

@@ -18,14 +18,17 @@ class Box:
     """A target queue as the router sees it, with an optional limit (tail drop)."""
 
     def __init__(self, limit: int = 1 << 30) -> None:
-        self.items: list[Message] = []
+        self.items: list[bytes] = []
         self.limit = limit
 
-    def offer(self, msg: Message) -> bool:
-        if len(self.items) >= self.limit:
-            return False
-        self.items.append(msg)
-        return True
+    def offer(self, frames: list[bytes]) -> int:
+        taken = frames[: max(0, self.limit - len(self.items))]
+        self.items += taken
+        return len(taken)
+
+    @property
+    def until_full(self) -> None:
+        return None
 
     @property
     def is_full(self) -> bool:
