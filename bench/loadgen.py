@@ -184,10 +184,11 @@ class FqProto(Proto):
         _drain_forever(client.cmd)
         return client.open_data(), b""
 
-    def frame(self, payload: bytes) -> bytes:
+    def frame(self, payload: bytes, route: int | None = None) -> bytes:
         t = self.topic
+        rt = b"r.k" if route is None else b"%03d" % route  # one length: one frame size
         return b"".join(
-            (bytes((len(t),)), t, b"\x03r.k", bytes(16), _U32.pack(len(payload)), payload)
+            (bytes((len(t),)), t, b"\x03", rt, bytes(16), _U32.pack(len(payload)), payload)
         )
 
 
@@ -269,9 +270,15 @@ def _wait_go() -> None:
 def run_pub(args: argparse.Namespace) -> None:
     proto = make_proto(args)
     sock = proto.publisher(args.ident)
-    frame = proto.frame(os.urandom(args.size // 2 + 1).hex()[: args.size].encode())
+    payload = os.urandom(args.size // 2 + 1).hex()[: args.size].encode()
+    frame = proto.frame(payload)
     per_send = max(1, CHUNK // len(frame))
     block = frame * per_send
+    if args.routes > 1:
+        # Each message on the next of --routes routes: no two in a row share one.
+        assert isinstance(proto, FqProto), "routes are an fq notion"
+        per_send -= per_send % args.routes
+        block = b"".join(proto.frame(payload, i % args.routes) for i in range(per_send))
     credit = Credit(args.credit) if args.credit else None
     subs, pubs = args.subs, args.pubs
     _ready()
@@ -288,7 +295,7 @@ def run_pub(args: argparse.Namespace) -> None:
                 if (sent + n) * pubs - done <= window:
                     break
                 time.sleep(0.0002)
-        sock.sendall(block if n == per_send else frame * n)
+        sock.sendall(block if n == per_send else block[: n * len(frame)])
         sent += n
     end = time.monotonic_ns()
     tail = 0
@@ -524,6 +531,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--queue-type", default="mem", help="fq queue type and params")
     p.add_argument("--count", type=int, default=100_000)
     p.add_argument("--size", type=int, default=100)
+    p.add_argument("--routes", type=int, default=1, help="fq publishers: routes to cycle")
     p.add_argument("--credit", help="shared credit file")
     p.add_argument("--window", type=int, default=50_000)
     p.add_argument("--subs", type=int, default=1, help="subscriber slots a publisher watches")

@@ -44,12 +44,15 @@ class Flow:
     count: int  # per publisher
     label: str
     queue: str = QUEUE
+    routes: int = 1  # > 1: each message on the next route, fq systems only
 
 
 FLOWS = {
     "1to1-100": Flow(1, 1, 100, 600_000, "1 to 1, 100 B"),
     "1to1-4k": Flow(1, 1, 4096, 120_000, "1 to 1, 4 KiB"),
     "1to1-128k": Flow(1, 1, 128 * 1024, 5_000, "1 to 1, 128 KiB"),
+    # fqbroker routes consecutive messages on one route together; here none are.
+    "1to1-routes": Flow(1, 1, 100, 300_000, "1 to 1, 100 B, 1,000 routes", routes=1000),
     "fanout": Flow(1, 8, 100, 150_000, "fan-out 1 to 8, 100 B"),
     "fanin": Flow(8, 1, 100, 75_000, "fan-in 8 to 1, 100 B"),
 }
@@ -120,6 +123,7 @@ def flow_run(
                 pubs=flow.pubs,
                 ident=i,
                 tail=tail,
+                routes=flow.routes,
                 **common,
             )
             for i in range(flow.pubs)
@@ -235,6 +239,8 @@ TARGETS = {
 def scenario_flow(name: str, cfg: Config, table: Table) -> None:
     flow = FLOWS[name]
     systems, _ = peers_of(cfg)
+    if flow.routes > 1:
+        systems = [s for s in systems if s.proto == "fq"]  # Redis and NATS have no routes
     res = interleaved(
         [FqBroker(), *systems], cfg.runs, lambda s, run: flow_run(s, flow, run, cfg.scale)
     )

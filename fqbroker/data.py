@@ -173,24 +173,25 @@ class DataSession:
         assert self.owner is not None
         runs = decoder.runs(self.owner.user, self._stamp_hops)
         octets, decoder.octets = decoder.octets, 0
-        publish_run = self.broker.router.publish_run
-        for exchange, route, frames in runs:
-            while frames:
-                n, blocked = publish_run(exchange, route, frames, stats)
-                self.handled += n
-                stats.msgs_in += n
-                if not blocked:
-                    break
-                # Block policy: hold this publisher, and only it, until there is room.
-                part = sum(map(len, frames[:n])) - n * self._stamp_size
-                stats.octets_in += part
-                octets -= part
-                frames = frames[n:]
-                self._flush(first)
-                first = self.handled + 1
-                for queue in blocked:
-                    await queue.wait_not_full()
-        stats.octets_in += octets
+        publish_runs = self.broker.router.publish_runs
+        counted = i = 0
+        while i < len(runs):
+            i, done, blocked = publish_runs(runs, i, stats)
+            self.handled += done
+            stats.msgs_in += done
+            if not blocked:
+                break
+            # Block policy: hold this publisher, and only it, until there is room. What
+            # went out so far counts now: a publisher frame is its peer frame less the stamp.
+            stamp = self._stamp_size
+            left = sum(sum(map(len, run[2])) - len(run[2]) * stamp for run in runs[i:])
+            stats.octets_in += octets - left - counted
+            counted = octets - left
+            self._flush(first)
+            first = self.handled + 1
+            for queue in blocked:
+                await queue.wait_not_full()
+        stats.octets_in += octets - counted
         self._flush(first)
 
     async def _publish_peer_messages(

@@ -195,9 +195,10 @@ class Message:
     __hash__ = None  # type: ignore[assignment]
 
 
-# Consecutive messages on one exchange and route, as peer frames: the unit the data path
-# routes in. A publisher sending on one route routes once per read, not once per message.
-Run = tuple[bytes, bytes, list[bytes]]
+# Consecutive messages on one exchange and route, as peer frames, and the size of their
+# heads (all of a frame but its payload, the same for each): the unit the data path routes
+# in. A publisher sending on one route routes once per read, not once per message.
+Run = tuple[bytes, bytes, list[bytes], int]
 
 _SEQ = struct.Struct(">Q")
 

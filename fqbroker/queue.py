@@ -175,6 +175,12 @@ class Queue:
         return n
 
     @property
+    def room(self) -> int | None:
+        if self.policy is _DROP:
+            return self.limit - len(self.store)
+        return None
+
+    @property
     def until_full(self) -> int | None:
         if self.policy is _DROP:
             return None

@@ -27,10 +27,10 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import ProgramError
-from .message import Message, frame_payload_size, message_from_frame
+from .message import Message, Run, message_from_frame
 from .prefixes import PrefixIndex
 from .program import Program, RuleRegistry, compile_program
 from .wire import BIND_ILLEGAL, BindFlags
@@ -54,6 +54,11 @@ class Target(Protocol):
 
     def offer(self, frames: list[bytes]) -> int:
         """Take these peer frames in order, up to the tail-drop limit; how many it took."""
+        ...
+
+    @property
+    def room(self) -> int | None:
+        """Messages it takes before tail drop (0 or less: none); None under block policy."""
         ...
 
     @property
@@ -322,8 +327,111 @@ class Router:
                     targets.append(queue)
         return targets
 
+    def publish_runs(
+        self, runs: list[Run], start: int, client: ClientStats
+    ) -> tuple[int, int, list[Target]]:
+        """Publish ``runs[start:]``, a read's worth of messages: the data path.
+
+        Each run is routed once. What drop-policy queues get is gathered per queue and
+        offered in one call at the end, their room counted while gathering, so the same
+        messages are dropped as one by one. A run that reaches a block-policy queue, or
+        needs programs run, goes through :meth:`publish_run` after what was gathered.
+        Returns the index to go on from, the messages published and the block-policy
+        targets now full (publish again after waiting on them); when a run was published
+        in part, ``runs[index]`` is replaced by its rest.
+        """
+        exchanges = self.exchanges
+        gathered: dict[Target, list[Any]] = {}  # queue -> [room left, frames]
+        messages = octets = routed = dropped = no_route = no_exchange = 0
+        published = 0  # messages counts what publish_run did not count itself
+        blocked: list[Target] = []
+        i = start
+        end = len(runs)
+        try:
+            while i < end:
+                exchange, route, frames, head = runs[i]
+                n = len(frames)
+                size = (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
+                ex = exchanges.get(exchange)
+                published += n
+                if ex is None:
+                    messages += n
+                    octets += size
+                    no_exchange += n
+                    no_route += n
+                    i += 1
+                    continue
+                hits = ex.hits(route)
+                if hits is not None:
+                    for binding in hits:
+                        queue = binding.queue
+                        if queue not in gathered:
+                            room = queue.room
+                            if room is None:
+                                break  # block policy
+                            gathered[queue] = [room, []]
+                    else:
+                        messages += n
+                        octets += size
+                        ex.messages += n
+                        ex.octets += size
+                        if not hits:
+                            ex.no_route += n
+                            no_route += n
+                            i += 1
+                            continue
+                        lost = 0
+                        for binding in hits:
+                            binding.invocations += n
+                            slot = gathered[binding.queue]
+                            slot[1] += frames
+                            room = slot[0]
+                            slot[0] = room - n
+                            if room < n:
+                                lost += n - room if room > 0 else n
+                        ex.routed += n * len(hits)
+                        routed += n * len(hits)
+                        if lost:
+                            ex.dropped += lost
+                            dropped += lost
+                        i += 1
+                        continue
+                # Exactly as one by one, so everything gathered goes first.
+                self._offer_gathered(gathered)
+                gathered = {}
+                published -= n
+                done, blocked = self.publish_run(exchange, route, frames, head, client)
+                published += done
+                if blocked:
+                    if done < n:
+                        runs[i] = (exchange, route, frames[done:], head)
+                    else:
+                        i += 1
+                    return i, published, blocked
+                i += 1
+            return i, published, blocked
+        finally:
+            self._offer_gathered(gathered)
+            agg = self.aggregate
+            agg.messages += messages
+            agg.octets += octets
+            agg.no_exchange += no_exchange
+            agg.no_route += no_route
+            agg.routed += routed
+            agg.dropped += dropped
+            client.no_exchange += no_exchange
+            client.no_route += no_route
+            client.routed += routed
+            client.dropped += dropped
+
+    @staticmethod
+    def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:
+        for queue, (_, frames) in gathered.items():
+            if frames:
+                queue.offer(frames)
+
     def publish_run(
-        self, exchange: bytes, route: bytes, frames: list[bytes], client: ClientStats
+        self, exchange: bytes, route: bytes, frames: list[bytes], head: int, client: ClientStats
     ) -> tuple[int, list[Target]]:
         """Publish peer frames that share exchange, route and head size: the data path.
 
@@ -337,7 +445,6 @@ class Router:
             return 0, []
         ex = self.exchanges.get(exchange)
         if ex is None:
-            head = len(frames[0]) - frame_payload_size(frames[0])
             agg = self.aggregate
             agg.messages += n
             agg.octets += sum(map(len, frames)) - n * head
@@ -354,7 +461,6 @@ class Router:
             if room is not None and room < n:
                 n = room
         batch = frames if n == len(frames) else frames[:n]
-        head = len(batch[0]) - frame_payload_size(batch[0])
         octets = sum(map(len, batch)) - n * head
         agg = self.aggregate
         agg.messages += n
@@ -401,19 +507,20 @@ class Router:
         while i < end:
             first = msgs[i]
             exchange, route = first.exchange, first.route
-            head = len(first.sender) + len(first.hops)
+            stamp = len(first.sender) + len(first.hops)
             j = i + 1
             while j < end:
                 msg = msgs[j]
                 if (
                     msg.route != route
                     or msg.exchange != exchange
-                    or len(msg.sender) + len(msg.hops) != head
+                    or len(msg.sender) + len(msg.hops) != stamp
                 ):
                     break
                 j += 1
             frames = [msg.peer_frame() for msg in msgs[i:j]]
-            done, blocked = self.publish_run(exchange, route, frames, client)
+            head = len(frames[0]) - len(first.payload)
+            done, blocked = self.publish_run(exchange, route, frames, head, client)
             i += done
             if blocked:
                 return i, blocked

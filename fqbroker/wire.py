@@ -581,6 +581,7 @@ class MessageDecoder(_Decoder):
         self.octets = 0
         self._skipping = 0
         self._names: dict[bytes, bytes] = {}
+        self._heads: dict[bytes, tuple[bytes, bytes]] = {}
         self._error: ProtocolError | None = None
 
     def _first_is_whole(self) -> bool:
@@ -699,10 +700,13 @@ class MessageDecoder(_Decoder):
             while (msg := self.next_message()) is not None:
                 msg.stamp(sender, hops)
                 self.octets += msg.publish_octets
-                if out and out[-1][0] == msg.exchange and out[-1][1] == msg.route:
-                    out[-1][2].append(msg.peer_frame())
+                frame = msg.peer_frame()
+                head = len(frame) - len(msg.payload)
+                last = out[-1] if out else None
+                if last and last[0] == msg.exchange and last[1] == msg.route and last[3] == head:
+                    last[2].append(frame)
                 else:
-                    out.append((msg.exchange, msg.route, [msg.peer_frame()]))
+                    out.append((msg.exchange, msg.route, [frame], head))
         except ProtocolError as exc:
             if not out:
                 raise
@@ -714,13 +718,13 @@ class MessageDecoder(_Decoder):
         if not self._first_is_whole():
             return 0
         data = bytes(memoryview(buf.data)[buf.pos :])
-        names = self._names
+        names = self._heads
         if len(names) > 4096:
             names.clear()
-        intern = names.setdefault
         unpack = _U32.unpack_from
         max_payload = self.max_payload
         startswith = data.startswith
+        extra = 16 + len(stamp) + 4  # what a frame's head has past exchange and route
         n = len(data)
         pos = 0
         head = b""  # u8 + exchange + u8 + route of the run being filled
@@ -735,12 +739,14 @@ class MessageDecoder(_Decoder):
                 if size > MAX_RK_LEN or p >= n or data[p] > MAX_RK_LEN:
                     break
                 q = p + 1 + data[p]
-                exchange = data[pos + 1 : p]
-                route = data[p + 1 : q]
                 head = data[pos:q]
+                pair = names.get(head)
+                if pair is None:
+                    # One copy of each name however many messages and queues hold it.
+                    pair = names[head] = (data[pos + 1 : p], data[p + 1 : q])
                 frames = []
                 append = frames.append
-                out.append((intern(exchange, exchange), intern(route, route), frames))
+                out.append((pair[0], pair[1], frames, q - pos + extra))
             q += 16  # the message id
             if q + 4 > n:
                 break

@@ -78,15 +78,15 @@ def test_runs_route_as_messages_one_by_one(
     batched = ClientStats()
     stops = []
     done = 0
-    for exchange, route, frames in decoder.runs(b"user", hops):
-        while frames:
-            n, blocked = runs_router.publish_run(exchange, route, frames, batched)
+    runs = decoder.runs(b"user", hops)
+    i = 0
+    while i < len(runs):
+        i, n, blocked = runs_router.publish_runs(runs, i, batched)
+        done += n
+        if blocked:
             assert n >= 1
-            done += n
-            frames = frames[n:]
-            if blocked:
-                stops.append(done)
-                assert all(q.is_full for q in blocked)
+            stops.append(done)
+            assert all(q.is_full for q in blocked)
     assert done == len(sent)
     assert decoder.octets == len(wire_bytes)
     # The publisher waits after exactly the messages that left a queue full.
