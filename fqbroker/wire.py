@@ -27,6 +27,7 @@ Encoders are pure functions returning bytes. All integers are big-endian.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final, Literal
@@ -651,15 +652,9 @@ class MessageDecoder(_Decoder):
         raises or skips exactly as it always does. ``octets`` counts the frame bytes of
         the messages returned.
         """
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        self._raise_pending()
         out: list[Message] = []
-        buf = self._buf
-        if not self._skipping and len(buf) > 0:
-            pos = self._fast(out, sender, hops)
-            buf.pos += pos
-            self.octets += pos
+        self._decode_fast(lambda data: self._fast(data, out, sender, hops))
         try:
             while (msg := self.next_message()) is not None:
                 if not self.peer_format:
@@ -686,16 +681,10 @@ class MessageDecoder(_Decoder):
         """
         if self.peer_format:
             raise TypeError("runs() decodes publisher-format frames")
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
+        self._raise_pending()
         out: list[Run] = []
         stamp = b"".join((bytes((len(sender),)), sender, bytes((len(hops) // 4,)), hops))
-        buf = self._buf
-        if not self._skipping and len(buf) > 0:
-            pos = self._fast_runs(out, stamp)
-            buf.pos += pos
-            self.octets += pos
+        self._decode_fast(lambda data: self._fast_runs(data, out, stamp))
         try:
             while (msg := self.next_message()) is not None:
                 msg.stamp(sender, hops)
@@ -713,11 +702,22 @@ class MessageDecoder(_Decoder):
             self._error = exc
         return out
 
-    def _fast_runs(self, out: list[Run], stamp: bytes) -> int:
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _decode_fast(self, fast: Callable[[bytes], int]) -> None:
+        """Run ``fast`` over a copy of the buffer; it returns how many bytes it decoded."""
         buf = self._buf
-        if not self._first_is_whole():
-            return 0
-        data = bytes(memoryview(buf.data)[buf.pos :])
+        # Never copy a buffer holding only part of a (big) message.
+        if self._skipping or not len(buf) or not self._first_is_whole():
+            return
+        pos = fast(bytes(memoryview(buf.data)[buf.pos :]))
+        buf.pos += pos
+        self.octets += pos
+
+    def _fast_runs(self, data: bytes, out: list[Run], stamp: bytes) -> int:
         names = self._heads
         if len(names) > 4096:
             names.clear()
@@ -765,11 +765,7 @@ class MessageDecoder(_Decoder):
         """A bad frame follows the messages last returned: the next call raises."""
         return self._error is not None
 
-    def _fast(self, out: list[Message], sender: bytes, hops: bytes) -> int:
-        buf = self._buf
-        if not self._first_is_whole():
-            return 0  # do not copy a buffer holding only part of a (big) message
-        data = bytes(memoryview(buf.data)[buf.pos :])
+    def _fast(self, data: bytes, out: list[Message], sender: bytes, hops: bytes) -> int:
         names = self._names
         if len(names) > 4096:
             names.clear()
