@@ -11,8 +11,9 @@ only the publishers writing into the full queue, not every publisher as fqd's wo
 thread does (§1.13, §9), and nothing a publisher handed over is lost.
 
 Consumers are data channels of the queue's clients (1 for a private queue, 16 for a
-public one). Each awaits :meth:`get_batch`; a waiting consumer is woken the moment a
-message arrives (fqd polls, §1.13). Waiting consumers are served first come, first
+public one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) or
+awaits :meth:`get_batch`; a waiting consumer is woken the moment a message arrives (fqd
+polls, §1.13). Waiting consumers are served first come, first
 served, and a batch is split between the consumers still waiting, so a public queue
 shares work fairly under light load too, where fqd hands everything to one consumer
 (§3.4).
@@ -25,7 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from .errors import QueueError
@@ -215,6 +217,26 @@ class Queue:
                     self._wake_getter()
                 raise
             self._woken -= 1
+
+    def notify_ready(self, callback: Callable[[], bool]) -> asyncio.Future[None]:
+        """Call ``callback`` soon once there may be messages to :meth:`take`.
+
+        The same place in line and the same share of a batch as :meth:`get_batch`, for a
+        consumer without a task. Cancel the returned future to stop waiting. A consumer
+        that is gone by the time its callback runs returns False, and the wake-up goes to
+        the next one in line, so no message sits unseen.
+        """
+        getter = asyncio.get_running_loop().create_future()
+        self._getters.append(getter)
+        getter.add_done_callback(functools.partial(self._ready, callback))
+        return getter
+
+    def _ready(self, callback: Callable[[], bool], getter: asyncio.Future[None]) -> None:
+        if getter.cancelled():
+            return
+        self._woken -= 1
+        if not callback():
+            self._wake_getter()
 
     def put_back(self, msgs: Iterable[Message]) -> None:
         """Return messages taken but never written; they go out first next time."""
