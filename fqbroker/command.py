@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import sys
 from collections.abc import Coroutine
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -71,7 +72,8 @@ class CommandSession(asyncio.Protocol):
         self.phase = Phase.AWAIT_AUTH
         self.decoder = wire.ServerCommandDecoder()
         peer = transport.get_extra_info("peername") or ("0.0.0.0", 0)
-        self.remote_addr: str = peer[0]
+        # Interned: ten thousand clients from a few hosts share a few strings.
+        self.remote_addr: str = sys.intern(peer[0])
         self.remote_port: int = peer[1]
         self.user = b""
         self.queue: Queue | None = None

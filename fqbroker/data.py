@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ from .message import Message, accept_from_peer, has_hop, ipv4_bytes
 
 if TYPE_CHECKING:
     from .command import CommandSession
+    from .queue import Notify
     from .router import Target
     from .server import Broker
     from .store import DiskStore
@@ -87,7 +89,8 @@ class DataSession(asyncio.Protocol):
         self.peer_id = NO_PEER
         self.owner: CommandSession | None = None
         peer = transport.get_extra_info("peername") or ("0.0.0.0", 0)
-        self.remote_addr: str = peer[0]
+        # Interned: ten thousand clients from a few hosts share a few strings.
+        self.remote_addr: str = sys.intern(peer[0])
         self.remote_port: int = peer[1]
         self._decoder: wire.MessageDecoder | None = None  # made when the first bytes come
         self._stamp = b""  # the hops a publisher's messages get: our node id, its address
@@ -99,7 +102,7 @@ class DataSession(asyncio.Protocol):
         self._octets = 0
         # Output: the queue's wake-up while it is empty, the write side's pause, and the
         # last batch written while the transport said pause (acked once it takes more).
-        self._ready: asyncio.Future[None] | None = None
+        self._ready: Notify | None = None
         self._paused = False
         self._unacked: list[Message] | None = None
         # Publisher confirms (docs/confirms.md): messages handled so far on this channel,
