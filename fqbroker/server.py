@@ -21,7 +21,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import cast
 
-from . import http, wire
+from . import wire
 from .catalog import Catalog
 from .command import LINGER_SECONDS, CommandSession
 from .config import Settings, resolve_node_id
@@ -58,7 +58,7 @@ class Broker:
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
         self.clients: dict[bytes, CommandSession] = {}
         self.msgids = MsgIdCounter()
-        self.http_handler: HttpHandler | None = http.serve
+        self.http_handler: HttpHandler | None = _serve_http
         self._server: asyncio.Server | None = None
         # Every open connection, to close at stop; a dict is smaller than a set.
         self._connections: dict[asyncio.BaseTransport, None] = {}
@@ -210,6 +210,15 @@ class Broker:
 
     def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool:
         return self.catalog.unbind(exchange, route_id, queue)
+
+
+async def _serve_http(
+    broker: Broker, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    # h11 and the HTTP front end are loaded by the first HTTP request, not by every broker.
+    from . import http
+
+    await http.serve(broker, first4, reader, writer)
 
 
 class _Sniffer(asyncio.Protocol):
