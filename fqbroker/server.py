@@ -39,6 +39,8 @@ __all__ = ["Broker"]
 
 log = logging.getLogger(__name__)
 
+STOP_SECONDS = 5.0  # how long stop() waits for connections to flush and close
+
 HttpHandler = Callable[
     ["Broker", bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
 ]
@@ -61,8 +63,9 @@ class Broker:
         self.http_handler: HttpHandler | None = _serve_http
         self._server: asyncio.Server | None = None
         # Every open connection, to close at stop; a dict is smaller than a set.
-        self._connections: dict[asyncio.BaseTransport, None] = {}
+        self._connections: dict[asyncio.Transport, None] = {}
         self._http_tasks: set[asyncio.Task[None]] = set()
+        self._all_closed: asyncio.Event | None = None
         self.heartbeats = HeartbeatClock()
         self.port = 0
         self.peering = Peering(self)
@@ -100,12 +103,11 @@ class Broker:
             self._server.close()
         for session in list(self.clients.values()):
             session.close()
-        for transport in list(self._connections):
-            transport.close()
         for task in list(self._http_tasks):
             task.cancel()
         if self._http_tasks:
             await asyncio.wait(self._http_tasks, timeout=5)
+        await self._close_connections()
         if self._server is not None:
             await self._server.wait_closed()
         self.heartbeats.close()
@@ -124,11 +126,30 @@ class Broker:
 
     # --- connections ----------------------------------------------------------------------
 
-    def opened(self, transport: asyncio.BaseTransport) -> None:
+    def opened(self, transport: asyncio.Transport) -> None:
         self._connections[transport] = None
 
-    def closed(self, transport: asyncio.BaseTransport) -> None:
+    def closed(self, transport: asyncio.Transport) -> None:
         self._connections.pop(transport, None)
+        if not self._connections and self._all_closed is not None:
+            self._all_closed.set()
+
+    async def _close_connections(self) -> None:
+        """Close every connection and wait for the sessions to end, before queues close.
+
+        A session still running when the catalog closes could publish into closed queues.
+        """
+        if not self._connections:
+            return
+        self._all_closed = asyncio.Event()
+        for transport in list(self._connections):
+            transport.close()
+        try:
+            async with asyncio.timeout(STOP_SECONDS):
+                await self._all_closed.wait()
+        except TimeoutError:
+            for transport in list(self._connections):
+                transport.abort()  # a client that does not read what is still queued
 
     def serve_http(
         self, transport: asyncio.Transport, first4: bytes, rest: bytes, handler: HttpHandler
@@ -290,11 +311,11 @@ class _HttpProtocol(asyncio.StreamReaderProtocol):
     ) -> None:
         super().__init__(reader, loop=loop)
         self._broker = broker
-        self._conn: asyncio.BaseTransport | None = None
+        self._conn: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._conn = transport
+        self._conn = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
