@@ -13,10 +13,9 @@ thread does (§1.13, §9), and nothing a publisher handed over is lost.
 Consumers are data channels of the queue's clients (1 for a private queue, 16 for a
 public one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) or
 awaits :meth:`get_batch`; a waiting consumer is woken the moment a message arrives (fqd
-polls, §1.13). Waiting consumers are served first come, first
-served, and a batch is split between the consumers still waiting, so a public queue
-shares work fairly under light load too, where fqd hands everything to one consumer
-(§3.4).
+polls, §1.13). Waiting consumers are served first come, first served, and a batch is
+split between the consumers still waiting, so a public queue shares work fairly under
+light load too, where fqd hands everything to one consumer (§3.4).
 
 Messages live in a :class:`MemoryStore`; disk queues swap in another store with the
 same small interface.
