@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
-from .client import Client
-from .message import Message
-from .server import Broker
+from typing import TYPE_CHECKING
+
 from .version import FQ_COMPAT_VERSION, __version__
 
+if TYPE_CHECKING:
+    from .client import Client
+    from .message import Message
+    from .server import Broker
+
 __all__ = ["FQ_COMPAT_VERSION", "Broker", "Client", "Message", "__version__"]
+
+# Imported when first asked for: ``fqd`` and the tools each load only what they use, and
+# a broker does not carry the client's modules.
+_LAZY = {"Broker": ".server", "Client": ".client", "Message": ".message"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,18 +1,19 @@
 """The command channel: auth, then bind/unbind/status/heartbeats (fqd_ccs.c).
 
-Phases: AWAIT_AUTH -> READY -> CLOSED. Commands are handled in order in this one task,
-so replies go out in request order however many a client pipelines (§1.5). A second
-task only sends heartbeats and enforces the 3x timeout once a client asked for them
-with ``HeartbeatRequest`` (§1.7).
+Phases: AWAIT_AUTH -> READY -> CLOSED. The session is a protocol, not a task: whatever
+arrives is decoded and every whole command handled at once, in order, so replies go out
+in request order however many a client pipelines (§1.5). Only a confirm waits; its reply,
+and the replies behind it, go out when it is settled. Heartbeats come from the broker's
+one :class:`~fqbroker.heartbeats.HeartbeatClock` once a client asked for them with
+``HeartbeatRequest`` (§1.7): an idle session costs no task and no timer of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
-import time
+import sys
 from collections.abc import Coroutine
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from .router import ClientStats
 
 if TYPE_CHECKING:
     from .data import DataSession
+    from .heartbeats import Entry
     from .queue import Queue
     from .server import Broker
 
@@ -31,7 +33,8 @@ __all__ = ["CommandSession", "Phase"]
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 65536
+LINGER_SECONDS = 1.0
+HEARTBEAT = wire.encode(wire.Heartbeat())
 
 
 class Phase(Enum):
@@ -40,24 +43,37 @@ class Phase(Enum):
     CLOSED = "closed"
 
 
-class CommandSession:
+class CommandSession(asyncio.Protocol):
     """One authenticated client: its queue, key, counters and (paired) data channel."""
 
-    def __init__(
-        self,
-        broker: Broker,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        leftover: bytes = b"",
-    ) -> None:
+    __slots__ = (
+        "_beat",
+        "_last_read",
+        "_last_sent",
+        "_next_beat",
+        "_replies",
+        "broker",
+        "data",
+        "decoder",
+        "heartbeat_ms",
+        "key",
+        "phase",
+        "queue",
+        "remote_addr",
+        "remote_port",
+        "stats",
+        "transport",
+        "user",
+    )
+
+    def __init__(self, broker: Broker, transport: asyncio.Transport) -> None:
         self.broker = broker
-        self.reader = reader
-        self.writer = writer
+        self.transport = transport
         self.phase = Phase.AWAIT_AUTH
         self.decoder = wire.ServerCommandDecoder()
-        self.decoder.feed(leftover)
-        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
-        self.remote_addr: str = peer[0]
+        peer = transport.get_extra_info("peername") or ("0.0.0.0", 0)
+        # Interned: ten thousand clients from a few hosts share a few strings.
+        self.remote_addr: str = sys.intern(peer[0])
         self.remote_port: int = peer[1]
         self.user = b""
         self.queue: Queue | None = None
@@ -65,12 +81,13 @@ class CommandSession:
         self.stats = ClientStats()
         self.data: DataSession | None = None
         self.heartbeat_ms = 0
-        self._last_read = time.monotonic()
-        self._last_sent = time.monotonic()
-        self._heartbeat_changed = asyncio.Event()
-        self._closing = asyncio.Event()
+        now = broker.heartbeats.time()
+        self._last_read = now
+        self._last_sent = now
+        self._next_beat = 0.0
+        self._beat: Entry | None = None
         # Replies not yet sent because an earlier one (a confirm) is still pending.
-        self._replies: collections.deque[asyncio.Future[wire.Frame]] = collections.deque()
+        self._replies: collections.deque[asyncio.Future[wire.Frame]] | None = None
 
     @property
     def pretty(self) -> str:
@@ -78,9 +95,12 @@ class CommandSession:
         return f"{self.user.decode(errors='replace')}/{queue}@{self.remote_addr}:{self.remote_port}"
 
     def _send(self, frame: wire.Frame) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(wire.encode(frame))
-            self._last_sent = time.monotonic()
+        self._write(wire.encode(frame))
+
+    def _write(self, data: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(data)
+            self._last_sent = self.broker.heartbeats.time()
 
     def _reply(self, frame: wire.Frame) -> None:
         """Answer a request, after any earlier answer still being worked out (confirms)."""
@@ -93,6 +113,8 @@ class CommandSession:
 
     def _reply_later(self, work: Coroutine[None, None, wire.Frame]) -> None:
         task = asyncio.ensure_future(work)
+        if self._replies is None:
+            self._replies = collections.deque()
         self._replies.append(task)
         task.add_done_callback(lambda _: self._send_ready_replies())
 
@@ -103,42 +125,91 @@ class CommandSession:
             if not future.cancelled() and future.exception() is None:
                 self._send(future.result())
 
-    async def run(self) -> None:
-        heartbeats = asyncio.create_task(self._heartbeats())
-        try:
-            await self._read_loop()
-        except (AuthError, QueueError) as exc:
-            log.info("refusing %s: %r", self.pretty, exc.text)
-            self._send(wire.ErrorReply(exc.text))
-            await self.broker.linger_close(self.reader, self.writer)
-        except ProtocolError as exc:
-            log.info("closing %s: %s", self.pretty, exc)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            log.debug("connection lost: %s", self.pretty)
-        finally:
-            self.phase = Phase.CLOSED
-            self._closing.set()
-            heartbeats.cancel()
-            for reply in self._replies:
-                reply.cancel()
-            self.broker.deregister(self)
-            self.writer.close()
+    # --- protocol -------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
-        reader, decoder = self.reader, self.decoder
-        while True:
+    @property
+    def closed(self) -> bool:
+        return self.phase is Phase.CLOSED
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return  # lingering after an error: input is read and thrown away
+        decoder = self.decoder
+        decoder.feed(data)
+        try:
             while (frame := decoder.next_frame()) is not None:
-                self._last_read = time.monotonic()
+                self._last_read = self.broker.heartbeats.time()
                 self._handle(frame)
                 if self.phase is Phase.CLOSED:
                     return
-            await self.writer.drain()
-            chunk = await reader.read(READ_SIZE)
-            if not chunk:
-                decoder.feed_eof()
-                decoder.next_frame()  # an auth request cut short raises its error text
-                return
-            decoder.feed(chunk)
+        except (AuthError, QueueError) as exc:
+            self._refuse(exc)
+        except ProtocolError as exc:
+            log.info("closing %s: %s", self.pretty, exc)
+            self.close()
+
+    def eof_received(self) -> bool:
+        if self.closed:
+            return False  # the client saw our error frame and hung up: close now
+        self.decoder.feed_eof()
+        try:
+            self.decoder.next_frame()  # an auth request cut short raises its error text
+        except AuthError as exc:
+            self._refuse(exc)
+            return False
+        self.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broker.closed(self.transport)
+        if self.phase is not Phase.CLOSED:
+            log.debug("connection lost: %s", self.pretty)
+            self._end()
+
+    def pause_writing(self) -> None:
+        # A client that does not read its replies is not read from either.
+        self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.phase is not Phase.CLOSED:
+            self.transport.resume_reading()
+
+    def _refuse(self, exc: AuthError | QueueError) -> None:
+        log.info("refusing %s: %r", self.pretty, exc.text)
+        self._send(wire.ErrorReply(exc.text))
+        self._end()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close without a reset once the error frame is out (as Broker.linger_close).
+
+        Closing with unread input makes the kernel send RST, which can destroy the error
+        frame before the client reads it (§1.8). So: half-close after what is queued,
+        discard input until the client hangs up or for a moment, then close.
+        """
+        transport = self.transport
+        if transport.is_closing():
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        transport.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
+
+    def _end(self) -> None:
+        """The session is over: no more heartbeats or replies, the client is deregistered."""
+        self.phase = Phase.CLOSED
+        if self._beat is not None:
+            self.broker.heartbeats.cancel(self._beat)
+            self._beat = None
+        for reply in self._replies or ():
+            reply.cancel()
+        self.broker.deregister(self)
+
+    def close(self) -> None:
+        """End the session and close the connection after what is queued for it."""
+        if self.phase is not Phase.CLOSED:
+            self._end()
+        self.transport.close()
 
     def _handle(self, frame: wire.ClientRequest) -> None:
         broker = self.broker
@@ -156,8 +227,7 @@ class CommandSession:
             case wire.Heartbeat():
                 pass
             case wire.HeartbeatRequest(interval_ms):
-                self.heartbeat_ms = interval_ms
-                self._heartbeat_changed.set()
+                self._heartbeats(interval_ms)
             case wire.StatusRequest():
                 self._reply(wire.Status(self.status_items()))
             case wire.BindRequest(flags, exchange, program):
@@ -197,49 +267,44 @@ class CommandSession:
         items.append((wire.CONFIRM_STATUS_KEY, wire.CONFIRM_VERSION))
         return tuple(items)
 
-    async def _heartbeats(self) -> None:
-        """Send heartbeats every ``heartbeat_ms`` and fail the client after 3x of silence."""
-        next_due = 0.0
-        while not self._closing.is_set():
-            if self.heartbeat_ms == 0 or self.phase is not Phase.READY:
-                self._heartbeat_changed.clear()
-                waiter = asyncio.ensure_future(self._heartbeat_changed.wait())
-                closer = asyncio.ensure_future(self._closing.wait())
-                try:
-                    await asyncio.wait({waiter, closer}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    waiter.cancel()
-                    closer.cancel()
-                continue
-            interval = self.heartbeat_ms / 1000
-            now = time.monotonic()
-            if now - self._last_read > 3 * interval:
-                log.info("client %s heartbeat failed", self.pretty)
-                self._send(wire.ErrorReply("client heartbeat failed"))
-                with contextlib.suppress(ConnectionError):
-                    await self.writer.drain()
-                self.close()
-                return
-            if not next_due:
-                next_due = self._last_sent + interval  # one interval after auth's beat
-            if now >= next_due:
-                self._send(wire.Heartbeat())
-                # Due one interval after the last one was *due*, not after it went out:
-                # with thousands of sessions the loop runs a wave of timers late, and
-                # counting from the send time added that lateness to every period.
-                next_due += interval
-                if next_due <= now:
-                    next_due = now + interval
-            next_send = next_due
-            deadline = self._last_read + 3 * interval
-            delay = max(0.001, min(next_send, deadline) - time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self._closing.wait()
+    # --- heartbeats (§1.7) -----------------------------------------------------------------
 
-    def close(self) -> None:
-        """End the session: the read loop sees EOF and cleans up."""
-        self._closing.set()
-        self.phase = Phase.CLOSED
-        self.writer.close()
-        self.reader.feed_eof()
+    def _heartbeats(self, interval_ms: int) -> None:
+        self.heartbeat_ms = interval_ms
+        clock = self.broker.heartbeats
+        if interval_ms == 0:
+            if self._beat is not None:
+                clock.cancel(self._beat)
+                self._beat = None
+            return
+        interval = interval_ms / 1000
+        if not self._next_beat:
+            self._next_beat = self._last_sent + interval  # one interval after auth's beat
+        when = min(self._next_beat, self._last_read + 3 * interval)
+        if self._beat is not None:
+            if self._beat[0] <= when:
+                return  # it comes up first anyway and then looks again
+            clock.cancel(self._beat)
+        self._beat = clock.schedule(self, when)
+
+    def heartbeat_due(self, now: float) -> None:
+        """Send the heartbeat due, or fail the client after 3x the interval of silence."""
+        self._beat = None
+        if self.heartbeat_ms == 0 or self.phase is not Phase.READY:
+            return
+        interval = self.heartbeat_ms / 1000
+        deadline = self._last_read + 3 * interval
+        if now >= deadline:
+            log.info("client %s heartbeat failed", self.pretty)
+            self._send(wire.ErrorReply("client heartbeat failed"))
+            self.close()
+            return
+        if now >= self._next_beat:
+            self._write(HEARTBEAT)
+            # Due one interval after the last one was *due*, not after it went out:
+            # with thousands of sessions the loop runs a wave of timers late, and
+            # counting from the send time added that lateness to every period.
+            self._next_beat += interval
+            if self._next_beat <= now:
+                self._next_beat = now + interval
+        self._beat = self.broker.heartbeats.schedule(self, min(self._next_beat, deadline))

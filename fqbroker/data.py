@@ -1,34 +1,39 @@
 """The data channel: messages in from a client, messages out of its queue (fqd_dss.c).
 
 Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session by key
-(§1.4), two tasks run side by side:
+(§1.4), the session is a protocol with two independent sides, and no task of its own:
 
-* ``_pump_in`` reads whatever has arrived, decodes every whole frame, stamps sender and
-  hops as fqd does (§1.11) and publishes into the router. Reading what is there, never a
-  fixed size per field, keeps it cancel-safe. After a block-policy queue fills up it
-  waits for room before reading more, which pushes back on this publisher only.
-* ``_pump_out`` waits on the queue, drops messages that already passed through the peer
-  at the other end (loop prevention, §5.3), and writes the rest in peer format, one
-  write per batch.
+* In (:meth:`DataSession._route_buffered`): whatever arrives is decoded, every whole
+  frame at once, stamped with sender and hops as fqd does (§1.11), and published into the
+  router. After a block-policy queue fills up, reading pauses and a task waits for room;
+  then the rest of the batch is published and reading resumes. That pushes back on this
+  publisher only.
+* Out (:meth:`DataSession._send_ready`): the queue calls back when it has messages; they
+  are taken, those that already passed through the peer at the other end are dropped
+  (loop prevention, §5.3), and the rest written in peer format, one write per batch,
+  until the transport asks to pause. Messages are only taken to be written at once, so
+  none are ever held: nothing needs putting back when the channel closes.
 
 A bad frame closes this data channel only; the command session survives and can pair a
-new one (§1.9). Messages taken from the queue but not yet written go back to its head.
+new one (§1.9).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from . import wire
 from .errors import ProtocolError
-from .message import Message, accept_from_peer, frame_hops, has_hop, ipv4_bytes
-from .router import ClientStats
+from .message import Message, Run, accept_from_peer, frame_hops, has_hop, ipv4_bytes
 
 if TYPE_CHECKING:
     from .command import CommandSession
+    from .queue import Notify
+    from .router import Target
     from .server import Broker
     from .store import DiskStore
 
@@ -36,7 +41,6 @@ __all__ = ["DataSession", "Phase"]
 
 log = logging.getLogger(__name__)
 
-READ_SIZE = 256 * 1024
 BATCH = 1024
 NO_PEER = bytes(4)
 
@@ -47,176 +51,287 @@ class Phase(Enum):
     CLOSED = "closed"
 
 
-class DataSession:
-    def __init__(
-        self,
-        broker: Broker,
-        mode: wire.Mode,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        leftover: bytes = b"",
-    ) -> None:
+class DataSession(asyncio.Protocol):
+    __slots__ = (
+        "_decoder",
+        "_draining",
+        "_eof",
+        "_first",
+        "_octets",
+        "_paused",
+        "_progress",
+        "_ready",
+        "_room",
+        "_stamp",
+        "_stamp_size",
+        "_unacked",
+        "broker",
+        "failed_from",
+        "handled",
+        "hello",
+        "is_peer",
+        "mode",
+        "owner",
+        "peer_id",
+        "phase",
+        "remote_addr",
+        "remote_port",
+        "transport",
+        "written",
+    )
+
+    def __init__(self, broker: Broker, mode: wire.Mode, transport: asyncio.Transport) -> None:
         self.broker = broker
         self.mode = mode
-        self.reader = reader
-        self.writer = writer
+        self.transport = transport
         self.phase = Phase.AWAIT_KEY
-        self.hello = wire.DataHelloDecoder(mode)
-        self.hello.feed(leftover)
+        self.hello: wire.DataHelloDecoder | None = wire.DataHelloDecoder(mode)
         self.is_peer = mode in (wire.Mode.PEER, wire.Mode.OLD_PEER)
         self.peer_id = NO_PEER
         self.owner: CommandSession | None = None
-        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
-        self.remote_addr: str = peer[0]
+        peer = transport.get_extra_info("peername") or ("0.0.0.0", 0)
+        # Interned: ten thousand clients from a few hosts share a few strings.
+        self.remote_addr: str = sys.intern(peer[0])
         self.remote_port: int = peer[1]
-        # The hops a publisher's messages get: this broker, then the publisher (§1.11).
-        self._stamp_hops = broker.node_id + ipv4_bytes(self.remote_addr)
-        self._stamp_size = 0  # bytes the stamp adds to each frame, once paired
+        self._decoder: wire.MessageDecoder | None = None  # made when the first bytes come
+        self._stamp = b""  # the hops a publisher's messages get: our node id, its address
+        self._stamp_size = 0  # what sender and hops add to each of its frames
         self._draining = False
-        self._pump_out_task: asyncio.Task[None] | None = None
+        self._eof = False
+        # Input waiting for room in a block-policy queue: the task, and where it stands.
+        self._room: asyncio.Task[None] | None = None
+        self._first = 0
+        self._octets = 0
+        # Output: the queue's wake-up while it is empty, the write side's pause, and the
+        # last batch written while the transport said pause (acked once it takes more).
+        self._ready: Notify | None = None
+        self._paused = False
+        self._unacked: list[bytes] | None = None
         # Publisher confirms (docs/confirms.md): messages handled so far on this channel,
         # the disk stores they went to with the last seq written, and the number of the
         # first message a disk write failed for.
         self.handled = 0
         self.written: dict[DiskStore, int] = {}
         self.failed_from: int | None = None
-        self._progress = asyncio.Event()
-
-    async def run(self) -> None:
-        try:
-            owner = await self._pair()
-            if owner is None:
-                return
-            self.phase = Phase.STREAMING
-            async with asyncio.TaskGroup() as tasks:
-                pump_in = tasks.create_task(self._pump_in(owner))
-                pump_out = self._pump_out_task = tasks.create_task(self._pump_out(owner))
-                # Whichever pump ends first ends the channel...
-                await asyncio.wait({pump_in, pump_out}, return_when=asyncio.FIRST_COMPLETED)
-                if self._draining and not pump_in.done():
-                    # ...except after the command session ended: what the client sent
-                    # before it hung up is still routed, as fqd_dss.c reads to EOF.
-                    await pump_in
-                pump_in.cancel()
-                pump_out.cancel()
-        except* ProtocolError as group:
-            log.info("closing data channel of %s: %s", self._name(), group.exceptions[0])
-        except* (ConnectionError, asyncio.IncompleteReadError):
-            log.debug("data channel of %s lost", self._name())
-        finally:
-            self.phase = Phase.CLOSED
-            self._progress.set()  # confirms still waiting learn the channel is gone
-            if self.owner is not None and self.owner.data is self:
-                self.owner.data = None
-            self.writer.close()
+        self._progress: asyncio.Event | None = None  # made by the first confirm to wait
 
     def _name(self) -> str:
         return self.owner.pretty if self.owner else f"{self.remote_addr}:{self.remote_port}"
 
+    # --- protocol -------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.phase is Phase.STREAMING:
+            decoder = self._decoder
+            if decoder is None:
+                decoder = self._decoder = self._new_decoder()
+            decoder.feed(data)
+            if self._room is None:
+                self._route_buffered()
+        elif self.phase is Phase.AWAIT_KEY:
+            assert self.hello is not None
+            self.hello.feed(data)
+            self._pair()
+
+    def eof_received(self) -> bool:
+        if self._room is not None:
+            self._eof = True  # what is buffered is routed first
+            return True
+        self.close()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broker.closed(self.transport)
+        if self.phase is not Phase.CLOSED:
+            log.debug("data channel of %s lost", self._name())
+            self._end()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        taken, self._unacked = self._unacked, None
+        if taken and self.phase is Phase.STREAMING and not self._draining:
+            assert self.owner is not None and self.owner.queue is not None
+            self.owner.queue.ack(taken)  # in the kernel's hands now
+        if self._ready is None:
+            self._send_ready()
+
     def close(self) -> None:
-        self.writer.close()
-        self.reader.feed_eof()
+        if self.phase is not Phase.CLOSED:
+            self._end()
+        self.transport.close()
 
     def drain_then_close(self, linger: float) -> None:
-        """The command session ended: send nothing more, read to EOF, close after ``linger``."""
+        """The command session ended: send nothing more, read to EOF, close after ``linger``.
+
+        What the client sent before it hung up is still routed, as fqd_dss.c reads to EOF.
+        """
         self._draining = True
-        if self._pump_out_task is not None:
-            self._pump_out_task.cancel()
+        self._unacked = None
+        if self._ready is not None:
+            self._ready.cancel()
+            self._ready = None
         asyncio.get_running_loop().call_later(linger, self.close)
 
-    async def _pair(self) -> CommandSession | None:
-        while (hello := self.hello.next_hello()) is None:
-            chunk = await self.reader.read(READ_SIZE)
-            if not chunk:
-                return None
-            self.hello.feed(chunk)
+    def _end(self) -> None:
+        self.phase = Phase.CLOSED
+        if self._progress is not None:
+            self._progress.set()  # confirms still waiting learn the channel is gone
+        if self._ready is not None:
+            self._ready.cancel()
+            self._ready = None
+        if self._room is not None:
+            self._room.cancel()
+            self._room = None
+        self._unacked = None
+        if self.owner is not None and self.owner.data is self:
+            self.owner.data = None
+
+    def _pair(self) -> None:
+        assert self.hello is not None
+        hello = self.hello.next_hello()
+        if hello is None:
+            return
         owner = self.broker.clients.get(hello.key)
         if owner is None or owner.data is not None:
             log.info("data channel from %s:%s: unknown or taken key", *self._addr())
-            return None
+            self.close()
+            return
         self.owner = owner
         self.peer_id = hello.peer_id
+        if not self.is_peer:
+            self._stamp = self.broker.node_id + ipv4_bytes(self.remote_addr)
+            self._stamp_size = 2 + len(owner.user) + len(self._stamp)
         owner.data = self
-        self._leftover = self.hello.unconsumed()
-        self._stamp_size = 2 + len(owner.user) + len(self._stamp_hops)
+        leftover = self.hello.unconsumed()
+        self.hello = None
+        self.phase = Phase.STREAMING
         log.debug("data channel paired for %s (peer=%s)", owner.pretty, self.is_peer)
-        return owner
+        self._send_ready()
+        if leftover and self.phase is Phase.STREAMING:
+            self.data_received(leftover)
 
     def _addr(self) -> tuple[str, int]:
         return self.remote_addr, self.remote_port
 
-    async def _pump_in(self, owner: CommandSession) -> None:
-        broker = self.broker
-        stats = owner.stats
-        decoder = wire.MessageDecoder(
-            peer_format=self.is_peer, max_payload=broker.settings.max_message_size
-        )
-        decoder.feed(self._leftover)
-        publish = self._publish_peer_messages if self.is_peer else self._publish_runs
-        reader = self.reader
-        while True:
-            await publish(decoder, stats)
-            if decoder.oversized:
-                stats.size_dropped += decoder.oversized
-                broker.router.aggregate.size_dropped += decoder.oversized
-                decoder.oversized = 0
-            if decoder.error_pending:
-                continue  # the next decode raises it
-            chunk = await reader.read(READ_SIZE)
-            if not chunk:
-                return
-            decoder.feed(chunk)
+    # --- in: decode and publish -----------------------------------------------------------
 
-    async def _publish_runs(self, decoder: wire.MessageDecoder, stats: ClientStats) -> None:
-        """Route every whole message of this read, stamped with sender and hops (§1.11)."""
-        first = self.handled + 1
+    def _new_decoder(self) -> wire.MessageDecoder:
+        return wire.MessageDecoder(
+            peer_format=self.is_peer, max_payload=self.broker.settings.max_message_size
+        )
+
+    def _route_buffered(self) -> None:
+        """Route every whole frame buffered, unless a full block-policy queue stops it."""
+        decoder = self._decoder
+        assert decoder is not None
+        try:
+            while True:
+                self._first = self.handled + 1
+                batch = self._decode(decoder)
+                if not self._publish(batch, 0):
+                    return  # _wait_for_room carries on
+                self._batch_done(decoder)
+                if not decoder.error_pending:
+                    return
+                # the next messages() raises it
+        except ProtocolError as exc:
+            log.info("closing data channel of %s: %s", self._name(), exc)
+            self.close()
+
+    def _decode(self, decoder: wire.MessageDecoder) -> list[Run] | list[Message]:
+        """Every whole frame buffered; sets ``_octets`` to those not counted yet.
+
+        A publisher's come as runs of peer frames stamped with sender and hops (§1.11);
+        a peer's as messages, counted as read, looped ones too, then routed like any other.
+        """
+        owner = self.owner
+        assert owner is not None
+        if not self.is_peer:
+            runs = decoder.runs(owner.user, self._stamp)
+            self._octets, decoder.octets = decoder.octets, 0
+            return runs
+        msgs = decoder.messages()
+        stats = owner.stats
+        self.handled += len(msgs)
+        stats.msgs_in += len(msgs)
+        stats.octets_in += decoder.octets
+        decoder.octets = self._octets = 0
+        node_id = self.broker.node_id
+        return [m for m in msgs if _accept(m, node_id)]
+
+    def _publish(self, batch: list[Run] | list[Message], i: int) -> bool:
+        """Publish ``batch[i:]``; False when a full block-policy queue made it wait."""
+        if self.is_peer:
+            return self._publish_messages(cast("list[Message]", batch), i)
+        return self._publish_runs(cast("list[Run]", batch), i)
+
+    def _publish_runs(self, runs: list[Run], i: int) -> bool:
         assert self.owner is not None
-        runs = decoder.runs(self.owner.user, self._stamp_hops)
-        octets, decoder.octets = decoder.octets, 0
+        stats = self.owner.stats
         publish_runs = self.broker.router.publish_runs
-        counted = i = 0
         while i < len(runs):
             i, done, blocked = publish_runs(runs, i, stats)
             self.handled += done
             stats.msgs_in += done
-            if not blocked:
-                break
-            # Block policy: hold this publisher, and only it, until there is room. What
-            # went out so far counts now: a publisher frame is its peer frame less the stamp.
-            stamp = self._stamp_size
-            left = sum(sum(map(len, run[2])) - len(run[2]) * stamp for run in runs[i:])
-            stats.octets_in += octets - left - counted
-            counted = octets - left
-            self._flush(first)
-            first = self.handled + 1
-            for queue in blocked:
-                await queue.wait_not_full()
-        stats.octets_in += octets - counted
-        self._flush(first)
+            if blocked:
+                # What went out so far counts now: a publisher frame is its peer frame
+                # less the stamp.
+                stamp = self._stamp_size
+                left = sum(sum(map(len, run[2])) - len(run[2]) * stamp for run in runs[i:])
+                stats.octets_in += self._octets - left
+                self._octets = left
+                self._hold(blocked, runs, i)
+                return False
+        stats.octets_in += self._octets
+        self._octets = 0
+        return True
 
-    async def _publish_peer_messages(
-        self, decoder: wire.MessageDecoder, stats: ClientStats
-    ) -> None:
-        """A peer's messages: counted as read, looped ones too; then routed (§5.3)."""
-        first = self.handled + 1
-        msgs = decoder.messages()
-        stats.octets_in += decoder.octets
-        decoder.octets = 0
-        self.handled += len(msgs)
-        stats.msgs_in += len(msgs)
-        node_id = self.broker.node_id
-        msgs = [m for m in msgs if _accept(m, node_id)]
+    def _publish_messages(self, msgs: list[Message], i: int) -> bool:
+        assert self.owner is not None
+        stats = self.owner.stats
         publish_many = self.broker.router.publish_many
-        i = 0
         while i < len(msgs):
             i, blocked = publish_many(msgs, i, stats)
-            if not blocked:
-                break
-            self._flush(first)
-            first = self.handled + 1
-            for queue in blocked:
-                await queue.wait_not_full()
-        self._flush(first)
+            if blocked:
+                self._hold(blocked, msgs, i)
+                return False
+        return True
+
+    def _hold(self, blocked: list[Target], batch: list[Run] | list[Message], i: int) -> None:
+        """Block policy: hold this publisher, and only it, until there is room."""
+        self._flush(self._first)
+        self._first = self.handled + 1
+        self.transport.pause_reading()
+        self._room = asyncio.ensure_future(self._wait_for_room(blocked, batch, i))
+
+    def _batch_done(self, decoder: wire.MessageDecoder) -> None:
+        if decoder.oversized:
+            assert self.owner is not None
+            self.owner.stats.size_dropped += decoder.oversized
+            self.broker.router.aggregate.size_dropped += decoder.oversized
+            decoder.oversized = 0
+        self._flush(self._first)
+
+    async def _wait_for_room(
+        self, blocked: list[Target], batch: list[Run] | list[Message], i: int
+    ) -> None:
+        for queue in blocked:
+            await queue.wait_not_full()
+        self._room = None
+        decoder = self._decoder
+        assert decoder is not None
+        if self._publish(batch, i):
+            self._batch_done(decoder)
+            self._route_buffered()
+        if self._room is not None or self.phase is Phase.CLOSED:
+            return
+        if self._eof:
+            self.close()
+        else:
+            self.transport.resume_reading()
 
     def _flush(self, first: int) -> None:
         """Write what this publisher appended to disk queues, before it next waits."""
@@ -226,14 +341,17 @@ class DataSession:
             self.written[store] = store.written_seq
         if lost and self.failed_from is None:
             self.failed_from = first
-        self._progress.set()
-        self._progress = asyncio.Event()
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
 
     async def confirm(self, count: int) -> str | None:
         """Wait until the first ``count`` messages are routed and durable; None, or why not."""
         while self.handled < count:
             if self.phase is Phase.CLOSED:
                 return "data channel closed"
+            if self._progress is None:
+                self._progress = asyncio.Event()
             await self._progress.wait()
         if self.failed_from is not None and self.failed_from <= count:
             return "disk queue write failed"
@@ -244,28 +362,39 @@ class DataSession:
                 del self.written[store]
         return None
 
-    async def _pump_out(self, owner: CommandSession) -> None:
-        assert owner.queue is not None
+    # --- out: take and write --------------------------------------------------------------
+
+    def _send_ready(self) -> bool:
+        """Write what the queue holds until it is empty or the transport asks to pause.
+
+        The queue's callback: False tells it this consumer is gone, so the wake-up goes
+        to another.
+        """
+        self._ready = None
+        transport = self.transport
+        if self.phase is not Phase.STREAMING or self._draining or transport.is_closing():
+            return False
+        owner = self.owner
+        assert owner is not None and owner.queue is not None
         queue = owner.queue
         stats = owner.stats
-        writer = self.writer
         peer_id = self.peer_id
-        while True:
-            batch = taken = await queue.get_batch(BATCH)
-            if writer.is_closing():
-                queue.put_back(batch)
-                return
+        while not self._paused:
+            batch = taken = queue.take(BATCH)
+            if not batch:
+                self._ready = queue.notify_ready(self._send_ready)
+                break
             if peer_id != NO_PEER:
                 batch = [f for f in batch if not has_hop(frame_hops(f), peer_id)]
-            writer.write(b"".join(batch))
+            transport.write(b"".join(batch))
             stats.msgs_out += len(batch)
             stats.octets_out += sum(map(len, batch))
-            try:
-                await writer.drain()
-            except ConnectionError:
-                return
+            if self._paused:
+                self._unacked = taken  # acked when the transport has room again
+                break
             # In the kernel's hands now: a disk queue may move its read checkpoint.
             queue.ack(taken)
+        return True
 
 
 def _accept(msg: Message, node_id: bytes) -> bool:

@@ -33,7 +33,6 @@ import h11
 
 from . import checkpoints, replay, wire
 from .message import Message
-from .metrics import render_metrics
 from .stats import http_counters, render_stats_json
 
 if TYPE_CHECKING:
@@ -255,6 +254,9 @@ class _Connection:
             if path == "/stats.json":
                 reply = Reply(200, render_stats_json(self.broker))
             elif path == "/metrics":
+                # prometheus_client is 2 MB of a broker's memory: loaded when scraped.
+                from .metrics import render_metrics
+
                 body, content_type = render_metrics(
                     self.broker, headers.get(b"accept", b"").decode("latin-1")
                 )

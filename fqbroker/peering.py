@@ -34,13 +34,13 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from . import wire
-from .client import Client, ClientError
 from .config import Upstream
 from .errors import FqError
 from .message import ZERO_MSGID, Message, accept_from_peer
 from .router import ClientStats
 
 if TYPE_CHECKING:
+    from .client import Client
     from .server import Broker
 
 __all__ = ["PeerAddress", "PeerLink", "PeerState", "Peering", "RecentIds"]
@@ -191,6 +191,8 @@ class PeerLink:
 
     async def _connect(self) -> Client:
         """Connect, retrying with backoff; from then on the client reconnects by itself."""
+        from .client import Client  # only brokers that peer pay for the client's imports
+
         delay = BACKOFF_START
         while True:
             client = Client(
@@ -213,6 +215,8 @@ class PeerLink:
 
     async def _watch(self, client: Client) -> None:
         """Keep the upstream's bindings as wanted, after every change and reconnect."""
+        from .client import ClientError
+
         while True:
             connection = client.connections
             if client.connected:

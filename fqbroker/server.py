@@ -5,6 +5,10 @@ says what it is in its first 4 bytes (:func:`fqbroker.wire.sniff`): command and 
 channels get a session each, HTTP goes to the HTTP front end, anything else is closed at
 once. The :class:`Broker` owns the router, the queues and the key registry; sessions
 call into it and it never calls into a socket.
+
+Sessions are protocols on the connection's transport, not tasks: an idle client costs
+its two transports and two small objects, so a broker holds tens of thousands of them.
+HTTP, rare and short, keeps its streams and a task per connection.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
+from typing import cast
 
-from . import http, wire
+from . import wire
 from .catalog import Catalog
-from .command import CommandSession
+from .command import LINGER_SECONDS, CommandSession
 from .config import Settings, resolve_node_id
 from .data import DataSession
+from .heartbeats import HeartbeatClock
 from .message import MsgIdCounter
 from .peering import Peering
 from .program import RuleRegistry, default_registry
@@ -33,7 +39,7 @@ __all__ = ["Broker"]
 
 log = logging.getLogger(__name__)
 
-LINGER_SECONDS = 1.0
+STOP_SECONDS = 5.0  # how long stop() waits for connections to flush and close
 
 HttpHandler = Callable[
     ["Broker", bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
@@ -54,9 +60,13 @@ class Broker:
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
         self.clients: dict[bytes, CommandSession] = {}
         self.msgids = MsgIdCounter()
-        self.http_handler: HttpHandler | None = http.serve
+        self.http_handler: HttpHandler | None = _serve_http
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        # Every open connection, to close at stop; a dict is smaller than a set.
+        self._connections: dict[asyncio.Transport, None] = {}
+        self._http_tasks: set[asyncio.Task[None]] = set()
+        self._all_closed: asyncio.Event | None = None
+        self.heartbeats = HeartbeatClock()
         self.port = 0
         self.peering = Peering(self)
         # Set by HTTP /shutdown; whoever runs the broker (fqd's main) waits on it and stops.
@@ -76,8 +86,8 @@ class Broker:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._accept,
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: _Sniffer(self),
             host=self.settings.bind,
             port=self.settings.port,
             reuse_address=True,
@@ -93,12 +103,14 @@ class Broker:
             self._server.close()
         for session in list(self.clients.values()):
             session.close()
-        for task in list(self._connections):
+        for task in list(self._http_tasks):
             task.cancel()
-        if self._connections:
-            await asyncio.wait(self._connections, timeout=5)
+        if self._http_tasks:
+            await asyncio.wait(self._http_tasks, timeout=5)
+        await self._close_connections()
         if self._server is not None:
             await self._server.wait_closed()
+        self.heartbeats.close()
         self.catalog.close()
 
     async def __aenter__(self) -> Broker:
@@ -114,41 +126,64 @@ class Broker:
 
     # --- connections ----------------------------------------------------------------------
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    def opened(self, transport: asyncio.Transport) -> None:
+        self._connections[transport] = None
+
+    def closed(self, transport: asyncio.Transport) -> None:
+        self._connections.pop(transport, None)
+        if not self._connections and self._all_closed is not None:
+            self._all_closed.set()
+
+    async def _close_connections(self) -> None:
+        """Close every connection and wait for the sessions to end, before queues close.
+
+        A session still running when the catalog closes could publish into closed queues.
+        """
+        if not self._connections:
+            return
+        self._all_closed = asyncio.Event()
+        for transport in list(self._connections):
+            transport.close()
         try:
-            await self._dispatch(reader, writer)
+            async with asyncio.timeout(STOP_SECONDS):
+                await self._all_closed.wait()
+        except TimeoutError:
+            for transport in list(self._connections):
+                transport.abort()  # a client that does not read what is still queued
+
+    def serve_http(
+        self, transport: asyncio.Transport, first4: bytes, rest: bytes, handler: HttpHandler
+    ) -> None:
+        """Put the connection on streams, with what was read already, for the HTTP task."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(loop=loop)
+        protocol = _HttpProtocol(self, reader, loop=loop)
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+        if rest:
+            reader.feed_data(rest)
+        task = loop.create_task(self._http(handler, first4, reader, writer))
+        self._http_tasks.add(task)
+        task.add_done_callback(self._http_tasks.discard)
+
+    async def _http(
+        self,
+        handler: HttpHandler,
+        first4: bytes,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        try:
+            await handler(self, first4, reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             writer.close()
         except asyncio.CancelledError:
-            # The broker is stopping. Ending quietly matters: asyncio's stream callback
-            # asks this task for its exception and would log a cancelled one as an error.
+            # The broker is stopping. Ending quietly matters: whoever looks at this task's
+            # result would log a cancelled one as an error.
             writer.close()
         except Exception:
             log.exception("connection handler failed")
-            writer.close()
-        finally:
-            self._connections.discard(task)
-
-    async def _dispatch(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        async with asyncio.timeout(self.settings.idle_sniff_timeout):
-            first4 = await reader.readexactly(4)
-        mode = wire.sniff(first4)
-        if mode is wire.Mode.CMD:
-            await CommandSession(self, reader, writer).run()
-        elif mode in (wire.Mode.DATA, wire.Mode.PEER, wire.Mode.OLD_PEER):
-            await DataSession(self, mode, reader, writer).run()
-        elif mode == "http" and self.http_handler is not None:
-            await self.http_handler(self, first4, reader, writer)
-        else:
-            log.info("closing connection with unknown preamble %s", first4.hex())
             writer.close()
 
     async def linger_close(
@@ -196,3 +231,94 @@ class Broker:
 
     def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool:
         return self.catalog.unbind(exchange, route_id, queue)
+
+
+async def _serve_http(
+    broker: Broker, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    # h11 and the HTTP front end are loaded by the first HTTP request, not by every broker.
+    from . import http
+
+    await http.serve(broker, first4, reader, writer)
+
+
+class _Sniffer(asyncio.Protocol):
+    """A new connection until its first 4 bytes say what it is (§1.2)."""
+
+    __slots__ = ("broker", "buffer", "timer", "transport")
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.buffer = b""
+        self.timer: asyncio.TimerHandle | None = None
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        transport = cast(asyncio.Transport, transport)
+        self.transport = transport
+        self.broker.opened(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        loop = asyncio.get_running_loop()
+        self.timer = loop.call_later(self.broker.settings.idle_sniff_timeout, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if len(self.buffer) < 4:
+            return
+        assert self.timer is not None and self.transport is not None
+        self.timer.cancel()
+        first4, rest = self.buffer[:4], self.buffer[4:]
+        _hand_over(self.broker, self.transport, first4, rest)
+
+    def eof_received(self) -> bool:
+        return False  # closed before saying what it is
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.transport is not None:
+            self.broker.closed(self.transport)
+
+
+def _hand_over(broker: Broker, transport: asyncio.Transport, first4: bytes, rest: bytes) -> None:
+    mode = wire.sniff(first4)
+    session: CommandSession | DataSession
+    if mode is wire.Mode.CMD:
+        session = CommandSession(broker, transport)
+    elif mode in (wire.Mode.DATA, wire.Mode.PEER, wire.Mode.OLD_PEER):
+        assert isinstance(mode, wire.Mode)
+        session = DataSession(broker, mode, transport)
+    elif mode == "http" and broker.http_handler is not None:
+        broker.serve_http(transport, first4, rest, broker.http_handler)
+        return
+    else:
+        log.info("closing connection with unknown preamble %s", first4.hex())
+        transport.close()
+        return
+    transport.set_protocol(session)
+    if rest:
+        session.data_received(rest)
+
+
+class _HttpProtocol(asyncio.StreamReaderProtocol):
+    def __init__(
+        self, broker: Broker, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        super().__init__(reader, loop=loop)
+        self._broker = broker
+        self._conn: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._conn = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._conn is not None:
+            self._broker.closed(self._conn)
+            self._conn = None

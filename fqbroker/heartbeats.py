@@ -1,0 +1,107 @@
+"""One heartbeat clock for all command sessions (§1.7).
+
+A session that asked for heartbeats has one entry in a heap, at the time it next needs
+looking at: its next beat or the end of its 3x silence, whichever comes first. One timer,
+for the head of the heap, serves every session: 10,000 idle clients are 10,000 small
+heap entries rather than 10,000 tasks, each with its own timer and wake-ups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from typing import Any, Protocol
+
+__all__ = ["HeartbeatClock"]
+
+# Sessions due this close together are served by one timer run: a heartbeat goes out at
+# most this early, and the wave of beats of many clients costs far fewer timer wake-ups.
+SLACK = 0.002
+# Entries of sessions that stopped or moved their time stay in the heap until they come
+# up; past this many (and half the heap) it is rebuilt, so a client that keeps changing
+# its interval cannot grow it.
+MAX_STALE = 256
+
+
+class Beating(Protocol):
+    def heartbeat_due(self, now: float) -> None: ...
+
+
+# [when, tie-break, session or None once cancelled]: a list, so heapq compares it in C.
+Entry = list[Any]
+
+
+class HeartbeatClock:
+    __slots__ = ("_heap", "_loop", "_running", "_seq", "_stale", "_timer", "_timer_at")
+
+    def __init__(self) -> None:
+        self._heap: list[Entry] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._running = False
+        self._seq = itertools.count()
+        self._stale = 0
+        # uvloop's call_at of a time past returns a plain Handle, without when().
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = 0.0
+
+    def time(self) -> float:
+        """The loop's clock, which the timer runs on; sessions keep their times in it."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop.time()
+
+    def schedule(self, session: Beating, when: float) -> Entry:
+        """Call ``session.heartbeat_due`` at ``when``; returns the entry to :meth:`cancel`."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        entry: Entry = [when, next(self._seq), session]
+        heapq.heappush(self._heap, entry)
+        if not self._running and (self._timer is None or when < self._timer_at):
+            self._arm()
+        return entry
+
+    def cancel(self, entry: Entry) -> None:
+        if entry[2] is not None:
+            entry[2] = None
+            self._stale += 1
+            if self._stale > MAX_STALE and self._stale > len(self._heap) // 2:
+                self._heap = [e for e in self._heap if e[2] is not None]
+                heapq.heapify(self._heap)
+                self._stale = 0
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._heap.clear()
+
+    def _arm(self) -> None:
+        heap = self._heap
+        while heap and heap[0][2] is None:
+            heapq.heappop(heap)
+            self._stale -= 1
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if heap:
+            assert self._loop is not None
+            self._timer_at = heap[0][0]
+            self._timer = self._loop.call_at(self._timer_at, self._run)
+
+    def _run(self) -> None:
+        self._timer = None
+        heap = self._heap
+        now = self.time()
+        self._running = True
+        try:
+            while heap and heap[0][0] <= now + SLACK:
+                when, _, session = heapq.heappop(heap)
+                if session is None:
+                    self._stale -= 1
+                    continue
+                # Served a little early counts as on time: the session's grid holds.
+                session.heartbeat_due(max(now, when))
+        finally:
+            self._running = False
+            self._arm()

@@ -1,0 +1,51 @@
+"""Idle clients cost no task and no timer of their own; heartbeats keep a fixed grid."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fqbroker import wire
+from fqbroker.heartbeats import HeartbeatClock
+from fqbroker.server import Broker
+
+from .conftest import open_session, wait_for
+from .test_server import paired
+
+
+async def test_idle_sessions_run_no_tasks(broker: Broker) -> None:
+    before = len(asyncio.all_tasks())
+    sessions = [await open_session(broker.port) for _ in range(20)]
+    for s in sessions:
+        await paired(broker, s.key)
+        await s.cmd.send(wire.encode(wire.HeartbeatRequest(1000)))
+    await wait_for(lambda: all(c.heartbeat_ms == 1000 for c in broker.clients.values()))
+    assert len(asyncio.all_tasks()) == before
+    for s in sessions:
+        await s.close()
+
+
+class _Recorder:
+    def __init__(self, clock: HeartbeatClock, period: float, times: list[float]) -> None:
+        self.clock, self.period, self.times = clock, period, times
+
+    def heartbeat_due(self, now: float) -> None:
+        self.times.append(now)
+        if len(self.times) < 5:
+            self.clock.schedule(self, self.times[0] + len(self.times) * self.period)
+
+
+async def test_clock_serves_many_sessions_on_their_grid() -> None:
+    clock = HeartbeatClock()
+    start = clock.time()
+    runs: list[list[float]] = [[] for _ in range(50)]
+    for i, times in enumerate(runs):
+        clock.schedule(_Recorder(clock, 0.02, times), start + 0.01 + i * 0.0005)
+    cancelled: list[float] = []
+    clock.cancel(clock.schedule(_Recorder(clock, 0.02, cancelled), start + 0.01))
+    await wait_for(lambda: all(len(t) == 5 for t in runs))
+    assert not cancelled
+    for i, times in enumerate(runs):
+        due = [start + 0.01 + i * 0.0005 + k * 0.02 for k in range(5)]
+        # On time or a little late, never more than the slack early: the grid holds.
+        assert all(t >= d - 0.0021 for t, d in zip(times, due, strict=True)), (times, due)
+    clock.close()
