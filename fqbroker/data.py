@@ -111,7 +111,7 @@ class DataSession(asyncio.Protocol):
         # the disk stores they went to with the last seq written, and the number of the
         # first message a disk write failed for.
         self.handled = 0
-        self.written: dict[DiskStore, int] = {}
+        self.written: dict[DiskStore, int] | None = None  # made by the first disk write
         self.failed_from: int | None = None
         self._progress: asyncio.Event | None = None  # made by the first confirm to wait
 
@@ -338,6 +338,8 @@ class DataSession(asyncio.Protocol):
         assert self.owner is not None
         flushed, lost = self.broker.catalog.flush_dirty(self.owner.stats)
         for store in flushed:
+            if self.written is None:
+                self.written = {}
             self.written[store] = store.written_seq
         if lost and self.failed_from is None:
             self.failed_from = first
@@ -355,10 +357,10 @@ class DataSession(asyncio.Protocol):
             await self._progress.wait()
         if self.failed_from is not None and self.failed_from <= count:
             return "disk queue write failed"
-        for store, seq in list(self.written.items()):
+        for store, seq in list((self.written or {}).items()):
             if not await store.wait_durable(seq):
                 return "disk queue write failed"  # an fsync failed
-            if self.written.get(store) == seq:
+            if self.written is not None and self.written.get(store) == seq:
                 del self.written[store]
         return None
 

@@ -15,7 +15,6 @@ code says whether it is copied or fixed; docs/programs.md has the table and the 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import logging
 import math
 import random
@@ -436,6 +435,7 @@ class RuleRegistry:
 
     def __init__(self, *, builtins: bool = True) -> None:
         self._functions: dict[tuple[str, str], RuleFunction] = {}
+        self._plugins: str | None = None  # an entry-point group still to load
         if builtins:
             self.register("true", "", _true)
             self.register("route_contains", "s", _route_contains)
@@ -450,11 +450,26 @@ class RuleRegistry:
             raise ValueError(f"invalid signature {signature!r}: use s/d letters or 'VA'")
         if not callable(fn):
             raise TypeError(f"rule function {name} is not callable")
+        self._load_deferred()  # plugins first, as if loaded when deferred
         self._functions[name, signature] = fn
 
     def lookup(self, name: str, signature: str) -> RuleFunction | None:
+        self._load_deferred()
         fn = self._functions.get((name, signature))
         return self._functions.get((name, "VA")) if fn is None else fn
+
+    def defer_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
+        """:meth:`load_entry_points` when a function is first looked up or registered.
+
+        That is at the first bind (an empty rule is ``true()``, looked up too): a broker
+        that nobody binds on never scans the installed packages, 2 MB it need not hold.
+        """
+        self._plugins = group
+
+    def _load_deferred(self) -> None:
+        if self._plugins is not None:
+            group, self._plugins = self._plugins, None
+            self.load_entry_points(group)
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
         """Call every installed plugin's ``register(registry)`` (entry points in `group`).
@@ -463,6 +478,8 @@ class RuleRegistry:
         that fails is logged and skipped, like a ``.so`` fqd cannot load: its functions
         are simply unknown, and binds that use them fail.
         """
+        import importlib.metadata  # 2 MB with what it imports: see defer_entry_points
+
         for entry_point in importlib.metadata.entry_points(group=group):
             # Third-party code can raise anything; one bad plugin must not stop the rest.
             try:
@@ -498,6 +515,6 @@ def default_registry() -> RuleRegistry:
     with _default_lock:
         if _default_registry is None:
             registry = RuleRegistry()
-            registry.load_entry_points()
+            registry.defer_entry_points()
             _default_registry = registry
         return _default_registry

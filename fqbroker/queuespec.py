@@ -7,7 +7,6 @@ the canonical ``private|public,drop|block,backlog=N`` form fqd stores in sqlite.
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -146,5 +145,7 @@ def parse_queue_field(field: bytes) -> QueueSpec:
     spec = QueueSpec(name=name, kind=kind).with_params(params)
     if not name:
         # fqd names an anonymous queue itself, always private and transient.
+        import uuid  # with platform: an idle broker need not hold them
+
         spec = replace(spec, name=f"auto-{uuid.uuid4()}".encode(), private=True, permanent=False)
     return spec

@@ -40,7 +40,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import struct
 import threading
 import zlib
@@ -733,6 +732,8 @@ class SegmentLog:
     def destroy(self) -> None:
         self.close()
         with contextlib.suppress(FileNotFoundError):
+            import shutil  # with bz2 and lzma: only queues being deleted need it
+
             shutil.rmtree(self.directory)
 
     def _check_open(self) -> None:

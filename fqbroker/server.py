@@ -93,6 +93,12 @@ class Broker:
             reuse_address=True,
             backlog=128,
         )
+        for sock in self._server.sockets:
+            # Accepted sockets inherit these (Linux): no per-connection call, and none of
+            # the socket objects uvloop would build and keep for it.
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("Listening on port: %d", self.port)
         self.peering.start()
@@ -258,11 +264,6 @@ class _Sniffer(asyncio.Protocol):
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
         self.broker.opened(transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         loop = asyncio.get_running_loop()
         self.timer = loop.call_later(self.broker.settings.idle_sniff_timeout, transport.close)
 

@@ -406,6 +406,8 @@ class _Buffer:
 
 
 class _Decoder:
+    __slots__ = ("_buf", "_eof")
+
     def __init__(self) -> None:
         self._buf = _Buffer()
         self._eof = False
@@ -441,6 +443,8 @@ class ServerCommandDecoder(_Decoder):
     The first frame must be the plain-auth request; its failures raise ``AuthError`` with
     fq's error text, in the order fqd checks the fields (fqd_ccs.c).
     """
+
+    __slots__ = ("_authed",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -510,6 +514,8 @@ class ServerCommandDecoder(_Decoder):
 class ClientCommandDecoder(_Decoder):
     """Replies a broker sends on the command socket (the client's side of fq_client.c)."""
 
+    __slots__ = ()
+
     def next_frame(self) -> ServerReply | None:
         buf = self._buf
         start = buf.pos
@@ -550,6 +556,8 @@ class ClientCommandDecoder(_Decoder):
 class DataHelloDecoder(_Decoder):
     """The bytes after a data-channel magic: [4-byte peer id], u16 key length, key."""
 
+    __slots__ = ("_with_peer_id",)
+
     def __init__(self, mode: Mode) -> None:
         super().__init__()
         self._with_peer_id = mode is Mode.PEER
@@ -573,6 +581,17 @@ class MessageDecoder(_Decoder):
     truncates such payloads instead; we drop them, because a truncated message is a corrupt
     one, and count them as ``size_dropped``, the counter fq has for exactly this.
     """
+
+    __slots__ = (
+        "_error",
+        "_heads",
+        "_names",
+        "_skipping",
+        "max_payload",
+        "octets",
+        "oversized",
+        "peer_format",
+    )
 
     def __init__(self, *, peer_format: bool, max_payload: int = MAX_MESSAGE_SIZE) -> None:
         super().__init__()

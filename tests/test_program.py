@@ -734,3 +734,30 @@ def test_load_entry_points(
     # The process-wide registry loads the same group the first time it is asked for.
     monkeypatch.setattr(program_module, "_default_registry", None)
     assert compile_program(b'prefix: route_is("a")').evaluate(Message(b"", b"a", b""))
+
+
+def test_deferred_entry_points_load_before_the_first_lookup_or_register(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, forget_modules: list[str]
+) -> None:
+    """Deferred plugins override built-ins and yield to later registers, as if loaded early."""
+    (tmp_path / "fqbt_override.py").write_text(
+        "loaded = []\n"
+        "def register(registry):\n"
+        "    loaded.append(registry)\n"
+        "    registry.register('route_contains', 's', lambda msg, s: True)\n"
+        "    registry.register('payload_is', 's', lambda msg, s: msg.payload == s)\n"
+    )
+    forget_modules.append("fqbt_override")
+    _fake_distribution(tmp_path, "[fqbroker.rules]\noverride = fqbt_override:register\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = RuleRegistry()
+    registry.defer_entry_points()
+    assert "fqbt_override" not in sys.modules  # nothing compiled yet: nothing loaded
+    p = compile_program(b'prefix: route_contains("zzz")', registry)
+    assert p.evaluate(Message(b"", b"a", b""))  # the plugin's, not the built-in
+    assert sys.modules["fqbt_override"].loaded == [registry]
+
+    later = RuleRegistry()
+    later.defer_entry_points()
+    later.register("payload_is", "s", lambda msg, s: False)  # loads the plugins first
+    assert not compile_program(b'prefix: payload_is("b")', later).evaluate(Message(b"", b"a", b"b"))
