@@ -11,11 +11,11 @@ only the publishers writing into the full queue, not every publisher as fqd's wo
 thread does (§1.13, §9), and nothing a publisher handed over is lost.
 
 Consumers are data channels of the queue's clients (1 for a private queue, 16 for a
-public one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) or
-awaits :meth:`get_batch`; a waiting consumer is woken the moment a message arrives (fqd
-polls, §1.13). Waiting consumers are served first come, first served, and a batch is
-split between the consumers still waiting, so a public queue shares work fairly under
-light load too, where fqd hands everything to one consumer (§3.4).
+public one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) and
+is called back the moment a message arrives (fqd polls, §1.13). Waiting consumers are
+served first come, first served, and a batch is split between the consumers still
+waiting, so a public queue shares work fairly under light load too, where fqd hands
+everything to one consumer (§3.4).
 
 Messages live in a :class:`MemoryStore`; disk queues swap in another store with the
 same small interface. A queue holds each message as the peer frame its consumers
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Protocol
 
 from .errors import QueueError
@@ -49,7 +49,6 @@ class Store(Protocol):
     def __len__(self) -> int: ...
     def extend(self, frames: list[bytes]) -> None: ...
     def take(self, n: int) -> list[bytes]: ...
-    def put_back(self, frames: list[bytes]) -> None: ...
     def ack(self, frames: list[bytes]) -> None: ...
     def close(self, *, destroy: bool) -> None: ...
 
@@ -83,12 +82,6 @@ class MemoryStore:
             return out
         popleft = items.popleft
         return [popleft() for _ in range(n)]
-
-    def put_back(self, frames: list[bytes]) -> None:
-        items = self._items
-        if items is None:
-            items = self._items = collections.deque()
-        items.extendleft(reversed(frames))
 
     def ack(self, frames: list[bytes]) -> None:
         pass  # nothing to remember: a memory queue's contents die with the process
@@ -129,7 +122,7 @@ class Queue:
         self.dropped_to = 0
         # Waiting consumers, first come first served. A list: there are at most 16, and
         # an empty deque costs 700 bytes in every queue of every idle client.
-        self._getters: list[asyncio.Future[None] | Notify] = []
+        self._getters: list[Notify] = []
         # Consumers woken for new messages that have not taken their share yet.
         self._woken = 0
         self._space: asyncio.Event | None = None
@@ -249,42 +242,17 @@ class Queue:
             self._space = None
         return batch
 
-    async def get_batch(self, max_n: int = 1024) -> list[bytes]:
-        """Wait for messages and take up to ``max_n`` of them."""
-        while True:
-            batch = self.take(max_n)
-            if batch:
-                return batch
-            getter = asyncio.get_running_loop().create_future()
-            self._getters.append(getter)
-            try:
-                await getter
-            except asyncio.CancelledError:
-                if getter.done() and not getter.cancelled():
-                    # Woken, then cancelled: hand the wake-up on so no message sits unseen.
-                    self._woken -= 1
-                    self._wake_getter()
-                raise
-            self._woken -= 1
-
     def notify_ready(self, callback: Callable[[], bool]) -> Notify:
         """Call ``callback`` soon once there may be messages to :meth:`take`.
 
-        The same place in line and the same share of a batch as :meth:`get_batch`, for a
-        consumer without a task. Cancel the result to stop waiting. A consumer that is
+        Consumers wait in line, and each takes its share of a batch. Cancel the result to
+        stop waiting. A consumer that is
         gone by the time its callback runs returns False, and the wake-up goes to the next
         one in line, so no message sits unseen.
         """
         getter = Notify(self, callback)
         self._getters.append(getter)
         return getter
-
-    def put_back(self, frames: Iterable[bytes]) -> None:
-        """Return messages taken but never written; they go out first next time."""
-        frames = list(frames)
-        if frames:
-            self.store.put_back(frames)
-            self._wake_getter()
 
     def ack(self, frames: list[bytes]) -> None:
         """These messages reached a consumer's socket (a disk queue's checkpoint moves)."""
@@ -323,9 +291,8 @@ class Queue:
 class Notify:
     """A consumer waiting in :meth:`Queue.notify_ready`.
 
-    It stands in line with the futures of :meth:`Queue.get_batch` and answers the same
-    calls, at a fraction of a future's size (a future with a callback is 500 bytes, and
-    every idle consumer has one).
+    It answers what the queue asks of a waiter as a future would, at a fraction of a
+    future's size (a future with a callback is 500 bytes, and every idle consumer has one).
     """
 
     __slots__ = ("_callback", "_queue", "_state")

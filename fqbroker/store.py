@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import logging
 import struct
 import time
@@ -58,7 +57,9 @@ __all__ = ["DiskStore", "FsyncPolicy", "open_disk_store", "split_record"]
 log = logging.getLogger(__name__)
 
 READER = "fq"  # the broker's own checkpoint, as jlog's subscriber "fq"
-RECENT_MESSAGES = 4096  # written messages kept for consumers that keep up
+# Written frames not yet taken are kept in memory up to this many bytes, so consumers
+# that keep up (or nearly: within a few socket buffers) never read the file back.
+RECENT_BYTES = 8 << 20
 _RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # seconds between attempts to repair a failed log
 _TAG = struct.Struct(">BQ")  # record version, arrival time in microseconds
 RECORD_V1 = 0x81
@@ -133,7 +134,9 @@ class DiskStore:
         self._pending: list[bytes] = []
         # The frames last written, the newest at ``written_seq``: a consumer that keeps
         # up gets them from here instead of reading them back from the file.
-        self._recent: collections.deque[bytes] = collections.deque(maxlen=RECENT_MESSAGES)
+        self._recent: collections.deque[bytes] = collections.deque()
+        self._recent_seq = 0  # the seq of _recent[0]
+        self._recent_bytes = 0
         self._cursor = segment_log.checkpoints.get(READER, segment_log.first_seq)
         # Batches handed to consumers and not yet acknowledged: [first, last, acked].
         self._in_flight: collections.deque[list[int]] = collections.deque()
@@ -178,13 +181,14 @@ class DiskStore:
         if not frames:
             return
         # Arrival is when the publisher's read is written: the same loop turn it was read.
+        first = self.log.next_seq
         tag = _TAG.pack(RECORD_V1, time.time_ns() // 1000)
         try:
             self.log.append([tag + frame for frame in frames])
         except OSError:
             self.write_errors += len(frames)
             raise
-        self._recent.extend(frames)
+        self._remember(first, frames)
         if self.policy is FsyncPolicy.NEVER:
             self._set_durable(self.log.next_seq - 1)
         else:
@@ -278,10 +282,8 @@ class DiskStore:
                 self.flush()
         # Named checkpoints alone may have trimmed past a reader that never read.
         cursor = self._cursor = max(self._cursor, self.log.first_seq)
-        recent = self._recent
-        first_recent = self.log.next_seq - len(recent)
-        if recent and first_recent <= cursor < self.log.next_seq:
-            frames = itertools.islice(recent, cursor - first_recent, cursor - first_recent + n)
+        frames = self._take_recent(cursor, n)
+        if frames:
             out = [place_seq(frame, seq) for seq, frame in enumerate(frames, cursor)]
         else:
             out = [_delivered(seq, record) for seq, record in self.log.read(cursor, n)]
@@ -292,10 +294,30 @@ class DiskStore:
         self._in_flight.append([cursor, last, 0])
         return out
 
-    def put_back(self, frames: list[bytes]) -> None:
-        first = frame_seq(frames[0])
-        self._forget_batch(first)
-        self._cursor = min(self._cursor, first)
+    def _remember(self, first: int, frames: list[bytes]) -> None:
+        recent = self._recent
+        if not recent:
+            self._recent_seq = first
+        recent.extend(frames)
+        self._recent_bytes += sum(map(len, frames))
+        while self._recent_bytes > RECENT_BYTES and recent:
+            self._recent_bytes -= len(recent.popleft())
+            self._recent_seq += 1
+
+    def _take_recent(self, cursor: int, n: int) -> list[bytes]:
+        """Up to ``n`` frames from ``cursor`` on out of memory; none if not all there."""
+        recent = self._recent
+        popleft = recent.popleft
+        while recent and self._recent_seq < cursor:  # taken already: not needed again
+            self._recent_bytes -= len(popleft())
+            self._recent_seq += 1
+        if not recent or self._recent_seq != cursor:
+            return []  # behind the memory: read the file until caught up
+        n = min(n, len(recent))
+        frames = [popleft() for _ in range(n)]
+        self._recent_bytes -= sum(map(len, frames))
+        self._recent_seq += n
+        return frames
 
     def ack(self, frames: list[bytes]) -> None:
         """The consumer's socket has these; the read checkpoint may move past them."""
@@ -310,11 +332,6 @@ class DiskStore:
         if checkpoint > self.log.checkpoints.get(READER, 0):
             self.log.set_checkpoint(READER, checkpoint)
             self.log.trim()
-
-    def _forget_batch(self, first: int) -> None:
-        for batch in list(self._in_flight):
-            if batch[0] >= first:
-                self._in_flight.remove(batch)
 
     def unsynced(self) -> bool:
         return bool(self._pending) or self._durable < self.log.next_seq - 1

@@ -375,9 +375,12 @@ def test_records_are_delivered_as_their_frames_with_their_position() -> None:
 PEER_FRAME = Message(b"e", b"r", b"p", bytes(16), b"s", bytes(4)).peer_frame()
 
 
-async def test_a_backlog_longer_than_the_recent_cache_comes_back_whole(broker: Broker) -> None:
+async def test_a_backlog_longer_than_the_recent_cache_comes_back_whole(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Older messages are read back from the file, the newest from memory: one sequence."""
-    count = store.RECENT_MESSAGES * 2 + 17
+    monkeypatch.setattr(store, "RECENT_BYTES", 4000)  # about 90 of these messages
+    count = 517
     consumer = await open_session(broker.port, b"u", DISKQ)
     await consumer.bind(b"ex", b"prefix:")
     await consumer.close()
