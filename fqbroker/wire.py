@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
 from .errors import AuthError, FrameTooLarge, ProtocolError
 from .message import MAX_HOPS, Message, Run
@@ -573,6 +573,16 @@ class DataHelloDecoder(_Decoder):
             return None
 
 
+_Cache = TypeVar("_Cache", bound=dict[Any, Any])
+
+
+def _bounded(cache: _Cache) -> _Cache:
+    """``cache``, emptied first if it grew past 4096 names: a stream of new names stays cheap."""
+    if len(cache) > 4096:
+        cache.clear()
+    return cache
+
+
 class MessageDecoder(_Decoder):
     """Message frames on a data channel (§1.10).
 
@@ -737,9 +747,7 @@ class MessageDecoder(_Decoder):
         self.octets += pos
 
     def _fast_runs(self, data: bytes, out: list[Run], stamp: bytes) -> int:
-        names = self._heads
-        if len(names) > 4096:
-            names.clear()
+        names = _bounded(self._heads)
         unpack = _U32.unpack_from
         max_payload = self.max_payload
         startswith = data.startswith
@@ -785,10 +793,7 @@ class MessageDecoder(_Decoder):
         return self._error is not None
 
     def _fast(self, data: bytes, out: list[Message], sender: bytes, hops: bytes) -> int:
-        names = self._names
-        if len(names) > 4096:
-            names.clear()
-        intern = names.setdefault
+        intern = _bounded(self._names).setdefault
         append = out.append
         unpack = _U32.unpack_from
         max_payload = self.max_payload
