@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import sys
 from collections.abc import Coroutine
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from . import wire
+from .data import peer_address
 from .errors import AuthError, ProtocolError, QueueError
 from .queuespec import parse_queue_field
 from .router import ClientStats
@@ -59,8 +59,6 @@ class CommandSession(asyncio.Protocol):
         "key",
         "phase",
         "queue",
-        "remote_addr",
-        "remote_port",
         "stats",
         "transport",
         "user",
@@ -71,10 +69,6 @@ class CommandSession(asyncio.Protocol):
         self.transport = transport
         self.phase = Phase.AWAIT_AUTH
         self.decoder = wire.ServerCommandDecoder()
-        peer = transport.get_extra_info("peername") or ("0.0.0.0", 0)
-        # Interned: ten thousand clients from a few hosts share a few strings.
-        self.remote_addr: str = sys.intern(peer[0])
-        self.remote_port: int = peer[1]
         self.user = b""
         self.queue: Queue | None = None
         self.key = b""
@@ -88,6 +82,14 @@ class CommandSession(asyncio.Protocol):
         self._beat: Entry | None = None
         # Replies not yet sent because an earlier one (a confirm) is still pending.
         self._replies: collections.deque[asyncio.Future[wire.Frame]] | None = None
+
+    @property
+    def remote_addr(self) -> str:
+        return peer_address(self.transport)[0]
+
+    @property
+    def remote_port(self) -> int:
+        return peer_address(self.transport)[1]
 
     @property
     def pretty(self) -> str:

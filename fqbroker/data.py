@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 from enum import Enum
 from typing import TYPE_CHECKING, cast
 
@@ -42,7 +41,7 @@ __all__ = ["DataSession", "Phase"]
 log = logging.getLogger(__name__)
 
 BATCH = 1024
-NO_PEER = bytes(4)
+NO_PEER = wire.NO_PEER
 
 
 class Phase(Enum):
@@ -74,8 +73,6 @@ class DataSession(asyncio.Protocol):
         "owner",
         "peer_id",
         "phase",
-        "remote_addr",
-        "remote_port",
         "transport",
         "written",
     )
@@ -89,10 +86,6 @@ class DataSession(asyncio.Protocol):
         self.is_peer = mode in (wire.Mode.PEER, wire.Mode.OLD_PEER)
         self.peer_id = NO_PEER
         self.owner: CommandSession | None = None
-        peer = transport.get_extra_info("peername") or ("0.0.0.0", 0)
-        # Interned: ten thousand clients from a few hosts share a few strings.
-        self.remote_addr: str = sys.intern(peer[0])
-        self.remote_port: int = peer[1]
         self._decoder: wire.MessageDecoder | None = None  # made when the first bytes come
         self._stamp = b""  # the hops a publisher's messages get: our node id, its address
         self._stamp_size = 0  # what sender and hops add to each of its frames
@@ -114,6 +107,14 @@ class DataSession(asyncio.Protocol):
         self.written: dict[DiskStore, int] | None = None  # made by the first disk write
         self.failed_from: int | None = None
         self._progress: asyncio.Event | None = None  # made by the first confirm to wait
+
+    @property
+    def remote_addr(self) -> str:
+        return peer_address(self.transport)[0]
+
+    @property
+    def remote_port(self) -> int:
+        return peer_address(self.transport)[1]
 
     def _name(self) -> str:
         return self.owner.pretty if self.owner else f"{self.remote_addr}:{self.remote_port}"
@@ -201,9 +202,6 @@ class DataSession(asyncio.Protocol):
             return
         self.owner = owner
         self.peer_id = hello.peer_id
-        if not self.is_peer:
-            self._stamp = self.broker.node_id + ipv4_bytes(self.remote_addr)
-            self._stamp_size = 2 + len(owner.user) + len(self._stamp)
         owner.data = self
         leftover = self.hello.unconsumed()
         self.hello = None
@@ -219,6 +217,12 @@ class DataSession(asyncio.Protocol):
     # --- in: decode and publish -----------------------------------------------------------
 
     def _new_decoder(self) -> wire.MessageDecoder:
+        """The decoder, and for a publisher its stamp: made when it first sends, as most
+        consumers never do."""
+        if not self.is_peer:
+            assert self.owner is not None
+            self._stamp = self.broker.node_id + ipv4_bytes(self.remote_addr)
+            self._stamp_size = 2 + len(self.owner.user) + len(self._stamp)
         return wire.MessageDecoder(
             peer_format=self.is_peer, max_payload=self.broker.settings.max_message_size
         )
@@ -404,3 +408,10 @@ def _accept(msg: Message, node_id: bytes) -> bool:
         return True
     log.debug("received looped message %r", msg)
     return False
+
+
+def peer_address(transport: asyncio.BaseTransport) -> tuple[str, int]:
+    """The remote address, asked of the transport when needed: ten thousand sessions
+    holding it would be half a megabyte."""
+    peer = transport.get_extra_info("peername")
+    return (peer[0], peer[1]) if peer else ("0.0.0.0", 0)

@@ -126,6 +126,7 @@ _U16U32 = struct.Struct(">HI")
 _U16U64 = struct.Struct(">HQ")
 _U64 = struct.Struct(">Q")
 # The status key that announces publisher confirms, and the extension's version.
+NO_PEER: Final = bytes(4)  # the peer id of a data channel that is no peer
 CONFIRM_STATUS_KEY: Final = "confirm"
 CONFIRM_VERSION: Final = 1
 
@@ -399,6 +400,12 @@ class _Buffer:
         self.pos += n
         return n
 
+    def release_if_read(self) -> None:
+        """Drop the buffer once all of it is read: an idle session then holds none."""
+        if self.pos and self.pos >= len(self.data):
+            self.data = bytearray()
+            self.pos = 0
+
     def rest(self) -> bytes:
         value = bytes(self.data[self.pos :])
         self.pos = len(self.data)
@@ -463,6 +470,7 @@ class ServerCommandDecoder(_Decoder):
             buf.pos = start
             if self._eof and not self._authed and len(buf) < 4:
                 raise AuthError("auth method read failed") from None
+            buf.release_if_read()
             return None
 
     @staticmethod
@@ -566,7 +574,7 @@ class DataHelloDecoder(_Decoder):
         buf = self._buf
         start = buf.pos
         try:
-            peer_id = buf.take(4) if self._with_peer_id else bytes(4)
+            peer_id = buf.take(4) if self._with_peer_id else NO_PEER
             return DataHello(_limited(buf, "key", MAX_KEY_LEN), peer_id)
         except _NeedData:
             buf.pos = start
