@@ -83,6 +83,10 @@ class CommandSession(asyncio.Protocol):
         # Replies not yet sent because an earlier one (a confirm) is still pending.
         self._replies: collections.deque[asyncio.Future[wire.Frame]] | None = None
 
+    def __lt__(self, other: object) -> bool:
+        # Heartbeat entries of one time compare their sessions; any fixed order will do.
+        return id(self) < id(other)
+
     @property
     def remote_addr(self) -> str:
         return peer_address(self.transport)[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from fqbroker import wire
-from fqbroker.heartbeats import HeartbeatClock
+from fqbroker.heartbeats import Entry, HeartbeatClock
 from fqbroker.server import Broker
 
 from .conftest import open_session, wait_for
@@ -25,13 +25,23 @@ async def test_idle_sessions_run_no_tasks(broker: Broker) -> None:
 
 
 class _Recorder:
+    """A session as the clock sees it: it holds its live entry, and reschedules."""
+
     def __init__(self, clock: HeartbeatClock, period: float, times: list[float]) -> None:
         self.clock, self.period, self.times = clock, period, times
+        self._beat: Entry | None = None
+
+    def start(self, when: float) -> None:
+        self._beat = self.clock.schedule(self, when)
 
     def heartbeat_due(self, now: float) -> None:
+        self._beat = None
         self.times.append(now)
         if len(self.times) < 5:
-            self.clock.schedule(self, self.times[0] + len(self.times) * self.period)
+            self.start(self.times[0] + len(self.times) * self.period)
+
+    def __lt__(self, other: object) -> bool:
+        return id(self) < id(other)
 
 
 async def test_clock_serves_many_sessions_on_their_grid() -> None:
@@ -39,9 +49,13 @@ async def test_clock_serves_many_sessions_on_their_grid() -> None:
     start = clock.time()
     runs: list[list[float]] = [[] for _ in range(50)]
     for i, times in enumerate(runs):
-        clock.schedule(_Recorder(clock, 0.02, times), start + 0.01 + i * 0.0005)
+        _Recorder(clock, 0.02, times).start(start + 0.01 + i * 0.0005)
     cancelled: list[float] = []
-    clock.cancel(clock.schedule(_Recorder(clock, 0.02, cancelled), start + 0.01))
+    gone = _Recorder(clock, 0.02, cancelled)
+    gone.start(start + 0.01)
+    assert gone._beat is not None
+    clock.cancel(gone._beat)
+    gone._beat = None
     await wait_for(lambda: all(len(t) == 5 for t in runs))
     assert not cancelled
     for i, times in enumerate(runs):
