@@ -8,7 +8,7 @@ Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session b
   router. After a block-policy queue fills up, reading pauses and a task waits for room;
   then the rest of the batch is published and reading resumes. That pushes back on this
   publisher only.
-* Out (:meth:`DataSession._send_ready`): the queue calls back when it has messages; they
+* Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they
   are taken, those that already passed through the peer at the other end are dropped
   (loop prevention, §5.3), and the rest written in peer format, one write per batch,
   until the transport asks to pause. Messages are only taken to be written at once, so
@@ -157,7 +157,7 @@ class DataSession(asyncio.Protocol):
             assert self.owner is not None and self.owner.queue is not None
             self.owner.queue.ack(taken)  # in the kernel's hands now
         if self._ready is None:
-            self._send_ready()
+            self.queue_ready()
 
     def close(self) -> None:
         if self.phase is not Phase.CLOSED:
@@ -207,7 +207,7 @@ class DataSession(asyncio.Protocol):
         self.hello = None
         self.phase = Phase.STREAMING
         log.debug("data channel paired for %s (peer=%s)", owner.pretty, self.is_peer)
-        self._send_ready()
+        self.queue_ready()
         if leftover and self.phase is Phase.STREAMING:
             self.data_received(leftover)
 
@@ -370,7 +370,7 @@ class DataSession(asyncio.Protocol):
 
     # --- out: take and write --------------------------------------------------------------
 
-    def _send_ready(self) -> bool:
+    def queue_ready(self) -> bool:
         """Write what the queue holds until it is empty or the transport asks to pause.
 
         The queue's callback: False tells it this consumer is gone, so the wake-up goes
@@ -388,7 +388,7 @@ class DataSession(asyncio.Protocol):
         while not self._paused:
             batch = taken = queue.take(BATCH)
             if not batch:
-                self._ready = queue.notify_ready(self._send_ready)
+                self._ready = queue.notify_ready(self)
                 break
             if peer_id != NO_PEER:
                 batch = [f for f in batch if not has_hop(frame_hops(f), peer_id)]
