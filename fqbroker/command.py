@@ -18,7 +18,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from . import wire
-from .data import peer_address
+from .data import RemotePeer
 from .errors import AuthError, ProtocolError, QueueError
 from .queuespec import parse_queue_field
 from .router import ClientStats
@@ -43,7 +43,7 @@ class Phase(Enum):
     CLOSED = "closed"
 
 
-class CommandSession(asyncio.Protocol):
+class CommandSession(RemotePeer, asyncio.Protocol):
     """One authenticated client: its queue, key, counters and (paired) data channel."""
 
     __slots__ = (
@@ -86,14 +86,6 @@ class CommandSession(asyncio.Protocol):
     def __lt__(self, other: object) -> bool:
         # Heartbeat entries of one time compare their sessions; any fixed order will do.
         return id(self) < id(other)
-
-    @property
-    def remote_addr(self) -> str:
-        return peer_address(self.transport)[0]
-
-    @property
-    def remote_port(self) -> int:
-        return peer_address(self.transport)[1]
 
     @property
     def pretty(self) -> str:

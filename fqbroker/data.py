@@ -50,7 +50,28 @@ class Phase(Enum):
     CLOSED = "closed"
 
 
-class DataSession(asyncio.Protocol):
+def peer_address(transport: asyncio.BaseTransport) -> tuple[str, int]:
+    peer = transport.get_extra_info("peername")
+    return (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
+
+
+class RemotePeer:
+    """``remote_addr`` and ``remote_port``, asked of the transport when needed: ten
+    thousand sessions holding them would be half a megabyte."""
+
+    __slots__ = ()
+    transport: asyncio.Transport
+
+    @property
+    def remote_addr(self) -> str:
+        return peer_address(self.transport)[0]
+
+    @property
+    def remote_port(self) -> int:
+        return peer_address(self.transport)[1]
+
+
+class DataSession(RemotePeer, asyncio.Protocol):
     __slots__ = (
         "_decoder",
         "_draining",
@@ -107,14 +128,6 @@ class DataSession(asyncio.Protocol):
         self.written: dict[DiskStore, int] | None = None  # made by the first disk write
         self.failed_from: int | None = None
         self._progress: asyncio.Event | None = None  # made by the first confirm to wait
-
-    @property
-    def remote_addr(self) -> str:
-        return peer_address(self.transport)[0]
-
-    @property
-    def remote_port(self) -> int:
-        return peer_address(self.transport)[1]
 
     def _name(self) -> str:
         return self.owner.pretty if self.owner else f"{self.remote_addr}:{self.remote_port}"
@@ -408,10 +421,3 @@ def _accept(msg: Message, node_id: bytes) -> bool:
         return True
     log.debug("received looped message %r", msg)
     return False
-
-
-def peer_address(transport: asyncio.BaseTransport) -> tuple[str, int]:
-    """The remote address, asked of the transport when needed: ten thousand sessions
-    holding it would be half a megabyte."""
-    peer = transport.get_extra_info("peername")
-    return (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
