@@ -4,10 +4,11 @@ Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session b
 (§1.4), the session is a protocol with two independent sides, and no task of its own:
 
 * In (:meth:`DataSession._route_buffered`): whatever arrives is decoded, every whole
-  frame at once, stamped with sender and hops as fqd does (§1.11), and published into the
-  router. After a block-policy queue fills up, reading pauses and a task waits for room;
-  then the rest of the batch is published and reading resumes. That pushes back on this
-  publisher only.
+  frame at once, into runs of peer frames stamped with sender and hops as fqd does
+  (§1.11), and published into the router a run at a time (a peer's messages, which need
+  their hops looked at, one by one). After a block-policy queue fills up, reading pauses
+  and a task waits for room; then the rest of the batch is published and reading
+  resumes. That pushes back on this publisher only.
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they
   are taken, those that already passed through the peer at the other end are dropped
   (loop prevention, §5.3), and the rest written in peer format, one write per batch,
