@@ -5,8 +5,8 @@ Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session b
 
 * In (:meth:`DataSession._route_buffered`): whatever arrives is decoded, every whole
   frame at once, into runs of peer frames stamped with sender and hops as fqd does
-  (§1.11), and published into the router a run at a time (a peer's messages, which need
-  their hops looked at, one by one). After a block-policy queue fills up, reading pauses
+  (§1.11), and published into the router a run at a time (a peer's are decoded into
+  messages first, whose hops are checked for loops). After a block-policy queue fills up, reading pauses
   and a task waits for room; then the rest of the batch is published and reading
   resumes. That pushes back on this publisher only.
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they
