@@ -23,13 +23,15 @@ class Sink:
     """A target that accepts everything: the benchmark measures routing, not storage."""
 
     is_full = False
+    blocks = False
+    room = 1 << 62
 
     def __init__(self) -> None:
         self.count = 0
 
-    def offer(self, msg: Message) -> bool:
-        self.count += 1
-        return True
+    def offer(self, frames: list[bytes]) -> int:
+        self.count += len(frames)
+        return len(frames)
 
     async def wait_not_full(self) -> None:
         return None

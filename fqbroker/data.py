@@ -6,9 +6,9 @@ Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session b
 * In (:meth:`DataSession._route_buffered`): whatever arrives is decoded, every whole
   frame at once, into runs of peer frames stamped with sender and hops as fqd does
   (§1.11), and published into the router a run at a time (a peer's are decoded into
-  messages first, whose hops are checked for loops). After a block-policy queue fills up, reading pauses
-  and a task waits for room; then the rest of the batch is published and reading
-  resumes. That pushes back on this publisher only.
+  messages first, whose hops are checked for loops). After a block-policy queue fills
+  up, reading pauses and a task waits for room; then the rest of the batch is published
+  and reading resumes. That pushes back on this publisher only.
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they
   are taken, those that already passed through the peer at the other end are dropped
   (loop prevention, §5.3), and the rest written in peer format, one write per batch,
@@ -24,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from enum import Enum
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from . import wire
 from .errors import ProtocolError
-from .message import Message, Run, accept_from_peer, frame_hops, has_hop, ipv4_bytes
+from .message import Message, Run, accept_from_peer, frame_hops, has_hop, ipv4_bytes, runs_of
 
 if TYPE_CHECKING:
     from .command import CommandSession
@@ -248,8 +248,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
         try:
             while True:
                 self._first = self.handled + 1
-                batch = self._decode(decoder)
-                if not self._publish(batch, 0):
+                runs = self._decode(decoder)
+                if not self._publish(runs, 0):
                     return  # _wait_for_room carries on
                 self._batch_done(decoder)
                 if not decoder.error_pending:
@@ -259,11 +259,12 @@ class DataSession(RemotePeer, asyncio.Protocol):
             log.info("closing data channel of %s: %s", self._name(), exc)
             self.close()
 
-    def _decode(self, decoder: wire.MessageDecoder) -> list[Run] | list[Message]:
-        """Every whole frame buffered; sets ``_octets`` to those not counted yet.
+    def _decode(self, decoder: wire.MessageDecoder) -> list[Run]:
+        """Every whole frame buffered, as runs; sets ``_octets`` to those not counted yet.
 
-        A publisher's come as runs of peer frames stamped with sender and hops (§1.11);
-        a peer's as messages, counted as read, looped ones too, then routed like any other.
+        A publisher's are decoded into runs of peer frames stamped with sender and hops
+        (§1.11). A peer's are decoded into messages first and counted as read, looped
+        ones too; those that did not pass through us go on like any other.
         """
         owner = self.owner
         assert owner is not None
@@ -278,52 +279,38 @@ class DataSession(RemotePeer, asyncio.Protocol):
         stats.octets_in += decoder.octets
         decoder.octets = self._octets = 0
         node_id = self.broker.node_id
-        return [m for m in msgs if _accept(m, node_id)]
+        return runs_of([m for m in msgs if _accept(m, node_id)])
 
-    def _publish(self, batch: list[Run] | list[Message], i: int) -> bool:
-        """Publish ``batch[i:]``; False when a full block-policy queue made it wait."""
-        if self.is_peer:
-            return self._publish_messages(cast("list[Message]", batch), i)
-        return self._publish_runs(cast("list[Run]", batch), i)
-
-    def _publish_runs(self, runs: list[Run], i: int) -> bool:
+    def _publish(self, runs: list[Run], i: int) -> bool:
+        """Publish ``runs[i:]``; False when a full block-policy queue made it wait."""
         assert self.owner is not None
         stats = self.owner.stats
         publish_runs = self.broker.router.publish_runs
         while i < len(runs):
             i, done, blocked = publish_runs(runs, i, stats)
-            self.handled += done
-            stats.msgs_in += done
+            if not self.is_peer:  # a peer's were counted as read
+                self.handled += done
+                stats.msgs_in += done
             if blocked:
-                # What went out so far counts now: a publisher frame is its peer frame
-                # less the stamp.
-                stamp = self._stamp_size
-                left = sum(sum(map(len, run[2])) - len(run[2]) * stamp for run in runs[i:])
-                stats.octets_in += self._octets - left
-                self._octets = left
+                if not self.is_peer:
+                    # What went out so far counts now: a publisher frame is its peer
+                    # frame less the stamp.
+                    stamp = self._stamp_size
+                    left = sum(sum(map(len, r[2])) - len(r[2]) * stamp for r in runs[i:])
+                    stats.octets_in += self._octets - left
+                    self._octets = left
                 self._hold(blocked, runs, i)
                 return False
         stats.octets_in += self._octets
         self._octets = 0
         return True
 
-    def _publish_messages(self, msgs: list[Message], i: int) -> bool:
-        assert self.owner is not None
-        stats = self.owner.stats
-        publish_many = self.broker.router.publish_many
-        while i < len(msgs):
-            i, blocked = publish_many(msgs, i, stats)
-            if blocked:
-                self._hold(blocked, msgs, i)
-                return False
-        return True
-
-    def _hold(self, blocked: list[Target], batch: list[Run] | list[Message], i: int) -> None:
+    def _hold(self, blocked: list[Target], runs: list[Run], i: int) -> None:
         """Block policy: hold this publisher, and only it, until there is room."""
         self._flush(self._first)
         self._first = self.handled + 1
         self.transport.pause_reading()
-        self._room = asyncio.ensure_future(self._wait_for_room(blocked, batch, i))
+        self._room = asyncio.ensure_future(self._wait_for_room(blocked, runs, i))
 
     def _batch_done(self, decoder: wire.MessageDecoder) -> None:
         if decoder.oversized:
@@ -333,15 +320,13 @@ class DataSession(RemotePeer, asyncio.Protocol):
             decoder.oversized = 0
         self._flush(self._first)
 
-    async def _wait_for_room(
-        self, blocked: list[Target], batch: list[Run] | list[Message], i: int
-    ) -> None:
+    async def _wait_for_room(self, blocked: list[Target], runs: list[Run], i: int) -> None:
         for queue in blocked:
             await queue.wait_not_full()
         self._room = None
         decoder = self._decoder
         assert decoder is not None
-        if self._publish(batch, i):
+        if self._publish(runs, i):
             self._batch_done(decoder)
             self._route_buffered()
         if self._room is not None or self.phase is Phase.CLOSED:

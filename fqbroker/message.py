@@ -20,14 +20,14 @@ __all__ = [
     "Run",
     "accept_from_peer",
     "frame_hops",
-    "frame_payload_size",
+    "frame_length",
     "frame_seq",
     "has_hop",
     "hop_addresses",
     "ipv4_bytes",
     "message_from_frame",
-    "peer_frame_length",
     "place_seq",
+    "runs_of",
 ]
 
 MAX_HOPS = 32  # FQ_MAX_HOPS: older hops fall off the end
@@ -215,23 +215,19 @@ def frame_hops(frame: bytes) -> bytes:
     return frame[at + 1 : at + 1 + 4 * frame[at]]
 
 
-def frame_payload_size(frame: bytes) -> int:
-    """A peer frame's payload size: all but its head, for the routing counters."""
-    at = _id_offset(frame) + 16
-    at += 1 + frame[at]
-    return len(frame) - (at + 5 + 4 * frame[at])
+def frame_length(data: bytes | bytearray, pos: int = 0, *, peer: bool = True) -> int:
+    """The length the frame at ``pos`` says it has, read from its length fields.
 
-
-def peer_frame_length(frame: bytes) -> int:
-    """The length a peer frame says it has, read from its length fields.
-
-    Raises IndexError or struct.error when ``frame`` is too short to say.
+    ``peer``: the peer format, with sender and hops; else the publisher format. Raises
+    IndexError or struct.error when ``data`` is too short to say.
     """
-    at = _id_offset(frame) + 16
-    at += 1 + frame[at]
-    at += 1 + 4 * frame[at]
-    size: int = _U32.unpack_from(frame, at)[0]
-    return at + 4 + size
+    at = pos + 1 + data[pos]
+    at += 1 + data[at] + 16
+    if peer:
+        at += 1 + data[at]
+        at += 1 + 4 * data[at]
+    size: int = _U32.unpack_from(data, at)[0]
+    return at + 4 + size - pos
 
 
 def message_from_frame(frame: bytes) -> Message:
@@ -249,6 +245,21 @@ def message_from_frame(frame: bytes) -> Message:
     msg = Message(exchange, route, frame[at + 4 :], msgid, sender, hops)
     msg.preset_frame(frame)
     return msg
+
+
+def runs_of(msgs: list[Message]) -> list[Run]:
+    """Messages (from a peer, say) as the runs the router publishes."""
+    runs: list[Run] = []
+    last: Run | None = None
+    for msg in msgs:
+        frame = msg.peer_frame()
+        head = len(frame) - len(msg.payload)
+        if last and last[3] == head and last[1] == msg.route and last[0] == msg.exchange:
+            last[2].append(frame)
+        else:
+            last = (msg.exchange, msg.route, [frame], head)
+            runs.append(last)
+    return runs
 
 
 def place_seq(frame: bytes, seq: int) -> bytes:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from . import wire
 from .config import Upstream
 from .errors import FqError
-from .message import ZERO_MSGID, Message, accept_from_peer
+from .message import ZERO_MSGID, Message, accept_from_peer, runs_of
 from .router import ClientStats
 
 if TYPE_CHECKING:
@@ -256,17 +256,17 @@ class PeerLink:
                 log.info("peer %s: bound %r %r", self.address, binding.exchange, binding.program)
 
     async def _forward(self, client: Client) -> None:
-        publish_many = self.broker.router.publish_many
+        publish_runs = self.broker.router.publish_runs
         flush_dirty = self.broker.catalog.flush_dirty
         stats = self.stats
         while True:
             batch = await client.receive_many(BATCH)
             stats.msgs_in += len(batch)
             stats.octets_in += sum(msg.peer_octets for msg in batch)
-            msgs = [msg for msg in batch if self._admit(msg)]
+            runs = runs_of([msg for msg in batch if self._admit(msg)])
             i = 0
-            while i < len(msgs):
-                i, blocked = publish_many(msgs, i, stats)
+            while i < len(runs):
+                i, _, blocked = publish_runs(runs, i, stats)
                 if not blocked:
                     break
                 flush_dirty(stats)

@@ -37,9 +37,6 @@ from .store import DiskStore
 __all__ = ["MAX_PUBLIC_CLIENTS", "MemoryStore", "Notify", "Queue", "Store"]
 
 MAX_PUBLIC_CLIENTS = 16
-# Module constants: looking members up on the Enum class costs on every message.
-_DROP = Policy.DROP
-_BLOCK = Policy.BLOCK
 
 
 class Store(Protocol):
@@ -96,6 +93,7 @@ class Queue:
         "_getters",
         "_space",
         "_woken",
+        "blocks",
         "clients",
         "dropped_to",
         "fsync",
@@ -113,6 +111,7 @@ class Queue:
         self.kind = spec.kind
         self.private = spec.is_private
         self.policy = spec.effective_policy
+        self.blocks = self.policy is Policy.BLOCK
         self.limit = spec.backlog_limit
         self.permanent = bool(spec.permanent)
         self.fsync = spec.fsync
@@ -149,7 +148,7 @@ class Queue:
     @property
     def is_full(self) -> bool:
         """A block-policy queue at its limit: publishers into it should wait."""
-        return self.policy is _BLOCK and len(self.store) >= self.limit
+        return self.blocks and len(self.store) >= self.limit
 
     # --- clients --------------------------------------------------------------------------
 
@@ -183,7 +182,7 @@ class Queue:
     def offer(self, frames: list[bytes]) -> int:
         """Append messages in order; under drop, those past the limit are refused."""
         n = len(frames)
-        if self.policy is _DROP:
+        if not self.blocks:
             room = self.limit - len(self.store)
             if room < n:
                 if room <= 0:
@@ -197,16 +196,8 @@ class Queue:
         return n
 
     @property
-    def room(self) -> int | None:
-        if self.policy is _DROP:
-            return self.limit - len(self.store)
-        return None
-
-    @property
-    def until_full(self) -> int | None:
-        if self.policy is _DROP:
-            return None
-        return max(self.limit - len(self.store), 1)
+    def room(self) -> int:
+        return self.limit - len(self.store)
 
     async def wait_not_full(self) -> None:
         """Return once the backlog is under the limit (block policy)."""

@@ -56,17 +56,12 @@ class Target(Protocol):
         """Take these peer frames in order, up to the tail-drop limit; how many it took."""
         ...
 
-    @property
-    def room(self) -> int | None:
-        """Messages it takes before tail drop (0 or less: none); None under block policy."""
-        ...
+    blocks: bool
+    """Block policy: full, it takes messages still and makes the publisher wait."""
 
     @property
-    def until_full(self) -> int | None:
-        """Messages a publisher may still send before it waits (block policy), else None.
-
-        At least 1: a block-policy queue takes the message that fills it.
-        """
+    def room(self) -> int:
+        """Messages it takes before it is full (0 or less: none)."""
         ...
 
     @property
@@ -205,6 +200,23 @@ class Exchange:
         return found
 
 
+def _gather_into(gathered: dict[Target, list[Any]], hits: list[Binding] | None) -> bool:
+    """Give each target of ``hits`` its slot; False if the run cannot be gathered.
+
+    A run can be when its targets follow from its route alone and none of them blocks
+    (a block-policy queue stops its publisher at an exact message).
+    """
+    if hits is None:
+        return False
+    for binding in hits:
+        queue = binding.queue
+        if queue not in gathered:
+            if queue.blocks:
+                return False
+            gathered[queue] = [queue.room, []]
+    return True
+
+
 @dataclass(slots=True)
 class PublishResult:
     routed: int = 0
@@ -330,12 +342,12 @@ class Router:
     def publish_runs(
         self, runs: list[Run], start: int, client: ClientStats
     ) -> tuple[int, int, list[Target]]:
-        """Publish ``runs[start:]``, a read's worth of messages: the data path.
+        """Publish ``runs[start:]``: the data path, a read's (or a batch's) worth at a time.
 
         Each run is routed once. What drop-policy queues get is gathered per queue and
         offered in one call at the end, their room counted while gathering, so the same
         messages are dropped as one by one. A run that reaches a block-policy queue, or
-        needs programs run, goes through :meth:`publish_run` after what was gathered.
+        needs programs run, goes through :meth:`_publish_run` after what was gathered.
         Returns the index to go on from, the messages published and the block-policy
         targets now full (publish again after waiting on them); when a run was published
         in part, ``runs[index]`` is replaced by its rest.
@@ -343,73 +355,57 @@ class Router:
         exchanges = self.exchanges
         gathered: dict[Target, list[Any]] = {}  # queue -> [room left, frames]
         messages = octets = routed = dropped = no_route = no_exchange = 0
-        published = 0  # messages counts what publish_run did not count itself
-        blocked: list[Target] = []
+        published = 0
         i = start
-        end = len(runs)
         try:
-            while i < end:
+            while i < len(runs):
                 exchange, route, frames, head = runs[i]
                 n = len(frames)
-                size = (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
                 ex = exchanges.get(exchange)
-                published += n
-                if ex is None:
-                    messages += n
-                    octets += size
-                    no_exchange += n
-                    no_route += n
-                    i += 1
-                    continue
-                hits = ex.hits(route)
-                if hits is not None:
-                    for binding in hits:
-                        queue = binding.queue
-                        if queue not in gathered:
-                            room = queue.room
-                            if room is None:
-                                break  # block policy
-                            gathered[queue] = [room, []]
-                    else:
-                        messages += n
-                        octets += size
-                        ex.messages += n
-                        ex.octets += size
-                        if not hits:
-                            ex.no_route += n
-                            no_route += n
-                            i += 1
-                            continue
-                        lost = 0
-                        for binding in hits:
-                            binding.invocations += n
-                            slot = gathered[binding.queue]
-                            slot[1] += frames
-                            room = slot[0]
-                            slot[0] = room - n
-                            if room < n:
-                                lost += n - room if room > 0 else n
-                        ex.routed += n * len(hits)
-                        routed += n * len(hits)
-                        if lost:
-                            ex.dropped += lost
-                            dropped += lost
-                        i += 1
-                        continue
-                # Exactly as one by one, so everything gathered goes first.
-                self._offer_gathered(gathered)
-                gathered = {}
-                published -= n
-                done, blocked = self.publish_run(exchange, route, frames, head, client)
-                published += done
-                if blocked:
+                hits = None if ex is None else ex.hits(route)
+                if ex is not None and not _gather_into(gathered, hits):
+                    # Exactly as one by one, so everything gathered goes first.
+                    self._offer_gathered(gathered)
+                    gathered = {}
+                    done, blocked = self._publish_run(ex, hits, frames, head, client)
+                    published += done
                     if done < n:
                         runs[i] = (exchange, route, frames[done:], head)
                     else:
                         i += 1
-                    return i, published, blocked
+                    if blocked:
+                        return i, published, blocked
+                    continue
                 i += 1
-            return i, published, blocked
+                published += n
+                size = (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
+                messages += n
+                octets += size
+                if ex is None:
+                    no_exchange += n
+                    no_route += n
+                    continue
+                ex.messages += n
+                ex.octets += size
+                if not hits:
+                    ex.no_route += n
+                    no_route += n
+                    continue
+                lost = 0
+                for binding in hits:
+                    binding.invocations += n
+                    slot = gathered[binding.queue]
+                    slot[1] += frames
+                    room = slot[0]
+                    slot[0] = room - n
+                    if room < n:
+                        lost += n - max(room, 0)
+                ex.routed += n * len(hits)
+                routed += n * len(hits)
+                if lost:
+                    ex.dropped += lost
+                    dropped += lost
+            return i, published, []
         finally:
             self._offer_gathered(gathered)
             agg = self.aggregate
@@ -430,36 +426,26 @@ class Router:
             if frames:
                 queue.offer(frames)
 
-    def publish_run(
-        self, exchange: bytes, route: bytes, frames: list[bytes], head: int, client: ClientStats
+    def _publish_run(
+        self,
+        ex: Exchange,
+        hits: list[Binding] | None,
+        frames: list[bytes],
+        head: int,
+        client: ClientStats,
     ) -> tuple[int, list[Target]]:
-        """Publish peer frames that share exchange, route and head size: the data path.
+        """A run with programs to run or a block-policy target, published exactly.
 
-        The run is routed once and offered to each target in one call, with every
-        counter of :meth:`publish` moved by the run's size. Stops after the first message
-        that leaves a block-policy target full: returns how many frames were published
-        and those targets, for the publisher to wait on (an empty list: all done).
+        Stops after the first message that leaves a block-policy target full: returns
+        how many frames were published and those targets, for the publisher to wait on.
         """
-        n = len(frames)
-        if not n:
-            return 0, []
-        ex = self.exchanges.get(exchange)
-        if ex is None:
-            agg = self.aggregate
-            agg.messages += n
-            agg.octets += sum(map(len, frames)) - n * head
-            agg.no_exchange += n
-            agg.no_route += n
-            client.no_exchange += n
-            client.no_route += n
-            return n, []
-        hits = ex.hits(route)
         if hits is None:
             return self._publish_each(frames, client)
+        n = len(frames)
         for binding in hits:
-            room = binding.queue.until_full
-            if room is not None and room < n:
-                n = room
+            queue = binding.queue
+            if queue.blocks:
+                n = min(n, max(queue.room, 1))  # it takes the message that fills it
         batch = frames if n == len(frames) else frames[:n]
         octets = sum(map(len, batch)) - n * head
         agg = self.aggregate
@@ -467,11 +453,6 @@ class Router:
         agg.octets += octets
         ex.messages += n
         ex.octets += octets
-        if not hits:
-            ex.no_route += n
-            agg.no_route += n
-            client.no_route += n
-            return n, []
         dropped = 0
         blocked: list[Target] = []
         for binding in hits:
@@ -497,34 +478,6 @@ class Router:
             if result.blocked:
                 return i, result.blocked
         return len(frames), []
-
-    def publish_many(
-        self, msgs: list[Message], start: int, client: ClientStats
-    ) -> tuple[int, list[Target]]:
-        """:meth:`publish_run` for ``msgs[start:]``, cut into runs; same return value."""
-        i = start
-        end = len(msgs)
-        while i < end:
-            first = msgs[i]
-            exchange, route = first.exchange, first.route
-            stamp = len(first.sender) + len(first.hops)
-            j = i + 1
-            while j < end:
-                msg = msgs[j]
-                if (
-                    msg.route != route
-                    or msg.exchange != exchange
-                    or len(msg.sender) + len(msg.hops) != stamp
-                ):
-                    break
-                j += 1
-            frames = [msg.peer_frame() for msg in msgs[i:j]]
-            head = len(frames[0]) - len(first.payload)
-            done, blocked = self.publish_run(exchange, route, frames, head, client)
-            i += done
-            if blocked:
-                return i, blocked
-        return i, []
 
     def publish(self, msg: Message, client: ClientStats | None = None) -> PublishResult:
         """Route ``msg`` and offer it to every target, keeping every counter of §1.6/§2.6."""

@@ -46,7 +46,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .message import frame_seq, peer_frame_length, place_seq
+from .message import frame_length, frame_seq, place_seq
 from .segmentlog import SegmentLog
 
 if TYPE_CHECKING:
@@ -91,8 +91,10 @@ def open_disk_store(
     )
 
 
-def encode_record(frame: bytes, arrival_us: int) -> bytes:
-    return _TAG.pack(RECORD_V1, arrival_us) + frame
+def encode_records(frames: list[bytes], arrival_us: int) -> list[bytes]:
+    """The records of frames that arrived together: one tag, put before each."""
+    tag = _TAG.pack(RECORD_V1, arrival_us)
+    return [tag + frame for frame in frames]
 
 
 def split_record(record: bytes) -> tuple[int | None, bytes]:
@@ -108,7 +110,7 @@ def _delivered(seq: int, record: bytes) -> bytes:
     """The frame a consumer receives for a stored record: its position in the id."""
     frame = split_record(record)[1]
     try:
-        whole = peer_frame_length(frame) == len(frame)
+        whole = frame_length(frame) == len(frame)
     except (IndexError, struct.error):
         whole = False
     if not whole:
@@ -182,9 +184,8 @@ class DiskStore:
             return
         # Arrival is when the publisher's read is written: the same loop turn it was read.
         first = self.log.next_seq
-        tag = _TAG.pack(RECORD_V1, time.time_ns() // 1000)
         try:
-            self.log.append([tag + frame for frame in frames])
+            self.log.append(encode_records(frames, time.time_ns() // 1000))
         except OSError:
             self.write_errors += len(frames)
             raise

@@ -33,7 +33,7 @@ from enum import IntEnum
 from typing import Any, Final, Literal, TypeVar
 
 from .errors import AuthError, FrameTooLarge, ProtocolError
-from .message import MAX_HOPS, Message, Run
+from .message import MAX_HOPS, Message, Run, frame_length, runs_of
 
 __all__ = [
     "BIND_ILLEGAL",
@@ -623,18 +623,11 @@ class MessageDecoder(_Decoder):
         self._error: ProtocolError | None = None
 
     def _first_is_whole(self) -> bool:
-        data, pos = self._buf.data, self._buf.pos
-        n = len(data)
+        buf = self._buf
         try:
-            pos += 1 + data[pos]
-            pos += 1 + data[pos] + 16
-            if self.peer_format:
-                pos += 1 + data[pos]
-                pos += 1 + 4 * data[pos]
-            size: int = _U32.unpack_from(data, pos)[0]
+            return frame_length(buf.data, buf.pos, peer=self.peer_format) <= len(buf)
         except (IndexError, struct.error):
             return False
-        return pos + 4 + size <= n
 
     def next_message(self) -> Message | None:
         buf = self._buf
@@ -677,28 +670,22 @@ class MessageDecoder(_Decoder):
                 return None
             return Message(exchange, route, payload, msgid, sender, hops)
 
-    def messages(self, sender: bytes = b"", hops: bytes = b"") -> list[Message]:
+    def messages(self) -> list[Message]:
         """Every whole message buffered so far, in one pass over the buffer.
 
-        This is the data path's decoder: local names for everything, one copy of the
-        buffer, slices for the fields, exchange and route names shared between messages
-        (a queue of a million messages on one route holds one copy of the route).
-        Publisher-format messages get ``sender`` and ``hops`` as they are decoded (the
-        broker's stamp, §1.11). Anything unusual (a limit broken, a payload over
-        ``max_payload``, a skip in progress) is left to :meth:`next_message`, which
-        raises or skips exactly as it always does. ``octets`` counts the frame bytes of
-        the messages returned.
+        The decoder of peers' and clients' reads (a publisher's go through :meth:`runs`):
+        local names for everything, one copy of the buffer, slices for the fields,
+        exchange and route names shared between messages. Anything unusual (a limit
+        broken, a payload over ``max_payload``, a skip in progress) is left to
+        :meth:`next_message`, which raises or skips exactly as it always does.
+        ``octets`` counts the frame bytes of the messages returned.
         """
         self._raise_pending()
         out: list[Message] = []
-        self._decode_fast(lambda data: self._fast(data, out, sender, hops))
+        self._decode_fast(lambda data: self._fast(data, out))
         try:
             while (msg := self.next_message()) is not None:
-                if not self.peer_format:
-                    msg.stamp(sender, hops)
-                    self.octets += msg.publish_octets
-                else:
-                    self.octets += msg.peer_octets
+                self.octets += msg.peer_octets if self.peer_format else msg.publish_octets
                 out.append(msg)
         except ProtocolError as exc:
             if not out:
@@ -722,22 +709,17 @@ class MessageDecoder(_Decoder):
         out: list[Run] = []
         stamp = b"".join((bytes((len(sender),)), sender, bytes((len(hops) // 4,)), hops))
         self._decode_fast(lambda data: self._fast_runs(data, out, stamp))
+        slow: list[Message] = []
         try:
             while (msg := self.next_message()) is not None:
                 msg.stamp(sender, hops)
                 self.octets += msg.publish_octets
-                frame = msg.peer_frame()
-                head = len(frame) - len(msg.payload)
-                last = out[-1] if out else None
-                if last and last[0] == msg.exchange and last[1] == msg.route and last[3] == head:
-                    last[2].append(frame)
-                else:
-                    out.append((msg.exchange, msg.route, [frame], head))
+                slow.append(msg)
         except ProtocolError as exc:
-            if not out:
+            if not out and not slow:
                 raise
             self._error = exc
-        return out
+        return out + runs_of(slow) if slow else out
 
     def _raise_pending(self) -> None:
         if self._error is not None:
@@ -800,7 +782,8 @@ class MessageDecoder(_Decoder):
         """A bad frame follows the messages last returned: the next call raises."""
         return self._error is not None
 
-    def _fast(self, data: bytes, out: list[Message], sender: bytes, hops: bytes) -> int:
+    def _fast(self, data: bytes, out: list[Message]) -> int:
+        sender = hops = b""  # publisher format has none
         intern = _bounded(self._names).setdefault
         append = out.append
         unpack = _U32.unpack_from

@@ -357,7 +357,7 @@ def test_records_are_delivered_as_their_frames_with_their_position() -> None:
         msg.stamp(msg.sender, bytes([10, 0, 0, i]) * (i % 4))
     # Old records (no arrival tag) and new ones, mixed, as a converted queue holds them.
     records = [
-        (100 + i, m.peer_frame() if i % 2 else store.encode_record(m.peer_frame(), i))
+        (100 + i, m.peer_frame() if i % 2 else store.encode_records([m.peer_frame()], i)[0])
         for i, m in enumerate(msgs)
     ]
     delivered = [store._delivered(seq, record) for seq, record in records]
@@ -399,7 +399,7 @@ async def test_a_backlog_longer_than_the_recent_cache_comes_back_whole(
 
 @pytest.mark.parametrize("frame", [b"\x05ab", b"", b"\x01e\x01r" + bytes(16), PEER_FRAME + b"x"])
 def test_a_record_that_is_not_a_message_is_named(frame: bytes) -> None:
-    good = store.encode_record(PEER_FRAME, 1)
+    good = store.encode_records([PEER_FRAME], 1)[0]
     assert frame_seq(store._delivered(7, good)) == 7
     with pytest.raises(ValueError, match="record 8 is not a message"):
-        store._delivered(8, store.encode_record(frame, 2))
+        store._delivered(8, store.encode_records([frame], 2)[0])

@@ -26,9 +26,11 @@ class Box:
         self.items += taken
         return len(taken)
 
+    blocks = False
+
     @property
-    def until_full(self) -> None:
-        return None
+    def room(self) -> int:
+        return self.limit - len(self.items)
 
     @property
     def is_full(self) -> bool:

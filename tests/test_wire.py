@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from fqbroker import wire
 from fqbroker.errors import AuthError, FrameTooLarge, ProtocolError
-from fqbroker.message import Message
+from fqbroker.message import Message, message_from_frame
 
 from .vectors import (
     CLIENT_COMMANDS,
@@ -309,14 +309,21 @@ def test_oversized_payload_is_skipped_and_counted(chunk: int | None) -> None:
     assert decoder.oversized == 1
 
 
+# A publisher's message, as hypothesis draws it.
+HOPS = bytes([10, 0, 0, 1, 127, 0, 0, 1])
+MESSAGE_FIELDS = {
+    "exchange": st.binary(max_size=127),
+    "route": st.binary(max_size=127),
+    "payload": st.binary(max_size=300),
+    "msgid": st.binary(min_size=16, max_size=16),
+}
+
+
 @given(
     messages=st.lists(
         st.builds(
             Message,
-            exchange=st.binary(max_size=127),
-            route=st.binary(max_size=127),
-            payload=st.binary(max_size=300),
-            msgid=st.binary(min_size=16, max_size=16),
+            **MESSAGE_FIELDS,
             sender=st.binary(max_size=127),
             hops=st.lists(st.binary(min_size=4, max_size=4), max_size=32).map(b"".join),
         ),
@@ -357,22 +364,16 @@ def test_garbage_gives_frames_none_or_protocol_error(data: bytes) -> None:
 
 @given(
     messages=st.lists(
-        st.builds(
-            Message,
-            exchange=st.binary(max_size=127),
-            route=st.binary(max_size=127),
-            payload=st.binary(max_size=300),
-            msgid=st.binary(min_size=16, max_size=16),
-        ),
+        st.builds(Message, **MESSAGE_FIELDS),
         max_size=6,
     ),
     cuts=st.lists(st.integers(min_value=0, max_value=5000), max_size=6),
     max_payload=st.integers(min_value=0, max_value=400),
 )
-def test_batch_decoding_matches_one_at_a_time_and_stamps(
+def test_runs_decoding_matches_one_at_a_time_and_stamps(
     messages: list[Message], cuts: list[int], max_payload: int
 ) -> None:
-    """messages() (the data path's fast loop) gives what next_message() gives, stamped."""
+    """runs() (the data path's fast loop) gives what next_message() gives, stamped."""
     data = b"".join(m.publish_frame() for m in messages)
     points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
     fast = wire.MessageDecoder(peer_format=False, max_payload=max_payload)
@@ -382,9 +383,17 @@ def test_batch_decoding_matches_one_at_a_time_and_stamps(
     for a, b in itertools.pairwise(points):
         fast.feed(data[a:b])
         slow.feed(data[a:b])
-        got.extend(fast.messages(b"user", b"\x0a\x00\x00\x01\x7f\x00\x00\x01"))
+        for exchange, route, frames, head in fast.runs(b"user", HOPS):
+            for frame in frames:
+                msg = message_from_frame(frame)
+                assert (msg.exchange, msg.route, len(frame) - len(msg.payload)) == (
+                    exchange,
+                    route,
+                    head,
+                )
+                got.append(msg)
         while (msg := slow.next_message()) is not None:
-            msg.stamp(b"user", b"\x0a\x00\x00\x01\x7f\x00\x00\x01")
+            msg.stamp(b"user", HOPS)
             want.append(msg)
     assert got == want
     assert fast.oversized == slow.oversized
