@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 from collections.abc import Coroutine
 from enum import Enum
@@ -143,7 +144,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         except (AuthError, QueueError) as exc:
             self._refuse(exc)
         except ProtocolError as exc:
-            log.info("closing %s: %s", self.pretty, exc)
+            self.broker.limits.bad("command", "closing %s: %s", self.pretty, exc)
             self.close()
 
     def eof_received(self) -> bool:
@@ -173,7 +174,10 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             self.transport.resume_reading()
 
     def _refuse(self, exc: AuthError | QueueError) -> None:
-        log.info("refusing %s: %r", self.pretty, exc.text)
+        if isinstance(exc, AuthError):
+            self.broker.limits.bad("command", "refusing %s: %r", self.pretty, exc.text)
+        else:  # not bad input; a limit's refusal is counted where it is raised
+            log.info("refusing %s: %r", self.pretty, exc.text)
         self._send(wire.ErrorReply(exc.text))
         self._end()
         self._linger()
@@ -189,7 +193,8 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         if transport.is_closing():
             return
         if transport.can_write_eof():
-            transport.write_eof()
+            with contextlib.suppress(OSError):  # ENOTCONN: the client reset already
+                transport.write_eof()
         transport.resume_reading()
         asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
 

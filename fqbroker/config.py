@@ -72,6 +72,12 @@ class Settings:
     upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
     peer_dedupe: int = 0  # message ids from peers remembered to drop repeats; 0: off, as fqd
+    # --- P8 resource limits and bad input (docs/limits.md) ---
+    max_connections: int = 0  # all connections; 0: from RLIMIT_NOFILE, an eighth kept back
+    max_connections_per_address: int = 0  # from one source address; 0: no such limit
+    max_queues_per_user: int = 256  # permanent or disk queues a user creates; 0: no limit
+    disk_queues_per_second: float = 10.0  # new disk queues, broker-wide; 0: no limit
+    log_lines_per_second: int = 5  # log lines per kind of bad input or refusal
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:

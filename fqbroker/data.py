@@ -146,7 +146,11 @@ class DataSession(RemotePeer, asyncio.Protocol):
         elif self.phase is Phase.AWAIT_KEY:
             assert self.hello is not None
             self.hello.feed(data)
-            self._pair()
+            try:
+                self._pair()
+            except ProtocolError as exc:  # a key over 127 bytes (docs/limits.md)
+                self.broker.limits.bad("data", "closing data channel of %s: %s", self._name(), exc)
+                self.close()
 
     def eof_received(self) -> bool:
         if self._room is not None:
@@ -211,7 +215,9 @@ class DataSession(RemotePeer, asyncio.Protocol):
             return
         owner = self.broker.clients.get(hello.key)
         if owner is None or owner.data is not None:
-            log.info("data channel from %s:%s: unknown or taken key", *self._addr())
+            self.broker.limits.bad(
+                "data", "data channel from %s:%s: unknown or taken key", *self._addr()
+            )
             self.close()
             return
         self.owner = owner
@@ -256,7 +262,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
                     return
                 # the next messages() raises it
         except ProtocolError as exc:
-            log.info("closing data channel of %s: %s", self._name(), exc)
+            self.broker.limits.bad("data", "closing data channel of %s: %s", self._name(), exc)
             self.close()
 
     def _decode(self, decoder: wire.MessageDecoder) -> list[Run]:

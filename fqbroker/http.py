@@ -132,26 +132,33 @@ class _Connection:
     async def run(self) -> None:
         conn = self.conn
         while True:
+            head = False  # a reply to HEAD has no body, an error reply neither
             try:
                 event = await self._next_event()
                 if not isinstance(event, h11.Request):
                     return  # ConnectionClosed: the client is done
+                head = event.method == b"HEAD"
                 await self._respond(event)
                 if conn.our_state is h11.DONE and conn.their_state is h11.SEND_BODY:
                     await self._drain_small_body()
             except h11.RemoteProtocolError as exc:
                 # Unparseable, or a head over the limit: say so if we still may, then close.
+                limits = self.broker.limits
+                limits.bad("http", "closing HTTP connection: %s", exc)
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     reply = _json_reply(exc.error_status_hint, {"error": str(exc)}, close=True)
-                    await self._send(reply)
+                    await self._send(reply, head=head)
                 await self._close()
                 return
             except (ConnectionError, TimeoutError):
                 return  # gone, stalled, or idle too long between requests
-            except Exception:
-                log.exception("HTTP request failed")
+            except Exception as exc:
+                # One line, the traceback at debug level (docs/limits.md).
+                self.broker.limits.bad("internal", "HTTP request failed: %r", exc)
+                log.debug("traceback of the HTTP failure", exc_info=exc)
                 if conn.our_state is h11.SEND_RESPONSE:
-                    await self._send(_json_reply(500, {"error": "internal error"}, close=True))
+                    reply = _json_reply(500, {"error": "internal error"}, close=True)
+                    await self._send(reply, head=head)
                 await self._close()
                 return
             if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:

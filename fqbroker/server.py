@@ -19,14 +19,15 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Any, cast
 
 from . import wire
 from .catalog import Catalog
 from .command import LINGER_SECONDS, CommandSession
 from .config import Settings, resolve_node_id
-from .data import DataSession
+from .data import DataSession, peer_address
 from .heartbeats import HeartbeatClock
+from .limits import Limits, install_exception_handler, raised_in_package
 from .message import MsgIdCounter
 from .peering import Peering
 from .program import RuleRegistry, default_registry
@@ -40,6 +41,13 @@ __all__ = ["Broker"]
 log = logging.getLogger(__name__)
 
 STOP_SECONDS = 5.0  # how long stop() waits for connections to flush and close
+
+# The answer to an HTTP request over a connection limit (docs/limits.md).
+SERVICE_UNAVAILABLE = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"content-length: 34\r\nconnection: close\r\n\r\n"
+    b'{"error": "too many connections"}\n'
+)
 
 HttpHandler = Callable[
     ["Broker", bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
@@ -57,13 +65,15 @@ class Broker:
         self.catalog = Catalog(self.settings, self.router, ConfigStore(self.settings.config_db))
         self.queues: dict[bytes, Queue] = self.catalog.queues
         self.established = self.catalog.restore()
+        self.limits = Limits(self.settings, self.queues)
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
         self.clients: dict[bytes, CommandSession] = {}
         self.msgids = MsgIdCounter()
         self.http_handler: HttpHandler | None = _serve_http
         self._server: asyncio.Server | None = None
-        # Every open connection, to close at stop; a dict is smaller than a set.
-        self._connections: dict[asyncio.Transport, None] = {}
+        # Every open connection, to close at stop, with its source address when the
+        # per-address limit needs it; a dict is smaller than a set.
+        self._connections: dict[asyncio.Transport, str] = {}
         self._http_tasks: set[asyncio.Task[None]] = set()
         self._all_closed: asyncio.Event | None = None
         self.heartbeats = HeartbeatClock()
@@ -86,7 +96,9 @@ class Broker:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._server = await asyncio.get_running_loop().create_server(
+        loop = asyncio.get_running_loop()
+        install_exception_handler(loop, self.limits, self._is_ours)
+        self._server = await loop.create_server(
             lambda: _Sniffer(self),
             host=self.settings.bind,
             port=self.settings.port,
@@ -132,13 +144,29 @@ class Broker:
 
     # --- connections ----------------------------------------------------------------------
 
-    def opened(self, transport: asyncio.Transport) -> None:
-        self._connections[transport] = None
+    def opened(self, transport: asyncio.Transport) -> str | None:
+        """Count a new connection; the limit it is over (docs/limits.md), or None."""
+        address = peer_address(transport)[0] if self.limits.max_per_address > 0 else ""
+        self._connections[transport] = address
+        return self.limits.connection_opened(address)
 
     def closed(self, transport: asyncio.Transport) -> None:
-        self._connections.pop(transport, None)
+        address = self._connections.pop(transport, None)
+        if address is not None:
+            self.limits.connection_closed(address)
         if not self._connections and self._all_closed is not None:
             self._all_closed.set()
+
+    def _is_ours(self, context: dict[str, Any]) -> bool:
+        """Whether an error asyncio reports came from this broker's connections or code."""
+        if getattr(context.get("protocol"), "broker", None) is self:
+            return True
+        sock = context.get("socket")
+        if sock is not None and self._server is not None:
+            with contextlib.suppress(OSError):
+                return sock.fileno() in {s.fileno() for s in self._server.sockets}
+        exc = context.get("exception")
+        return isinstance(exc, BaseException) and raised_in_package(exc)
 
     async def _close_connections(self) -> None:
         """Close every connection and wait for the sessions to end, before queues close.
@@ -188,8 +216,10 @@ class Broker:
             # The broker is stopping. Ending quietly matters: whoever looks at this task's
             # result would log a cancelled one as an error.
             writer.close()
-        except Exception:
-            log.exception("connection handler failed")
+        except Exception as exc:
+            # One line, not a traceback per bad request (docs/limits.md).
+            self.limits.bad("internal", "HTTP connection failed: %r", exc)
+            log.debug("traceback of the HTTP failure", exc_info=exc)
             writer.close()
 
     async def linger_close(
@@ -201,7 +231,9 @@ class Broker:
         frame before the client reads it (§1.8). So: flush, half-close, and discard input
         for a moment so the client sees the frame and then a clean end of stream.
         """
-        with contextlib.suppress(ConnectionError, TimeoutError):
+        # OSError, not only ConnectionError: write_eof on a socket the peer reset
+        # fails with ENOTCONN.
+        with contextlib.suppress(OSError, TimeoutError):
             await writer.drain()
             if writer.can_write_eof():
                 writer.write_eof()
@@ -251,11 +283,12 @@ async def _serve_http(
 class _Sniffer(asyncio.Protocol):
     """A new connection until its first 4 bytes say what it is (§1.2)."""
 
-    __slots__ = ("broker", "buffer", "timer", "transport")
+    __slots__ = ("broker", "buffer", "refused", "timer", "transport")
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
-        self.buffer = b""
+        self.buffer: bytes | None = b""
+        self.refused: str | None = None  # the limit this connection is over
         self.timer: asyncio.TimerHandle | None = None
         self.transport: asyncio.Transport | None = None
 
@@ -263,17 +296,24 @@ class _Sniffer(asyncio.Protocol):
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
         transport = cast(asyncio.Transport, transport)
         self.transport = transport
-        self.broker.opened(transport)
-        loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(self.broker.settings.idle_sniff_timeout, transport.close)
+        self.refused = self.broker.opened(transport)
+        # One over a limit gets a moment to say what it is, for the right answer.
+        wait = LINGER_SECONDS if self.refused else self.broker.settings.idle_sniff_timeout
+        self.timer = asyncio.get_running_loop().call_later(wait, transport.close)
 
     def data_received(self, data: bytes) -> None:
+        if self.buffer is None:
+            return  # refused: what follows is read and thrown away until the close
         self.buffer += data
         if len(self.buffer) < 4:
             return
         assert self.timer is not None and self.transport is not None
         self.timer.cancel()
         first4, rest = self.buffer[:4], self.buffer[4:]
+        if self.refused:
+            self.buffer = None
+            self.timer = _refuse(self.broker, self.transport, first4, self.refused)
+            return
         _hand_over(self.broker, self.transport, first4, rest)
 
     def eof_received(self) -> bool:
@@ -284,6 +324,25 @@ class _Sniffer(asyncio.Protocol):
             self.timer.cancel()
         if self.transport is not None:
             self.broker.closed(self.transport)
+
+
+def _refuse(
+    broker: Broker, transport: asyncio.Transport, first4: bytes, reason: str
+) -> asyncio.TimerHandle:
+    """Turn away a connection over a limit: a 503 for HTTP, a close for fq (§1.9's way
+    with unknown input). The HTTP answer lingers a moment so a reset cannot destroy it."""
+    address, port = peer_address(transport)
+    if wire.sniff(first4) == "http":
+        from .stats import http_counters
+
+        http_counters(broker).responses[503] += 1
+        transport.write(SERVICE_UNAVAILABLE)
+        with contextlib.suppress(OSError):
+            transport.write_eof()
+    else:
+        transport.close()
+    broker.limits.refuse(reason, "refusing connection from %s:%d: over %s", address, port, reason)
+    return asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
 
 
 def _hand_over(broker: Broker, transport: asyncio.Transport, first4: bytes, rest: bytes) -> None:
@@ -298,7 +357,7 @@ def _hand_over(broker: Broker, transport: asyncio.Transport, first4: bytes, rest
         broker.serve_http(transport, first4, rest, broker.http_handler)
         return
     else:
-        log.info("closing connection with unknown preamble %s", first4.hex())
+        broker.limits.bad("preamble", "closing connection with unknown preamble %s", first4.hex())
         transport.close()
         return
     transport.set_protocol(session)
@@ -311,7 +370,7 @@ class _HttpProtocol(asyncio.StreamReaderProtocol):
         self, broker: Broker, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop
     ) -> None:
         super().__init__(reader, loop=loop)
-        self._broker = broker
+        self.broker = broker  # what the exception handler asks a protocol for
         self._conn: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -321,5 +380,5 @@ class _HttpProtocol(asyncio.StreamReaderProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         if self._conn is not None:
-            self._broker.closed(self._conn)
+            self.broker.closed(self._conn)
             self._conn = None

@@ -3,6 +3,8 @@ closed promptly (fixing fqd's late close), and another client is then served nor
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from fqbroker import wire
@@ -211,4 +213,63 @@ async def test_garbage_on_the_command_channel_before_auth(broker: Broker) -> Non
     cmd = await authenticate(broker.port)
     assert isinstance(await cmd.frame(), wire.AuthResponse)
     await cmd.close()
+    await assert_broker_serves(broker)
+
+
+# --- no traceback from the network (P8 point 5, docs/limits.md) -----------------------------
+
+
+def _assert_quiet(caplog: pytest.LogCaptureFixture) -> None:
+    """At most one log line, and no traceback, for one bad input."""
+    records = [r for r in caplog.records if r.levelno >= logging.INFO]
+    assert not [r for r in records if r.exc_info], caplog.text
+    assert "Traceback" not in caplog.text
+    assert len(records) <= 1, caplog.text
+
+
+@pytest.mark.parametrize(
+    "hello",
+    [
+        wire.Mode.DATA.to_bytes(4, "big") + (200).to_bytes(2, "big") + b"k" * 200,
+        wire.Mode.PEER.to_bytes(4, "big") + b"\x0a\x00\x00\x01" + (200).to_bytes(2, "big"),
+        wire.Mode.OLD_PEER.to_bytes(4, "big") + (200).to_bytes(2, "big") + b"k" * 200,
+    ],
+    ids=["data", "peer", "old-peer"],
+)
+async def test_hello_with_an_overlong_key_closes_without_a_traceback(
+    broker: Broker, caplog: pytest.LogCaptureFixture, hello: bytes
+) -> None:
+    caplog.set_level(logging.INFO)
+    conn = await RawConn.open(broker.port)
+    await conn.send(hello + b"k" * 200)
+    assert await conn.closed() == b""
+    await wait_for(lambda: broker.limits.bad_input["data"] == 1)
+    _assert_quiet(caplog)
+    await assert_broker_serves(broker)
+
+
+async def test_head_with_a_bad_chunked_body_answers_400_without_a_traceback(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    conn = await RawConn.open(broker.port)
+    await conn.send(b"HEAD / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+    reply = await conn.closed()
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    assert reply.endswith(b"\r\n\r\n")  # a HEAD reply has no body, an error's neither
+    await wait_for(lambda: not broker._http_tasks)
+    _assert_quiet(caplog)
+    await assert_broker_serves(broker)
+
+
+async def test_http_10_request_closed_before_the_reply_logs_no_traceback(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    for _ in range(20):  # the close must overtake the reply; it does nearly every time
+        conn = await RawConn.open(broker.port)
+        await conn.send(b"GET /stats.json HTTP/1.0\r\n\r\n")
+        conn.writer.transport.abort()  # closed before the reply: the reply meets a reset
+        await wait_for(lambda: not broker._http_tasks)
+    _assert_quiet(caplog)
     await assert_broker_serves(broker)
