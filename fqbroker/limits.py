@@ -154,7 +154,8 @@ class Limits:
         self.accept_log = LogLimiter(log, 1, 60.0)
         self.connections = 0
         self._per_address: dict[str, int] = {}
-        self._owned: dict[bytes, list[Queue]] = {}
+        self._owned: dict[bytes, list[Queue]] = {}  # the counted queues each user created
+        self._charged = 0  # entries in _owned since the last sweep
         self._disk_rate = RateBucket(
             settings.disk_queues_per_second, settings.disk_queues_per_second
         )
@@ -199,8 +200,9 @@ class Limits:
 
     # --- queues ---------------------------------------------------------------------------
 
-    def admit_queue(self, spec: QueueSpec, user: bytes) -> None:
-        """Raise QueueError when ``user`` may not create or keep the queue ``spec`` asks for.
+    def admit_queue(self, spec: QueueSpec, user: bytes) -> bool:
+        """Whether the queue ``spec`` asks for counts against ``user``; QueueError when
+        the user may not create it or make it permanent.
 
         Counted are the queues that cost past a connection's life: permanent ones, and
         disk ones (each holds a descriptor). A transient memory queue goes with its
@@ -214,7 +216,7 @@ class Limits:
             counted = bool(spec.permanent) and not existing.permanent
             counted = counted and existing.kind is QueueKind.MEM
         if not counted:
-            return
+            return False
         limit = self.settings.max_queues_per_user
         if limit > 0 and self.owned(user) >= limit:
             self.refuse(
@@ -234,6 +236,7 @@ class Limits:
                 self.settings.disk_queues_per_second,
             )
             raise QueueError(DISK_QUEUE_RATE_TEXT)
+        return True
 
     def charge(self, user: bytes, queue: Queue) -> None:
         """``queue`` was created or made permanent by ``user``."""
@@ -241,6 +244,13 @@ class Limits:
             owned = self._owned.setdefault(user, [])
             if not any(q is queue for q in owned):
                 owned.append(queue)
+                self._charged += 1
+        if self._charged > 2 * len(self.queues) + 1024:
+            # Users who never come back would keep their gone queues listed: sweep all
+            # once the lists may hold more gone queues than live ones (amortized O(1)).
+            for name in list(self._owned):
+                self.owned(name)
+            self._charged = sum(map(len, self._owned.values()))
 
     def owned(self, user: bytes) -> int:
         """How many counted queues ``user`` has now; forgets those gone or now transient."""

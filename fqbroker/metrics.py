@@ -79,6 +79,7 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     yield from _clients(snap)
     yield from _connections(snap)
     yield from _peers(snap)
+    yield from _limits(snap)
 
 
 def _aggregate(snap: Snapshot) -> Iterator[Metric]:
@@ -264,6 +265,23 @@ def _connections(snap: Snapshot) -> Iterator[Metric]:
     for code, count in sorted(snap.http.responses.items()):
         responses.add_metric([str(code)], count)
     yield responses
+
+
+def _limits(snap: Snapshot) -> Iterator[Metric]:
+    bad = CounterMetricFamily(
+        "fq_bad_input",
+        "Connections closed for bad input, by front end (docs/limits.md).",
+        labels=["frontend"],
+    )
+    for kind, count in snap.bad_input:
+        bad.add_metric([kind], count)
+    yield bad
+    refused = CounterMetricFamily(
+        "fq_refused", "Work refused by a limit, by reason (docs/limits.md).", labels=["reason"]
+    )
+    for reason, count in snap.refused:
+        refused.add_metric([reason], count)
+    yield refused
 
 
 def _peers(snap: Snapshot) -> Iterator[Metric]:

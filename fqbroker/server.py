@@ -245,7 +245,12 @@ class Broker:
     # --- clients and queues ---------------------------------------------------------------
 
     def attach(self, spec: QueueSpec, client: CommandSession) -> Queue:
-        return self.catalog.attach(spec, client)
+        """The client's queue, found or created, within the user's limits (docs/limits.md)."""
+        counted = self.limits.admit_queue(spec, client.user)
+        queue = self.catalog.attach(spec, client)
+        if counted:
+            self.limits.charge(client.user, queue)
+        return queue
 
     def register(self, client: CommandSession) -> bytes:
         """Issue a fresh client key and file the client under it."""

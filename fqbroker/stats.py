@@ -142,6 +142,9 @@ class Snapshot:
     peer_connections: int
     http: HttpCounters
     peers: tuple[PeerSnapshot, ...] = ()
+    # Limits (docs/limits.md): closes for bad input by front end, refusals by reason.
+    bad_input: tuple[tuple[str, int], ...] = ()
+    refused: tuple[tuple[str, int], ...] = ()
 
 
 _http: weakref.WeakKeyDictionary[Broker, HttpCounters] = weakref.WeakKeyDictionary()
@@ -199,6 +202,8 @@ def take_snapshot(broker: Broker) -> Snapshot:
         peer_connections=peers,
         http=HttpCounters(http.open_connections, http.accepted, Counter(http.responses)),
         peers=tuple(_peer_snapshot(link) for link in broker.peering.links.values()),
+        bad_input=tuple(sorted(broker.limits.bad_input.items())),
+        refused=tuple(sorted(broker.limits.refused.items())),
     )
 
 
