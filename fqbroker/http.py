@@ -153,9 +153,7 @@ class _Connection:
             except (ConnectionError, TimeoutError):
                 return  # gone, stalled, or idle too long between requests
             except Exception as exc:
-                # One line, the traceback at debug level (docs/limits.md).
-                self.broker.limits.bad("internal", "HTTP request failed: %r", exc)
-                log.debug("traceback of the HTTP failure", exc_info=exc)
+                self.broker.limits.bug(exc, "HTTP request")
                 if conn.our_state is h11.SEND_RESPONSE:
                     reply = _json_reply(500, {"error": "internal error"}, close=True)
                     await self._send(reply, head=head)

@@ -167,6 +167,21 @@ class Limits:
         self.bad_input[kind] += 1
         self.log.log(logging.INFO, kind, msg, *args)
 
+    def bug(self, exc: BaseException, where: str) -> None:
+        """An unexpected exception ended a connection or task: one ERROR line naming it
+        and the place it was raised; the traceback at DEBUG only (docs/limits.md)."""
+        self.bad_input["internal"] += 1
+        self.log.log(
+            logging.ERROR,
+            "internal",
+            "unexpected %s at %s: %s (%s; traceback at debug level)",
+            type(exc).__name__,
+            _origin(exc),
+            exc,
+            where,
+        )
+        log.debug("traceback of the unexpected %s", type(exc).__name__, exc_info=exc)
+
     def refuse(self, reason: str, msg: str, *args: object) -> None:
         """A limit refused work: count it, and warn in one line at most."""
         self.refused[reason] += 1
@@ -302,18 +317,7 @@ def install_exception_handler(
         if isinstance(exc, FqError):
             limits.bad("internal", "closing a connection: %s", exc)
             return
-        limits.bad_input["internal"] += 1
-        where = _origin(exc)
-        limits.log.log(
-            logging.ERROR,
-            "internal",
-            "unexpected %s at %s: %s (%s; traceback at debug level)",
-            type(exc).__name__,
-            where,
-            exc,
-            context.get("message", ""),
-        )
-        log.debug("traceback of the unexpected %s", type(exc).__name__, exc_info=exc)
+        limits.bug(exc, str(context.get("message", "")))
 
     loop.set_exception_handler(handle)
 

@@ -217,9 +217,7 @@ class Broker:
             # result would log a cancelled one as an error.
             writer.close()
         except Exception as exc:
-            # One line, not a traceback per bad request (docs/limits.md).
-            self.limits.bad("internal", "HTTP connection failed: %r", exc)
-            log.debug("traceback of the HTTP failure", exc_info=exc)
+            self.limits.bug(exc, "HTTP connection")
             writer.close()
 
     async def linger_close(
