@@ -143,8 +143,7 @@ class _Connection:
                     await self._drain_small_body()
             except h11.RemoteProtocolError as exc:
                 # Unparseable, or a head over the limit: say so if we still may, then close.
-                limits = self.broker.limits
-                limits.bad("http", "closing HTTP connection: %s", exc)
+                self.broker.limits.bad("http", "closing HTTP connection: %s", exc)
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     reply = _json_reply(exc.error_status_hint, {"error": str(exc)}, close=True)
                     await self._send(reply, head=head)
