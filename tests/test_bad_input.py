@@ -4,6 +4,7 @@ closed promptly (fixing fqd's late close), and another client is then served nor
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -272,4 +273,21 @@ async def test_http_10_request_closed_before_the_reply_logs_no_traceback(
         conn.writer.transport.abort()  # closed before the reply: the reply meets a reset
         await wait_for(lambda: not broker._http_tasks)
     _assert_quiet(caplog)
+    await assert_broker_serves(broker)
+
+
+async def test_a_flood_of_bad_input_is_counted_and_logged_a_few_lines_a_second(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    start = time.monotonic()
+    for _ in range(50):
+        conn = await RawConn.open(broker.port)
+        await conn.send(b"\xde\xad\xbe\xef")
+        assert await conn.closed() == b""
+    await wait_for(lambda: broker.limits.bad_input["preamble"] == 50)
+    elapsed = time.monotonic() - start
+    lines = [r for r in caplog.records if "unknown preamble" in r.getMessage()]
+    # At most log_lines_per_second in any second the flood lasted.
+    assert len(lines) <= broker.settings.log_lines_per_second * (elapsed + 1)
     await assert_broker_serves(broker)
