@@ -105,7 +105,8 @@ def _number(params: dict[str, str], key: str, default: int | None) -> int:
     text = params.get(key)
     if text is None and default is not None:
         return default
-    if text is None or not text.isdigit() or not text.isascii():
+    # Positions are u64: 20 digits at most, and int() of thousands of them raises.
+    if text is None or not text.isdigit() or not text.isascii() or len(text) > 20:
         raise _Refused(400, f"'{key}' must be a non-negative integer")
     return int(text)
 

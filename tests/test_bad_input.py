@@ -291,3 +291,17 @@ async def test_a_flood_of_bad_input_is_counted_and_logged_a_few_lines_a_second(
     # At most log_lines_per_second in any second the flood lasted.
     assert len(lines) <= broker.settings.log_lines_per_second * (elapsed + 1)
     await assert_broker_serves(broker)
+
+
+async def test_replay_read_with_a_5000_digit_position_answers_400(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    session = await open_session(broker.port, b"u", b"dq\0disk")
+    conn = await RawConn.open(broker.port)
+    await conn.send(b"GET /queue/read?queue=dq&from=%s HTTP/1.0\r\n\r\n" % (b"9" * 5000))
+    reply = await conn.closed()
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    assert reply.endswith(b"\"'from' must be a non-negative integer\"}\n")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    await session.close()
