@@ -72,6 +72,7 @@ class Settings:
     upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
     peer_dedupe: int = 0  # message ids from peers remembered to drop repeats; 0: off, as fqd
+    confirm_pair_timeout: float = 10.0  # seconds a confirm waits for the data socket to pair
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:
