@@ -124,6 +124,7 @@ class CheckpointFile:
         self._generation = generation
         self._latest = self._safe = slot
         self._image, self._offsets = encode_points(points)
+        self.repaired = ""  # what opening it had to put right, for the log's report
 
     @classmethod
     def create(cls, path: Path, points: Mapping[str, int]) -> CheckpointFile:
@@ -150,8 +151,14 @@ class CheckpointFile:
             if len(head) < _CKPT_HEADER.size:
                 raise Unreadable(f"file of {size} bytes")
             magic, slot_size, crc = _CKPT_HEADER.unpack(head)
+            repaired = ""
             if magic != _CKPT_MAGIC or crc != zlib.crc32(head[:12]):
-                raise Unreadable("bad header")
+                # The file's size says the slot size (it never changes in place): the
+                # slots may well be intact, and they are what counts.
+                slot_size, rest = divmod(size - BLOCK, _SLOTS)
+                if size <= BLOCK or rest or slot_size % BLOCK:
+                    raise Unreadable("bad header")
+                repaired = "checkpoints header damaged; rebuilt from the file size"
             if slot_size < BLOCK or slot_size % BLOCK or size < BLOCK + _SLOTS * slot_size:
                 raise Unreadable(f"slot size {slot_size} in a file of {size} bytes")
             best: tuple[int, int, dict[str, int]] | None = None
@@ -168,12 +175,19 @@ class CheckpointFile:
                 if best is None or generation > best[0]:
                     best = (generation, slot, points)
             if best is None:
-                raise Unreadable("no valid slot")
+                raise Unreadable("bad header" if repaired else "no valid slot")
+            if repaired:
+                head = _CKPT_HEADER.pack(_CKPT_MAGIC, slot_size, 0)
+                crc = zlib.crc32(head[:12])
+                write_all(fd, _CKPT_HEADER.pack(_CKPT_MAGIC, slot_size, crc), 0)
+                os.fsync(fd)
         except BaseException:
             os.close(fd)
             raise
         generation, slot, points = best
-        return cls(path, fd, slot_size, points, generation, slot)
+        ckpt = cls(path, fd, slot_size, points, generation, slot)
+        ckpt.repaired = repaired
+        return ckpt
 
     def set(self, name: str, seq: int, *, durable: bool) -> None:
         off = self._offsets.get(name)

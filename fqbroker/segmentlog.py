@@ -617,6 +617,8 @@ class SegmentLog:
                     _CHECKPOINTS, 0, f"unreadable checkpoints ({exc})", size, 0, torn=False
                 )
             else:
+                if ckpt.repaired:
+                    self._report(_CHECKPOINTS, 0, ckpt.repaired, 0, 0, torn=False)
                 self._remove_v1_checkpoints()  # a conversion stopped just before this
                 return ckpt
             return CheckpointFile.create(path, {})

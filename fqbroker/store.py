@@ -165,6 +165,15 @@ class DiskStore:
     def size_bytes(self) -> int:
         return self.log.size_bytes
 
+    @property
+    def corrupt_records(self) -> int:
+        """Records skipped over damage since the queue was opened (its recovery's too)."""
+        return self.log.corrupt_records
+
+    @property
+    def corrupt_bytes(self) -> int:
+        return self.log.corrupt_bytes
+
     # --- writing --------------------------------------------------------------------------
 
     @property
@@ -286,11 +295,14 @@ class DiskStore:
         frames = self._take_recent(cursor, n)
         if frames:
             out = [place_seq(frame, seq) for seq, frame in enumerate(frames, cursor)]
+            last = cursor + len(out) - 1
         else:
-            out = [_delivered(seq, record) for seq, record in self.log.read(cursor, n)]
-            if not out:
+            records = self.log.read(cursor, n)  # seqs may skip damage (docs/disk-format.md)
+            if not records:
+                self._cursor = max(cursor, self.log.next_seq)  # nothing readable is left
                 return []
-        last = cursor + len(out) - 1
+            out = [_delivered(seq, record) for seq, record in records]
+            cursor, last = records[0][0], records[-1][0]
         self._cursor = last + 1
         self._in_flight.append([cursor, last, 0])
         return out

@@ -907,6 +907,11 @@ def test_an_unreadable_checkpoints_file_is_reported(
     assert report.segment == "checkpoints"
     assert "checkpoints" in report.reason
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
+    if damage == "header":  # the file size gives the slot size: the slots still count
+        assert "header damaged; rebuilt" in report.reason
+        assert dict(log.checkpoints) == {"fq": 5}
+        log.close()
+        return
     assert dict(log.checkpoints) == {}  # every reader starts from the first record
     assert contents(log) == [b"x"] * 10
     log.set_checkpoint("fq", 7)
