@@ -5,16 +5,21 @@ Theory of operation
 A log is a directory of append-only segment files named by the sequence number of their
 first record (``00000000000000000001.seg``), so sorting names sorts sequence numbers. A
 record is a 16-byte header (crc32, payload length, seq; big-endian) and the payload; the
-crc covers everything after itself. Sequence numbers are dense and start at 1. The byte
-layout, the FORMAT file and the versioning rules are in ``docs/disk-format.md``.
+crc covers everything after itself. Sequence numbers start at 1 and are dense inside a
+segment. The byte layout, the FORMAT file and the versioning rules are in
+``docs/disk-format.md``.
 
-Opening a log recovers it: every record of every segment is checked (length, crc, seq).
-The first bad one ends the log: its file is truncated there and later segments are
-deleted, so a reader never sees a record written after a lost or damaged one. A torn
-tail is normal after a crash; anything else is logged as an error. Both are listed in
-``recovery``. The last segment always stays, even empty, so ``next_seq`` survives a
-trim of everything; a checkpoint beyond the recovered end (records lost in a power cut)
-also moves ``next_seq`` up, so a sequence number a reader has seen is not handed out again.
+Opening a log recovers it (``segrecovery``): every record of every segment is checked
+(length, crc, seq). Damage never deletes what reads back correctly: a damaged region is
+copied to ``damaged/``, the good records after it move to a segment of their own, and
+the skipped seqs become a gap between segments, which reads step over. Reads check every
+record too, and step over damage found while running. Only the torn tail of the newest
+segment is cut off, as the end of the log. All of it is listed in ``recovery``, logged
+once per region, and counted in ``corrupt_records`` and ``corrupt_bytes``. The last
+segment always stays, even empty, so ``next_seq`` survives a trim of everything (a
+drained log swaps it for an empty one, to give its disk back); a checkpoint beyond the
+recovered end (records lost in a power cut) also moves ``next_seq`` up, so a sequence
+number a reader has seen is not handed out again.
 
 Checkpoints live in one preallocated file of three slots (``CheckpointFile``): an update
 is one ``pwrite`` of the whole state into a slot that holds neither the latest state nor
@@ -36,10 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
-import re
 import threading
 import zlib
 from array import array
@@ -48,12 +51,18 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
 
-from .errors import FqError
-from .segcheckpoints import CheckpointFile, Unreadable, encode_points
+from .segcheckpoints import CheckpointFile
+from .segformat import (
+    LogFormatError,
+    check_format,
+    known_gaps,
+    note_gap,
+    open_checkpoints,
+    write_format,
+)
 from .segrecords import (
     FORMAT_GAPS,
     FORMAT_LINE,
-    FORMAT_V1,
     HEADER,
     HEADER_SIZE,
     LENSEQ,
@@ -65,7 +74,6 @@ from .segrecords import (
     CorruptionReport,
     Damaged,
     Segment,
-    check,
     copy_aside,
     find_record,
     records,
@@ -78,12 +86,8 @@ __all__ = ["FORMAT_LINE", "HEADER_SIZE", "CorruptionReport", "LogFormatError", "
 
 logger = logging.getLogger(__name__)
 
-_CHECKPOINTS = "checkpoints"
-_CHECKPOINTS_V1 = "checkpoints.json"
-_SKIPPED = "skipped"  # the gaps recovery left, one "first stop" line each: reported once
 _MIN_CHUNK, _MAX_CHUNK = 4 << 10, 1 << 20
 _READ_FDS = 4  # open read descriptors kept per log, most recently used
-_FORMAT_WORDS = re.compile(r"fqbroker-segmentlog (\d+)")
 _CURSORS = 8  # remembered (seq -> segment, offset) positions, so sequential reads never scan
 # A drained log (every reader at the end) whose newest segment holds this much starts a
 # new, empty one, so the old one can go: a drained queue gives its disk back.
@@ -91,10 +95,6 @@ _ROLL_DRAINED = 256 << 10
 
 
 _first = attrgetter("first")
-
-
-class LogFormatError(FqError):
-    """The directory holds a log of an unknown format version, or is not a segment log."""
 
 
 def _fsync_path(path: Path) -> None:
@@ -338,10 +338,10 @@ class SegmentLog:
                     if out and total + n > max_bytes:
                         max_records = len(out)
                         break
-                    if rseq != seq or not check(buf, pos, crc, n):
+                    end = pos + HEADER_SIZE + n
+                    if rseq != seq or zlib.crc32(buf[pos + 4 : end]) != crc:
                         raise Damaged(roff, "record changed on disk since it was checked")
-                    if seq >= start_seq:  # not so if _locate could not walk all the way
-                        out.append((seq, buf[pos + HEADER_SIZE : pos + HEADER_SIZE + n]))
+                    out.append((seq, buf[pos + HEADER_SIZE : end]))
                     seq, total, off = seq + 1, total + n, roff + HEADER_SIZE + n
                     if len(out) >= max_records:
                         break
@@ -391,13 +391,21 @@ class SegmentLog:
                 return seg, goff, resume
             if gseg is seg and at < resume <= seq:
                 at, off = resume, goff  # walk from past the damage, never through it
-        if at < seq:
+        # Walk from the mark, checking each record as a read would: a damaged length must
+        # not send the walk astray, past good records.
+        while at < seq:
             chunk = self._chunk(seg, seq - at, _MAX_CHUNK)
-            with contextlib.suppress(Damaged):  # the read that follows finds and skips it
-                for _, _, _, _, n, rseq in records(self._reader(seg), off, seg.size, chunk):
-                    if rseq != at or at == seq:
-                        break
+            try:
+                for roff, buf, pos, crc, n, rseq in records(
+                    self._reader(seg), off, seg.size, chunk
+                ):
+                    if rseq != at or zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
+                        raise Damaged(roff, "record changed on disk since it was checked")
                     at, off = at + 1, off + HEADER_SIZE + n
+                    if at == seq:
+                        break
+            except Damaged as exc:
+                seg, off, at = self._skip_damage(seg, exc.offset, at, exc.reason)
         return seg, off, at
 
     def _chunk(self, seg: Segment, records: int, max_bytes: int) -> int:
@@ -536,131 +544,26 @@ class SegmentLog:
     # --- opening and recovery -------------------------------------------------------------
 
     def _check_format(self) -> int | None:
-        """The format version of the log, or None for a new one. A missing or damaged
-        FORMAT file is rewritten if the segments are recognisably a segment log's."""
-        path = self.directory / "FORMAT"
-        try:
-            found: str | None = path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            found = None
-        if found is not None:
-            m = _FORMAT_WORDS.fullmatch(found.strip())
-            if m is not None:
-                version = int(m[1])
-                if version not in (1, 2, 3):
-                    raise LogFormatError(
-                        f"{self.directory} holds format {found.strip()!r}; this fqbroker "
-                        f"reads {FORMAT_LINE.strip()!r} and {FORMAT_GAPS.strip()!r} (and "
-                        f"converts {FORMAT_V1.strip()!r})"
-                    )
-                self._format = version
-                return version
-        has_v2 = (self.directory / _CHECKPOINTS).exists()
-        has_v1 = (self.directory / _CHECKPOINTS_V1).exists()
-        segs = sorted(p for p in self.directory.iterdir() if SEGMENT_NAME.fullmatch(p.name))
-        if found is None and not (segs or has_v1 or has_v2):
-            return None
-        what = "missing" if found is None else f"damaged ({found[:40]!r})"
-        if not _recognisable(segs):
-            raise LogFormatError(
-                f"{self.directory}: FORMAT file {what}, and the segments do not start with "
-                "segment log records: not opened, nothing changed"
-            )
-        version = 1 if has_v1 and not has_v2 else 2
-        reason = f"FORMAT file {what}; rewritten (the files are a segment log's)"
-        self._report("FORMAT", 0, reason, 0, 0, torn=False)
-        if version == 2:  # a format 1 log gets it from its conversion
-            self._write_format(FORMAT_LINE)
-        self._format = version
-        return version
+        self._format = check_format(self.directory, self._error)
+        return self._format
 
-    def _write_format(self, line: str) -> None:
-        tmp = self.directory / "FORMAT.tmp"
-        write_file(tmp, line.encode(), fsync=True)
-        os.replace(tmp, self.directory / "FORMAT")
-        _fsync_path(self.directory)
-
-    def _known_gaps(self) -> set[tuple[int, int]]:
-        try:
-            text = (self.directory / _SKIPPED).read_text(encoding="ascii", errors="replace")
-        except FileNotFoundError:
-            return set()
-        known = set()
-        for line in text.splitlines():
-            with contextlib.suppress(ValueError):
-                lo, stop = map(int, line.split())
-                known.add((lo, stop))
-        return known
+    def _open_checkpoints(self, version: int | None) -> CheckpointFile:
+        ckpt = open_checkpoints(self.directory, version, self._error)
+        self._format = max(self._format or 2, 2)
+        return ckpt
 
     def _add_gap(self, lo: int, stop: int) -> None:
         """Mark the log as one with gaps, and note this one, before recovery makes it."""
         if self._format != 3:
-            self._write_format(FORMAT_GAPS)
+            write_format(self.directory, FORMAT_GAPS)
             self._format = 3
-        fd = os.open(self.directory / _SKIPPED, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            os.write(fd, f"{lo} {stop}\n".encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        note_gap(self.directory, lo, stop)
 
-    def _open_checkpoints(self, version: int | None) -> CheckpointFile:
-        path = self.directory / _CHECKPOINTS
-        if version in (2, 3):
-            try:
-                ckpt = CheckpointFile.open(path)
-            except FileNotFoundError:
-                self._report(_CHECKPOINTS, 0, "checkpoints file missing", 0, 0, torn=False)
-            except Unreadable as exc:
-                size = path.stat().st_size
-                self._report(
-                    _CHECKPOINTS, 0, f"unreadable checkpoints ({exc})", size, 0, torn=False
-                )
-            else:
-                if ckpt.repaired:
-                    self._report(_CHECKPOINTS, 0, ckpt.repaired, 0, 0, torn=False)
-                self._remove_v1_checkpoints()  # a conversion stopped just before this
-                return ckpt
-            return CheckpointFile.create(path, {})
-        # New, or format 1. FORMAT is written last, so a log whose FORMAT says 2 always has
-        # its checkpoints file; until then checkpoints.json is the one that counts.
-        ckpt = CheckpointFile.create(path, self._load_v1_checkpoints() if version else {})
-        try:
-            self._write_format(FORMAT_LINE)
-            self._format = 2
-        except BaseException:
-            ckpt.close()
-            raise
-        if version:
-            logger.warning(
-                "%s: converted from %r to %r: checkpoints %s moved from %s to %s",
-                self.directory, FORMAT_V1.strip(), FORMAT_LINE.strip(), dict(ckpt.points),
-                _CHECKPOINTS_V1, _CHECKPOINTS,
-            )  # fmt: skip
-            self._remove_v1_checkpoints()
-        return ckpt
-
-    def _load_v1_checkpoints(self) -> dict[str, int]:
-        path = self.directory / _CHECKPOINTS_V1
-        try:
-            points = json.loads(path.read_bytes())["checkpoints"]
-            if not all(isinstance(v, int) and 0 <= v < 1 << 64 for v in points.values()):
-                raise ValueError("a position is not a sequence number")
-            encode_points(points)  # ValueError for a name format 2 cannot hold
-        except FileNotFoundError:
-            return {}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            size = path.stat().st_size
-            self._report(_CHECKPOINTS_V1, 0, f"unreadable checkpoints ({exc})", size, 0, torn=False)
-            return {}
-        return dict(points)
-
-    def _remove_v1_checkpoints(self) -> None:
-        for name in (_CHECKPOINTS_V1, _CHECKPOINTS_V1 + ".tmp"):
-            (self.directory / name).unlink(missing_ok=True)
+    def _error(self, segment: str, offset: int, reason: str, dropped: int) -> None:
+        self._report(segment, offset, reason, dropped, 0, torn=False)
 
     def _recover(self) -> None:
-        known = self._known_gaps()
+        known = known_gaps(self.directory)
         self._segments, problems = recover_segments(self.directory, self._add_gap, known)
         for problem in problems:
             self._problem(problem)
@@ -726,22 +629,3 @@ class SegmentLog:
         log("%s: %s in %s at offset %d: skipped %d bytes, %d records%s",
             self.directory, p.reason, p.segment, p.offset, p.dropped_bytes, p.records,
             aside)  # fmt: skip
-
-
-def _recognisable(paths: list[Path]) -> bool:
-    """Whether segment files hold this format's records: some non-empty one starts with a
-    record whose crc checks out and whose seq is the file's name (or all are empty)."""
-    empty = True
-    for path in paths:
-        with path.open("rb") as f:
-            head = f.read(HEADER_SIZE)
-            if not head:
-                continue
-            empty = False
-            if len(head) < HEADER_SIZE:
-                continue
-            crc, n, seq = HEADER.unpack(head)
-            payload = f.read(min(n, MAX_PAYLOAD))
-        if seq == int(path.name[:20]) and len(payload) == n and check(head + payload, 0, crc, n):
-            return True
-    return empty
