@@ -132,6 +132,7 @@ class SegmentLog:
         # as (first seq, seq resumed at, segment, offset resumed at) for random reads.
         self._holes: dict[tuple[int, int], tuple[Segment, int, int]] = {}
         self._gaps: list[tuple[int, int, Segment, int]] = []
+        self._skipped: list[tuple[int, int]] = []  # every skipped range: [first, stop)
         self.corrupt_records = 0  # seqs skipped over damage, since opened (with recovery's)
         self.corrupt_bytes = 0
         self._format: int | None = None
@@ -153,6 +154,10 @@ class SegmentLog:
     @property
     def checkpoints(self) -> Mapping[str, int]:
         return self._ckpt.view
+
+    def skipped_from(self, seq: int) -> int:
+        """How many seqs from ``seq`` on were skipped as damaged: no record has them."""
+        return sum(stop - max(lo, seq) for lo, stop in self._skipped if stop > seq)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -368,6 +373,8 @@ class SegmentLog:
             moved = f"not copied ({exc.strerror})"
         self._holes[(seg.first, off)] = (seg, end, resume)
         self._gaps.append((seq, resume, seg, end))
+        if resume > seq:
+            self._skipped.append((seq, resume))
         self._cursors.clear()
         self._problem(Problem(seg.path.name, off, reason, end - off, resume - seq, moved, False))
         return seg, end, resume
@@ -483,6 +490,7 @@ class SegmentLog:
             live = {seg.first for seg in self._segments}
             self._gaps = [g for g in self._gaps if g[2].first in live]
             self._holes = {k: v for k, v in self._holes.items() if k[0] in live}
+            self._skipped = [g for g in self._skipped if g[1] > first]
             if low < first:  # in a gap before the first segment left: move to its end
                 moved = {name: max(seq, first) for name, seq in points.items()}
                 self._ckpt.replace(moved, durable=False)
@@ -580,6 +588,8 @@ class SegmentLog:
             write_file(self._segments[0].path, b"", fsync=True)
             _fsync_path(self.directory)
             self.next_seq = floor
+        pairs = zip(self._segments, self._segments[1:], strict=False)
+        self._skipped = [(a.end, b.first) for a, b in pairs if b.first > a.end]
         for name, seq in points.items():
             if seq < self.first_seq:  # its records are gone: read from the first one left
                 points[name] = self.first_seq

@@ -159,7 +159,8 @@ class DiskStore:
 
     def __len__(self) -> int:
         """Messages not yet handed to a consumer: the queue's backlog."""
-        return self.log.next_seq + len(self._pending) - max(self._cursor, self.log.first_seq)
+        cursor = max(self._cursor, self.log.first_seq)
+        return self.log.next_seq + len(self._pending) - cursor - self.log.skipped_from(cursor)
 
     @property
     def size_bytes(self) -> int:

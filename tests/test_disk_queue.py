@@ -526,6 +526,7 @@ async def test_a_damaged_record_is_skipped_and_counted_at_startup(settings: Sett
     (segment,) = sorted(queue_directory(settings.queue_dir, b"diskq").glob("*.seg"))
     _flip(segment, _record_offsets(segment)[3] + 30)  # the 4th message
     async with Broker(settings) as broker:
+        assert broker.queues[b"diskq"].backlog == 9  # what can be delivered
         records, damaged_bytes = await _corrupt_total(broker, "diskq")
         assert records == 1 and damaged_bytes > 0
         s = await open_session(broker.port, b"u", DISKQ)
@@ -550,6 +551,7 @@ async def test_a_bit_flip_while_running_is_never_delivered(settings: Settings) -
         got = await s.receive(9)
         assert [m.payload for m in got] == [b"message %d" % i for i in range(10) if i != 6]
         assert await _corrupt_total(broker, "diskq") == (1, starts[7] - starts[6])
+        assert broker.queues[b"diskq"].backlog == 0
         directory = queue_directory(settings.queue_dir, b"diskq")
         assert (directory / "damaged" / f"{segment.name}@{starts[6]}").exists()
         await s.close()

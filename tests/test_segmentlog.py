@@ -403,6 +403,7 @@ def test_damage_in_several_places_skips_only_what_is_damaged(tmp_path: Path) -> 
         f.write(b"\x7f")
     log = SegmentLog(tmp_path)
     assert sorted(set(range(1, 201)) - set(stored(log))) == [11, 12, 13, 101, 151]
+    assert (log.skipped_from(1), log.skipped_from(12), log.skipped_from(151)) == (5, 4, 1)
     assert [(r.offset, r.dropped_records_after) for r in log.recovery] == [
         (360, 3), (3600, 1), (5400, 1),
     ]  # fmt: skip
@@ -442,6 +443,7 @@ def test_a_flip_while_running_is_never_returned(
     flip(path, 499 * 36 + 30)  # record 500
     with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
         assert sorted(set(range(1, 1001)) - set(stored(log))) == [500]
+        assert (log.skipped_from(1), log.skipped_from(501)) == (1, 0)
         assert sorted(set(range(1, 1001)) - set(stored(log, batch=1000))) == [500]
         assert log.read(500, 2) == [(501, p20(501)), (502, p20(502))]
         assert log.read(700, 1) == [(700, p20(700))]  # random access walks past it
