@@ -350,6 +350,9 @@ class SegmentLog:
                     seq, total, off = seq + 1, total + n, roff + HEADER_SIZE + n
                     if len(out) >= max_records:
                         break
+                else:
+                    if seq < seg.end:  # the file ended before its records did
+                        raise Damaged(off, "segment file ends early")
             except Damaged as exc:
                 seg, off, seq = self._skip_damage(seg, exc.offset, seq, exc.reason)
         self._remember(seq, seg, off)
@@ -411,7 +414,8 @@ class SegmentLog:
                     at, off = at + 1, off + HEADER_SIZE + n
                     if at == seq:
                         break
-            except Damaged as exc:
+                break  # at seq, or at the end of the file (which the read then finds)
+            except Damaged as exc:  # each skip moves ``off`` forward: the loop ends
                 seg, off, at = self._skip_damage(seg, exc.offset, at, exc.reason)
         return seg, off, at
 
