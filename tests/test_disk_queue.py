@@ -555,3 +555,26 @@ async def test_a_bit_flip_while_running_is_never_delivered(settings: Settings) -
         directory = queue_directory(settings.queue_dir, b"diskq")
         assert (directory / "damaged" / f"{segment.name}@{starts[6]}").exists()
         await s.close()
+
+
+async def test_a_replay_read_of_a_range_ends_at_its_end_past_a_skipped_record(
+    settings: Settings,
+) -> None:
+    await leave_waiting(settings, [b"message %d" % i for i in range(10)])
+    (segment,) = sorted(queue_directory(settings.queue_dir, b"diskq").glob("*.seg"))
+    _flip(segment, _record_offsets(segment)[4] + 30)  # seq 5
+    async with Broker(settings) as broker:
+        from fqbroker.replay import decode_entries
+
+        from .test_replay import get
+
+        for start, stop, seqs in (
+            (5, 6, []),
+            (4, 6, [4]),
+            (5, 8, [6, 7]),
+            (3, 11, [3, 4, 6, 7, 8, 9, 10]),
+        ):
+            target = f"/queue/read?queue=diskq&from={start}&to={stop}"
+            status, _, body = await asyncio.to_thread(get, broker.port, target)
+            assert status == 200, body
+            assert [e.seq for e in decode_entries(body)] == seqs, (start, stop)
