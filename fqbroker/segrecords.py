@@ -199,6 +199,9 @@ def copy_aside(directory: Path, fd: int, segment: str, start: int, end: int) -> 
             write_all(out, chunk, off - start)
             off += len(chunk)
         os.fsync(out)
+    except OSError:
+        (aside / name).unlink(missing_ok=True)  # a full disk: keep what room is left
+        raise
     finally:
         os.close(out)
     fsync_path(aside)

@@ -211,6 +211,9 @@ def _split_off(directory: Path, fd: int, run: _Run) -> Segment:
             write_all(out, chunk, off - run.start)
             off += len(chunk)
         os.fsync(out)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # a full disk: keep what room is left
+        raise
     finally:
         os.close(out)
     os.replace(tmp, path)

@@ -560,6 +560,42 @@ def test_failed_write_leaves_the_log_unchanged(tmp_path: Path) -> None:
     assert contents(log) == [b"a" * 100] * 20 + [b"e"]
 
 
+_NO_ROOM = r"""
+import json, os, resource, signal, sys
+from pathlib import Path
+from fqbroker.segmentlog import SegmentLog
+
+d = Path(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    SegmentLog(d)
+except OSError as exc:
+    print(json.dumps({"errno": exc.errno}))
+"""
+
+
+def test_no_room_to_move_damage_aside_changes_nothing(tmp_path: Path) -> None:
+    """The good records after damage need a file of their own; on a disk without room
+    for it the log refuses to open and leaves no half-written file behind."""
+    log = SegmentLog(tmp_path)
+    log.append([p20(i) for i in range(1, 1001)])  # 36,000 bytes
+    log.close()
+    (path,) = segments(tmp_path)
+    before = flip(path, 36 + 30)  # record 2: 998 good records after it, 35,928 bytes
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_ROOM, str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(done.stdout) == {"errno": 27}  # EFBIG, as ENOSPC would be
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob("*.tmp"))
+    log = SegmentLog(tmp_path)  # with room: recovered
+    assert sorted(set(range(1, 1001)) - set(stored(log))) == [2]
+    log.close()
+
+
 def test_sync_from_another_thread_while_appending(tmp_path: Path) -> None:
     log = SegmentLog(tmp_path, segment_bytes=4096)
     stop = threading.Event()
