@@ -76,10 +76,12 @@ def check_format(directory: Path, error: Report) -> int | None:
             "segment log records: not opened, nothing changed"
         )
     version = 1 if has_v1 and not has_v2 else 2
+    if version == 2 and (directory / SKIPPED).exists():
+        version = 3  # it has gaps: a format 2 reader must keep refusing it
     reason = f"FORMAT file {what}; rewritten (the files are a segment log's)"
     error("FORMAT", 0, reason, 0)
-    if version == 2:  # a format 1 log gets it from its conversion
-        write_format(directory, FORMAT_LINE)
+    if version > 1:  # a format 1 log gets it from its conversion
+        write_format(directory, FORMAT_GAPS if version == 3 else FORMAT_LINE)
     return version
 
 

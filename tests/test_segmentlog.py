@@ -472,6 +472,11 @@ def test_missing_middle_segment_leaves_a_gap(tmp_path: Path) -> None:
     assert report.dropped_records_after == 2
     assert (tmp_path / "FORMAT").read_text() == "fqbroker-segmentlog 3\n"
     log.close()
+    (tmp_path / "FORMAT").unlink()  # lost again: rewritten as 3, since the log has a gap
+    log = SegmentLog(tmp_path, segment_bytes=100)
+    assert [r.segment for r in log.recovery] == ["FORMAT"]
+    assert (tmp_path / "FORMAT").read_text() == "fqbroker-segmentlog 3\n"
+    log.close()
 
 
 @pytest.mark.parametrize("tail", [b"\0" * 4096, b"\0" * 7, os.urandom(1000)])
