@@ -300,7 +300,8 @@ class DiskStore:
         else:
             records = self.log.read(cursor, n)  # seqs may skip damage (docs/disk-format.md)
             if not records:
-                self._cursor = max(cursor, self.log.next_seq)  # nothing readable is left
+                if self.log.skipped_from(cursor) >= self.log.next_seq - cursor > 0:
+                    self._cursor = self.log.next_seq  # what is left was all skipped
                 return []
             out = [_delivered(seq, record) for seq, record in records]
             cursor, last = records[0][0], records[-1][0]
