@@ -4,6 +4,7 @@ failed fsyncs."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -578,3 +579,22 @@ async def test_a_replay_read_of_a_range_ends_at_its_end_past_a_skipped_record(
             status, _, body = await asyncio.to_thread(get, broker.port, target)
             assert status == 200, body
             assert [e.seq for e in decode_entries(body)] == seqs, (start, stop)
+
+
+async def test_a_flipped_byte_in_the_first_of_six_segments_loses_one_message(
+    settings: Settings,
+) -> None:
+    """The issue's case through a broker: on dea3d4e the five later segments were deleted
+    (the messages in them gone); now exactly the damaged message is missing."""
+    settings = dataclasses.replace(settings, segment_bytes=8192)
+    payloads = [b"message %04d" % i for i in range(600)]
+    await leave_waiting(settings, payloads)
+    files = sorted(queue_directory(settings.queue_dir, b"diskq").glob("*.seg"))
+    assert len(files) >= 6
+    _flip(files[0], _record_offsets(files[0])[20] + 40)  # seq 21
+    async with Broker(settings) as broker:
+        assert broker.queues[b"diskq"].backlog == 599
+        s = await open_session(broker.port, b"u", DISKQ)
+        got = await s.receive(599)
+        assert [m.payload for m in got] == payloads[:20] + payloads[21:]
+        await s.close()
