@@ -314,6 +314,10 @@ def test_torn_tail_drops_only_the_partial_record(
     assert report.dropped_records_after == 1
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert path.stat().st_size == last
+    # The torn record is cut off, as the end of the log, but its bytes are kept aside.
+    assert report.moved_to == f"damaged/{path.name}@{last}"
+    assert (tmp_path / report.moved_to).stat().st_size == at - last
+    assert (log.corrupt_records, log.corrupt_bytes) == (0, 0)  # a crash, not damage
     assert log.append([b"new"]) == 5
     log.close()
     log = SegmentLog(tmp_path)
@@ -499,6 +503,9 @@ def test_zero_filled_or_garbage_tail(
         assert report.reason == "zero-filled tail"
         assert report.dropped_records_after == 0
         assert [r.levelno for r in caplog.records] == [logging.WARNING]
+        assert report.moved_to == "" and not (tmp_path / "damaged").exists()  # zeros
+    else:
+        assert (tmp_path / report.moved_to).read_bytes() == tail
     assert path.stat().st_size == size
 
 
