@@ -712,6 +712,36 @@ def test_a_missing_or_damaged_format_file_is_rewritten(
     assert SegmentLog(tmp_path).recovery == []
 
 
+class _FullDisk:
+    """Stands in for ``os`` in fqbroker.segmentlog: creating a file fails with ENOSPC, as
+    on a disk with no inode or directory block left; everything else is the real call."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def open(self, path: object, flags: int, *args: int) -> int:
+        if flags & os.O_CREAT and not Path(str(path)).exists():
+            raise OSError(28, os.strerror(28))
+        return os.open(path, flags, *args)  # type: ignore[arg-type]
+
+
+def test_a_drained_log_that_cannot_create_a_file_keeps_going(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SegmentLog(tmp_path)
+    log.append([b"x" * 1000] * 300)
+    log.set_checkpoint("fq", 301)
+    monkeypatch.setattr(segmentlog, "os", _FullDisk())
+    assert log.trim() == 0  # no new segment: the old one stays, nothing is lost
+    assert [p.name for p in segments(tmp_path)] == [f"{1:020d}.seg"]
+    assert log.append([b"y"]) == 301  # and it still takes writes
+    log.set_checkpoint("fq", 302)
+    monkeypatch.undo()
+    assert log.trim() == 301 * HEADER_SIZE + 300 * 1000 + 1  # with room: given back
+    assert [p.name for p in segments(tmp_path)] == [f"{302:020d}.seg"]
+    log.close()
+
+
 def test_segments_that_are_not_ours_are_refused(tmp_path: Path) -> None:
     (tmp_path / f"{1:020d}.seg").write_bytes(os.urandom(100))
     with pytest.raises(LogFormatError, match="do not start with segment log records"):
