@@ -364,10 +364,17 @@ class DiskStore:
             self._sync_task.cancel()
         self._dirty.discard(self)
         if destroy:
+            written = self.written_seq
             self.log.destroy()
+            # The queue is gone with what it held, as a memory queue goes: confirms waiting
+            # on it have nothing left to wait for, and would otherwise wait forever.
+            self._set_durable(written)
             return
         with contextlib.suppress(OSError):
             self.flush()
-        with contextlib.suppress(OSError):
-            self.log.sync()
+        try:
+            self._set_durable(self.log.sync())
+        except OSError:
+            self._failed_through = max(self._failed_through, self.written_seq)
+            self._wake_waiters()
         self.log.close()

@@ -598,3 +598,26 @@ async def test_a_flipped_byte_in_the_first_of_six_segments_loses_one_message(
         got = await s.receive(599)
         assert [m.payload for m in got] == payloads[:20] + payloads[21:]
         await s.close()
+
+
+async def test_a_confirm_waiting_on_a_queue_its_consumer_deletes_is_answered(
+    settings: Settings,
+) -> None:
+    """A private disk queue goes when its last client leaves. A confirm waiting for an fsync
+    of that queue got no answer ever (fq-send --confirm hung about one run in six when its
+    fq-recv left first): the messages were accepted into a queue that is now gone, and the
+    confirm succeeds as it would for a memory queue whose consumer left."""
+    slow = dataclasses.replace(settings, fsync_interval_ms=600_000.0)  # one fsync, then none
+    async with Broker(slow) as broker:
+        consumer = await open_session(broker.port, b"u", b"gone\x00disk:backlog=-1")
+        await consumer.bind(b"ex", b"prefix:")
+        async with Client(port=broker.port, reconnect=False) as publisher:
+            publisher.publish(b"ex", b"r", b"first")  # its fsync starts the interval
+            assert await publisher.confirm() == 1
+            publisher.publish(b"ex", b"r", b"second")  # covered by no fsync for 10 minutes
+            confirm = asyncio.ensure_future(publisher.confirm())
+            store_ = broker.queues[b"gone"].store
+            await wait_for(lambda: store_.written_seq == 2 and store_.durable_seq == 1)
+            await consumer.close()
+            async with asyncio.timeout(10):
+                assert await confirm == 2
