@@ -5,7 +5,7 @@ Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`
 messages separated by NUL bytes on file descriptors 3 and 4), so no websocket library is
 needed. The tests save screenshots, light and dark, under ``$FQ_TEST_ARTIFACTS`` (default
 ``var/test-artifacts``): ``webui*.png`` and ``webui-peers*.png``. Without Chromium they
-skip; ``.ci/run`` installs Debian's package.
+skip, or fail with ``CI`` set (tests/prereqs.py); ``.ci/run`` installs Debian's package.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from fqbroker.config import Settings, Upstream
 from fqbroker.server import Broker
 
 from .conftest import TIMEOUT, Session, open_session
+from .prereqs import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = 'webui "live" ✓'
@@ -249,7 +248,7 @@ async def drain(consumer: Session) -> None:
 def require_chromium() -> str:
     chromium = find_chromium()
     if chromium is None:
-        pytest.skip(
+        missing(
             "headless Chromium not found: install Debian's chromium package "
             "(apt-get install chromium; .ci/run does it) or set FQ_CHROMIUM"
         )

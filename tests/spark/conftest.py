@@ -3,7 +3,7 @@
 SparkSession start-up costs seconds and the first query of a session more (specs/spark.md
 §3.2), so both are shared by every test here; tests keep apart by using their own
 exchanges, queues and checkpoint directories. They skip, saying why, without pyspark (the
-``spark`` extra) or Java 17+ (``make java``).
+``spark`` extra) or Java 17+ (``make java``); with ``CI`` set they fail instead (tests/prereqs.py).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fqbroker.client import Client, ClientClosed
 from fqbroker.message import Message
 from fqbroker.replayclient import ReplayClient
 
+from ..prereqs import missing, require_module
 from ..procs import ENV, ROOT
 
 TIMEOUT = 10.0
@@ -52,11 +53,11 @@ def java_problem() -> str | None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark", reason="the spark extra is not installed")
-    pytest.importorskip("pyarrow", reason="the spark extra is not installed")
+    require_module("pyspark", "the spark extra is not installed (`make spark`)")
+    require_module("pyarrow", "the spark extra is not installed (`make spark`)")
     problem = java_problem()
     if problem:
-        pytest.skip(f"Spark needs Java 17+ ({problem}); `make java` installs it")
+        missing(f"Spark needs Java 17+ ({problem}); `make java` installs it")
     from pyspark.sql import SparkSession
 
     # Workers must run this venv's Python, not the first python3 on PATH; the repository
