@@ -164,16 +164,34 @@ async def publish(node: Node, payloads: Iterable[bytes], sender: str = "pub") ->
         await pub.flush()
 
 
-async def collect(client: Client, expected: int, settle: float = 0.3) -> list[Message]:
-    """Everything the client gets: ``expected`` messages, then whatever else comes soon."""
+async def collect(client: Client, expected: int) -> list[Message]:
+    """The next ``expected`` messages the client gets (see until_markers for "and no more")."""
     got: list[Message] = []
     async with asyncio.timeout(TIMEOUT * 3):
         while len(got) < expected:
             got.append(await client.receive())
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(settle):
-            while True:
-                got.append(await client.receive())
+    return got
+
+
+async def until_markers(client: Client, markers: dict[bytes, int]) -> list[Message]:
+    """What the client gets until it has had each marker as many times as given; the
+    markers left out.
+
+    A marker is published last, on the connection that published the messages before it,
+    and every path between brokers is first in, first out: once a marker came by every
+    path it can take, so did everything published before it, and any copy too many was
+    seen. This is what the tests wait on rather than for a quiet moment.
+    """
+    got: list[Message] = []
+    left = collections.Counter(markers)
+    async with asyncio.timeout(TIMEOUT * 3):
+        while +left:
+            msg = await client.receive()
+            if msg.payload in markers:
+                left[msg.payload] -= 1
+                assert left[msg.payload] >= 0, f"{msg.payload!r} came more often than expected"
+            else:
+                got.append(msg)
     return got
 
 
@@ -209,8 +227,8 @@ async def test_one_way_keeps_sender_and_stacks_hops(cluster: Cluster, tmp_path: 
     assert [c["mode"] for c in upstream_side if c["user"] == "fqd-peerb"] == ["peer"]
 
     sub_b = await subscriber(b)
-    await publish(a, [b"hello"], sender="pubA")
-    (msg,) = await collect(sub_b, 1)
+    await publish(a, [b"hello", b"end"], sender="pubA")
+    (msg,) = await until_markers(sub_b, {b"end": 1})
     assert (msg.payload, msg.sender, msg.exchange) == (b"hello", b"pubA", EXCHANGE)
     assert hop_addresses(msg.hops) == [NODES["B"], NODES["A"], "127.0.0.1"]
     await sub_b.close()
@@ -219,7 +237,9 @@ async def test_one_way_keeps_sender_and_stacks_hops(cluster: Cluster, tmp_path: 
     samples = await b.metrics()
     assert samples[("fq_peer_up", frozenset(labels.items()))] == 1
     assert samples[("fq_peer_reconnects_total", frozenset(labels.items()))] == 0
-    assert samples[("fq_peer_messages_received_total", frozenset(labels.items()))] == 1
+    assert (
+        samples[("fq_peer_messages_received_total", frozenset(labels.items()))] == 2
+    )  # hello and the marker
 
 
 async def test_two_way_delivers_each_message_once_everywhere(cluster: Cluster) -> None:
@@ -231,9 +251,9 @@ async def test_two_way_delivers_each_message_once_everywhere(cluster: Cluster) -
     await b.peers_bound(1)
     sub_a, sub_b = await subscriber(a), await subscriber(b)
     sent = payloads("a", 500) + payloads("b", 500)
-    await asyncio.gather(publish(a, sent[:500]), publish(b, sent[500:]))
+    await asyncio.gather(publish(a, [*sent[:500], b"end-a"]), publish(b, [*sent[500:], b"end-b"]))
     for sub in (sub_a, sub_b):
-        got = counts(await collect(sub, len(sent)))
+        got = counts(await until_markers(sub, {b"end-a": 1, b"end-b": 1}))
         assert got == collections.Counter(sent)
         await sub.close()
     stats = {n.name: (await n.stats())["peers"][0] for n in (a, b)}
@@ -254,19 +274,19 @@ async def test_ring_of_three_delivers_exactly_once(cluster: Cluster) -> None:
     subs = [await subscriber(n) for n in (a, b, c)]
     sent = payloads("a", 3334) + payloads("b", 3333) + payloads("c", 3333)
     assert len(sent) == 10_000
+    ends = {b"end-a": 1, b"end-b": 1, b"end-c": 1}
     await asyncio.gather(
-        publish(a, sent[:3334]), publish(b, sent[3334:6667]), publish(c, sent[6667:])
+        publish(a, [*sent[:3334], b"end-a"]),
+        publish(b, [*sent[3334:6667], b"end-b"]),
+        publish(c, [*sent[6667:], b"end-c"]),
     )
     for sub in subs:
-        got = counts(await collect(sub, len(sent)))
+        got = counts(await until_markers(sub, ends))
         assert got == collections.Counter(sent), "every message exactly once"
         await sub.close()
-    # No message circulates: each exchange saw each message once, and stays there.
+    # No message circulates: each exchange saw each message (markers too) once.
     for node in (a, b, c):
-        assert await exchange_messages(node) == 10_000
-    await asyncio.sleep(0.5)
-    for node in (a, b, c):
-        assert await exchange_messages(node) == 10_000
+        assert await exchange_messages(node) == 10_003
 
 
 async def mesh(cluster: Cluster, *args: str) -> list[Node]:
@@ -286,16 +306,15 @@ async def test_full_mesh_does_not_circulate_and_delivers_a_second_copy(
     a, b, c = await mesh(cluster)
     subs = [await subscriber(n) for n in (a, b, c)]
     sent = payloads("a", 1000)
-    await publish(a, sent)
+    await publish(a, [*sent, b"end-a"])
     # As with fqd: A's own subscriber once; B and C once directly, once by the other path.
     expected = {"A": 1, "B": 2, "C": 2}
     for node, sub in zip((a, b, c), subs, strict=True):
-        got = counts(await collect(sub, len(sent) * expected[node.name], settle=0.5))
+        got = counts(await until_markers(sub, {b"end-a": expected[node.name]}))
         assert got == collections.Counter({p: expected[node.name] for p in sent}), node.name
         await sub.close()
-    totals = [await exchange_messages(n) for n in (a, b, c)]
-    await asyncio.sleep(0.5)
-    assert [await exchange_messages(n) for n in (a, b, c)] == totals == [1000, 2000, 2000]
+    # Every copy has arrived by every path (the markers did): nothing goes round again.
+    assert [await exchange_messages(n) for n in (a, b, c)] == [1001, 2002, 2002]
 
 
 async def test_full_mesh_with_dedupe_delivers_once(cluster: Cluster, tmp_path: Path) -> None:
@@ -304,14 +323,22 @@ async def test_full_mesh_with_dedupe_delivers_once(cluster: Cluster, tmp_path: P
     a, b, c = await mesh(cluster, "--config", str(conf))
     subs = [await subscriber(n) for n in (a, b, c)]
     sent = payloads("a", 500) + payloads("b", 500)
-    await asyncio.gather(publish(a, sent[:500]), publish(b, sent[500:]))
+    await asyncio.gather(publish(a, [*sent[:500], b"end-a"]), publish(b, [*sent[500:], b"end-b"]))
     for sub in subs:
-        assert counts(await collect(sub, len(sent), settle=0.5)) == collections.Counter(sent)
+        got = counts(await until_markers(sub, {b"end-a": 1, b"end-b": 1}))
+        assert got == collections.Counter(sent)
         await sub.close()
-    stats = [await n.stats() for n in (a, b, c)]
-    dropped = sum(p["duplicates"] for s in stats for p in s["peers"])
-    # Each message reached the two brokers that did not publish it by two paths.
-    assert dropped == 2 * len(sent)
+
+    # Each message (markers too) reached the two brokers that did not publish it by two
+    # paths: one copy each was dropped, and none went into an exchange.
+    async def all_second_copies_dropped() -> bool | None:
+        stats = [await n.stats() for n in (a, b, c)]
+        dropped = sum(p["duplicates"] for s in stats for p in s["peers"])
+        assert dropped <= 2 * (len(sent) + 2)
+        return dropped == 2 * (len(sent) + 2) or None
+
+    await poll(all_second_copies_dropped)
+    assert [await exchange_messages(n) for n in (a, b, c)] == [1002, 1002, 1002]
 
 
 # --- failures and configuration changes --------------------------------------------------------
@@ -324,15 +351,16 @@ async def test_upstream_restart_reconnects_and_loses_nothing(cluster: Cluster) -
     await b.peers_bound(1)
     sub_b = await subscriber(b)
     await publish(a, payloads("before", 200))
-    received = await collect(sub_b, 200, settle=0)
+    received = await collect(sub_b, 200)
 
     await cluster.restart(a)  # same port, same data: the permanent queue comes back
     # Published before B is back: waits in A's permanent queue.
     await publish(a, payloads("outage", 200))
     (peer,) = await b.peers_bound(1)
     assert peer["reconnects"] >= 1
-    await publish(a, payloads("after", 200))
-    received += await collect(sub_b, 400, settle=0.3)
+    await publish(a, [*payloads("after", 200), b"end"])
+    # A redelivers what it sent before its crash (at least once): copies are allowed.
+    received += await until_markers(sub_b, {b"end": 1})
     await sub_b.close()
     want = payloads("before", 200) + payloads("outage", 200) + payloads("after", 200)
     assert set(counts(received)) == set(want), "nothing lost"
@@ -356,10 +384,10 @@ async def test_downstream_outage_loses_nothing(cluster: Cluster) -> None:
     # fq has no consumer acknowledgements: what is in flight to B when it dies is gone.
     await poll(held_by_b)
     await cluster.kill(b)
-    await publish(a, payloads("down", 300))
+    await publish(a, [*payloads("down", 300), b"end"])
     await cluster.restart(b)
     async with Client(port=b.port, source=source) as sub:
-        received = await collect(sub, 400)
+        received = await until_markers(sub, {b"end": 1})
     assert counts(received) == collections.Counter(payloads("up", 100) + payloads("down", 300))
 
 
@@ -536,7 +564,7 @@ async def test_an_upstream_refusing_auth_is_retried_with_backoff_until_the_row_i
         assert peer["source"] == "fqd-peerb/from-a/mem:backlog=-1"
         sub_b = await subscriber(b)
         await publish(a, [b"after the fix"])
-        assert [m.payload for m in await collect(sub_b, 1, settle=0)] == [b"after the fix"]
+        assert [m.payload for m in await collect(sub_b, 1)] == [b"after the fix"]
         await sub_b.close()
 
 
@@ -563,7 +591,7 @@ async def test_a_program_the_upstream_refuses_leaves_the_other_rows_working(
     assert [r["program"] for r in await routes_on(a)] == ['prefix:"r.ok."']
     sub_b = await subscriber(b)
     await publish(a, [b"ok.1"])
-    assert [m.payload for m in await collect(sub_b, 1, settle=0)] == [b"ok.1"]
+    assert [m.payload for m in await collect(sub_b, 1)] == [b"ok.1"]
 
     # Fixing the refused row binds it, on the same connection.
     update_upstreams(b, "program = ? WHERE program = ?", 'prefix:"r.late."', "nonsense")
@@ -571,7 +599,7 @@ async def test_a_program_the_upstream_refuses_leaves_the_other_rows_working(
     (peer,) = (await b.stats())["peers"]
     assert peer["reconnects"] == 0 and len(peer["bindings"]) == 2
     await publish(a, [b"late.1"])
-    assert [m.payload for m in await collect(sub_b, 1, settle=0)] == [b"late.1"]
+    assert [m.payload for m in await collect(sub_b, 1)] == [b"late.1"]
     await sub_b.close()
 
 
@@ -585,7 +613,7 @@ async def test_a_modified_row_moves_the_link_to_its_new_program_and_upstream(
     await b.peers_bound(1)
     sub_b = await subscriber(b)
     await publish(a, [b"x.1"])
-    assert [m.payload for m in await collect(sub_b, 1, settle=0)] == [b"x.1"]
+    assert [m.payload for m in await collect(sub_b, 1)] == [b"x.1"]
 
     # A new program: unbound and bound again on A, on the same connection.
     update_upstreams(b, "program = ?", 'prefix:"r.y."')
@@ -597,7 +625,7 @@ async def test_a_modified_row_moves_the_link_to_its_new_program_and_upstream(
     (peer,) = await b.peers_bound(1)
     assert peer["bindings"][0]["program"] == 'prefix:"r.y."' and peer["reconnects"] == 0
     await publish(a, [b"x.2", b"y.2"])  # in order on one path: x.2 would come first
-    assert [m.payload for m in await collect(sub_b, 1, settle=0)] == [b"y.2"]
+    assert [m.payload for m in await collect(sub_b, 1)] == [b"y.2"]
 
     # A new port: the link to A goes (its binding with it), one to C takes its place.
     update_upstreams(b, "port = ?", c.port)
@@ -612,7 +640,7 @@ async def test_a_modified_row_moves_the_link_to_its_new_program_and_upstream(
     await poll(moved)
     await b.peers_bound(1)
     await publish(c, [b"y.3"])
-    assert [m.payload for m in await collect(sub_b, 1, settle=0)] == [b"y.3"]
+    assert [m.payload for m in await collect(sub_b, 1)] == [b"y.3"]
     await sub_b.close()
 
 
@@ -626,7 +654,7 @@ async def test_a_lost_upstream_is_retried_with_growing_delays_and_reconnects(
         await b.peers_bound(1)
         sub_b = await subscriber(b)
         await publish(a, [b"before"])
-        assert [m.payload for m in await collect(sub_b, 1, settle=0)] == [b"before"]
+        assert [m.payload for m in await collect(sub_b, 1)] == [b"before"]
 
         first = len(switch.attempts)
         switch.off()  # the upstream is gone: B's link reconnects (fqbroker.client)
@@ -643,7 +671,7 @@ async def test_a_lost_upstream_is_retried_with_growing_delays_and_reconnects(
         )
         await b.peers_bound(1)
         await publish(a, [b"after"])
-        assert [m.payload for m in await collect(sub_b, 1, settle=0)] == [b"after"]
+        assert [m.payload for m in await collect(sub_b, 1)] == [b"after"]
         await sub_b.close()
 
 
