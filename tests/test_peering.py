@@ -237,9 +237,8 @@ async def test_one_way_keeps_sender_and_stacks_hops(cluster: Cluster, tmp_path: 
     samples = await b.metrics()
     assert samples[("fq_peer_up", frozenset(labels.items()))] == 1
     assert samples[("fq_peer_reconnects_total", frozenset(labels.items()))] == 0
-    assert (
-        samples[("fq_peer_messages_received_total", frozenset(labels.items()))] == 2
-    )  # hello and the marker
+    received = samples[("fq_peer_messages_received_total", frozenset(labels.items()))]
+    assert received == 2  # hello and the marker
 
 
 async def test_two_way_delivers_each_message_once_everywhere(cluster: Cluster) -> None:
