@@ -510,8 +510,17 @@ class Switch:
         writer.close()
 
 
-def gaps(times: list[float]) -> list[float]:
-    return [b - a for a, b in itertools.pairwise(times)]
+def assert_never_sooner(attempts: list[float], since: float, waits: list[float]) -> None:
+    """Each attempt came no sooner after ``since`` than the waits before it allow.
+
+    ``attempts`` are when this process saw them, never before they happened, and
+    ``since`` was taken before anything could attempt: a slow machine only makes them
+    later. So this fails for a backoff that is too fast, never for a loaded machine.
+    """
+    earliest = list(itertools.accumulate(waits))
+    seen = [t - since for t in attempts[: len(waits)]]
+    assert len(seen) == len(waits)
+    assert all(s >= e for s, e in zip(seen, earliest, strict=True)), (seen, earliest)
 
 
 def update_upstreams(node: Node, assignments: str, *params: object) -> None:
@@ -543,12 +552,12 @@ async def test_an_upstream_refusing_auth_is_retried_with_backoff_until_the_row_i
     b = await cluster.start("B", "--config", str(fast_poll(tmp_path)))
     async with Switch(a.port) as switch:
         upstream = Node("A", a.state, a.proc, switch.port)  # B reaches A through the switch
+        since = asyncio.get_running_loop().time()
         b.add_upstream(upstream, source="fqd-peerb/from-a/mem:bogus")
-        # A answers every attempt "invalid queue param: bogus"; B keeps asking, ever slower.
+        # A answers every attempt "invalid queue param: bogus"; B keeps asking, ever slower:
+        # PeerLink._connect tries at once, then waits 50 ms doubling, each x0.8..1.2.
         attempts = await switch.attempts_reach(6)
-        # PeerLink._connect: 50 ms doubling, jitter x0.8..1.2: never faster than this.
-        for i, gap in enumerate(gaps(attempts[:6])):
-            assert gap >= 0.8 * min(0.05 * 2**i, 2.0), (i, gaps(attempts))
+        assert_never_sooner(attempts, since, [0.0] + [0.8 * 0.05 * 2**i for i in range(5)])
         (peer,) = (await b.stats())["peers"]
         assert (peer["state"], peer["reconnects"], peer["bindings"][0]["route_id"]) == (
             "connecting",
@@ -656,11 +665,12 @@ async def test_a_lost_upstream_is_retried_with_growing_delays_and_reconnects(
         assert [m.payload for m in await collect(sub_b, 1)] == [b"before"]
 
         first = len(switch.attempts)
+        since = asyncio.get_running_loop().time()
         switch.off()  # the upstream is gone: B's link reconnects (fqbroker.client)
         attempts = (await switch.attempts_reach(first + 7))[first:]
-        # The client's backoff: 16 ms doubling to 1 s, +-4 ms: never faster than this.
-        for i, gap in enumerate(gaps(attempts[:7])):
-            assert gap >= min(0.016 * 2 ** (i + 1), 1.0) - 0.004, (i, gaps(attempts))
+        # The client's backoff waits before each attempt: 16 ms doubling to 1 s, +-4 ms.
+        waits = [min(0.016 * 2**i, 1.0) - 0.004 for i in range(7)]
+        assert_never_sooner(attempts, since, waits)  # seven attempts take 2 s at least
         (peer,) = (await b.stats())["peers"]
         assert peer["state"] == "reconnecting"
 
