@@ -26,12 +26,14 @@ $(SPARK_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,uvloop,spark]'
 	touch $@
 
-# Java 17+ for Spark, with apt-get (root, as on CI). Without it tests/spark skip and say why.
+# Java 17+ for Spark, with apt-get (root, as on CI). Without it tests/spark skip and say
+# why; with CI set this target fails instead, and so would the tests (tests/prereqs.py).
 java:
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq openjdk-17-jre-headless </dev/null >/dev/null; } || \
-	  echo "Java 17 could not be installed; the Spark tests will be skipped" >&2
+	  { echo "Java 17 could not be installed; the Spark tests will be skipped" >&2; \
+	    case "$${CI:-}" in ""|0|false|no) ;; *) exit 1;; esac; }
 
 # The npm fq client is the independent interop client for the wire tests.
 node: $(NODE_STAMP)
@@ -40,7 +42,8 @@ $(NODE_STAMP): tests/interop/package.json
 	cd tests/interop && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
-# Headless Chromium for tests/test_webui.py, which skips without it (needs root for apt-get).
+# Headless Chromium for tests/test_webui.py (needs root for apt-get). Without it the test
+# skips and says why, except with CI set, where it fails (tests/prereqs.py).
 chromium:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium </dev/null; }

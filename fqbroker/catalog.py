@@ -15,6 +15,7 @@ from .errors import FqError, ProgramError, QueueError
 from .queue import Queue
 from .queuespec import QueueKind, QueueSpec
 from .router import Binding, ClientStats, Router
+from .segmentlog import LogFormatError
 from .state import ConfigStore, StoredBinding
 from .store import DiskStore, open_disk_store
 from .wire import BIND_ILLEGAL, BindFlags
@@ -69,7 +70,9 @@ class Catalog:
         if spec.kind is QueueKind.DISK:
             try:
                 store = open_disk_store(self.settings, spec.name, spec.fsync, self.dirty)
-            except OSError as exc:
+            except (OSError, LogFormatError) as exc:
+                # One line, and the client is told: no traceback for a directory we cannot
+                # read (docs/disk-format.md, "Versioning"); its config row stays.
                 log.error("disk queue %r: %s", spec.name, exc)
                 raise QueueError("initialization of disk queue failed") from exc
             return Queue(spec, store)

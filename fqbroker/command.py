@@ -52,6 +52,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         "_last_read",
         "_last_sent",
         "_next_beat",
+        "_pairing",
         "_replies",
         "broker",
         "data",
@@ -75,6 +76,9 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         self.key = b""
         self.stats = ClientStats()
         self.data: DataSession | None = None
+        # Confirms that arrived before the data socket first paired wait on this; once it
+        # has paired it is None for good, and a missing channel is an answer at once.
+        self._pairing: asyncio.Future[None] | bool = False
         self.heartbeat_ms = 0
         now = broker.heartbeats.time()
         self._last_read = now
@@ -244,10 +248,29 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             case wire.ConfirmRequest(count):
                 self._reply_later(self._confirm(count))
 
+    def paired(self, data: DataSession) -> None:
+        """The data socket presenting this session's key has paired with it."""
+        self.data = data
+        if isinstance(self._pairing, asyncio.Future) and not self._pairing.done():
+            self._pairing.set_result(None)
+        self._pairing = True
+
     async def _confirm(self, count: int) -> wire.Frame:
+        if self.data is None and self._pairing is not True:
+            await self._wait_for_pairing()
         data = self.data
         why = "no data channel" if data is None else await data.confirm(count)
         return wire.Confirmed(count) if why is None else wire.ConfirmFailed(count, why)
+
+    async def _wait_for_pairing(self) -> None:
+        # A client writes its first messages on the data socket and then confirms on the
+        # command socket; the broker may read the confirm before it has even accepted the
+        # data socket. Failing it would make a retrying publisher send duplicates.
+        if not isinstance(self._pairing, asyncio.Future):
+            self._pairing = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.broker.settings.confirm_pair_timeout):
+                await asyncio.shield(self._pairing)
 
     def status_items(self) -> tuple[tuple[str, int], ...]:
         assert self.queue is not None

@@ -72,6 +72,7 @@ class Settings:
     upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
     peer_dedupe: int = 0  # message ids from peers remembered to drop repeats; 0: off, as fqd
+    confirm_pair_timeout: float = 10.0  # seconds a confirm waits for the data socket to pair
     # --- P8 resource limits and bad input (docs/limits.md) ---
     max_connections: int = 0  # all connections; 0: from RLIMIT_NOFILE, an eighth kept back
     max_connections_per_address: int = 0  # from one source address; 0: no such limit

@@ -222,7 +222,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
             return
         self.owner = owner
         self.peer_id = hello.peer_id
-        owner.data = self
+        owner.paired(self)
         leftover = self.hello.unconsumed()
         self.hello = None
         self.phase = Phase.STREAMING

@@ -176,6 +176,16 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
     fsyncs = CounterMetricFamily(
         "fq_queue_fsyncs", "fsync calls made by the disk queue.", labels=labels
     )
+    corrupt_records = CounterMetricFamily(
+        "fq_queue_corrupt_records",
+        "Records of the disk queue skipped over damage since it was opened.",
+        labels=labels,
+    )
+    corrupt_bytes = CounterMetricFamily(
+        "fq_queue_corrupt_bytes",
+        "Damaged bytes of the disk queue skipped (and copied aside) since it was opened.",
+        labels=labels,
+    )
     for q in snap.queues:
         name = [_label(q.name)]
         info.add_metric(
@@ -204,9 +214,14 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
             fsyncs.add_metric(name, q.fsyncs)
         if q.fsync_last_seconds is not None:
             fsync_last.add_metric(name, q.fsync_last_seconds)
+        if q.corrupt_records is not None:
+            corrupt_records.add_metric(name, q.corrupt_records)
+        if q.corrupt_bytes is not None:
+            corrupt_bytes.add_metric(name, q.corrupt_bytes)
     yield from (info, backlog, limit, dropped, clients)
     # Disk families appear once some queue reports them, not as empty stubs.
     families = (disk, write_errors, fsync_errors, fsync, fsyncs, fsync_last)
+    yield from (m for m in (corrupt_records, corrupt_bytes) if m.samples)
     yield from (m for m in families if m.samples)
 
 

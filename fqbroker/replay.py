@@ -121,6 +121,8 @@ def _read(store: DiskStore, start: int, stop: int, limit: int) -> bytes:
         if not records:
             break
         for rseq, record in records:
+            if rseq >= stop:  # past a skipped range (docs/disk-format.md, "Recovery")
+                return b"".join(parts)
             arrival, frame = split_record(record)
             entry = encode_entry(rseq, arrival, place_seq(frame, rseq))
             parts.append(entry)

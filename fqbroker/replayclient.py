@@ -29,6 +29,8 @@ __all__ = ["BrokerError", "DataLost", "QueueInfo", "ReplayClient"]
 
 IN_USE = "requested queue is private and in use"
 SETUP_PATIENCE = 10.0  # seconds to wait for another setup holding a private queue
+RETRY_FIRST = 0.1  # seconds before the first retry of a request that found no broker
+RETRY_MAX = 2.0  # the most between retries
 
 
 class BrokerError(FqError):
@@ -60,6 +62,9 @@ class ReplayClient:
     port: int = 8765
     token: str = ""  # the broker's admin token, for checkpoints; reads need none
     timeout: float = 30.0
+    # How long an HTTP request keeps trying while the broker cannot be reached (a
+    # restart); every request this client makes is safe to repeat. 0: one try.
+    retry_seconds: float = 0.0
 
     # --- setup over the fq protocol -------------------------------------------------------
 
@@ -161,6 +166,21 @@ class ReplayClient:
             raise BrokerError(f"checkpoint {name!r} on {queue!r}: {doc.get('message', doc)}")
 
     def _get(self, path: str, args: Mapping[str, object]) -> tuple[int, bytes, str]:
+        deadline = time.monotonic() + self.retry_seconds
+        delay = RETRY_FIRST
+        while True:
+            try:
+                return self._get_once(path, args)
+            except (OSError, http.client.HTTPException) as exc:
+                # Refused, reset, or cut off mid-answer: no answer to act on. GETs here
+                # are reads or set a checkpoint to a given place, so asking again is safe.
+                if time.monotonic() + delay > deadline:
+                    where = f"{self.host}:{self.port}"
+                    raise BrokerError(f"cannot reach the broker at {where}: {exc!r}") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    def _get_once(self, path: str, args: Mapping[str, object]) -> tuple[int, bytes, str]:
         headers = {"X-Fq-Token": self.token} if self.token else {}
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
@@ -168,8 +188,6 @@ class ReplayClient:
             response = conn.getresponse()
             body = response.read()
             return response.status, body, response.getheader("content-type", "")
-        except OSError as exc:
-            raise BrokerError(f"cannot reach the broker at {self.host}:{self.port}: {exc}") from exc
         finally:
             conn.close()
 

@@ -5,18 +5,23 @@ Theory of operation
 A log is a directory of append-only segment files named by the sequence number of their
 first record (``00000000000000000001.seg``), so sorting names sorts sequence numbers. A
 record is a 16-byte header (crc32, payload length, seq; big-endian) and the payload; the
-crc covers everything after itself. Sequence numbers are dense and start at 1. The byte
-layout, the FORMAT file and the versioning rules are in ``docs/disk-format.md``.
+crc covers everything after itself. Sequence numbers start at 1 and are dense inside a
+segment. The byte layout, the FORMAT file and the versioning rules are in
+``docs/disk-format.md``.
 
-Opening a log recovers it: every record of every segment is checked (length, crc, seq).
-The first bad one ends the log: its file is truncated there and later segments are
-deleted, so a reader never sees a record written after a lost or damaged one. A torn
-tail is normal after a crash; anything else is logged as an error. Both are listed in
-``recovery``. The last segment always stays, even empty, so ``next_seq`` survives a
-trim of everything; a checkpoint beyond the recovered end (records lost in a power cut)
-also moves ``next_seq`` up, so a sequence number a reader has seen is not handed out again.
+Opening a log recovers it (``segrecovery``): every record of every segment is checked
+(length, crc, seq). Damage never deletes what reads back correctly: a damaged region is
+copied to ``damaged/``, the good records after it move to a segment of their own, and
+the skipped seqs become a gap between segments, which reads step over. Reads check every
+record too, and step over damage found while running. Only the torn tail of the newest
+segment is cut off, as the end of the log. All of it is listed in ``recovery``, logged
+once per region, and counted in ``corrupt_records`` and ``corrupt_bytes``. The last
+segment always stays, even empty, so ``next_seq`` survives a trim of everything (a
+drained log swaps it for an empty one, to give its disk back); a checkpoint beyond the
+recovered end (records lost in a power cut) also moves ``next_seq`` up, so a sequence
+number a reader has seen is not handed out again.
 
-Checkpoints live in one preallocated file of three slots (``_CheckpointFile``): an update
+Checkpoints live in one preallocated file of three slots (``CheckpointFile``): an update
 is one ``pwrite`` of the whole state into a slot that holds neither the latest state nor
 the latest fsynced one, so a crash mid-write falls back to one of those. Format 1 kept them
 in ``checkpoints.json``; opening such a log converts it.
@@ -36,370 +41,69 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
-import re
-import struct
 import threading
 import zlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
-from types import MappingProxyType
 
-from .errors import FqError
+from .segcheckpoints import CheckpointFile
+from .segformat import (
+    LogFormatError,
+    check_format,
+    known_gaps,
+    note_gap,
+    open_checkpoints,
+    write_format,
+)
+from .segrecords import (
+    FORMAT_GAPS,
+    FORMAT_LINE,
+    HEADER,
+    HEADER_SIZE,
+    LENSEQ,
+    MARK_MASK,
+    MARK_SHIFT,
+    MAX_PAYLOAD,
+    SCAN_CHUNK,
+    SEGMENT_NAME,
+    CorruptionReport,
+    Damaged,
+    Segment,
+    copy_aside,
+    find_record,
+    records,
+    write_all,
+    write_file,
+)
+from .segrecovery import Problem, recover_segments
 
 __all__ = ["FORMAT_LINE", "HEADER_SIZE", "CorruptionReport", "LogFormatError", "SegmentLog"]
 
 logger = logging.getLogger(__name__)
 
-FORMAT_LINE = "fqbroker-segmentlog 2\n"
-_FORMAT_V1 = "fqbroker-segmentlog 1\n"  # checkpoints in checkpoints.json; converted on open
-_HEADER = struct.Struct(">IIQ")  # crc32, payload length, seq
-_LENSEQ = struct.Struct(">IQ")  # the header bytes after the crc, which the crc covers
-_CRC = struct.Struct(">I")
-HEADER_SIZE = _HEADER.size
-_MAX_PAYLOAD = 0xFFFFFFFF
-_MARK_SHIFT = 8  # the sparse index keeps the offset of every 256th record of a segment
-_MARK_MASK = (1 << _MARK_SHIFT) - 1
-_SEGMENT_NAME = re.compile(r"\d{20}\.seg")
-_CHECKPOINTS = "checkpoints"
-_CHECKPOINTS_V1 = "checkpoints.json"
-_BLOCK = 4096  # slots start on block boundaries: writing one never rewrites another's sector
-_SLOTS = 3
-_CKPT_MAGIC = b"fqckpts\n"
-_CKPT_HEADER = struct.Struct(">8sII")  # magic, slot size, crc32 of the 12 bytes before it
-_ENTRY = struct.Struct(">QH")  # seq, name length; then the UTF-8 name
-_SEQ = struct.Struct(">Q")
-_MAX_NAME = 0xFFFF
-_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-_SCAN_CHUNK = 1 << 20
 _MIN_CHUNK, _MAX_CHUNK = 4 << 10, 1 << 20
 _READ_FDS = 4  # open read descriptors kept per log, most recently used
 _CURSORS = 8  # remembered (seq -> segment, offset) positions, so sequential reads never scan
+# A drained log (every reader at the end) whose newest segment holds this much starts a
+# new, empty one, so the old one can go: a drained queue gives its disk back.
+_ROLL_DRAINED = 256 << 10
 
 
 _first = attrgetter("first")
 
 
-class LogFormatError(FqError):
-    """The directory holds a log of an unknown format version, or is not a segment log."""
-
-
-@dataclass
-class CorruptionReport:
-    """One problem recovery found, and what it dropped to get past it."""
-
-    segment: str  # file name
-    offset: int  # where the log now ends in that file
-    reason: str
-    dropped_bytes: int
-    dropped_records_after: int  # estimated from the average record size; 0 if unknown
-
-
-@dataclass(eq=False, slots=True)
-class _Segment:
-    first: int  # seq of its first record, and its name
-    path: Path
-    end: int  # seq after its last record
-    size: int = 0
-    marks: array[int] = field(default_factory=lambda: array("Q"))
-
-
-class _Damaged(OSError):
-    """Bytes that are not a valid record: EIO to a reader, the end of the log to recovery."""
-
-    def __init__(self, offset: int, reason: str) -> None:
-        super().__init__(errno.EIO, f"{reason} at offset {offset}")
-        self.offset, self.reason = offset, reason
-
-
-def _records(
-    fd: int, off: int, end: int, chunk: int
-) -> Iterator[tuple[int, bytes, int, int, int, int]]:
-    """Yield (file offset, buffer, position in it, crc, payload length, seq) for each record
-    in [off, end), reading ``chunk`` bytes at a time; raise _Damaged where a record does not
-    fit before ``end``. Callers slice the buffer themselves: one copy, of the payload."""
-    buf, pos = b"", 0
-    while off < end:
-        avail, need = len(buf) - pos, HEADER_SIZE
-        if avail >= HEADER_SIZE:
-            crc, n, seq = _HEADER.unpack_from(buf, pos)
-            need += n
-            if need <= avail:
-                yield off, buf, pos, crc, n, seq
-                pos, off = pos + need, off + need
-                continue
-        if need > end - off:
-            reason = "truncated header" if need == HEADER_SIZE else "record runs past end of file"
-            raise _Damaged(off, reason)
-        buf = buf[pos:] + os.pread(fd, min(max(need, chunk), end - off) - avail, off + avail)
-        pos = 0
-        if len(buf) < need:
-            raise _Damaged(off, "file shrank while reading")
-
-
-def _write_all(fd: int, data: bytes | bytearray, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)  # a short write is followed by one that raises
-        if n <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        view, offset = view[n:], offset + n
-
-
-def _write_file(path: Path, data: bytes | bytearray, *, fsync: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _write_all(fd, data, 0)
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_path(path: Path) -> None:
+    # Here, not in segrecords: tests put a failing fsync into this module's ``os``.
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _is_zeros(fd: int, off: int, end: int) -> bool:
-    while off < end:
-        chunk = os.pread(fd, min(_SCAN_CHUNK, end - off), off)
-        if not chunk or chunk.count(0) != len(chunk):
-            return False
-        off += len(chunk)
-    return True
-
-
-# --- the checkpoints file -------------------------------------------------------------
-
-
-class _Unreadable(Exception):
-    """A checkpoints file with no usable state in it."""
-
-
-def _encode_points(points: Mapping[str, int]) -> tuple[bytearray, dict[str, int]]:
-    """A slot image of ``points`` (its header left blank) and where each name's seq is."""
-    image = bytearray(HEADER_SIZE)
-    offsets: dict[str, int] = {}
-    for name, seq in points.items():
-        # surrogatepass: any str round-trips, as it did through checkpoints.json.
-        raw = name.encode("utf-8", "surrogatepass")
-        if len(raw) > _MAX_NAME:
-            raise ValueError(f"checkpoint name of {len(raw)} bytes is over {_MAX_NAME}")
-        offsets[name] = len(image)
-        image += _ENTRY.pack(seq, len(raw))
-        image += raw
-    return image, offsets
-
-
-def _decode_points(data: bytes) -> dict[str, int]:
-    points: dict[str, int] = {}
-    off = 0
-    while off < len(data):
-        if off + _ENTRY.size > len(data):
-            raise ValueError("entry runs past the slot")
-        seq, n = _ENTRY.unpack_from(data, off)
-        off += _ENTRY.size + n
-        if off > len(data):
-            raise ValueError("name runs past the slot")
-        name = data[off - n : off].decode("utf-8", "surrogatepass")
-        if name in points:
-            raise ValueError(f"name {name!r} twice")
-        points[name] = seq
-    return points
-
-
-def _seal(image: bytearray, generation: int) -> None:
-    """Fill in a slot image's header: the same crc, length, seq layout as a record's."""
-    _LENSEQ.pack_into(image, 4, len(image) - HEADER_SIZE, generation)
-    # A copy costs less than a memoryview for the few bytes of the usual state.
-    rest = image[4:] if len(image) < _BLOCK else memoryview(image)[4:]
-    _CRC.pack_into(image, 0, zlib.crc32(rest))
-
-
-def _install(path: Path, image: bytearray, generation: int) -> tuple[int, int]:
-    """Put a new checkpoints file holding ``image`` in slot 0 in place of ``path``, by an
-    fsynced file and a rename; return (its descriptor, slot size). The caller fsyncs the
-    directory, and keeps the descriptor even if that fails: the rename is done."""
-    slot_size = max(_BLOCK, -(-2 * len(image) // _BLOCK) * _BLOCK)  # room to grow
-    _seal(image, generation)
-    # Every byte is written, not left a hole, so overwriting a slot never allocates a block:
-    # no ENOSPC on a full disk (on file systems that overwrite in place).
-    data = bytearray(_BLOCK + _SLOTS * slot_size)
-    head = _CKPT_HEADER.pack(_CKPT_MAGIC, slot_size, 0)
-    _CKPT_HEADER.pack_into(data, 0, _CKPT_MAGIC, slot_size, zlib.crc32(head[:12]))
-    data[_BLOCK : _BLOCK + len(image)] = image
-    tmp = path.with_name(path.name + ".tmp")
-    fd = -1
-    try:
-        _write_file(tmp, data, fsync=True)
-        fd = os.open(tmp, os.O_RDWR)  # before the rename, so nothing can fail after it
-        os.replace(tmp, path)
-    except OSError:
-        if fd >= 0:
-            os.close(fd)
-        tmp.unlink(missing_ok=True)  # a full disk, say: keep the space for the queue
-        raise
-    return fd, slot_size
-
-
-class _CheckpointFile:
-    """Named reader positions in a header block and three slots (docs/disk-format.md).
-
-    Every update writes the whole state, with the next generation, into one slot with one
-    ``pwrite``; opening takes the valid slot with the highest generation. The slot written
-    is never ``_latest`` (the newest state: a process killed mid-write loses nothing it
-    completed) nor ``_safe`` (the newest fsynced state: after a power cut the state is that
-    one or newer). A durable update fsyncs and becomes ``_safe``. The encoded state is kept
-    in ``_image`` so that moving an existing name's position packs 8 bytes into it.
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        fd: int,
-        slot_size: int,
-        points: dict[str, int],
-        generation: int,
-        slot: int,
-    ) -> None:
-        self.path = path
-        self.points = points
-        self.view: Mapping[str, int] = MappingProxyType(points)
-        self._fd = fd
-        self._slot_size = slot_size
-        self._generation = generation
-        self._latest = self._safe = slot
-        self._image, self._offsets = _encode_points(points)
-
-    @classmethod
-    def create(cls, path: Path, points: Mapping[str, int]) -> _CheckpointFile:
-        """A new file holding ``points``, durably."""
-        image, _ = _encode_points(points)
-        fd, slot_size = _install(path, image, 1)
-        try:
-            _fsync_path(path.parent)
-        except OSError:
-            os.close(fd)
-            raise
-        return cls(path, fd, slot_size, dict(points), 1, 0)
-
-    @classmethod
-    def open(cls, path: Path) -> _CheckpointFile:
-        """Raises FileNotFoundError, or _Unreadable if no slot holds a valid state."""
-        fd = os.open(path, os.O_RDWR)
-        try:
-            # A killed process may have left its last update only in the page cache: make
-            # it durable, so the slot found is the safe one too.
-            os.fsync(fd)
-            size = os.fstat(fd).st_size
-            head = os.pread(fd, _CKPT_HEADER.size, 0)
-            if len(head) < _CKPT_HEADER.size:
-                raise _Unreadable(f"file of {size} bytes")
-            magic, slot_size, crc = _CKPT_HEADER.unpack(head)
-            if magic != _CKPT_MAGIC or crc != zlib.crc32(head[:12]):
-                raise _Unreadable("bad header")
-            if slot_size < _BLOCK or slot_size % _BLOCK or size < _BLOCK + _SLOTS * slot_size:
-                raise _Unreadable(f"slot size {slot_size} in a file of {size} bytes")
-            best: tuple[int, int, dict[str, int]] | None = None
-            for slot in range(_SLOTS):
-                data = os.pread(fd, slot_size, _BLOCK + slot * slot_size)
-                crc, n, generation = _HEADER.unpack_from(data)
-                end = HEADER_SIZE + n
-                if end > slot_size or zlib.crc32(memoryview(data)[4:end]) != crc:
-                    continue  # never written, or torn by a crash mid-write
-                try:
-                    points = _decode_points(data[HEADER_SIZE:end])
-                except ValueError:
-                    continue
-                if best is None or generation > best[0]:
-                    best = (generation, slot, points)
-            if best is None:
-                raise _Unreadable("no valid slot")
-        except BaseException:
-            os.close(fd)
-            raise
-        generation, slot, points = best
-        return cls(path, fd, slot_size, points, generation, slot)
-
-    def set(self, name: str, seq: int, *, durable: bool) -> None:
-        off = self._offsets.get(name)
-        if off is None:
-            self.replace({**self.points, name: seq}, durable=durable)
-            return
-        old = self.points[name]
-        _SEQ.pack_into(self._image, off, seq)
-        try:
-            self._write()
-        except OSError:
-            _SEQ.pack_into(self._image, off, old)
-            raise
-        self.points[name] = seq
-        if durable:
-            self._sync()
-
-    def replace(self, points: Mapping[str, int], *, durable: bool) -> None:
-        """Make ``points`` the whole state. Raising after the write (a failed fsync) keeps
-        the new state: it is in the page cache, as safe as a non-durable update."""
-        new = dict(points)
-        image, offsets = _encode_points(new)
-        grow = len(image) > self._slot_size
-        old, self._image = self._image, image
-        try:
-            if grow:
-                self._grow()
-            else:
-                self._write()
-        except OSError:
-            self._image = old
-            raise
-        self._offsets = offsets
-        self.points.clear()
-        self.points.update(new)
-        if grow:
-            _fsync_path(self.path.parent)  # the rename
-        elif durable:
-            self._sync()
-
-    def _write(self) -> None:
-        generation = self._generation + 1
-        _seal(self._image, generation)
-        if self._latest == self._safe:
-            slot = (self._latest + 1) % _SLOTS
-        else:
-            slot = _SLOTS - self._latest - self._safe  # the third one
-        off = _BLOCK + slot * self._slot_size
-        n = os.pwrite(self._fd, self._image, off)
-        if n < len(self._image):
-            _write_all(self._fd, self._image[n:], off + n)
-        self._generation, self._latest = generation, slot
-
-    def _sync(self) -> None:
-        _fdatasync(self._fd)  # the file's size never changes in place: no metadata to sync
-        self._safe = self._latest
-
-    def _grow(self) -> None:
-        """Replace the file by one with bigger slots. Always durable (but for the directory,
-        left to the caller): a rename is only safe after an fsync of what it renames."""
-        fd, slot_size = _install(self.path, self._image, self._generation + 1)
-        os.close(self._fd)
-        self._fd, self._slot_size = fd, slot_size
-        self._generation += 1
-        self._latest = self._safe = 0
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 class SegmentLog:
@@ -413,16 +117,25 @@ class SegmentLog:
         self.next_seq = 1
         self.size_bytes = 0
         self._segment_bytes = segment_bytes
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._wfd = -1  # the last segment's, opened on the first append
         self._rfds: dict[int, int] = {}  # segment first seq -> fd, least recently used first
-        self._cursors: dict[int, tuple[_Segment, int]] = {}
+        self._cursors: dict[int, tuple[Segment, int]] = {}
         self._lock = threading.Lock()  # next_seq, _dirty, _dir_dirty: shared with sync()
         self._sync_lock = threading.Lock()  # one sync at a time, or one could return early
-        self._dirty: set[_Segment] = set()
+        self._dirty: set[Segment] = set()
         self._dir_dirty = False
         self._broken: OSError | None = None
         self._closed = False
+        # Damage found while running, until the next open moves it aside: where a reader
+        # that meets it goes on, by (segment, offset) of the damage, and each skipped range
+        # as (first seq, seq resumed at, segment, offset resumed at) for random reads.
+        self._holes: dict[tuple[int, int], tuple[Segment, int, int]] = {}
+        self._gaps: list[tuple[int, int, Segment, int]] = []
+        self._skipped: list[tuple[int, int]] = []  # every skipped range: [first, stop)
+        self.corrupt_records = 0  # seqs skipped over damage, since opened (with recovery's)
+        self.corrupt_bytes = 0
+        self._format: int | None = None
         self.directory.mkdir(parents=True, exist_ok=True)
         self._ckpt = self._open_checkpoints(self._check_format())
         try:
@@ -442,6 +155,10 @@ class SegmentLog:
     def checkpoints(self) -> Mapping[str, int]:
         return self._ckpt.view
 
+    def skipped_from(self, seq: int) -> int:
+        """How many seqs from ``seq`` on were skipped as damaged: no record has them."""
+        return sum(stop - max(lo, seq) for lo, stop in self._skipped if stop > seq)
+
     # --- writing --------------------------------------------------------------------------
 
     def append(self, records: Sequence[bytes]) -> int:
@@ -460,27 +177,27 @@ class SegmentLog:
         marks = array("Q")
         for payload in records:
             n = len(payload)
-            if n > _MAX_PAYLOAD:
-                raise ValueError(f"record of {n} bytes is over the limit of {_MAX_PAYLOAD}")
+            if n > MAX_PAYLOAD:
+                raise ValueError(f"record of {n} bytes is over the limit of {MAX_PAYLOAD}")
             if size and size + HEADER_SIZE + n > self._segment_bytes:
                 plans.append((seg_first, offset, size, seq, parts, marks))
                 seg_first, offset, size, parts, marks = seq, 0, 0, [], array("Q")
-            if not (seq - seg_first) & _MARK_MASK:
+            if not (seq - seg_first) & MARK_MASK:
                 marks.append(size)
-            lenseq = _LENSEQ.pack(n, seq)
-            parts += (_HEADER.pack(zlib.crc32(payload, zlib.crc32(lenseq)), n, seq), payload)
+            lenseq = LENSEQ.pack(n, seq)
+            parts += (HEADER.pack(zlib.crc32(payload, zlib.crc32(lenseq)), n, seq), payload)
             size += HEADER_SIZE + n
             seq += 1
         plans.append((seg_first, offset, size, seq, parts, marks))
-        created: list[tuple[_Segment, int]] = []
+        created: list[tuple[Segment, int]] = []
         try:
             for seg_first, offset, _, _, seg_parts, _ in plans:
                 if seg_first != active.first:
                     path = self._path(seg_first)
                     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    created.append((_Segment(seg_first, path, seg_first), fd))
+                    created.append((Segment(seg_first, path, seg_first), fd))
                 if seg_parts:
-                    _write_all(fd, b"".join(seg_parts), offset)
+                    write_all(fd, b"".join(seg_parts), offset)
         except OSError:
             self._undo(active, created)
             raise
@@ -501,7 +218,7 @@ class SegmentLog:
             self.next_seq = seq
         return first
 
-    def _undo(self, active: _Segment, created: list[tuple[_Segment, int]]) -> None:
+    def _undo(self, active: Segment, created: list[tuple[Segment, int]]) -> None:
         """Put the files back as they were before a failed append."""
         for _, fd in created:
             os.close(fd)
@@ -560,8 +277,8 @@ class SegmentLog:
                 # From the sparse index mark at or before it: a few durable records more
                 # are written again, as they are, which saves a scan to find it.
                 seg = segments[bisect_right(segments, start, key=_first) - 1]
-                mark = (start - seg.first) >> _MARK_SHIFT
-                off, seq = seg.marks[mark], seg.first + (mark << _MARK_SHIFT)
+                mark = (start - seg.first) >> MARK_SHIFT
+                off, seq = seg.marks[mark], seg.first + (mark << MARK_SHIFT)
             else:
                 seg = segments[-1]
                 off, seq = seg.size, seg.end
@@ -571,25 +288,25 @@ class SegmentLog:
                 off, seq = 0, seg.end
             last = self._segments[-1].first
             for path in self.directory.iterdir():  # segments a failed append left behind
-                if _SEGMENT_NAME.fullmatch(path.name) and int(path.name[:20]) > last:
+                if SEGMENT_NAME.fullmatch(path.name) and int(path.name[:20]) > last:
                     path.unlink()
             with self._lock:
                 self._dirty.update(touched)
                 self._dir_dirty = True
                 self._broken = None
 
-    def _rewrite(self, seg: _Segment, off: int, seq: int) -> None:
+    def _rewrite(self, seg: Segment, off: int, seq: int) -> None:
         fd = os.open(seg.path, os.O_RDWR)
         try:
-            for roff, buf, pos, crc, n, rseq in _records(fd, off, seg.size, _SCAN_CHUNK):
+            for roff, buf, pos, crc, n, rseq in records(fd, off, seg.size, SCAN_CHUNK):
                 if rseq != seq or zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
-                    raise _Damaged(roff, "record changed since it was written")
+                    raise Damaged(roff, "record changed since it was written")
                 seq += 1
             while off < seg.size:
-                chunk = os.pread(fd, min(_SCAN_CHUNK, seg.size - off), off)
+                chunk = os.pread(fd, min(SCAN_CHUNK, seg.size - off), off)
                 if not chunk:
-                    raise _Damaged(off, "file shrank while reading")
-                _write_all(fd, chunk, off)
+                    raise Damaged(off, "file shrank while reading")
+                write_all(fd, chunk, off)
                 off += len(chunk)
             if os.fstat(fd).st_size > seg.size:
                 os.ftruncate(fd, seg.size)
@@ -601,63 +318,119 @@ class SegmentLog:
     def read(
         self, start_seq: int, max_records: int, max_bytes: int = 4 << 20
     ) -> list[tuple[int, bytes]]:
-        """Records [start_seq, ...) in order, without consuming them; at least one if any."""
+        """Records [start_seq, ...) in order, without consuming them; at least one if any.
+
+        Seqs recovery skipped, or damage found here, are stepped over: the seqs returned
+        may jump. Every record is checked (crc, seq) as it is read, so bytes that rotted
+        since the log was opened are never returned."""
         self._check_open()
         if start_seq < self.first_seq:
             raise ValueError(f"seq {start_seq} is below the first stored seq {self.first_seq}")
         out: list[tuple[int, bytes]] = []
         if start_seq >= self.next_seq or max_records <= 0:
             return out
-        seg, off = self._locate(start_seq)
-        seq, total = start_seq, 0
+        seg, off, seq = self._locate(start_seq)
+        total = 0
         while len(out) < max_records and seq < self.next_seq:
-            if off >= seg.size:
-                seg, off = self._find(seq), 0
+            if seq >= seg.end:
+                seg, off, seq = self._locate(seq)
+                continue
             chunk = self._chunk(seg, max_records - len(out), max_bytes - total)
-            for roff, buf, pos, crc, n, rseq in _records(self._reader(seg), off, seg.size, chunk):
-                if out and total + n > max_bytes:
-                    max_records = len(out)
-                    break
-                end = pos + HEADER_SIZE + n
-                if rseq != seq or zlib.crc32(buf[pos + 4 : end]) != crc:
-                    raise _Damaged(roff, "record changed on disk since it was checked")
-                out.append((seq, buf[pos + HEADER_SIZE : end]))
-                seq, total, off = seq + 1, total + n, roff + HEADER_SIZE + n
-                if len(out) >= max_records:
-                    break
+            try:
+                for roff, buf, pos, crc, n, rseq in records(
+                    self._reader(seg), off, seg.size, chunk
+                ):
+                    if out and total + n > max_bytes:
+                        max_records = len(out)
+                        break
+                    end = pos + HEADER_SIZE + n
+                    if rseq != seq or zlib.crc32(buf[pos + 4 : end]) != crc:
+                        raise Damaged(roff, "record changed on disk since it was checked")
+                    out.append((seq, buf[pos + HEADER_SIZE : end]))
+                    seq, total, off = seq + 1, total + n, roff + HEADER_SIZE + n
+                    if len(out) >= max_records:
+                        break
+                else:
+                    if seq < seg.end:  # the file ended before its records did
+                        raise Damaged(off, "segment file ends early")
+            except Damaged as exc:
+                seg, off, seq = self._skip_damage(seg, exc.offset, seq, exc.reason)
         self._remember(seq, seg, off)
         return out
 
-    def _find(self, seq: int) -> _Segment:
+    def _skip_damage(
+        self, seg: Segment, off: int, seq: int, reason: str
+    ) -> tuple[Segment, int, int]:
+        """Where a reader goes on after damage at ``off`` in ``seg``, where it expected
+        ``seq``: the next record that checks out. The first reader to meet it copies the
+        bytes aside, counts and logs it; the next open cuts it out of the segment."""
+        known = self._holes.get((seg.first, off))
+        if known is not None:
+            return known
+        fd = self._reader(seg)
+        found = find_record(fd, off, seg.size, seq, seg.end)
+        end, resume = found if found is not None else (seg.size, seg.end)
+        try:
+            moved = copy_aside(self.directory, fd, seg.path.name, off, end)
+        except OSError as exc:  # a full disk: the bytes stay where they are until reopened
+            moved = f"not copied ({exc.strerror})"
+        self._holes[(seg.first, off)] = (seg, end, resume)
+        self._gaps.append((seq, resume, seg, end))
+        if resume > seq:
+            self._skipped.append((seq, resume))
+        self._cursors.clear()
+        self._problem(Problem(seg.path.name, off, reason, end - off, resume - seq, moved, False))
+        return seg, end, resume
+
+    def _find(self, seq: int) -> Segment:
         return self._segments[bisect_right(self._segments, seq, key=_first) - 1]
 
-    def _locate(self, seq: int) -> tuple[_Segment, int]:
+    def _locate(self, seq: int) -> tuple[Segment, int, int]:
+        """(segment, offset, seq) of the first record at or after ``seq``."""
         hit = self._cursors.pop(seq, None)
         if hit is not None:
-            return hit
+            return (*hit, seq)
         seg = self._find(seq)
-        mark = (seq - seg.first) >> _MARK_SHIFT
-        off, skip = seg.marks[mark], seq - seg.first - (mark << _MARK_SHIFT)
-        if skip:
-            chunk = self._chunk(seg, skip, _MAX_CHUNK)
-            records = _records(self._reader(seg), off, seg.size, chunk)
-            for _ in range(skip):
-                roff, _, _, _, n, _ = next(records)
-                off = roff + HEADER_SIZE + n
-        return seg, off
+        if seq >= seg.end:  # in a gap between segments (the caller knows seq < next_seq)
+            seg = self._segments[bisect_right(self._segments, seq, key=_first)]
+            return seg, 0, seg.first
+        mark = (seq - seg.first) >> MARK_SHIFT
+        at, off = seg.first + (mark << MARK_SHIFT), seg.marks[mark]
+        for lo, resume, gseg, goff in self._gaps:
+            if gseg is seg and lo <= seq < resume:
+                return seg, goff, resume
+            if gseg is seg and at < resume <= seq:
+                at, off = resume, goff  # walk from past the damage, never through it
+        # Walk from the mark, checking each record as a read would: a damaged length must
+        # not send the walk astray, past good records.
+        while at < seq:
+            chunk = self._chunk(seg, seq - at, _MAX_CHUNK)
+            try:
+                for roff, buf, pos, crc, n, rseq in records(
+                    self._reader(seg), off, seg.size, chunk
+                ):
+                    if rseq != at or zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
+                        raise Damaged(roff, "record changed on disk since it was checked")
+                    at, off = at + 1, off + HEADER_SIZE + n
+                    if at == seq:
+                        break
+                break  # at seq, or at the end of the file (which the read then finds)
+            except Damaged as exc:  # each skip moves ``off`` forward: the loop ends
+                seg, off, at = self._skip_damage(seg, exc.offset, at, exc.reason)
+        return seg, off, at
 
-    def _chunk(self, seg: _Segment, records: int, max_bytes: int) -> int:
+    def _chunk(self, seg: Segment, records: int, max_bytes: int) -> int:
         """How much to read for ``records`` records: no more than they likely take."""
         average = seg.size // max(1, seg.end - seg.first)
         guess = min(records * average, max(0, max_bytes) + records * HEADER_SIZE)
         return max(_MIN_CHUNK, min(guess, _MAX_CHUNK))
 
-    def _remember(self, seq: int, seg: _Segment, off: int) -> None:
+    def _remember(self, seq: int, seg: Segment, off: int) -> None:
         if len(self._cursors) >= _CURSORS:
             del self._cursors[next(iter(self._cursors))]
         self._cursors[seq] = (seg, off)
 
-    def _reader(self, seg: _Segment) -> int:
+    def _reader(self, seg: Segment) -> int:
         fd = self._rfds.pop(seg.first, None)
         if fd is None:
             fd = os.open(seg.path, os.O_RDONLY)
@@ -690,12 +463,19 @@ class SegmentLog:
         self._ckpt.replace(points, durable=False)
 
     def trim(self) -> int:
-        """Delete the segments every checkpoint is past (never the last); return bytes freed."""
+        """Delete the segments every checkpoint is past; return bytes freed.
+
+        The newest segment stays (its name keeps ``next_seq``), unless every reader has read
+        everything and it holds at least ``_ROLL_DRAINED`` bytes: then an empty one is
+        started after it, and it goes too, so a drained queue gives its disk back."""
         self._check_open()
         points = self._ckpt.points
         if not points:
             return 0
         low, freed = min(points.values()), 0
+        drained = low >= self.next_seq and self._broken is None
+        if drained and self._segments[-1].size >= _ROLL_DRAINED:
+            self._roll()
         while len(self._segments) > 1 and self._segments[0].end <= low:
             seg = self._segments[0]
             fd = self._rfds.pop(seg.first, None)
@@ -711,7 +491,31 @@ class SegmentLog:
         if freed:
             first = self.first_seq
             self._cursors = {s: c for s, c in self._cursors.items() if c[0].first >= first}
+            live = {seg.first for seg in self._segments}
+            self._gaps = [g for g in self._gaps if g[2].first in live]
+            self._holes = {k: v for k, v in self._holes.items() if k[0] in live}
+            self._skipped = [g for g in self._skipped if g[1] > first]
+            if low < first:  # in a gap before the first segment left: move to its end
+                moved = {name: max(seq, first) for name, seq in points.items()}
+                self._ckpt.replace(moved, durable=False)
         return freed
+
+    def _roll(self) -> None:
+        """Start an empty newest segment at ``next_seq``, so trim can delete the old one."""
+        path = self._path(self.next_seq)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            # A full disk can refuse even an empty file (no inode, no directory block):
+            # nothing changed, and the next trim tries again.
+            logger.debug("%s: cannot start a new segment: %s", self.directory, exc)
+            return
+        with self._lock:
+            if self._wfd >= 0:
+                os.close(self._wfd)
+            self._wfd = fd
+            self._segments.append(Segment(self.next_seq, path, self.next_seq))
+            self._dir_dirty = True
 
     # --- lifetime -------------------------------------------------------------------------
 
@@ -752,103 +556,30 @@ class SegmentLog:
     # --- opening and recovery -------------------------------------------------------------
 
     def _check_format(self) -> int | None:
-        """The format version of the log, or None for a new one."""
-        path = self.directory / "FORMAT"
-        try:
-            found = path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            if any(_SEGMENT_NAME.fullmatch(p.name) for p in self.directory.iterdir()):
-                raise LogFormatError(f"{self.directory} has segments but no FORMAT file") from None
-            return None
-        for version, line in ((2, FORMAT_LINE), (1, _FORMAT_V1)):
-            if found.split() == line.split():
-                return version
-        raise LogFormatError(
-            f"{self.directory} holds format {found.strip()!r}; this fqbroker reads "
-            f"only {FORMAT_LINE.strip()!r} (and converts {_FORMAT_V1.strip()!r})"
-        )
+        self._format = check_format(self.directory, self._error)
+        return self._format
 
-    def _open_checkpoints(self, version: int | None) -> _CheckpointFile:
-        path = self.directory / _CHECKPOINTS
-        if version == 2:
-            try:
-                ckpt = _CheckpointFile.open(path)
-            except FileNotFoundError:
-                self._report(_CHECKPOINTS, 0, "checkpoints file missing", 0, 0, torn=False)
-            except _Unreadable as exc:
-                size = path.stat().st_size
-                self._report(
-                    _CHECKPOINTS, 0, f"unreadable checkpoints ({exc})", size, 0, torn=False
-                )
-            else:
-                self._remove_v1_checkpoints()  # a conversion stopped just before this
-                return ckpt
-            return _CheckpointFile.create(path, {})
-        # New, or format 1. FORMAT is written last, so a log whose FORMAT says 2 always has
-        # its checkpoints file; until then checkpoints.json is the one that counts.
-        ckpt = _CheckpointFile.create(path, self._load_v1_checkpoints() if version else {})
-        try:
-            tmp = self.directory / "FORMAT.tmp"
-            _write_file(tmp, FORMAT_LINE.encode(), fsync=True)
-            os.replace(tmp, self.directory / "FORMAT")
-            _fsync_path(self.directory)
-        except BaseException:
-            ckpt.close()
-            raise
-        if version:
-            logger.warning(
-                "%s: converted from %r to %r: checkpoints %s moved from %s to %s",
-                self.directory, _FORMAT_V1.strip(), FORMAT_LINE.strip(), dict(ckpt.points),
-                _CHECKPOINTS_V1, _CHECKPOINTS,
-            )  # fmt: skip
-            self._remove_v1_checkpoints()
+    def _open_checkpoints(self, version: int | None) -> CheckpointFile:
+        ckpt = open_checkpoints(self.directory, version, self._error)
+        self._format = max(self._format or 2, 2)
         return ckpt
 
-    def _load_v1_checkpoints(self) -> dict[str, int]:
-        path = self.directory / _CHECKPOINTS_V1
-        try:
-            points = json.loads(path.read_bytes())["checkpoints"]
-            if not all(isinstance(v, int) and 0 <= v < 1 << 64 for v in points.values()):
-                raise ValueError("a position is not a sequence number")
-            _encode_points(points)  # ValueError for a name format 2 cannot hold
-        except FileNotFoundError:
-            return {}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            size = path.stat().st_size
-            self._report(_CHECKPOINTS_V1, 0, f"unreadable checkpoints ({exc})", size, 0, torn=False)
-            return {}
-        return dict(points)
+    def _add_gap(self, lo: int, stop: int) -> None:
+        """Mark the log as one with gaps, and note this one, before recovery makes it."""
+        if self._format != 3:
+            write_format(self.directory, FORMAT_GAPS)
+            self._format = 3
+        note_gap(self.directory, lo, stop)
 
-    def _remove_v1_checkpoints(self) -> None:
-        for name in (_CHECKPOINTS_V1, _CHECKPOINTS_V1 + ".tmp"):
-            (self.directory / name).unlink(missing_ok=True)
+    def _error(self, segment: str, offset: int, reason: str, dropped: int) -> None:
+        self._report(segment, offset, reason, dropped, 0, torn=False)
 
     def _recover(self) -> None:
-        paths = sorted(p for p in self.directory.iterdir() if _SEGMENT_NAME.fullmatch(p.name))
-        for i, path in enumerate(paths):
-            first = int(path.name[:20])
-            if self._segments and first != self._segments[-1].end:
-                reason = f"segment starts at seq {first}, expected {self._segments[-1].end}"
-                self._drop(paths[i:], self._segments[-1], -1, reason, torn=False)
-                break
-            seg = _Segment(first, path, first)
-            self._segments.append(seg)
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                # What a killed process wrote may still be only in the page cache: make it
-                # durable, so sync() never needs to know what happened before this open.
-                os.fsync(fd)
-                end = os.fstat(fd).st_size
-                problem = self._scan(seg, fd, end)
-                torn = problem is not None and problem[2] and i == len(paths) - 1
-                if problem is not None and _is_zeros(fd, problem[0], end):
-                    problem, torn = (problem[0], "zero-filled tail", True), True
-            finally:
-                os.close(fd)
-            self.size_bytes += seg.size
-            if problem is not None:
-                self._drop(paths[i:], seg, end, problem[1], torn=torn)
-                break
+        known = known_gaps(self.directory)
+        self._segments, problems = recover_segments(self.directory, self._add_gap, known)
+        for problem in problems:
+            self._problem(problem)
+        self.size_bytes = sum(seg.size for seg in self._segments)
         if self._segments:
             self.next_seq = self._segments[-1].end
         saved = dict(self._ckpt.points)
@@ -857,47 +588,20 @@ class SegmentLog:
         if self._segments and self.next_seq < floor:
             self._checkpoint_past_end(points, floor)
         if not self._segments:
-            self._segments.append(_Segment(floor, self._path(floor), floor))
-            _write_file(self._segments[0].path, b"", fsync=True)
+            self._segments.append(Segment(floor, self._path(floor), floor))
+            write_file(self._segments[0].path, b"", fsync=True)
             _fsync_path(self.directory)
             self.next_seq = floor
+        pairs = zip(self._segments, self._segments[1:], strict=False)
+        self._skipped = [(a.end, b.first) for a, b in pairs if b.first > a.end]
         for name, seq in points.items():
             if seq < self.first_seq:  # its records are gone: read from the first one left
                 points[name] = self.first_seq
+            elif seq < self.next_seq and seq >= self._find(seq).end:  # skipped: past them
+                points[name] = self._locate(seq)[2]
         if points != saved:
             logger.warning("%s: checkpoints %s became %s", self.directory, saved, points)
             self._ckpt.replace(points, durable=True)
-
-    def _scan(self, seg: _Segment, fd: int, end: int) -> tuple[int, str, bool] | None:
-        """Index ``seg``'s valid records; return (offset, reason, torn) of the first bad one."""
-        seq = seg.first
-        try:
-            for off, buf, pos, crc, n, rseq in _records(fd, 0, end, _SCAN_CHUNK):
-                if zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
-                    return off, "checksum mismatch", False
-                if rseq != seq:
-                    return off, f"record has seq {rseq}, expected {seq}", False
-                if not (seq - seg.first) & _MARK_MASK:
-                    seg.marks.append(off)
-                seq += 1
-                seg.end, seg.size = seq, off + HEADER_SIZE + n
-        except _Damaged as exc:
-            return exc.offset, exc.reason, True
-        return None
-
-    def _drop(self, paths: list[Path], seg: _Segment, end: int, reason: str, *, torn: bool) -> None:
-        """End the log after ``seg``'s valid records: truncate it, delete ``paths`` after it."""
-        dropped = max(0, end - seg.size)
-        if end >= 0:
-            os.truncate(seg.path, seg.size)
-            _fsync_path(seg.path)
-        for path in paths[1:] if end >= 0 else paths:
-            dropped += path.stat().st_size
-            path.unlink()
-        _fsync_path(self.directory)
-        average = self.size_bytes // max(1, seg.end - self._segments[0].first)
-        estimate = 0 if reason == "zero-filled tail" or not average else -(-dropped // average)
-        self._report(seg.path.name, seg.size, reason, dropped, estimate, torn=torn)
 
     def _checkpoint_past_end(self, points: dict[str, int], floor: int) -> None:
         """A checkpoint is past the last record: records were lost after a reader saw them."""
@@ -924,7 +628,18 @@ class SegmentLog:
     def _report(
         self, segment: str, offset: int, reason: str, dropped: int, records: int, *, torn: bool
     ) -> None:
-        self.recovery.append(CorruptionReport(segment, offset, reason, dropped, records))
-        log = logger.warning if torn else logger.error
-        log("%s: %s in %s at offset %d: dropped %d bytes (about %d records)",
-            self.directory, reason, segment, offset, dropped, records)  # fmt: skip
+        self._problem(Problem(segment, offset, reason, dropped, records, "", torn))
+
+    def _problem(self, p: Problem) -> None:
+        report = CorruptionReport(
+            p.segment, p.offset, p.reason, p.dropped_bytes, p.records, p.moved_to
+        )
+        self.recovery.append(report)
+        if not p.torn and SEGMENT_NAME.fullmatch(p.segment):
+            self.corrupt_records += p.records
+            self.corrupt_bytes += p.dropped_bytes
+        log = logger.warning if p.torn else logger.error
+        aside = f"; the bytes are in {p.moved_to}" if p.moved_to else ""
+        log("%s: %s in %s at offset %d: skipped %d bytes, %d records%s",
+            self.directory, p.reason, p.segment, p.offset, p.dropped_bytes, p.records,
+            aside)  # fmt: skip

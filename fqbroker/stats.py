@@ -96,6 +96,9 @@ class QueueSnapshot:
     fsyncs: int | None = None
     fsync_seconds_total: float | None = None  # summed over all fsyncs
     fsync_last_seconds: float | None = None  # the latest fsync's duration
+    # P8 disk: records and bytes skipped over damage (docs/disk-format.md, "Recovery").
+    corrupt_records: int | None = None
+    corrupt_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +247,8 @@ def _queue_snapshot(queue: Queue) -> QueueSnapshot:
         fsyncs=_optional_int(store, "fsyncs"),
         fsync_seconds_total=_optional_float(store, "fsync_seconds_total"),
         fsync_last_seconds=_optional_float(store, "fsync_seconds"),
+        corrupt_records=_optional_int(store, "corrupt_records"),
+        corrupt_bytes=_optional_int(store, "corrupt_bytes"),
     )
 
 

@@ -159,11 +159,21 @@ class DiskStore:
 
     def __len__(self) -> int:
         """Messages not yet handed to a consumer: the queue's backlog."""
-        return self.log.next_seq + len(self._pending) - max(self._cursor, self.log.first_seq)
+        cursor = max(self._cursor, self.log.first_seq)
+        return self.log.next_seq + len(self._pending) - cursor - self.log.skipped_from(cursor)
 
     @property
     def size_bytes(self) -> int:
         return self.log.size_bytes
+
+    @property
+    def corrupt_records(self) -> int:
+        """Records skipped over damage since the queue was opened (its recovery's too)."""
+        return self.log.corrupt_records
+
+    @property
+    def corrupt_bytes(self) -> int:
+        return self.log.corrupt_bytes
 
     # --- writing --------------------------------------------------------------------------
 
@@ -286,11 +296,15 @@ class DiskStore:
         frames = self._take_recent(cursor, n)
         if frames:
             out = [place_seq(frame, seq) for seq, frame in enumerate(frames, cursor)]
+            last = cursor + len(out) - 1
         else:
-            out = [_delivered(seq, record) for seq, record in self.log.read(cursor, n)]
-            if not out:
+            records = self.log.read(cursor, n)  # seqs may skip damage (docs/disk-format.md)
+            if not records:
+                if self.log.skipped_from(cursor) >= self.log.next_seq - cursor > 0:
+                    self._cursor = self.log.next_seq  # what is left was all skipped
                 return []
-        last = cursor + len(out) - 1
+            out = [_delivered(seq, record) for seq, record in records]
+            cursor, last = records[0][0], records[-1][0]
         self._cursor = last + 1
         self._in_flight.append([cursor, last, 0])
         return out
@@ -350,10 +364,17 @@ class DiskStore:
             self._sync_task.cancel()
         self._dirty.discard(self)
         if destroy:
+            written = self.written_seq
             self.log.destroy()
+            # The queue is gone with what it held, as a memory queue goes: confirms waiting
+            # on it have nothing left to wait for, and would otherwise wait forever.
+            self._set_durable(written)
             return
         with contextlib.suppress(OSError):
             self.flush()
-        with contextlib.suppress(OSError):
-            self.log.sync()
+        try:
+            self._set_durable(self.log.sync())
+        except OSError:
+            self._failed_through = max(self._failed_through, self.written_seq)
+            self._wake_waiters()
         self.log.close()

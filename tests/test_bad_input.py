@@ -3,7 +3,9 @@ closed promptly (fixing fqd's late close), and another client is then served nor
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import random
 import time
 
 import pytest
@@ -12,7 +14,7 @@ from fqbroker import wire
 from fqbroker.config import Settings
 from fqbroker.server import Broker
 
-from .conftest import RawConn, authenticate, open_session, wait_for
+from .conftest import RawConn, open_session, wait_for
 from .test_server import assert_broker_serves
 
 
@@ -210,10 +212,43 @@ async def test_a_silent_connection_is_closed_after_the_sniff_timeout(tmp_path) -
         await assert_broker_serves(broker)
 
 
-async def test_garbage_on_the_command_channel_before_auth(broker: Broker) -> None:
-    cmd = await authenticate(broker.port)
-    assert isinstance(await cmd.frame(), wire.AuthResponse)
-    await cmd.close()
+def garbage(seed: int, n: int, first: bytes = b"") -> bytes:
+    """``n`` reproducible random bytes after ``first``, never starting an auth command."""
+    rng = random.Random(seed)
+    data = first + rng.randbytes(n)
+    if data[:2] == b"\xaa\xaa" and not first:
+        data = b"\x00" + data[1:]
+    return data
+
+
+GARBAGE_BEFORE_AUTH = [
+    # What arrives where the auth request should be, and fqd's answer (§1.3, §1.9).
+    ("random bytes", garbage(1, 4096), "auth command expected"),
+    ("a heartbeat", wire.encode(wire.Heartbeat()), "auth command expected"),
+    ("a status request", wire.encode(wire.StatusRequest()), "auth command expected"),
+    ("a bind", wire.encode(wire.BindRequest(0x100, b"ex", b"prefix:")), "auth command expected"),
+    ("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", "auth command expected"),
+    ("auth then garbage", garbage(2, 4096, b"\xaa\xaa\x7f"), "unsupported auth method"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [(d, t) for _, d, t in GARBAGE_BEFORE_AUTH],
+    ids=[name for name, _, _ in GARBAGE_BEFORE_AUTH],
+)
+async def test_garbage_on_the_command_channel_before_auth(
+    broker: Broker, data: bytes, text: str
+) -> None:
+    # The command hello, then garbage instead of the auth request, its first byte alone so
+    # the broker must wait for more: the error frame, the close, nothing else.
+    conn = await RawConn.open(broker.port)
+    await conn.send(wire.Mode.CMD.to_bytes(4, "big") + data[:1])
+    with contextlib.suppress(ConnectionError):
+        await conn.send(data[1:])  # the broker may answer and close while this is in flight
+    assert await conn.frame() == wire.ErrorReply(text)
+    assert await conn.closed() == b""
+    assert broker.clients == {}  # nothing was registered for it
     await assert_broker_serves(broker)
 
 

@@ -394,12 +394,100 @@ async def test_a_slow_consumer_pauses_reading_and_loses_nothing(
         assert (await sub.status())["dropped_in"] == 0
 
 
-async def test_heartbeats_keep_the_client_connected(connect: Connect) -> None:
-    async with asyncio.timeout(TIMEOUT):
-        client = await connect(heartbeat_ms=30)
-        await asyncio.sleep(0.3)  # ten intervals: both sides must have kept talking
-        assert client.connected and client.connections == 1
-        assert "dropped_in" in await client.status()
+class HeartbeatTap:
+    """A loopback relay between clients and a broker that counts the heartbeats crossing
+    command connections each way: what the test waits on instead of the clock."""
+
+    def __init__(self, broker_port: int) -> None:
+        self.broker_port = broker_port
+        self.port = 0
+        self.accepted = 0
+        self.ended = 0  # directions of relayed connections that ended
+        self.to_broker = 0  # heartbeats the client sent
+        self.to_client = 0  # heartbeats the broker sent (the one after auth included)
+        self.changed = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def __aenter__(self) -> HeartbeatTap:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def wait(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            await self.changed.wait()
+            self.changed.clear()
+
+    def _count(self, frame: object, way: str) -> None:
+        if isinstance(frame, wire.Heartbeat):
+            setattr(self, way, getattr(self, way) + 1)
+            self.changed.set()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", self.broker_port)
+        self._writers += [writer, up_w]
+        hello = await reader.readexactly(4)
+        up_w.write(hello)
+        cmd = hello == wire.Mode.CMD.to_bytes(4, "big")
+        requests, replies = wire.ServerCommandDecoder(), wire.ClientCommandDecoder()
+        for task in (
+            asyncio.create_task(self._pump(reader, up_w, requests if cmd else None, "to_broker")),
+            asyncio.create_task(self._pump(up_r, writer, replies if cmd else None, "to_client")),
+        ):
+            self._tasks.add(task)
+
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        decoder: wire.ServerCommandDecoder | wire.ClientCommandDecoder | None,
+        way: str,
+    ) -> None:
+        try:
+            while chunk := await reader.read(65536):
+                writer.write(chunk)
+                if decoder is not None:
+                    decoder.feed(chunk)
+                    while (frame := decoder.next_frame()) is not None:
+                        self._count(frame, way)
+        except (ConnectionError, ProtocolError):
+            pass
+        finally:
+            writer.close()
+            self.ended += 1
+            self.changed.set()
+
+
+async def test_heartbeats_keep_an_idle_client_connected(broker: Broker) -> None:
+    # Both sides beat, and each drops the other after 3 intervals without hearing from it:
+    # once four of the client's beats (four intervals) went by with nothing else said, the
+    # link stood only because the heartbeats kept it. The interval leaves a loaded machine
+    # 1.5 s of stall before either side may rightly give up; nothing here is timed.
+    async with asyncio.timeout(30), HeartbeatTap(broker.port) as tap:
+        client = Client(port=tap.port, heartbeat_ms=500)
+        await client.connect()
+        try:
+            await tap.wait(lambda: (tap.to_broker >= 4 and tap.to_client >= 5) or tap.ended > 0)
+            assert tap.ended == 0, "a side gave up on the link"
+            assert client.connected and client.connections == 1
+            assert tap.accepted == 2  # the command and data connections, never a reconnect
+            assert len(broker.clients) == 1
+            assert "dropped_in" in await client.status()
+        finally:
+            await client.close()
 
 
 async def test_closed_client_raises_and_ends_iteration(connect: Connect) -> None:

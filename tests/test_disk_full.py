@@ -16,6 +16,7 @@ import pytest
 
 from fqbroker.client import Client, ClientError
 
+from .conftest import wait_for
 from .procs import Proc
 
 LIMIT = 1 << 20  # bytes any one file of the broker may grow to
@@ -73,3 +74,48 @@ async def test_disk_full(tmp_path: Path) -> None:
     finally:
         fqd.kill()
         await fqd.proc.wait()
+
+
+async def test_a_drained_queue_gives_its_disk_back(tmp_path: Path) -> None:
+    """The queue fills the disk; once its consumer has read everything, the segment it
+    filled is deleted (a new, empty one takes the writes) and publishing works again.
+
+    The segments are the default 64 MiB, far past the 1 MiB the disk holds, so before
+    this the full segment was the newest one, which nothing ever deleted."""
+    fqd, port = await Proc.start_fqd(tmp_path, preexec_fn=_small_disk)
+    directory = tmp_path / "queues" / b"drain".hex()
+    source = "u/drain/disk:permanent,backlog=-1"
+    try:
+        async with asyncio.timeout(60):
+            async with Client(port=port, source=source) as setup:
+                await setup.bind(b"logs", b"prefix:", 0x0110)
+            # The consumer comes only once the disk is full.
+            publisher = Client(port=port, source="pub", reconnect=False)
+            await publisher.connect()
+            confirmed = 0
+            with pytest.raises(ClientError, match="disk queue write failed"):
+                for n in range(1, 5000):
+                    publisher.publish(b"logs", b"r", b"%06d " % n + PAYLOAD)
+                    if n % 100 == 0:
+                        confirmed = await publisher.confirm()
+            await publisher.close()
+            full = sum(p.stat().st_size for p in directory.glob("*.seg"))
+            assert full > LIMIT // 2
+            consumer = Client(port=port, source=source, reconnect=False)
+            await consumer.connect()
+            got = [int((await consumer.receive()).payload[:6]) for _ in range(confirmed)]
+            assert got == list(range(1, confirmed + 1))
+            # The checkpoint moves once the consumer's socket took the messages; at the end,
+            # the full segment goes (a bounded wait on the files: no event tells a test).
+            await wait_for(lambda: sum(p.stat().st_size for p in directory.glob("*.seg")) == 0)
+            async with Client(port=port, source="pub2", reconnect=False) as second:
+                for n in range(500):  # half the disk again: more than was free before
+                    second.publish(b"logs", b"r", b"again %04d " % n + PAYLOAD)
+                assert await second.confirm() == 500
+            again = [(await consumer.receive()).payload[:10] for _ in range(500)]
+            assert again == [b"again %04d" % n for n in range(500)]
+            await consumer.close()
+    finally:
+        fqd.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(10):
+            await fqd.finish()

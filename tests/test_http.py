@@ -8,12 +8,15 @@ import json
 import socket
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
 
 import h11
 import pytest
 
-from fqbroker import segmentlog, wire
+from fqbroker import checkpoints, segmentlog, wire
 from fqbroker.client import Client
+from fqbroker.config import Settings
 from fqbroker.message import hop_addresses
 from fqbroker.server import Broker
 
@@ -600,6 +603,87 @@ async def test_checkpoint_errors(broker: Broker, endpoint: str) -> None:
     await conn.close()
     await eph.close()
     await mem.close()
+
+
+async def checkpoint_call(port: int, endpoint: str, **query: str) -> dict[str, str]:
+    response, body = await get(port, f"/{endpoint}?{urlencode(query)}")
+    assert response.status_code == 200
+    assert header(response, b"content-type") == b"application/json"
+    answer: dict[str, str] = json.loads(body)
+    return answer
+
+
+async def queue_info(port: int, queue: str) -> dict[str, Any]:
+    response, body = await get(port, f"/queue/info?queue={queue}")
+    assert response.status_code == 200
+    info: dict[str, Any] = json.loads(body)
+    return info
+
+
+async def test_checkpoint_add_read_move_reset_remove_over_http(broker: Broker) -> None:
+    """A checkpoint's whole life through real requests on a real disk queue, and what a
+    reset does to the queue's reader: it gets the messages from the checkpoint on again."""
+    port = broker.port
+    reader = await open_session(port, b"reader", b"cpq\x00disk:permanent,public")
+    await reader.bind(b"cp", b"prefix:")
+    publisher = await open_session(port, b"writer")
+    for i in range(10):
+        await publisher.publish(b"cp", b"r", b"m%d" % i)
+    assert [m.payload for m in await reader.receive(10)] == [b"m%d" % i for i in range(10)]
+    info = await queue_info(port, "cpq")
+    first = info["first"]
+    # Sequence numbers are dense: m<i> is first + i. Wait until all are durable (readable).
+    await wait_for(lambda: broker.queues[b"cpq"].store.durable_seq >= first + 9)  # type: ignore[attr-defined]
+    assert "mark" not in (await queue_info(port, "cpq"))["checkpoints"]
+
+    # Create, and read it back.
+    at = checkpoints.format_position(first + 4)
+    answer = await checkpoint_call(port, "add_checkpoint", cpname="mark", qname="cpq", chkptid=at)
+    assert answer == checkpoint_body("success", "Checkpoint added")
+    assert (await queue_info(port, "cpq"))["checkpoints"]["mark"] == first + 4
+
+    # Move it: the same call with a later position.
+    at = checkpoints.format_position(first + 6)
+    answer = await checkpoint_call(port, "add_checkpoint", cpname="mark", qname="cpq", chkptid=at)
+    assert answer == checkpoint_body("success", "Checkpoint added")
+    assert (await queue_info(port, "cpq"))["checkpoints"]["mark"] == first + 6
+
+    # Reset the queue's reader to it: m6..m9 come again, in order, then new messages.
+    answer = await checkpoint_call(port, "reset_to_checkpoint", cpname="mark", qname="cpq")
+    assert answer == checkpoint_body("success", "'cpq' reset to checkpoint 'mark'")
+    assert [m.payload for m in await reader.receive(4)] == [b"m6", b"m7", b"m8", b"m9"]
+    await publisher.publish(b"cp", b"r", b"m10")
+    assert [m.payload for m in await reader.receive(1)] == [b"m10"]
+    assert (await queue_info(port, "cpq"))["checkpoints"]["mark"] == first + 6  # not moved
+
+    # Delete it: gone from the queue, and a reset to it is an error now.
+    answer = await checkpoint_call(port, "remove_checkpoint", cpname="mark", qname="cpq")
+    assert answer == checkpoint_body("success", "Checkpoint removed")
+    assert "mark" not in (await queue_info(port, "cpq"))["checkpoints"]
+    for endpoint in ("remove_checkpoint", "reset_to_checkpoint"):
+        answer = await checkpoint_call(port, endpoint, cpname="mark", qname="cpq")
+        assert answer == checkpoint_body("error", "Checkpoint does not exist")
+    await publisher.close()
+    await reader.close()
+
+
+async def test_a_checkpoint_outlives_a_restart(settings: Settings) -> None:
+    async with Broker(settings) as broker:
+        session = await open_session(broker.port, b"reader", b"keep\x00disk:permanent,public")
+        await session.bind(b"keep", b"prefix:")
+        await session.publish(b"keep", b"r", b"one")
+        await session.receive(1)
+        first = (await queue_info(broker.port, "keep"))["first"]
+        at = checkpoints.format_position(first + 1)
+        answer = await checkpoint_call(
+            broker.port, "add_checkpoint", cpname="kept", qname="keep", chkptid=at
+        )
+        assert answer == checkpoint_body("success", "Checkpoint added")
+        await session.close()
+    async with Broker(settings) as again:
+        assert (await queue_info(again.port, "keep"))["checkpoints"]["kept"] == first + 1
+        answer = await checkpoint_call(again.port, "remove_checkpoint", cpname="kept", qname="keep")
+        assert answer == checkpoint_body("success", "Checkpoint removed")
 
 
 # --- /shutdown -----------------------------------------------------------------------------

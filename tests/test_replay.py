@@ -19,7 +19,7 @@ from fqbroker.segmentlog import SegmentLog
 from fqbroker.server import Broker
 from fqbroker.store import queue_directory
 
-from .conftest import NODE_ID, open_session, wait_for
+from .conftest import NODE_ID, TIMEOUT, open_session, wait_for
 
 
 async def publish(port: int, n: int, exchange: str = "ex", size: int = 0) -> None:
@@ -203,3 +203,55 @@ def test_entries_round_trip_and_cut_bodies_fail() -> None:
     for cut in (1, replay.ENTRY.size + 3, len(body) - 1):
         with pytest.raises(ValueError, match=r"cut short|does not hold"):
             replay.decode_entries(body[:cut])
+
+
+class FlakyHttp:
+    """A loopback HTTP server that fails the first requests as a restarting broker does:
+    the first connection is closed before any answer, the second is cut off in the middle
+    of its body; then /queue/info is answered."""
+
+    INFO = json.dumps({"queue": "rq", "first": 1, "next": 5, "checkpoints": {}}).encode()
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> FlakyHttp:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            if self.connections == 2:
+                writer.write(head + b"Content-Length: %d\r\n\r\n" % len(self.INFO) + b"{")
+            elif self.connections > 2:
+                writer.write(head + b"Content-Length: %d\r\n\r\n" % len(self.INFO) + self.INFO)
+            await writer.drain()
+        finally:
+            writer.close()
+
+
+async def test_requests_that_get_no_answer_are_retried_for_retry_seconds() -> None:
+    async with FlakyHttp() as server:
+        rc = ReplayClient(port=server.port, retry_seconds=TIMEOUT)
+        info = await asyncio.to_thread(rc.info, "rq")
+        assert (info.first, info.next, server.connections) == (1, 5, 3)
+
+
+@pytest.mark.parametrize("connection", [1, 2], ids=["closed-before-answer", "cut-mid-body"])
+async def test_without_retries_no_answer_is_a_broker_error(connection: int) -> None:
+    # An answer cut off mid-body used to escape as http.client.IncompleteRead.
+    async with FlakyHttp() as server:
+        server.connections = connection - 1  # the next connection fails that way
+        with pytest.raises(BrokerError, match="cannot reach the broker"):
+            await asyncio.to_thread(ReplayClient(port=server.port).info, "rq")

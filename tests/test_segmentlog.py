@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import zlib
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fqbroker import segmentlog
+from fqbroker import segcheckpoints, segmentlog
 from fqbroker.segmentlog import FORMAT_LINE, HEADER_SIZE, LogFormatError, SegmentLog
 
 from .conftest import FailingFsync
@@ -49,6 +48,30 @@ def contents(log: SegmentLog, batch: int = 7) -> list[bytes]:
         seq += len(records)
     assert seq == log.next_seq
     return out
+
+
+def stored(log: SegmentLog, batch: int = 7) -> dict[int, bytes]:
+    """Every stored record by seq, read forward in small batches; seqs may skip damage."""
+    out: dict[int, bytes] = {}
+    seq = log.first_seq
+    while records := log.read(seq, batch):
+        assert all(s >= seq for s, _ in records)
+        assert [s for s, _ in records] == sorted(s for s, _ in records)
+        out.update(records)
+        seq = records[-1][0] + 1
+    assert seq <= log.next_seq
+    return out
+
+
+def flip(path: Path, at: int, bit: int = 6) -> bytes:
+    """Flip one bit of a file in place (through the page cache, as rot would show);
+    return the whole record-sized neighbourhood before the flip for comparison."""
+    with path.open("r+b") as f:
+        f.seek(at)
+        byte = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([byte ^ (1 << bit)]))
+    return path.read_bytes()
 
 
 def segments(directory: Path) -> list[Path]:
@@ -291,6 +314,10 @@ def test_torn_tail_drops_only_the_partial_record(
     assert report.dropped_records_after == 1
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert path.stat().st_size == last
+    # The torn record is cut off, as the end of the log, but its bytes are kept aside.
+    assert report.moved_to == f"damaged/{path.name}@{last}"
+    assert (tmp_path / report.moved_to).stat().st_size == at - last
+    assert (log.corrupt_records, log.corrupt_bytes) == (0, 0)  # a crash, not damage
     assert log.append([b"new"]) == 5
     log.close()
     log = SegmentLog(tmp_path)
@@ -310,43 +337,150 @@ def test_cut_at_a_record_boundary_is_clean(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("segment", "record", "byte"), [(17, 1, 20), (9, 1, 3), (9, 0, 12)])
-def test_corrupt_record_ends_the_log_before_it(
+def test_a_corrupt_record_is_skipped_and_everything_after_it_kept(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, segment: int, record: int, byte: int
 ) -> None:
     log = SegmentLog(tmp_path, segment_bytes=200)  # four 46-byte records per segment
     payloads = [os.urandom(30) for _ in range(20)]
     log.append(payloads)
     log.close()
+    before = {p.name for p in segments(tmp_path)}
     path = tmp_path / f"{segment:020d}.seg"
-    data = bytearray(path.read_bytes())
     at = record * 46 + (HEADER_SIZE + byte if byte < 30 else byte)
-    data[at] ^= 0x40
-    path.write_bytes(bytes(data))
+    damaged = flip(path, at)[record * 46 : record * 46 + 46]
     with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
         log = SegmentLog(tmp_path, segment_bytes=200)
-    good = segment - 1 + record
-    assert contents(log) == payloads[:good]
-    assert log.next_seq == good + 1
+    bad = segment + record  # its seq
+    assert stored(log) == {i + 1: p for i, p in enumerate(payloads) if i + 1 != bad}
+    assert (log.first_seq, log.next_seq) == (1, 21)
     (report,) = log.recovery
     assert report.reason == "checksum mismatch"
     assert (report.segment, report.offset) == (path.name, record * 46)
-    assert report.dropped_bytes == 20 * 46 - good * 46
-    assert report.dropped_records_after == 20 - good
+    assert (report.dropped_bytes, report.dropped_records_after) == (46, 1)
+    assert report.moved_to == f"damaged/{path.name}@{record * 46}"
+    assert (tmp_path / report.moved_to).read_bytes() == damaged
+    assert (log.corrupt_records, log.corrupt_bytes) == (1, 46)
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
-    assert segments(tmp_path)[-1] == path  # later segments deleted
-    assert log.append([b"next"]) == good + 1
+    # The records after the damage went to a segment of their own; nothing later went.
+    after = {p.name for p in segments(tmp_path)}
+    assert after - before <= {f"{bad + 1:020d}.seg"}
+    assert before - after <= {path.name}
+    assert (tmp_path / "FORMAT").read_text() == "fqbroker-segmentlog 3\n"  # has a gap
+    assert log.append([b"next"]) == 21
+    log.close()
+    log = SegmentLog(tmp_path, segment_bytes=200)
+    assert log.recovery == []
+    assert stored(log)[21] == b"next"
+    assert len(stored(log)) == 20
+    log.close()
 
 
-def test_missing_middle_segment_ends_the_log(tmp_path: Path) -> None:
+def test_one_flipped_byte_in_the_first_of_six_segments_loses_one_record(
+    tmp_path: Path,
+) -> None:
+    """The issue's case: 2,720 intact messages in the five later segments were deleted."""
+    log = SegmentLog(tmp_path, segment_bytes=100 * 36)  # 100 records a segment
+    payloads = [p20(i) for i in range(1, 601)]
+    log.append(payloads)
+    log.close()
+    assert len(segments(tmp_path)) == 6
+    flip(segments(tmp_path)[0], 41 * 36 + HEADER_SIZE + 5)  # record 42's payload
+    log = SegmentLog(tmp_path, segment_bytes=100 * 36)
+    got = stored(log)
+    assert sorted(set(range(1, 601)) - set(got)) == [42]
+    assert all(got[i] == p20(i) for i in got)
+    assert log.corrupt_records == 1
+    log.close()
+
+
+def test_damage_in_several_places_skips_only_what_is_damaged(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path)
+    log.append([p20(i) for i in range(1, 201)])
+    log.close()
+    (path,) = segments(tmp_path)
+    with path.open("r+b") as f:
+        f.seek(10 * 36 + 3)  # inside record 11, through record 13's first bytes
+        f.write(b"\0" * (2 * 36 + 10))
+        f.seek(100 * 36 + 8)  # record 101's seq field
+        f.write(b"\xff")
+        f.seek(150 * 36 + 4)  # record 151's length: it would run far past the end
+        f.write(b"\x7f")
+    log = SegmentLog(tmp_path)
+    assert sorted(set(range(1, 201)) - set(stored(log))) == [11, 12, 13, 101, 151]
+    assert (log.skipped_from(1), log.skipped_from(12), log.skipped_from(151)) == (5, 4, 1)
+    assert [(r.offset, r.dropped_records_after) for r in log.recovery] == [
+        (360, 3), (3600, 1), (5400, 1),
+    ]  # fmt: skip
+    assert [p.name for p in segments(tmp_path)] == [f"{n:020d}.seg" for n in (1, 14, 102, 152)]
+    assert log.corrupt_records == 5
+    assert sorted(p.name for p in (tmp_path / "damaged").iterdir()) == [
+        f"{path.name}@{off}" for off in (360, 3600, 5400)
+    ]
+    log.close()
+
+
+def test_a_checkpoint_in_a_skipped_region_moves_past_it(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path)
+    log.append([p20(i) for i in range(1, 11)])
+    log.set_checkpoint("fq", 5)
+    log.set_checkpoint("other", 2)
+    log.close()
+    (path,) = segments(tmp_path)
+    flip(path, 3 * 36 + 20)  # record 4
+    flip(path, 4 * 36 + 20)  # record 5
+    log = SegmentLog(tmp_path)
+    assert dict(log.checkpoints) == {"fq": 6, "other": 2}
+    assert log.read(4, 3) == [(6, p20(6)), (7, p20(7)), (8, p20(8))]
+    assert log.read(2, 3) == [(2, p20(2)), (3, p20(3)), (6, p20(6))]
+    log.close()
+
+
+def test_a_flip_while_running_is_never_returned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rot after the log was opened: the read checks every record, skips the damage,
+    copies it aside and says so once; the next open cuts it out of the segment."""
+    log = SegmentLog(tmp_path)
+    log.append([p20(i) for i in range(1, 1001)])
+    assert len(log.read(1, 1000)) == 1000
+    (path,) = segments(tmp_path)
+    flip(path, 499 * 36 + 30)  # record 500
+    with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
+        assert sorted(set(range(1, 1001)) - set(stored(log))) == [500]
+        assert (log.skipped_from(1), log.skipped_from(501)) == (1, 0)
+        assert sorted(set(range(1, 1001)) - set(stored(log, batch=1000))) == [500]
+        assert log.read(500, 2) == [(501, p20(501)), (502, p20(502))]
+        assert log.read(700, 1) == [(700, p20(700))]  # random access walks past it
+    assert (log.corrupt_records, log.corrupt_bytes) == (1, 36)
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]  # one line, not per read
+    assert (tmp_path / f"damaged/{path.name}@{499 * 36}").stat().st_size == 36
+    assert log.append([b"more"]) == 1001
+    log.close()
+    log = SegmentLog(tmp_path)
+    assert len(log.recovery) == 1
+    got = stored(log)
+    assert sorted(set(range(1, 1002)) - set(got)) == [500]
+    assert got[1001] == b"more"
+    log.close()
+
+
+def test_missing_middle_segment_leaves_a_gap(tmp_path: Path) -> None:
     log = SegmentLog(tmp_path, segment_bytes=100)
     log.append([p20(i) for i in range(1, 10)])
     log.close()
     (tmp_path / f"{5:020d}.seg").unlink()
     log = SegmentLog(tmp_path, segment_bytes=100)
-    assert contents(log) == [p20(i) for i in range(1, 5)]
+    assert stored(log) == {i: p20(i) for i in range(1, 10) if i not in (5, 6)}
     (report,) = log.recovery
-    assert "starts at seq 7, expected 5" in report.reason
-    assert report.dropped_bytes == 72 + 36
+    assert "seqs 5 to 6 are in no segment" in report.reason
+    assert report.dropped_records_after == 2
+    assert (tmp_path / "FORMAT").read_text() == "fqbroker-segmentlog 3\n"
+    log.close()
+    (tmp_path / "FORMAT").unlink()  # lost again: rewritten as 3, since the log has a gap
+    log = SegmentLog(tmp_path, segment_bytes=100)
+    assert [r.segment for r in log.recovery] == ["FORMAT"]
+    assert (tmp_path / "FORMAT").read_text() == "fqbroker-segmentlog 3\n"
+    log.close()
 
 
 @pytest.mark.parametrize("tail", [b"\0" * 4096, b"\0" * 7, os.urandom(1000)])
@@ -369,6 +503,9 @@ def test_zero_filled_or_garbage_tail(
         assert report.reason == "zero-filled tail"
         assert report.dropped_records_after == 0
         assert [r.levelno for r in caplog.records] == [logging.WARNING]
+        assert report.moved_to == "" and not (tmp_path / "damaged").exists()  # zeros
+    else:
+        assert (tmp_path / report.moved_to).read_bytes() == tail
     assert path.stat().st_size == size
 
 
@@ -433,6 +570,42 @@ def test_failed_write_leaves_the_log_unchanged(tmp_path: Path) -> None:
     log = SegmentLog(tmp_path, segment_bytes=4000)
     assert log.recovery == []
     assert contents(log) == [b"a" * 100] * 20 + [b"e"]
+
+
+_NO_ROOM = r"""
+import json, os, resource, signal, sys
+from pathlib import Path
+from fqbroker.segmentlog import SegmentLog
+
+d = Path(sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    SegmentLog(d)
+except OSError as exc:
+    print(json.dumps({"errno": exc.errno}))
+"""
+
+
+def test_no_room_to_move_damage_aside_changes_nothing(tmp_path: Path) -> None:
+    """The good records after damage need a file of their own; on a disk without room
+    for it the log refuses to open and leaves no half-written file behind."""
+    log = SegmentLog(tmp_path)
+    log.append([p20(i) for i in range(1, 1001)])  # 36,000 bytes
+    log.close()
+    (path,) = segments(tmp_path)
+    before = flip(path, 36 + 30)  # record 2: 998 good records after it, 35,928 bytes
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_ROOM, str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(done.stdout) == {"errno": 27}  # EFBIG, as ENOSPC would be
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob("*.tmp"))
+    log = SegmentLog(tmp_path)  # with room: recovered
+    assert sorted(set(range(1, 1001)) - set(stored(log))) == [2]
+    log.close()
 
 
 def test_sync_from_another_thread_while_appending(tmp_path: Path) -> None:
@@ -507,12 +680,93 @@ def test_lagging_reader_keeps_its_records_when_the_tail_is_lost(tmp_path: Path) 
 
 def test_unknown_format_is_refused(tmp_path: Path) -> None:
     SegmentLog(tmp_path).close()
-    (tmp_path / "FORMAT").write_text("fqbroker-segmentlog 3\n")
-    with pytest.raises(LogFormatError, match="fqbroker-segmentlog 3"):
+    (tmp_path / "FORMAT").write_text("fqbroker-segmentlog 4\n")
+    with pytest.raises(LogFormatError, match="fqbroker-segmentlog 4"):
         SegmentLog(tmp_path)
-    (tmp_path / "FORMAT").unlink()
-    with pytest.raises(LogFormatError, match="no FORMAT"):
+    assert (tmp_path / "FORMAT").read_text() == "fqbroker-segmentlog 4\n"
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "garbage"])
+def test_a_missing_or_damaged_format_file_is_rewritten(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
+    log = SegmentLog(tmp_path)
+    log.append([p20(i) for i in range(1, 11)])
+    log.set_checkpoint("fq", 4)
+    log.close()
+    path = tmp_path / "FORMAT"
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_bytes(b"" if damage == "empty" else b"\x00\xffqbroker-segmentlog 2")
+    with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
+        log = SegmentLog(tmp_path)
+    (report,) = log.recovery
+    assert report.segment == "FORMAT"
+    assert f"FORMAT file {damage if damage == 'missing' else 'damaged'}" in report.reason
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
+    assert path.read_text() == FORMAT_LINE
+    assert dict(log.checkpoints) == {"fq": 4}  # the checkpoints file was kept
+    assert stored(log) == {i: p20(i) for i in range(1, 11)}
+    log.close()
+    assert SegmentLog(tmp_path).recovery == []
+
+
+class _FullDisk:
+    """Stands in for ``os`` in fqbroker.segmentlog: creating a file fails with ENOSPC, as
+    on a disk with no inode or directory block left; everything else is the real call."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+    def open(self, path: object, flags: int, *args: int) -> int:
+        if flags & os.O_CREAT and not Path(str(path)).exists():
+            raise OSError(28, os.strerror(28))
+        return os.open(path, flags, *args)  # type: ignore[arg-type]
+
+
+def test_a_drained_log_that_cannot_create_a_file_keeps_going(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = SegmentLog(tmp_path)
+    log.append([b"x" * 1000] * 300)
+    log.set_checkpoint("fq", 301)
+    monkeypatch.setattr(segmentlog, "os", _FullDisk())
+    assert log.trim() == 0  # no new segment: the old one stays, nothing is lost
+    assert [p.name for p in segments(tmp_path)] == [f"{1:020d}.seg"]
+    assert log.append([b"y"]) == 301  # and it still takes writes
+    log.set_checkpoint("fq", 302)
+    monkeypatch.undo()
+    assert log.trim() == 301 * HEADER_SIZE + 300 * 1000 + 1  # with room: given back
+    assert [p.name for p in segments(tmp_path)] == [f"{302:020d}.seg"]
+    log.close()
+
+
+def test_segments_that_are_not_ours_are_refused(tmp_path: Path) -> None:
+    (tmp_path / f"{1:020d}.seg").write_bytes(os.urandom(100))
+    with pytest.raises(LogFormatError, match="do not start with segment log records"):
         SegmentLog(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{1:020d}.seg"]  # untouched
+
+
+def test_a_drained_log_gives_its_disk_back(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path)  # 64 MiB segments
+    log.append([b"x" * 1000] * 300)
+    log.set_checkpoint("fq", 200)
+    assert log.trim() == 0  # a reader still needs the segment
+    log.set_checkpoint("fq", 301)
+    freed = log.trim()
+    assert freed == 300 * (HEADER_SIZE + 1000) and log.size_bytes == 0
+    assert [p.name for p in segments(tmp_path)] == [f"{301:020d}.seg"]
+    assert (log.first_seq, log.next_seq) == (301, 301)
+    assert log.append([b"y"]) == 301
+    assert log.read(301, 5) == [(301, b"y")]
+    log.set_checkpoint("fq", 302)
+    assert log.trim() == 0  # a few bytes: not worth a new file after every batch
+    log.close()
+    log = SegmentLog(tmp_path)
+    assert (log.recovery, log.first_seq, log.next_seq) == ([], 301, 302)
+    log.close()
 
 
 def test_closed_and_destroyed(tmp_path: Path) -> None:
@@ -586,7 +840,7 @@ def _whole_records(path: Path, at: int) -> int:
 def test_a_flipped_bit_never_reaches_a_reader(
     payloads: list[bytes], where: float, bit: int, segment_bytes: int
 ) -> None:
-    """CRC-32 catches every single-bit error: the log ends just before the damaged record."""
+    """CRC-32 catches every single-bit error: exactly the damaged record is skipped."""
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp) / "q"
         log = SegmentLog(directory, segment_bytes=segment_bytes)
@@ -603,8 +857,71 @@ def test_a_flipped_bit_never_reaches_a_reader(
         data[at] ^= 1 << bit
         path.write_bytes(bytes(data))
         log = SegmentLog(directory, segment_bytes=segment_bytes)
-        assert contents(log) == payloads[: damaged - 1]
+        expected = {i: p for i, p in enumerate(payloads, 1) if i != damaged}
+        if damaged == len(payloads):  # the last record: a lost tail, as after a crash
+            assert log.next_seq == damaged
+        assert stored(log) == expected
         assert len(log.recovery) == 1
+        log.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    payloads=st.lists(st.binary(max_size=60), min_size=1, max_size=60),
+    damage=st.lists(
+        st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 90), st.booleans()),
+        min_size=1,
+        max_size=3,
+    ),
+    segment_bytes=st.sampled_from([150, 400, 1 << 20]),
+    reopen=st.booleans(),
+)
+def test_damage_loses_exactly_the_records_it_touches(
+    payloads: list[bytes],
+    damage: list[tuple[float, int, bool]],
+    segment_bytes: int,
+    reopen: bool,
+) -> None:
+    """Overwrite a few byte ranges (zeros or garbage) of any segments: every record none
+    of whose bytes changed is still read, with its seq; nothing read differs from what
+    was written. Found when the log is opened, or by reads while it runs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp) / "q"
+        log = SegmentLog(directory, segment_bytes=segment_bytes)
+        log.append(payloads)
+        files = segments(directory)
+        layout = {path: record_starts(path) for path in files}
+        total = sum(p.stat().st_size for p in files)
+        changed: dict[Path, list[tuple[int, int]]] = {}
+        for where, length, zeros in damage:
+            at = int(total * where)
+            for path in files:
+                size = path.stat().st_size
+                if at < size:
+                    break
+                at -= size
+            end = min(at + length, size)
+            new = bytes(end - at) if zeros else os.urandom(end - at)
+            with path.open("r+b") as f:  # in place: the open log's reads see it
+                f.seek(at)
+                old = f.read(end - at)
+                f.seek(at)
+                f.write(new)
+            changed.setdefault(path, []).extend(
+                (at + i, at + i + 1) for i in range(end - at) if old[i] != new[i]
+            )
+        intact = {}
+        for path, starts in layout.items():
+            for seq, start in enumerate(starts, int(path.name[:20])):
+                end = start + HEADER_SIZE + len(payloads[seq - 1])
+                if not any(start <= a < end for a, _ in changed.get(path, [])):
+                    intact[seq] = payloads[seq - 1]
+        if reopen:
+            log.close()
+            log = SegmentLog(directory, segment_bytes=segment_bytes)
+        got = stored(log)
+        assert {seq: got.get(seq) for seq in intact} == intact
+        assert all(payloads[seq - 1] == payload for seq, payload in got.items())
         log.close()
 
 
@@ -654,7 +971,7 @@ def test_a_failed_durable_update_keeps_the_last_durable_slot(
     log = SegmentLog(tmp_path)
     log.append([b"x"] * 100)
     log.set_checkpoint("fq", 2, durable=True)  # slot 1
-    monkeypatch.setattr(segmentlog, "_fdatasync", FailingFsync().fsync)
+    monkeypatch.setattr(segcheckpoints, "_fdatasync", FailingFsync().fsync)
     with pytest.raises(OSError, match="Input/output"):
         log.set_checkpoint("fq", 3, durable=True)  # slot 2, made but not durable
     assert log.checkpoints["fq"] == 3
@@ -730,6 +1047,11 @@ def test_an_unreadable_checkpoints_file_is_reported(
     assert report.segment == "checkpoints"
     assert "checkpoints" in report.reason
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
+    if damage == "header":  # the file size gives the slot size: the slots still count
+        assert "header damaged; rebuilt" in report.reason
+        assert dict(log.checkpoints) == {"fq": 5}
+        log.close()
+        return
     assert dict(log.checkpoints) == {}  # every reader starts from the first record
     assert contents(log) == [b"x"] * 10
     log.set_checkpoint("fq", 7)
@@ -926,23 +1248,6 @@ def test_checkpoints_after_a_crash_are_the_last_or_the_one_before(
         log.close()
 
 
-def test_checkpoint_updates_are_cheap(tmp_path: Path) -> None:
-    """One pwrite per update: far below the cost of a file rename (about 260 us)."""
-    log = SegmentLog(tmp_path)
-    log.append([b"x"] * 10)
-    log.set_checkpoint("fq", 1)
-    best = min(_time_updates(log, 200) for _ in range(5))
-    assert best < 100e-6, best
-    log.close()
-
-
-def _time_updates(log: SegmentLog, n: int) -> float:
-    start = time.perf_counter()
-    for i in range(n):
-        log.set_checkpoint("fq", 1 + i % 10)
-    return (time.perf_counter() - start) / n
-
-
 # --- failed fsyncs and repair -----------------------------------------------------------
 
 
@@ -1000,7 +1305,7 @@ def test_repair_refuses_a_damaged_tail(tmp_path: Path, monkeypatch: pytest.Monke
         log.append([b"x"])
     log.close()
     monkeypatch.undo()
-    log = SegmentLog(tmp_path)  # a reopen recovers: the log ends before the damage
-    assert contents(log) == [p20(i) for i in range(1, 6)]
+    log = SegmentLog(tmp_path)  # a reopen recovers: it skips the damaged record
+    assert stored(log) == {i: p20(i) for i in range(1, 8) if i != 6}
     assert len(log.recovery) == 1
     log.close()

@@ -5,7 +5,7 @@ Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`
 messages separated by NUL bytes on file descriptors 3 and 4), so no websocket library is
 needed. The tests save screenshots, light and dark, under ``$FQ_TEST_ARTIFACTS`` (default
 ``var/test-artifacts``): ``webui*.png`` and ``webui-peers*.png``. Without Chromium they
-skip; ``.ci/run`` installs Debian's package.
+skip, or fail with ``CI`` set (tests/prereqs.py); ``.ci/run`` installs Debian's package.
 """
 
 from __future__ import annotations
@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from fqbroker.config import Settings, Upstream
 from fqbroker.server import Broker
 
 from .conftest import TIMEOUT, Session, open_session
+from .prereqs import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = 'webui "live" ✓'
@@ -56,6 +55,7 @@ class Chromium:
         self.transport: asyncio.ReadTransport | None = None
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.events: list[dict[str, Any]] = []
+        self.event_arrived = asyncio.Event()  # set, and replaced, on every event
         self.next_id = 0
         self.pump: asyncio.Task[None] | None = None
 
@@ -125,6 +125,8 @@ class Chromium:
             future = self.pending.pop(key) if key in self.pending else None
             if future is None:
                 self.events.append(message)
+                self.event_arrived.set()
+                self.event_arrived = asyncio.Event()
             elif "error" in message:
                 future.set_exception(RuntimeError(message["error"]))
             else:
@@ -176,6 +178,7 @@ class Page:
         )
         page = cls(browser, attached["sessionId"])
         await page.call("Runtime.enable")
+        await page.call("Network.enable")  # so that polls() can count the page's polls
         await page.call("Emulation.setDeviceMetricsOverride", VIEWPORT)
         await page.call("Page.navigate", {"url": url})
         return page
@@ -191,11 +194,34 @@ class Page:
         return reply["result"].get("value")
 
     async def wait_for(self, expression: str, timeout: float = 15) -> Any:
-        """Evaluate until the result is truthy; returns it."""
+        """Evaluate after each poll the page renders until the result is truthy; returns it."""
         async with asyncio.timeout(timeout):
             while not (result := await self.evaluate(expression)):
-                await asyncio.sleep(0.1)
+                await self.rendered_polls(0, timeout)
         return result
+
+    def polls(self) -> int:
+        """How many times the page has asked for stats.json so far."""
+        return sum(
+            1
+            for e in self.browser.events
+            if e.get("sessionId") == self.session
+            and e.get("method") == "Network.requestWillBeSent"
+            and e["params"]["request"]["url"].endswith("/stats.json")
+        )
+
+    async def rendered_polls(self, n: int = 1, timeout: float = 15) -> None:
+        """Wait until the poll in flight now (if any) and ``n`` polls after it have been
+        rendered.
+
+        The page asks for stats.json only once it has rendered the answer before, so
+        those have been rendered when ``n + 1`` more requests have gone out. Waits on the
+        browser's events, not on the clock.
+        """
+        target = self.polls() + n + 1
+        async with asyncio.timeout(timeout):
+            while self.polls() < target:
+                await self.browser.event_arrived.wait()
 
     def errors(self) -> list[dict[str, Any]]:
         """Uncaught exceptions and console.error calls in the page so far."""
@@ -249,7 +275,7 @@ async def drain(consumer: Session) -> None:
 def require_chromium() -> str:
     chromium = find_chromium()
     if chromium is None:
-        pytest.skip(
+        missing(
             "headless Chromium not found: install Debian's chromium package "
             "(apt-get install chromium; .ci/run does it) or set FQ_CHROMIUM"
         )
@@ -294,8 +320,8 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
             page = await Page.open(browser, f"http://127.0.0.1:{broker.port}/")
             before = await page.wait_for(QUEUE_STATE)
             assert before["title"] == QUEUE
-            # A second poll has happened, still without traffic: the rate is zero.
-            await asyncio.sleep(1.2)
+            # A later poll, with the queue there before it and still no traffic: rate zero.
+            await page.rendered_polls(1)
             before = await page.evaluate(QUEUE_STATE)
             assert before["status"] == "live"
             # No upstreams configured: no "peers" in stats.json, and no Upstreams panel.
@@ -312,7 +338,7 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
             )
             assert after["textIn"] != before["textIn"]
             assert after["textOut"] != before["textOut"]
-            await asyncio.sleep(2.5)  # a few more points on the sparklines for the picture
+            await page.rendered_polls(3)  # a few more points on the sparklines for the picture
             await screenshot(page, "webui")
             assert page.errors() == []
     finally:
@@ -426,8 +452,8 @@ async def test_web_ui_shows_upstream_peers(broker: Broker, tmp_path: Path) -> No
             assert before["source"] == PEER_SOURCE
             assert before["badge"] == "connected"
             assert before["bindings"] == [[PEER_EXCHANGE, "prefix:", "1"]]
-            # A second poll has happened, still without traffic: the rate is zero.
-            await asyncio.sleep(1.2)
+            # A later poll, with the link there before it and still no traffic: rate zero.
+            await page.rendered_polls(1)
             before = await page.evaluate(a_state)
             assert before["rate"] == 0 and before["text"] == "0 msg/s"
 
@@ -448,7 +474,7 @@ async def test_web_ui_shows_upstream_peers(broker: Broker, tmp_path: Path) -> No
             assert lost["badgeColor"] != after["badgeColor"]
             assert (await page.evaluate(a_state))["state"] == "connected"
 
-            await asyncio.sleep(2.5)  # a few more points on the sparklines for the picture
+            await page.rendered_polls(3)  # a few more points on the sparklines for the picture
             await screenshot(page, "webui-peers")
             assert page.errors() == []
     finally:

@@ -19,6 +19,7 @@ __all__ = ["EARLIEST", "LATEST", "BrokerOptions", "Offsets", "SinkOptions", "Sou
 EARLIEST = -2  # in startingOffsets/endingOffsets JSON, as Kafka's
 LATEST = -1
 DEFAULT_PORT = 8765
+BROKER_RETRY = 60.0  # seconds the source and its readers wait for an unreachable broker
 
 
 def _get(options: Mapping[str, str], key: str, default: str = "") -> str:
@@ -66,7 +67,8 @@ class BrokerOptions:
         )
 
     def client(self) -> ReplayClient:
-        return ReplayClient(self.host, self.port, token=self.token)
+        # A stream outlives broker restarts: its requests wait this long for the broker.
+        return ReplayClient(self.host, self.port, token=self.token, retry_seconds=BROKER_RETRY)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 SparkSession start-up costs seconds and the first query of a session more (specs/spark.md
 §3.2), so both are shared by every test here; tests keep apart by using their own
 exchanges, queues and checkpoint directories. They skip, saying why, without pyspark (the
-``spark`` extra) or Java 17+ (``make java``).
+``spark`` extra) or Java 17+ (``make java``); with ``CI`` set they fail instead (tests/prereqs.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from fqbroker.client import Client, ClientClosed
 from fqbroker.message import Message
 from fqbroker.replayclient import ReplayClient
 
+from ..prereqs import missing, require_module
 from ..procs import ENV, ROOT
 
 TIMEOUT = 10.0
@@ -52,11 +53,11 @@ def java_problem() -> str | None:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark", reason="the spark extra is not installed")
-    pytest.importorskip("pyarrow", reason="the spark extra is not installed")
+    require_module("pyspark", "the spark extra is not installed (`make spark`)")
+    require_module("pyarrow", "the spark extra is not installed (`make spark`)")
     problem = java_problem()
     if problem:
-        pytest.skip(f"Spark needs Java 17+ ({problem}); `make java` installs it")
+        missing(f"Spark needs Java 17+ ({problem}); `make java` installs it")
     from pyspark.sql import SparkSession
 
     # Workers must run this venv's Python, not the first python3 on PATH; the repository
@@ -92,34 +93,77 @@ class FqBroker:
         return {"host": "127.0.0.1", "port": str(self.port), **{k: str(v) for k, v in more.items()}}
 
 
+SMALL_SEGMENTS = "[fqd]\nsegment_bytes = 16384\n"
+
+
+def start_fqd(
+    state: Path,
+    *,
+    port: int = 0,
+    conf_text: str = SMALL_SEGMENTS,
+    preexec_fn: Callable[[], None] | None = None,
+) -> FqBroker:
+    """A real broker process with its data under ``state``; by default small segments, so
+    that checkpoints trim in these tests. ``port`` 0 picks a free one; a restart passes the
+    old one."""
+    conf = state / "fqd.toml"
+    conf.write_text(conf_text)
+    log_path = state / "fqd.log"
+    before = log_path.stat().st_size if log_path.exists() else 0
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fqbroker", "-p", str(port), "-n", "10.254.254.1",
+             "--config", str(conf), "-c", str(state / "fqd.sqlite"), "-q", str(state / "queues")],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=ENV, cwd=ROOT,
+            preexec_fn=preexec_fn,
+        )  # fmt: skip
+    deadline = time.monotonic() + TIMEOUT
+    while (m := re.search(rb"Listening on port: (\d+)", log_path.read_bytes()[before:])) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_fqd(proc)
+            raise AssertionError(f"fqd did not start: {log_path.read_text()[-2000:]}")
+        time.sleep(0.05)
+    return FqBroker(int(m.group(1)), state, proc)
+
+
+def stop_fqd(proc: subprocess.Popen[bytes], *, kill: bool = False) -> None:
+    """SIGTERM (or SIGKILL, as a crash) and reap."""
+    if kill:
+        proc.kill()
+    else:
+        proc.terminate()
+    try:
+        proc.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def fq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FqBroker]:
-    """A real broker process; small segments, so that checkpoints trim in these tests."""
-    state = tmp_path_factory.mktemp("fqd")
-    conf = state / "fqd.toml"
-    conf.write_text("[fqd]\nsegment_bytes = 16384\n")
-    log = (state / "fqd.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fqbroker", "-p", "0", "-n", "10.254.254.1", "--config", str(conf),
-         "-c", str(state / "fqd.sqlite"), "-q", str(state / "queues")],
-        stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=ENV, cwd=ROOT,
-    )  # fmt: skip
+    """The broker every test here shares."""
+    broker = start_fqd(tmp_path_factory.mktemp("fqd"))
     try:
-        deadline = time.monotonic() + TIMEOUT
-        while (
-            m := re.search(rb"Listening on port: (\d+)", (state / "fqd.log").read_bytes())
-        ) is None:
-            assert proc.poll() is None and time.monotonic() < deadline, "fqd did not start"
-            time.sleep(0.05)
-        yield FqBroker(int(m.group(1)), state, proc)
+        yield broker
     finally:
-        proc.terminate()
-        try:
-            proc.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        stop_fqd(broker.proc)
+
+
+@pytest.fixture
+def own_fq(tmp_path: Path) -> Iterator[Callable[..., FqBroker]]:
+    """Brokers of one test (to kill, restart or starve); all stopped at its end."""
+    started: list[FqBroker] = []
+
+    def start(**kwargs: Any) -> FqBroker:
+        state = tmp_path / "fqd"
+        state.mkdir(exist_ok=True)
+        broker = start_fqd(state, **kwargs)
+        started.append(broker)
+        return broker
+
+    yield start
+    for broker in started:
+        stop_fqd(broker.proc)
 
 
 def publish(port: int, messages: list[tuple[str, str, bytes]]) -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("pyspark", reason="the spark extra is not installed")
-pytest.importorskip("pyarrow", reason="the spark extra is not installed")
+from ..prereqs import require_module
 
-from fqbroker.spark.options import EARLIEST, LATEST, Offsets, SinkOptions, SourceOptions
-from fqbroker.spark.source import FqRange, split
+require_module("pyspark", "the spark extra is not installed (`make spark`)")
+require_module("pyarrow", "the spark extra is not installed (`make spark`)")
+
+from fqbroker.spark.options import EARLIEST, LATEST, Offsets, SinkOptions, SourceOptions  # noqa: E402
+from fqbroker.spark.source import FqRange, split  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
