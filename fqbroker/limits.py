@@ -14,7 +14,7 @@ have every bad input logged at length. This module holds the broker's answers:
   of ours reaches asyncio's exception handler, which logs a traceback per event; ours
   logs one rate-limited line instead, with the traceback at debug level only.
 
-Everything here is plain bookkeeping: the server and the catalog call it, and it never
+Everything here is plain bookkeeping: the server and the sessions call it, and it never
 touches a socket.
 """
 
@@ -44,6 +44,7 @@ __all__ = [
     "RateBucket",
     "connection_limit",
     "install_exception_handler",
+    "raised_in_package",
 ]
 
 log = logging.getLogger(__name__)
@@ -147,8 +148,8 @@ class Limits:
         self.max_per_address = settings.max_connections_per_address
         # Closes for bad input, by front end: preamble, command, data, http, internal.
         self.bad_input: Counter[str] = Counter()
-        # Refused work, by reason: connections, connections_per_address, http_connections,
-        # queues_per_user, disk_queue_rate, descriptors.
+        # Refused work, by reason: connections, connections_per_address, queues_per_user,
+        # disk_queue_rate, descriptors.
         self.refused: Counter[str] = Counter()
         self.log = LogLimiter(log, settings.log_lines_per_second)
         self.accept_log = LogLimiter(log, 1, 60.0)
