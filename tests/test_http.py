@@ -526,9 +526,14 @@ async def test_submit_waits_for_room_in_a_block_queue(broker: Broker) -> None:
     conn = await HttpConn.open(broker.port)
     submit = [("X-Fq-Route", "r"), ("X-Fq-Exchange", "blk")]
     reply = asyncio.ensure_future(conn.request("POST", "/submit", submit, b"fills the queue"))
-    await asyncio.sleep(0.2)
+    await wait_for(lambda: broker.queues[b"blk"].backlog == 1)
+    # A request on another connection, answered after the broker has read the submit's
+    # body and routed it: the reply can only be withheld, not late.
+    stats = await HttpConn.open(broker.port)
+    response, _ = await stats.request("GET", "/stats.json")
+    assert response.status_code == 200
+    await stats.close()
     assert not reply.done()  # the queue is full: the reply waits (block policy)
-    assert broker.queues[b"blk"].backlog == 1
     data = await RawConn.open(broker.port)
     await data.send(wire.encode_hello(wire.Mode.DATA, auth.key))  # a consumer drains it
     response, body = await reply

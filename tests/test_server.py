@@ -310,10 +310,12 @@ async def test_heartbeat_request_then_silence_fails_the_client(broker: Broker) -
 
 async def test_client_heartbeats_keep_the_session(broker: Broker) -> None:
     session = await open_session(broker.port)
-    await session.cmd.send(wire.encode(wire.HeartbeatRequest(100)))
-    for _ in range(8):  # 8 x 50 ms is more than 3 x 100 ms
+    await session.cmd.send(wire.encode(wire.HeartbeatRequest(500)))
+    # 20 x 100 ms is more than the 3 x 500 ms after which a silent client is dropped; a
+    # machine that stalls this loop for under 1.5 s cannot fail it.
+    for _ in range(20):
         await session.cmd.send(wire.encode(wire.Heartbeat()))
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
     assert session.key in broker.clients
     assert (await session.status())["dropped_in"] == 0
     await session.cmd.send(wire.encode(wire.HeartbeatRequest(0)))
