@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -85,6 +86,7 @@ async def _run(settings: Settings) -> None:
 def fqd(argv: list[str] | None = None) -> int:
     settings = settings_from_args(argv)
     _configure_logging(settings.debug)
+    _raise_descriptor_limit()
     try:
         runner = _event_loop_runner()
         with runner:
@@ -93,6 +95,16 @@ def fqd(argv: list[str] | None = None) -> int:
         print(f"fqd: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _raise_descriptor_limit() -> None:
+    # Every connection and every disk-queue file is a descriptor, and many systems start a
+    # process with a soft limit of 1,024 under a far higher hard one. The broker takes what
+    # it is allowed (as Go programs do), and max_connections is derived from it.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard and (soft != resource.RLIM_INFINITY):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _event_loop_runner() -> asyncio.Runner:

@@ -430,3 +430,20 @@ async def _stderr_says(fqd: Proc, text: str) -> None:
         fqd.err_lines.append(line)
         if text in line:
             return
+
+
+async def test_fqd_takes_the_descriptor_limit_it_is_allowed(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 256:
+        pytest.skip("needs a finite hard descriptor limit above 256")
+
+    def low_soft_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+
+    fqd, _ = await Proc.start_fqd(tmp_path, preexec_fn=low_soft_limit)
+    procs.append(fqd)
+    limits = Path(f"/proc/{fqd.proc.pid}/limits").read_text()
+    line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
+    assert line.split()[3:5] == [str(hard), str(hard)]
