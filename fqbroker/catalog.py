@@ -11,6 +11,7 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from .budget import MemoryBudget
 from .errors import FqError, ProgramError, QueueError
 from .queue import Queue
 from .queuespec import QueueKind, QueueSpec
@@ -35,6 +36,8 @@ class Catalog:
         self.queues: dict[bytes, Queue] = {}
         # Disk stores with appended, unwritten messages; publishers flush them.
         self.dirty: set[DiskStore] = set()
+        # What memory queues and reads in flight hold, against the broker's limit.
+        self.budget = MemoryBudget(settings.memory_budget)
 
     # --- start-up -------------------------------------------------------------------------
 
@@ -73,7 +76,7 @@ class Catalog:
                 log.error("disk queue %r: %s", spec.name, exc)
                 raise QueueError("initialization of disk queue failed") from exc
             return Queue(spec, store)
-        return Queue(spec)
+        return Queue(spec, budget=self.budget, default_bytes=self.settings.backlog_bytes)
 
     # --- queues ---------------------------------------------------------------------------
 

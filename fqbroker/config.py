@@ -72,6 +72,10 @@ class Settings:
     upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
     peer_dedupe: int = 0  # message ids from peers remembered to drop repeats; 0: off, as fqd
+    # --- P8 memory bounds (docs/memory.md) ---
+    backlog_bytes: int = 64 << 20  # a memory queue's backlog in bytes, unless it says; 0: none
+    memory_budget: int = 1 << 30  # bytes held by memory queues and reads in flight, broker-wide
+    http_max_body: int = 16 << 20  # largest HTTP request body (/submit); larger gets 413
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:

@@ -165,16 +165,21 @@ class DiskStore:
     def size_bytes(self) -> int:
         return self.log.size_bytes
 
+    @property
+    def held_bytes(self) -> int:
+        """What it holds in memory: its cache of written frames (docs/memory.md)."""
+        return self._recent_bytes
+
+    def extend(self, frames: list[bytes], size: int = -1) -> None:
+        self._pending.extend(frames)
+        self._dirty.add(self)
+
     # --- writing --------------------------------------------------------------------------
 
     @property
     def pending(self) -> int:
         """Messages appended and not yet written."""
         return len(self._pending)
-
-    def extend(self, frames: list[bytes]) -> None:
-        self._pending.extend(frames)
-        self._dirty.add(self)
 
     def flush(self) -> None:
         """Write what was appended; raises OSError (and drops the batch) if the disk fails."""

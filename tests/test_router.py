@@ -32,6 +32,11 @@ class Box:
     def room(self) -> int:
         return self.limit - len(self.items)
 
+    room_bytes = 1 << 62
+
+    def takes(self, frames: list[bytes]) -> int:
+        return len(frames)
+
     @property
     def is_full(self) -> bool:
         return False
