@@ -8,7 +8,10 @@ Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session b
   (§1.11), and published into the router a run at a time (a peer's are decoded into
   messages first, whose hops are checked for loops). After a block-policy queue fills
   up, reading pauses and a task waits for room; then the rest of the batch is published
-  and reading resumes. That pushes back on this publisher only.
+  and reading resumes. That pushes back on this publisher only. What the decoder holds or
+  has been told to expect (the rest of a large message) is reserved against the broker's
+  memory budget before more is read; when the budget cannot grant it, or is spent while
+  this publisher holds nothing, reading pauses until consumers drain (docs/memory.md).
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they
   are taken, those that already passed through the peer at the other end are dropped
   (loop prevention, §5.3), and the rest written in peer format, one write per batch,
@@ -82,6 +85,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         "_paused",
         "_progress",
         "_ready",
+        "_reserved",
         "_room",
         "_stamp",
         "_stamp_size",
@@ -117,6 +121,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self._room: asyncio.Task[None] | None = None
         self._first = 0
         self._octets = 0
+        self._reserved = 0  # bytes of the memory budget this channel's input holds
         # Output: the queue's wake-up while it is empty, the write side's pause, and the
         # last batch written while the transport said pause (acked once it takes more).
         self._ready: Notify | None = None
@@ -143,6 +148,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
             decoder.feed(data)
             if self._room is None:
                 self._route_buffered()
+                if self._room is None and self.phase is Phase.STREAMING:
+                    self._reserve(decoder)
         elif self.phase is Phase.AWAIT_KEY:
             assert self.hello is not None
             self.hello.feed(data)
@@ -200,6 +207,9 @@ class DataSession(RemotePeer, asyncio.Protocol):
         if self._room is not None:
             self._room.cancel()
             self._room = None
+        if self._reserved:
+            self.broker.budget.release(self._reserved)
+            self._reserved = 0
         self._unacked = None
         if self.owner is not None and self.owner.data is self:
             self.owner.data = None
@@ -237,8 +247,12 @@ class DataSession(RemotePeer, asyncio.Protocol):
             assert self.owner is not None
             self._stamp = self.broker.node_id + ipv4_bytes(self.remote_addr)
             self._stamp_size = 2 + len(self.owner.user) + len(self._stamp)
+        # A message the whole budget could never hold is refused (skipped, size_dropped)
+        # rather than waited for forever; the margin covers its head and our stamp.
+        budget = self.broker.budget.limit - 1024
         return wire.MessageDecoder(
-            peer_format=self.is_peer, max_payload=self.broker.settings.max_message_size
+            peer_format=self.is_peer,
+            max_payload=min(self.broker.settings.max_message_size, budget),
         )
 
     def _route_buffered(self) -> None:
@@ -315,6 +329,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
     def _batch_done(self, decoder: wire.MessageDecoder) -> None:
         if decoder.oversized:
             assert self.owner is not None
+            log.info(
+                "dropped %d message(s) from %s over the size limit of %d bytes",
+                decoder.oversized, self._name(), decoder.max_payload,
+            )  # fmt: skip
             self.owner.stats.size_dropped += decoder.oversized
             self.broker.router.aggregate.size_dropped += decoder.oversized
             decoder.oversized = 0
@@ -331,6 +349,42 @@ class DataSession(RemotePeer, asyncio.Protocol):
             self._route_buffered()
         if self._room is not None or self.phase is Phase.CLOSED:
             return
+        if self._eof:
+            self.close()
+        elif self._reserve(decoder):
+            self.transport.resume_reading()
+
+    def _reserve(self, decoder: wire.MessageDecoder) -> bool:
+        """Hold budget for what the decoder holds or expects; False: reading waits for it.
+
+        A channel whose reservation covers its input reads on even while the budget is
+        spent, so a message it started always completes (and then frees the budget).
+        """
+        need = decoder.in_flight
+        grow = need - self._reserved
+        budget = self.broker.budget
+        if grow <= 0:
+            if grow:
+                self._reserved = need
+                budget.release(-grow)
+            if need or budget.used <= budget.limit:
+                return True
+            grow = 0  # holds nothing and the budget is spent: wait until it is not
+        elif budget.fits(grow):
+            budget.used += grow
+            self._reserved = need
+            return True
+        self.transport.pause_reading()
+        self._room = asyncio.ensure_future(self._wait_for_budget(decoder, grow))
+        return False
+
+    async def _wait_for_budget(self, decoder: wire.MessageDecoder, grow: int) -> None:
+        await self.broker.budget.wait(grow)
+        self._room = None
+        if self.phase is Phase.CLOSED:
+            return
+        self.broker.budget.used += grow
+        self._reserved += grow
         if self._eof:
             self.close()
         else:

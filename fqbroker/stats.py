@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .queuespec import UNLIMITED_BYTES
 from .router import AggregateStats, ClientStats
 from .version import FQ_COMPAT_VERSION
 
@@ -35,6 +36,7 @@ __all__ = [
     "ClientSnapshot",
     "ExchangeSnapshot",
     "HttpCounters",
+    "MemorySnapshot",
     "PeerSnapshot",
     "QueueSnapshot",
     "RouteSnapshot",
@@ -96,6 +98,9 @@ class QueueSnapshot:
     fsyncs: int | None = None
     fsync_seconds_total: float | None = None  # summed over all fsyncs
     fsync_last_seconds: float | None = None  # the latest fsync's duration
+    # P8 memory bounds (docs/memory.md): bytes held in memory, and the byte limit.
+    held_bytes: int = 0
+    limit_bytes: int | None = None  # None: unlimited (a disk queue's files are not counted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +147,15 @@ class Snapshot:
     peer_connections: int
     http: HttpCounters
     peers: tuple[PeerSnapshot, ...] = ()
+    memory: MemorySnapshot | None = None  # the broker-wide budget (docs/memory.md)
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySnapshot:
+    used: int
+    limit: int
+    paused: int  # times a publisher waited for the budget
+    waiting: int  # publishers waiting now
 
 
 _http: weakref.WeakKeyDictionary[Broker, HttpCounters] = weakref.WeakKeyDictionary()
@@ -199,6 +213,9 @@ def take_snapshot(broker: Broker) -> Snapshot:
         peer_connections=peers,
         http=HttpCounters(http.open_connections, http.accepted, Counter(http.responses)),
         peers=tuple(_peer_snapshot(link) for link in broker.peering.links.values()),
+        memory=MemorySnapshot(
+            broker.budget.used, broker.budget.limit, broker.budget.paused, broker.budget.waiting
+        ),
     )
 
 
@@ -239,6 +256,8 @@ def _queue_snapshot(queue: Queue) -> QueueSnapshot:
         fsyncs=_optional_int(store, "fsyncs"),
         fsync_seconds_total=_optional_float(store, "fsync_seconds_total"),
         fsync_last_seconds=_optional_float(store, "fsync_seconds"),
+        held_bytes=_optional_int(store, "held_bytes") or 0,
+        limit_bytes=None if queue.limit_bytes >= UNLIMITED_BYTES else queue.limit_bytes,
     )
 
 

@@ -26,6 +26,7 @@ Encoders are pure functions returning bytes. All integers are big-endian.
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,6 +118,8 @@ MAX_QUEUE_FIELD: Final = 1023
 MAX_PASSWORD: Final = 10240
 MAX_MESSAGE_SIZE: Final = 1 << 28
 BIND_ILLEGAL: Final = 0xFFFFFFFF
+# Frames from this size on are assembled outside the receive buffer (MessageDecoder).
+LARGE_FRAME: Final = 1 << 20
 HTTP_METHODS: Final = frozenset({b"GET ", b"PUT ", b"POST", b"HEAD"})
 
 _U16 = struct.Struct(">H")
@@ -598,11 +601,22 @@ class MessageDecoder(_Decoder):
     is not buffered: its bytes are skipped as they arrive and ``oversized`` counts it. fqd
     truncates such payloads instead; we drop them, because a truncated message is a corrupt
     one, and count them as ``size_dropped``, the counter fq has for exactly this.
+
+    A large publisher frame (``LARGE_FRAME`` bytes or more) is not grown in the receive
+    buffer and copied out of it: once :meth:`runs` has seen its head, the rest is written
+    as it arrives into a buffer of the stamped frame's exact final size, which becomes the
+    frame without a copy. A message then costs its size once, not three times, and
+    :attr:`in_flight` says how much that is before its bytes arrive (docs/memory.md).
     """
 
     __slots__ = (
         "_error",
         "_heads",
+        "_large",
+        "_large_done",
+        "_large_left",
+        "_large_run",
+        "_large_size",
         "_names",
         "_skipping",
         "max_payload",
@@ -621,6 +635,51 @@ class MessageDecoder(_Decoder):
         self._names: dict[bytes, bytes] = {}
         self._heads: dict[bytes, tuple[bytes, bytes]] = {}
         self._error: ProtocolError | None = None
+        # A large frame being assembled, the bytes it still needs, and its run with the
+        # frame list to complete; the run once the frame is whole, until runs() returns it.
+        self._large: io.BytesIO | None = None
+        self._large_left = 0
+        self._large_size = 0
+        self._large_run: tuple[Run, int] | None = None  # (run, publisher-format length)
+        self._large_done: tuple[Run, int] | None = None
+
+    def feed(self, data: bytes) -> None:
+        large = self._large
+        if large is not None:
+            left = self._large_left
+            if len(data) < left:
+                large.write(data)
+                self._large_left = left - len(data)
+                return
+            with memoryview(data) as view:
+                large.write(view[:left])
+            self._large = None
+            self._large_left = 0
+            assert self._large_run is not None
+            run, length = self._large_run
+            run[2].append(large.getvalue())  # the buffer's own bytes: no copy
+            self._large_run, self._large_done = None, (run, length)
+            data = data[left:]
+            if not data:
+                return
+        self._buf.feed(data)
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes held or announced: what is buffered, or the frame it starts if longer."""
+        if self._large is not None:
+            return self._large_size
+        done = self._large_done
+        extra = 0 if done is None else len(done[0][2][0])
+        buf = self._buf
+        n = len(buf)
+        if not n or self._skipping:
+            return n + extra
+        try:
+            length = frame_length(buf.data, buf.pos, peer=self.peer_format)
+        except (IndexError, struct.error):
+            return n + extra
+        return max(n, min(length, self.max_payload + 1024)) + extra
 
     def _first_is_whole(self) -> bool:
         buf = self._buf
@@ -707,6 +766,10 @@ class MessageDecoder(_Decoder):
             raise TypeError("runs() decodes publisher-format frames")
         self._raise_pending()
         out: list[Run] = []
+        if self._large_done is not None:
+            (run, length), self._large_done = self._large_done, None
+            out.append(run)
+            self.octets += length
         stamp = b"".join((bytes((len(sender),)), sender, bytes((len(hops) // 4,)), hops))
         self._decode_fast(lambda data: self._fast_runs(data, out, stamp))
         slow: list[Message] = []
@@ -719,7 +782,40 @@ class MessageDecoder(_Decoder):
             if not out and not slow:
                 raise
             self._error = exc
+        if self._error is None and not self._skipping and self._large is None:
+            self._start_large(stamp)
         return out + runs_of(slow) if slow else out
+
+    def _start_large(self, stamp: bytes) -> None:
+        """Assemble the partial frame the buffer starts with outside it, if it is large."""
+        buf = self._buf
+        data, pos = buf.data, buf.pos
+        if len(data) - pos < 2:
+            return
+        try:
+            length = frame_length(data, pos, peer=False)
+        except (IndexError, struct.error):
+            return  # its head has not all arrived
+        if length < LARGE_FRAME or length - (len(data) - pos) <= 0:
+            return
+        p = pos + 1 + data[pos]  # route length
+        q = p + 1 + data[p] + 16  # payload length
+        exchange, route = bytes(data[pos + 1 : p]), bytes(data[p + 1 : q - 16])
+        large = io.BytesIO()
+        large.seek(length + len(stamp) - 1)
+        large.write(b"\0")  # sized once: the frame never moves as it grows
+        large.seek(0)
+        with memoryview(data) as view:
+            large.write(view[pos:q])
+            large.write(stamp)
+            large.write(view[q:])
+        self._large = large
+        self._large_left = length - (len(data) - pos)
+        self._large_size = length + len(stamp)
+        head = q - pos + len(stamp) + 4
+        self._large_run = ((exchange, route, [], head), length)
+        buf.data = bytearray()
+        buf.pos = 0
 
     def _raise_pending(self) -> None:
         if self._error is not None:
