@@ -1,0 +1,337 @@
+"""Memory bounded in bytes (docs/memory.md): per queue, per read in flight, HTTP bodies, and
+the broker-wide budget. RSS is measured in a broker child process (/proc/PID/status)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from fqbroker import wire
+from fqbroker.budget import MemoryBudget, fitting
+from fqbroker.client import Client
+from fqbroker.message import Message
+from fqbroker.queue import Queue
+from fqbroker.queuespec import Policy, QueueKind, QueueSpec, parse_queue_field
+from fqbroker.router import ClientStats, Router
+from fqbroker.server import Broker
+
+from .conftest import TIMEOUT, RawConn, authenticate, open_session
+from .procs import Proc
+
+MiB = 1 << 20
+KiB = 1 << 10
+# What a broker's RSS may grow by beyond the bytes it is allowed to hold: allocator
+# slack, socket read buffers, a copy of one read. Generous for a loaded 2-core machine.
+SLACK = 48 * MiB
+
+
+def memory_kib(pid: int, field: str) -> int:
+    """VmRSS or VmHWM of a process, in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+async def start_broker(tmp_path: Path, **settings: int) -> tuple[Proc, int]:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text("[fqd]\n" + "".join(f"{k} = {v}\n" for k, v in settings.items()))
+    return await Proc.start_fqd(tmp_path, "--config", str(conf))
+
+
+async def stop(fqd: Proc) -> None:
+    fqd.kill()
+    await fqd.finish()
+
+
+async def holder(port: int, queue_field: bytes, exchange: bytes) -> RawConn:
+    """A command connection owning a queue bound to ``exchange``, with no data channel:
+    nothing drains the queue."""
+    cmd = await authenticate(port, b"holder", queue_field)
+    assert isinstance(await cmd.frame(), wire.AuthResponse)
+    await cmd.send(wire.encode(wire.BindRequest(0x100, exchange, b"prefix:")))
+    assert isinstance(await cmd.reply(), wire.BindResponse)
+    return cmd
+
+
+async def http_get(port: int, path: str) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    async with asyncio.timeout(TIMEOUT):
+        data = await reader.read()
+    writer.close()
+    return data.partition(b"\r\n\r\n")[2]
+
+
+async def queue_stats(port: int, name: str) -> dict[str, object]:
+    queues = json.loads(await http_get(port, "/stats.json"))["queues"]
+    result: dict[str, object] = queues[name]
+    return result
+
+
+async def poll(check: object, port: int, name: str) -> dict[str, object]:
+    """Queue stats once ``check(stats)`` holds (bounded)."""
+    async with asyncio.timeout(TIMEOUT * 3):
+        while True:
+            stats = await queue_stats(port, name)
+            if check(stats):  # type: ignore[operator]
+                return stats
+            await asyncio.sleep(0.02)
+
+
+# --- sans-IO: the byte limits of a queue -----------------------------------------------------
+
+
+def test_fitting_takes_the_message_that_crosses_the_limit() -> None:
+    frames = [b"x" * 10] * 5
+    assert fitting(frames, 0) == 0
+    assert fitting(frames, 1) == 1
+    assert fitting(frames, 10) == 1
+    assert fitting(frames, 11) == 2
+    assert fitting(frames, 1000) == 5
+
+
+def test_backlog_bytes_is_a_queue_param_that_round_trips() -> None:
+    spec = parse_queue_field(b"q\0mem:drop,backlog_bytes=8m")
+    assert spec.backlog_bytes == 8 * MiB
+    assert "backlog_bytes=8388608" in spec.attributes
+    assert parse_queue_field(b"q\0mem:" + spec.attributes.encode()).backlog_bytes == 8 * MiB
+    assert parse_queue_field(b"q\0mem:backlog_bytes=2k").backlog_bytes == 2048
+    with pytest.raises(Exception, match="backlog_bytes=lots"):
+        parse_queue_field(b"q\0mem:backlog_bytes=lots")
+
+
+def test_drop_queue_refuses_past_its_bytes_and_counts_them() -> None:
+    budget = MemoryBudget(1 << 40)
+    queue = Queue(QueueSpec(b"q", backlog_bytes=100), budget=budget)
+    assert queue.offer([b"a" * 40] * 5) == 3  # 40, 80, 120: the third crosses the limit
+    assert queue.dropped_to == 2
+    assert queue.store.held_bytes == budget.used == 120
+    assert queue.offer([b"b"]) == 0
+    assert queue.dropped_to == 3
+    queue.take(10)
+    assert budget.used == 0
+    assert queue.offer([b"c" * 10]) == 1
+
+
+def test_block_queue_is_full_at_its_bytes() -> None:
+    queue = Queue(QueueSpec(b"q", policy=Policy.BLOCK, backlog_bytes=100), budget=None)
+    frames = [b"a" * 40] * 5
+    assert queue.takes(frames) == 3
+    assert queue.offer(frames[:3]) == 3
+    assert queue.is_full
+    assert queue.takes(frames) == 1  # it always takes the one that fills it
+    queue.take(1)
+    assert not queue.is_full
+
+
+def test_disk_queue_has_no_byte_limit_on_its_files() -> None:
+    queue = Queue(QueueSpec(b"q", kind=QueueKind.DISK, backlog_bytes=100))
+    assert queue.room_bytes > 1 << 40
+
+
+def test_router_counts_byte_drops_as_one_by_one() -> None:
+    """Gathered runs drop the same messages, with the same counters, as one at a time."""
+    frames_in = [(b"r", b"p" * size) for size in (30, 50, 40, 10, 70, 5)]
+    results = []
+    for one_by_one in (False, True):
+        router = Router()
+        queue = Queue(QueueSpec(b"q", backlog_bytes=200))
+        router.bind(b"ex", b"prefix:", queue)
+        client = ClientStats()
+        msgs = [Message(b"ex", route, payload) for route, payload in frames_in]
+        if one_by_one:
+            for msg in msgs:
+                router.publish(msg, client)
+        else:
+            from fqbroker.message import runs_of
+
+            router.publish_runs(runs_of(msgs), 0, client)
+        taken = [len(f) for f in queue.take(100)]
+        results.append((taken, queue.dropped_to, client.dropped, router.aggregate.dropped))
+    assert results[0] == results[1]
+    assert results[0][1] > 0
+
+
+# --- a broker child: RSS under the byte limits -----------------------------------------------
+
+
+async def test_queued_64k_messages_hold_only_the_queues_bytes(tmp_path: Path) -> None:
+    """1,600 queued 64 KiB messages (100 MiB) into a queue limited to 8 MiB: dropped past
+    it and counted, and the broker's RSS grows by the limit, not by 100 MiB."""
+    fqd, port = await start_broker(tmp_path)
+    try:
+        cmd = await holder(port, b"q64\0mem:public,drop,backlog_bytes=8m", b"big")
+        async with Client(port=port, source="pub") as pub:
+            await pub.confirm()
+            before = memory_kib(fqd.proc.pid, "VmRSS")
+            payload = b"m" * (64 * KiB)
+            for i in range(1600):
+                pub.publish(b"big", b"r", payload)
+                if i % 100 == 99:
+                    await pub.confirm()  # routed: held or dropped
+            await pub.confirm()
+            grown = memory_kib(fqd.proc.pid, "VmHWM") - before
+        stats = await queue_stats(port, "q64")
+        assert isinstance(stats["backlog"], int)
+        assert stats["backlog"] <= 8 * MiB // (64 * KiB) + 1
+        assert stats["dropped_to"] == 1600 - stats["backlog"]
+        metrics = (await http_get(port, "/metrics")).decode()
+        held = next(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith('fq_queue_held_bytes{queue="q64"}')
+        )
+        assert 0 < held <= 8 * MiB + 65 * KiB
+        assert grown * KiB < 8 * MiB + SLACK, f"RSS grew by {grown} KiB"
+        await cmd.close()
+    finally:
+        await stop(fqd)
+
+
+def _publisher_head(exchange: bytes, route: bytes, size: int) -> bytes:
+    return (
+        bytes((len(exchange),)) + exchange + bytes((len(route),)) + route + bytes(16)
+    ) + struct.pack(">I", size)
+
+
+async def _send_large(
+    port: int, payload: memoryview, started: asyncio.Event, conns: list[RawConn]
+) -> None:
+    cmd = await authenticate(port, b"big")
+    conns.append(cmd)
+    reply = await cmd.frame()
+    assert isinstance(reply, wire.AuthResponse)
+    data = await RawConn.open(port)
+    conns.append(data)
+    await data.send(wire.encode_hello(wire.Mode.DATA, reply.key))
+    await data.send(_publisher_head(b"huge", b"r", len(payload)))
+    started.set()
+    with contextlib.suppress(ConnectionError):
+        for i in range(0, len(payload), MiB):
+            await data.send(payload[i : i + MiB])
+
+
+async def test_two_100mib_messages_are_held_within_the_budget(tmp_path: Path) -> None:
+    """Two connections announce and send 100 MiB payloads against a 160 MiB budget: one is
+    read and queued, the other waits (its publisher slowed, not refused), RSS stays under
+    the budget, and another client is served meanwhile. Once a consumer drains the first,
+    the second is read too."""
+    budget = 160 * MiB
+    fqd, port = await start_broker(tmp_path, memory_budget=budget)
+    senders: list[asyncio.Task[None]] = []
+    conns: list[RawConn] = []
+    try:
+        conns.append(await holder(port, b"huge\0mem:public,drop,backlog_bytes=0", b"huge"))
+        before = memory_kib(fqd.proc.pid, "VmRSS")
+        payload = memoryview(b"p" * (100 * MiB))
+        for _ in range(2):
+            started = asyncio.Event()
+            senders.append(asyncio.ensure_future(_send_large(port, payload, started, conns)))
+            await started.wait()
+        await poll(lambda s: s["backlog"] == 1, port, "huge")
+        # One is in the queue; the other cannot be granted its 100 MiB: it waits.
+        done, _ = await asyncio.wait(senders, timeout=0)
+        assert len(done) <= 1
+        # Someone else publishes and receives meanwhile.
+        async with Client(port=port, source="other") as other:
+            await other.bind(b"small", b"prefix:")
+            other.publish(b"small", b"r", b"hello")
+            async with asyncio.timeout(TIMEOUT):
+                assert (await other.receive()).payload == b"hello"
+        peak = memory_kib(fqd.proc.pid, "VmHWM") - before
+        assert peak * KiB < budget + SLACK, f"RSS grew by {peak} KiB"
+        assert (await queue_stats(port, "huge"))["backlog"] == 1
+        # A consumer drains the queue: the waiting message is read and arrives as well.
+        consumer = await open_session(port, b"holder2", b"huge\0mem:public,drop,backlog_bytes=0")
+        got = await consumer.receive(1)
+        assert len(got[0].payload) == 100 * MiB
+        got = await consumer.receive(1)
+        assert len(got[0].payload) == 100 * MiB
+        await consumer.close()
+    finally:
+        for task in senders:
+            task.cancel()
+        await asyncio.gather(*senders, return_exceptions=True)
+        for conn in conns:
+            await conn.close()
+        await stop(fqd)
+
+
+async def test_message_larger_than_the_budget_is_refused_unbuffered(tmp_path: Path) -> None:
+    """A message the budget could never hold is read and discarded, counted as
+    size_dropped; the channel carries on."""
+    fqd, port = await start_broker(tmp_path, memory_budget=32 * MiB)
+    try:
+        session = await open_session(port, b"u", b"me\0mem:public")
+        await session.bind(b"ex", b"prefix:")
+        before = memory_kib(fqd.proc.pid, "VmRSS")
+        await session.data.send(_publisher_head(b"ex", b"r", 64 * MiB))
+        chunk = bytes(MiB)
+        for _ in range(64):
+            await session.data.send(chunk)
+        await session.publish(b"ex", b"r", b"after")
+        assert (await session.receive(1))[0].payload == b"after"
+        assert (await session.status())["size_dropped"] == 1
+        assert (memory_kib(fqd.proc.pid, "VmHWM") - before) * KiB < 32 * MiB
+        await session.close()
+    finally:
+        await stop(fqd)
+
+
+async def test_http_submit_over_the_body_limit_gets_413_unbuffered(tmp_path: Path) -> None:
+    """A 64 MiB /submit body against the 16 MiB default: 413 before the body is read, and
+    what the client sends anyway is discarded, not buffered."""
+    fqd, port = await start_broker(tmp_path)
+    try:
+        before = memory_kib(fqd.proc.pid, "VmRSS")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        size = 64 * MiB
+        writer.write(
+            b"POST /submit HTTP/1.1\r\nHost: x\r\nX-Fq-Exchange: ex\r\nX-Fq-Route: r\r\n"
+            b"Content-Length: %d\r\n\r\n" % size
+        )
+        chunk = bytes(MiB)
+
+        async def body() -> None:
+            with contextlib.suppress(ConnectionError):
+                for _ in range(size // MiB):
+                    writer.write(chunk)
+                    await writer.drain()
+
+        sending = asyncio.ensure_future(body())
+        async with asyncio.timeout(TIMEOUT):
+            status = await reader.readline()
+        assert status.startswith(b"HTTP/1.1 413"), status
+        sending.cancel()
+        await asyncio.gather(sending, return_exceptions=True)
+        writer.close()
+        assert (memory_kib(fqd.proc.pid, "VmHWM") - before) * KiB < 16 * MiB
+    finally:
+        await stop(fqd)
+
+
+async def test_submit_under_the_limit_still_works(settings: object, tmp_path: Path) -> None:
+    from fqbroker.config import Settings
+
+    assert isinstance(settings, Settings)
+    async with Broker(settings) as broker:
+        async with Client(port=broker.port, source="u") as c:
+            await c.bind(b"ex", b"prefix:")
+            reader, writer = await asyncio.open_connection("127.0.0.1", broker.port)
+            body = b"x" * MiB
+            writer.write(
+                b"POST /submit HTTP/1.0\r\nX-Fq-Exchange: ex\r\nX-Fq-Route: r\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(body) + body
+            )
+            async with asyncio.timeout(TIMEOUT):
+                reply = await reader.read()
+                assert reply.startswith(b"HTTP/1.1 200"), reply[:80]
+                assert (await c.receive()).payload == body
+            writer.close()
+        assert broker.budget.used == 0  # every reservation given back
