@@ -71,7 +71,9 @@ class Catalog:
             spec = dataclasses.replace(spec, backlog=self.settings.default_backlog)
         if spec.kind is QueueKind.DISK:
             try:
-                store = open_disk_store(self.settings, spec.name, spec.fsync, self.dirty)
+                store = open_disk_store(
+                    self.settings, spec.name, spec.fsync, self.dirty, self.budget
+                )
             except OSError as exc:
                 log.error("disk queue %r: %s", spec.name, exc)
                 raise QueueError("initialization of disk queue failed") from exc
