@@ -57,21 +57,32 @@ class MemoryBudget:
                 future.set_result(None)
 
     async def wait(self, n: int) -> None:
-        """Return once ``n`` more bytes fit (callers then add them to ``used`` at once)."""
+        """Return once ``n`` more bytes fit; the caller adds them to ``used`` at once.
+
+        A woken waiter checks again when it runs: others may have taken the room in
+        between (a consumer's batch is released and held again in one turn), and then it
+        waits again at the head of the line.
+        """
         if self.fits(n) and not self._waiters:
             return
         self.paused += 1
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.append((n, future))
-        try:
-            await future
-        finally:
-            if not future.done():
-                future.cancel()
-            self._waiters = [w for w in self._waiters if w[1] is not future]
-            # A waiter that was woken and then cancelled passes its turn on.
-            if self._waiters:
-                self._wake()
+        first = True
+        while first or not self.fits(n):
+            future = asyncio.get_running_loop().create_future()
+            entry = (n, future)
+            if first:
+                self._waiters.append(entry)
+            else:
+                self._waiters.insert(0, entry)
+            first = False
+            try:
+                await future
+            except BaseException:
+                # Cancelled, woken or not: the turn passes on.
+                self._waiters = [w for w in self._waiters if w[1] is not future]
+                if self._waiters:
+                    self._wake()
+                raise
 
     @property
     def waiting(self) -> int:

@@ -16,7 +16,10 @@ Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session b
   are taken, those that already passed through the peer at the other end are dropped
   (loop prevention, §5.3), and the rest written in peer format, one write per batch,
   until the transport asks to pause. Messages are only taken to be written at once, so
-  none are ever held: nothing needs putting back when the channel closes.
+  none are ever held: nothing needs putting back when the channel closes. A batch larger
+  than ``OUT_CHUNK`` (a large message) is handed to the transport a chunk at a time as it
+  drains, and held against the memory budget meanwhile, so the transport never copies
+  all of it into its buffer.
 
 A bad frame closes this data channel only; the command session survives and can pair a
 new one (§1.9).
@@ -45,6 +48,7 @@ __all__ = ["DataSession", "Phase"]
 log = logging.getLogger(__name__)
 
 BATCH = 1024
+OUT_CHUNK = 256 << 10  # a larger batch goes to the transport in pieces of this size
 NO_PEER = wire.NO_PEER
 
 
@@ -82,6 +86,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
         "_eof",
         "_first",
         "_octets",
+        "_out",
+        "_out_pos",
         "_paused",
         "_progress",
         "_ready",
@@ -127,6 +133,9 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self._ready: Notify | None = None
         self._paused = False
         self._unacked: list[bytes] | None = None
+        # A large batch being written as the transport drains, and how far it got.
+        self._out: memoryview | None = None
+        self._out_pos = 0
         # Publisher confirms (docs/confirms.md): messages handled so far on this channel,
         # the disk stores they went to with the last seq written, and the number of the
         # first message a disk write failed for.
@@ -173,6 +182,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self._out is not None and not self._write_out():
+            return  # paused again, or gone
         taken, self._unacked = self._unacked, None
         if taken and self.phase is Phase.STREAMING and not self._draining:
             assert self.owner is not None and self.owner.queue is not None
@@ -192,6 +203,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         """
         self._draining = True
         self._unacked = None
+        self._drop_out()
         if self._ready is not None:
             self._ready.cancel()
             self._ready = None
@@ -211,6 +223,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
             self.broker.budget.release(self._reserved)
             self._reserved = 0
         self._unacked = None
+        self._drop_out()
         if self.owner is not None and self.owner.data is self:
             self.owner.data = None
 
@@ -445,15 +458,47 @@ class DataSession(RemotePeer, asyncio.Protocol):
                 break
             if peer_id != NO_PEER:
                 batch = [f for f in batch if not has_hop(frame_hops(f), peer_id)]
-            transport.write(b"".join(batch))
+            data = b"".join(batch)  # one message: that message, not a copy
             stats.msgs_out += len(batch)
-            stats.octets_out += sum(map(len, batch))
+            stats.octets_out += len(data)
+            if len(data) > OUT_CHUNK:
+                self._out = memoryview(data)
+                self._out_pos = 0
+                self.broker.budget.used += len(data)
+                self._unacked = taken
+                del batch, data
+                if not self._write_out():
+                    break
+                self._unacked = None
+                queue.ack(taken)
+                continue
+            transport.write(data)
             if self._paused:
                 self._unacked = taken  # acked when the transport has room again
                 break
             # In the kernel's hands now: a disk queue may move its read checkpoint.
             queue.ack(taken)
         return True
+
+    def _write_out(self) -> bool:
+        """Hand the large batch on a chunk at a time while the transport takes more; True
+        once it is all written and the transport has room for more."""
+        out = self._out
+        assert out is not None
+        pos, transport = self._out_pos, self.transport
+        while pos < len(out):
+            if self._paused or transport.is_closing():
+                self._out_pos = pos
+                return False
+            transport.write(out[pos : pos + OUT_CHUNK])
+            pos += OUT_CHUNK
+        self._drop_out()
+        return not self._paused
+
+    def _drop_out(self) -> None:
+        if self._out is not None:
+            self.broker.budget.release(len(self._out))
+            self._out = None
 
 
 def _accept(msg: Message, node_id: bytes) -> bool:

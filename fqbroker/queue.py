@@ -69,6 +69,20 @@ class Store(Protocol):
     def close(self, *, destroy: bool) -> None: ...
 
 
+TAKE_BYTES = 1 << 20
+
+
+def _take_bytes(items: collections.deque[bytes], n: int) -> tuple[list[bytes], int]:
+    popleft = items.popleft
+    out: list[bytes] = []
+    size = 0
+    while items and len(out) < n and size < TAKE_BYTES:
+        frame = popleft()
+        out.append(frame)
+        size += len(frame)
+    return out, size
+
+
 class MemoryStore:
     """An in-memory FIFO; its contents die with the process."""
 
@@ -96,17 +110,24 @@ class MemoryStore:
             self._budget.used += size
 
     def take(self, n: int) -> list[bytes]:
+        """Up to ``n`` messages, and at most about ``TAKE_BYTES`` but for one message: a
+        consumer's batch is copied whole into its socket's buffer."""
         items = self._items
         if items is None:
             return []
-        if n >= len(items):
-            out = list(items)
-            items.clear()
+        held = self.held_bytes
+        if held <= TAKE_BYTES:
+            if n >= len(items):
+                out = list(items)
+                items.clear()
+                size = held
+            else:
+                popleft = items.popleft
+                out = [popleft() for _ in range(n)]
+                size = sum(map(len, out))
         else:
-            popleft = items.popleft
-            out = [popleft() for _ in range(n)]
-        size = sum(map(len, out))
-        self.held_bytes -= size
+            out, size = _take_bytes(items, n)
+        self.held_bytes = held - size
         if self._budget is not None:
             self._budget.release(size)
         return out

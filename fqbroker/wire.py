@@ -617,6 +617,7 @@ class MessageDecoder(_Decoder):
         "_large_left",
         "_large_run",
         "_large_size",
+        "_large_stamp",
         "_names",
         "_skipping",
         "max_payload",
@@ -640,10 +641,18 @@ class MessageDecoder(_Decoder):
         self._large: io.BytesIO | None = None
         self._large_left = 0
         self._large_size = 0
+        self._large_stamp: bytes | None = None  # set by runs(): assemble on the next feed
         self._large_run: tuple[Run, int] | None = None  # (run, publisher-format length)
         self._large_done: tuple[Run, int] | None = None
 
     def feed(self, data: bytes) -> None:
+        stamp = self._large_stamp
+        if stamp is not None:
+            # Only now: more bytes coming means the reader has granted the frame's size.
+            self._large_stamp = None
+            self._buf.feed(data)
+            self._start_large(stamp)
+            return
         large = self._large
         if large is not None:
             left = self._large_left
@@ -783,7 +792,7 @@ class MessageDecoder(_Decoder):
                 raise
             self._error = exc
         if self._error is None and not self._skipping and self._large is None:
-            self._start_large(stamp)
+            self._large_stamp = stamp
         return out + runs_of(slow) if slow else out
 
     def _start_large(self, stamp: bytes) -> None:
