@@ -30,7 +30,7 @@ class Sink:
     def __init__(self) -> None:
         self.count = 0
 
-    def offer(self, frames: list[bytes]) -> int:
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
         self.count += len(frames)
         return len(frames)
 

@@ -383,7 +383,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
             if need or budget.used <= budget.limit:
                 return True
             grow = 0  # holds nothing and the budget is spent: wait until it is not
-        elif budget.fits(grow):
+        elif budget.fits(grow) and (grow < wire.LARGE_FRAME or not budget.waiting):
+            # A large message queues behind those waiting before it; small ones may pass.
             budget.used += grow
             self._reserved = need
             return True

@@ -33,7 +33,9 @@ to several queues is one shared ``bytes`` object.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
+import itertools
 from typing import Protocol
 
 from .budget import MemoryBudget, fitting
@@ -72,14 +74,18 @@ class Store(Protocol):
 TAKE_BYTES = 1 << 20
 
 
-def _take_bytes(items: collections.deque[bytes], n: int) -> tuple[list[bytes], int]:
+def _take_bytes(items: collections.deque[bytes], n: int, held: int) -> tuple[list[bytes], int]:
+    """About ``TAKE_BYTES`` of messages (at least one): as many as the average size allows,
+    cut where they cross it if the first ones are larger, and the rest put back."""
     popleft = items.popleft
-    out: list[bytes] = []
-    size = 0
-    while items and len(out) < n and size < TAKE_BYTES:
-        frame = popleft()
-        out.append(frame)
-        size += len(frame)
+    k = max(1, min(n, len(items), TAKE_BYTES * len(items) // held))
+    out = [popleft() for _ in range(k)]
+    size = sum(map(len, out))
+    if size > TAKE_BYTES and k > 1:
+        keep = bisect.bisect_left(list(itertools.accumulate(map(len, out))), TAKE_BYTES) + 1
+        items.extendleft(reversed(out[keep:]))
+        del out[keep:]
+        size = sum(map(len, out))
     return out, size
 
 
@@ -126,7 +132,7 @@ class MemoryStore:
                 out = [popleft() for _ in range(n)]
                 size = sum(map(len, out))
         else:
-            out, size = _take_bytes(items, n)
+            out, size = _take_bytes(items, n, held)
         self.held_bytes = held - size
         if self._budget is not None:
             self._budget.release(size)
@@ -257,11 +263,15 @@ class Queue:
 
     # --- producing ------------------------------------------------------------------------
 
-    def offer(self, frames: list[bytes]) -> int:
-        """Append messages in order; under drop, those past either limit are refused."""
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
+        """Append messages in order; under drop, those past either limit are refused.
+
+        ``size``: their bytes, if the caller has counted them already.
+        """
         n = len(frames)
         store = self.store
-        size = sum(map(len, frames)) if n > 1 else len(frames[0]) if n else 0
+        if size < 0:
+            size = sum(map(len, frames)) if n > 1 else len(frames[0]) if n else 0
         if not self.blocks:
             room = self.limit - len(store)
             room_bytes = self.limit_bytes - store.held_bytes

@@ -53,8 +53,11 @@ _AVG_SHIFT = 7
 class Target(Protocol):
     """What a binding delivers into: a queue, as far as the router cares."""
 
-    def offer(self, frames: list[bytes]) -> int:
-        """Take these peer frames in order, up to the tail-drop limit; how many it took."""
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
+        """Take these peer frames in order, up to the tail-drop limit; how many it took.
+
+        ``size``: the frames' bytes, when the caller has counted them (-1: not).
+        """
         ...
 
     blocks: bool
@@ -223,7 +226,7 @@ def _gather_into(gathered: dict[Target, list[Any]], hits: list[Binding] | None) 
         if queue not in gathered:
             if queue.blocks:
                 return False
-            gathered[queue] = [queue.room, queue.room_bytes, []]
+            gathered[queue] = [queue.room, queue.room_bytes, [], 0]
     return True
 
 
@@ -363,7 +366,8 @@ class Router:
         in part, ``runs[index]`` is replaced by its rest.
         """
         exchanges = self.exchanges
-        gathered: dict[Target, list[Any]] = {}  # queue -> [room left, bytes left, frames]
+        # queue -> [room left, bytes left, frames, their bytes]
+        gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
         published = 0
         i = start
@@ -407,6 +411,7 @@ class Router:
                     binding.invocations += n
                     slot = gathered[binding.queue]
                     slot[2] += frames
+                    slot[3] += raw
                     room = slot[0]
                     slot[0] = room - n
                     room_bytes = slot[1]
@@ -435,9 +440,9 @@ class Router:
 
     @staticmethod
     def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:
-        for queue, (_, _, frames) in gathered.items():
+        for queue, (_, _, frames, size) in gathered.items():
             if frames:
-                queue.offer(frames)
+                queue.offer(frames, size)
 
     def _publish_run(
         self,

@@ -21,7 +21,7 @@ class Box:
         self.items: list[bytes] = []
         self.limit = limit
 
-    def offer(self, frames: list[bytes]) -> int:
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
         taken = frames[: max(0, self.limit - len(self.items))]
         self.items += taken
         return len(taken)
