@@ -92,6 +92,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         "_progress",
         "_ready",
         "_reserved",
+        "_reserved_at",
         "_room",
         "_stamp",
         "_stamp_size",
@@ -128,6 +129,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self._first = 0
         self._octets = 0
         self._reserved = 0  # bytes of the memory budget this channel's input holds
+        self._reserved_at = 0  # messages handled when it was made
         # Output: the queue's wake-up while it is empty, the write side's pause, and the
         # last batch written while the transport said pause (acked once it takes more).
         self._ready: Notify | None = None
@@ -370,12 +372,19 @@ class DataSession(RemotePeer, asyncio.Protocol):
     def _reserve(self, decoder: wire.MessageDecoder) -> bool:
         """Hold budget for what the decoder holds or expects; False: reading waits for it.
 
-        A channel whose reservation covers its input reads on even while the budget is
-        spent, so a message it started always completes (and then frees the budget).
+        A channel still reading the message its reservation covers reads on even while the
+        budget is spent, so a message it started always completes (and frees the budget);
+        once messages have come in, what is left is a new reservation.
         """
         need = decoder.in_flight
-        grow = need - self._reserved
         budget = self.broker.budget
+        if self.handled != self._reserved_at:
+            # The message reserved for is in a queue now, which counts it.
+            self._reserved_at = self.handled
+            if self._reserved:
+                budget.release(self._reserved)
+                self._reserved = 0
+        grow = need - self._reserved
         if grow <= 0:
             if grow:
                 self._reserved = need

@@ -338,3 +338,148 @@ async def test_submit_under_the_limit_still_works(settings: object, tmp_path: Pa
                 assert (await c.receive()).payload == body
             writer.close()
         assert broker.budget.used == 0  # every reservation given back
+
+
+# --- the decoder's large frames ---------------------------------------------------------------
+
+
+def _publisher_frame(route: bytes, payload: bytes) -> bytes:
+    return Message(b"ex", route, payload).publish_frame()
+
+
+@pytest.mark.parametrize("chunk", [7, 4096, 65536, 1_000_003, 1 << 30])
+def test_large_frames_decode_alike_however_split(chunk: int) -> None:
+    big = _publisher_frame(b"big", bytes(range(256)) * (3 * 4096 + 7))  # 3 MiB
+    small = _publisher_frame(b"small", b"hello")
+    stream = small + big + small + big + big[:10]
+    whole = wire.MessageDecoder(peer_format=False)
+    whole.feed(stream)
+    expected = whole.runs(b"user", b"HOPS")
+    decoder = wire.MessageDecoder(peer_format=False)
+    got = []
+    for i in range(0, len(stream), chunk):
+        decoder.feed(stream[i : i + chunk])
+        got += decoder.runs(b"user", b"HOPS")
+
+    def frames(runs: list[tuple[bytes, bytes, list[bytes], int]]) -> list[tuple[object, ...]]:
+        return [(ex, rt, f, head) for ex, rt, fs, head in runs for f in fs]
+
+    assert frames(got) == frames(expected)
+    assert decoder.octets == whole.octets
+
+
+def test_in_flight_announces_a_large_frame_before_it_arrives() -> None:
+    decoder = wire.MessageDecoder(peer_format=False)
+    head = _publisher_head(b"ex", b"r", 100 * MiB)
+    decoder.feed(head + bytes(1000))
+    assert decoder.runs(b"u", b"HOPS") == []
+    assert decoder.in_flight >= 100 * MiB
+    assert decoder._large is None  # nothing allocated until more bytes are let in
+    decoder.feed(bytes(1000))
+    assert decoder._large is not None
+    assert decoder.in_flight == len(head) + 100 * MiB + 2 + 1 + 4  # + sender and hops
+
+
+# --- the budget -------------------------------------------------------------------------------
+
+
+async def test_budget_wakes_waiters_in_order_and_each_checks_again() -> None:
+    budget = MemoryBudget(100)
+    budget.used = 100
+    order: list[str] = []
+
+    async def want(name: str, n: int) -> None:
+        await budget.wait(n)
+        budget.used += n  # claimed at once, as callers do
+        order.append(name)
+
+    big = asyncio.ensure_future(want("big", 80))
+    await asyncio.sleep(0)
+    small = asyncio.ensure_future(want("small", 30))
+    await asyncio.sleep(0)
+    assert budget.waiting == 2
+    budget.release(90)  # 10 used: both look as if they fit; big claims first
+    await asyncio.wait_for(big, TIMEOUT)
+    await asyncio.sleep(0)
+    assert order == ["big"]  # small checked again: 90 + 30 is over, so it waits on
+    assert budget.waiting == 1 and budget.used == 90
+    budget.release(60)
+    await asyncio.wait_for(small, TIMEOUT)
+    assert order == ["big", "small"]
+    assert budget.paused == 2
+
+
+async def test_a_cancelled_waiter_passes_its_turn_on() -> None:
+    budget = MemoryBudget(100)
+    budget.used = 100
+    first = asyncio.ensure_future(budget.wait(50))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(budget.wait(50))
+    await asyncio.sleep(0)
+    budget.release(50)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await asyncio.wait_for(second, TIMEOUT)
+    assert budget.waiting == 0
+
+
+# --- an in-process broker: slowed, then resumed -------------------------------------------------
+
+
+async def test_publisher_waits_while_the_budget_is_spent_and_loses_nothing(
+    settings: object,
+) -> None:
+    """A 1 MiB budget, a queue with no byte limit and no consumer yet: the publisher of
+    64 KiB messages is paused once the queue has spent the budget, and resumes as a
+    consumer drains; every message arrives."""
+    from fqbroker.config import Settings
+
+    assert isinstance(settings, Settings)
+    settings.memory_budget = 1 * MiB
+    async with Broker(settings) as broker:
+        cmd = await holder(broker.port, b"all\0mem:public,block,backlog_bytes=0", b"ex")
+        payload = b"m" * (64 * KiB)
+        async with Client(port=broker.port, source="pub") as pub:
+            for _ in range(64):  # 4 MiB
+                pub.publish(b"ex", b"r", payload)
+            flushed = asyncio.ensure_future(pub.confirm())
+            async with asyncio.timeout(TIMEOUT):
+                while not broker.budget.waiting:
+                    await asyncio.sleep(0.01)
+            assert not flushed.done()
+            assert broker.budget.used <= 1 * MiB + 256 * KiB
+            consumer = await open_session(
+                broker.port, b"c", b"all\0mem:public,block,backlog_bytes=0"
+            )
+            got = await consumer.receive(64)
+            assert [m.payload for m in got] == [payload] * 64
+            assert await asyncio.wait_for(flushed, TIMEOUT) == 64
+            await consumer.close()
+        await cmd.close()
+        assert broker.budget.paused >= 1
+
+
+async def test_block_queue_holds_its_bytes_and_loses_nothing(settings: object) -> None:
+    from fqbroker.config import Settings
+
+    assert isinstance(settings, Settings)
+    async with Broker(settings) as broker:
+        cmd = await holder(broker.port, b"blk\0mem:public,block,backlog_bytes=256k", b"ex")
+        queue = broker.queues[b"blk"]
+        payload = b"b" * (64 * KiB)
+        async with Client(port=broker.port, source="pub") as pub:
+            for _ in range(40):
+                pub.publish(b"ex", b"r", payload)
+            confirmed = asyncio.ensure_future(pub.confirm())
+            async with asyncio.timeout(TIMEOUT):
+                while not queue.is_full:
+                    await asyncio.sleep(0.01)
+            assert queue.store.held_bytes <= 256 * KiB + 64 * KiB + 200
+            assert not confirmed.done()
+            consumer = await open_session(broker.port, b"c", b"blk\0mem:public,block")
+            got = await consumer.receive(40)
+            assert len(got) == 40
+            assert await asyncio.wait_for(confirmed, TIMEOUT) == 40
+            await consumer.close()
+        assert queue.dropped_to == 0
+        await cmd.close()
