@@ -188,6 +188,7 @@ async def test_queued_64k_messages_hold_only_the_queues_bytes(tmp_path: Path) ->
             if line.startswith('fq_queue_held_bytes{queue="q64"}')
         )
         assert 0 < held <= 8 * MiB + 65 * KiB
+        assert "fq_memory_limit_bytes 1.073741824e+09" in metrics
         assert grown * KiB < 8 * MiB + SLACK, f"RSS grew by {grown} KiB"
         await cmd.close()
     finally:
