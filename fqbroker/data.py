@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .errors import ProtocolError
+from .largeframe import LARGE_FRAME
 from .message import Message, Run, accept_from_peer, frame_hops, has_hop, ipv4_bytes, runs_of
 
 if TYPE_CHECKING:
@@ -392,7 +393,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
             if need or budget.used <= budget.limit:
                 return True
             grow = 0  # holds nothing and the budget is spent: wait until it is not
-        elif budget.fits(grow) and (grow < wire.LARGE_FRAME or not budget.waiting):
+        elif budget.fits(grow) and (grow < LARGE_FRAME or not budget.waiting):
             # A large message queues behind those waiting before it; small ones may pass.
             budget.used += grow
             self._reserved = need

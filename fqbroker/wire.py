@@ -26,7 +26,6 @@ Encoders are pure functions returning bytes. All integers are big-endian.
 
 from __future__ import annotations
 
-import io
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from enum import IntEnum
 from typing import Any, Final, Literal, TypeVar
 
 from .errors import AuthError, FrameTooLarge, ProtocolError
+from .largeframe import LargeFrame
 from .message import MAX_HOPS, Message, Run, frame_length, runs_of
 
 __all__ = [
@@ -118,8 +118,6 @@ MAX_QUEUE_FIELD: Final = 1023
 MAX_PASSWORD: Final = 10240
 MAX_MESSAGE_SIZE: Final = 1 << 28
 BIND_ILLEGAL: Final = 0xFFFFFFFF
-# Frames from this size on are assembled outside the receive buffer (MessageDecoder).
-LARGE_FRAME: Final = 1 << 20
 HTTP_METHODS: Final = frozenset({b"GET ", b"PUT ", b"POST", b"HEAD"})
 
 _U16 = struct.Struct(">H")
@@ -603,10 +601,9 @@ class MessageDecoder(_Decoder):
     one, and count them as ``size_dropped``, the counter fq has for exactly this.
 
     A large publisher frame (``LARGE_FRAME`` bytes or more) is not grown in the receive
-    buffer and copied out of it: once :meth:`runs` has seen its head, the rest is written
-    as it arrives into a buffer of the stamped frame's exact final size, which becomes the
-    frame without a copy. A message then costs its size once, not three times, and
-    :attr:`in_flight` says how much that is before its bytes arrive (docs/memory.md).
+    buffer and copied out of it but assembled in place (:class:`LargeFrame`), from the
+    next feed after :meth:`runs` has seen its head: by then the reader has reserved its
+    size, which :attr:`in_flight` announces before the bytes arrive (docs/memory.md).
     """
 
     __slots__ = (
@@ -614,9 +611,6 @@ class MessageDecoder(_Decoder):
         "_heads",
         "_large",
         "_large_done",
-        "_large_left",
-        "_large_run",
-        "_large_size",
         "_large_stamp",
         "_names",
         "_skipping",
@@ -636,50 +630,41 @@ class MessageDecoder(_Decoder):
         self._names: dict[bytes, bytes] = {}
         self._heads: dict[bytes, tuple[bytes, bytes]] = {}
         self._error: ProtocolError | None = None
-        # A large frame being assembled, the bytes it still needs, and its run with the
-        # frame list to complete; the run once the frame is whole, until runs() returns it.
-        self._large: io.BytesIO | None = None
-        self._large_left = 0
-        self._large_size = 0
-        self._large_stamp: bytes | None = None  # set by runs(): assemble on the next feed
-        self._large_run: tuple[Run, int] | None = None  # (run, publisher-format length)
-        self._large_done: tuple[Run, int] | None = None
+        # A large frame being assembled; once whole, until runs() returns it; the stamp
+        # to assemble the next one with, set by runs() for the next feed.
+        self._large: LargeFrame | None = None
+        self._large_done: LargeFrame | None = None
+        self._large_stamp: bytes | None = None
 
     def feed(self, data: bytes) -> None:
         stamp = self._large_stamp
         if stamp is not None:
             # Only now: more bytes coming means the reader has granted the frame's size.
             self._large_stamp = None
-            self._buf.feed(data)
-            self._start_large(stamp)
+            buf = self._buf
+            buf.feed(data)
+            self._large = LargeFrame.start(buf.data, buf.pos, stamp)
+            if self._large is not None:
+                buf.data = bytearray()
+                buf.pos = 0
             return
         large = self._large
         if large is not None:
-            left = self._large_left
-            if len(data) < left:
-                large.write(data)
-                self._large_left = left - len(data)
+            rest = large.feed(data)
+            if rest is None:
                 return
-            with memoryview(data) as view:
-                large.write(view[:left])
-            self._large = None
-            self._large_left = 0
-            assert self._large_run is not None
-            run, length = self._large_run
-            run[2].append(large.getvalue())  # the buffer's own bytes: no copy
-            self._large_run, self._large_done = None, (run, length)
-            data = data[left:]
-            if not data:
+            self._large, self._large_done = None, large
+            if not rest:
                 return
+            data = rest
         self._buf.feed(data)
 
     @property
     def in_flight(self) -> int:
         """Bytes held or announced: what is buffered, or the frame it starts if longer."""
         if self._large is not None:
-            return self._large_size
-        done = self._large_done
-        extra = 0 if done is None else len(done[0][2][0])
+            return self._large.size
+        extra = 0 if self._large_done is None else self._large_done.size
         buf = self._buf
         n = len(buf)
         if not n or self._skipping:
@@ -776,9 +761,9 @@ class MessageDecoder(_Decoder):
         self._raise_pending()
         out: list[Run] = []
         if self._large_done is not None:
-            (run, length), self._large_done = self._large_done, None
-            out.append(run)
-            self.octets += length
+            done, self._large_done = self._large_done, None
+            out.append(done.run)
+            self.octets += done.length
         stamp = b"".join((bytes((len(sender),)), sender, bytes((len(hops) // 4,)), hops))
         self._decode_fast(lambda data: self._fast_runs(data, out, stamp))
         slow: list[Message] = []
@@ -794,37 +779,6 @@ class MessageDecoder(_Decoder):
         if self._error is None and not self._skipping and self._large is None:
             self._large_stamp = stamp
         return out + runs_of(slow) if slow else out
-
-    def _start_large(self, stamp: bytes) -> None:
-        """Assemble the partial frame the buffer starts with outside it, if it is large."""
-        buf = self._buf
-        data, pos = buf.data, buf.pos
-        if len(data) - pos < 2:
-            return
-        try:
-            length = frame_length(data, pos, peer=False)
-        except (IndexError, struct.error):
-            return  # its head has not all arrived
-        if length < LARGE_FRAME or length - (len(data) - pos) <= 0:
-            return
-        p = pos + 1 + data[pos]  # route length
-        q = p + 1 + data[p] + 16  # payload length
-        exchange, route = bytes(data[pos + 1 : p]), bytes(data[p + 1 : q - 16])
-        large = io.BytesIO()
-        large.seek(length + len(stamp) - 1)
-        large.write(b"\0")  # sized once: the frame never moves as it grows
-        large.seek(0)
-        with memoryview(data) as view:
-            large.write(view[pos:q])
-            large.write(stamp)
-            large.write(view[q:])
-        self._large = large
-        self._large_left = length - (len(data) - pos)
-        self._large_size = length + len(stamp)
-        head = q - pos + len(stamp) + 4
-        self._large_run = ((exchange, route, [], head), length)
-        buf.data = bytearray()
-        buf.pos = 0
 
     def _raise_pending(self) -> None:
         if self._error is not None:
