@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 BATCH = 1024
 OUT_CHUNK = 256 << 10  # a larger batch goes to the transport in pieces of this size
+# A peer's messages are decoded into Message objects and built into frames again: while
+# one is, it is in memory about this many times (measured), so it reserves that much.
+PEER_COPIES = 3
 NO_PEER = wire.NO_PEER
 
 
@@ -265,7 +268,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
             self._stamp_size = 2 + len(self.owner.user) + len(self._stamp)
         # A message the whole budget could never hold is refused (skipped, size_dropped)
         # rather than waited for forever; the margin covers its head and our stamp.
-        budget = self.broker.budget.limit - 1024
+        budget = self.broker.budget.limit // (PEER_COPIES if self.is_peer else 1) - 1024
         return wire.MessageDecoder(
             peer_format=self.is_peer,
             max_payload=min(self.broker.settings.max_message_size, budget),
@@ -378,6 +381,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
         once messages have come in, what is left is a new reservation.
         """
         need = decoder.in_flight
+        if self.is_peer:
+            need *= PEER_COPIES
         budget = self.broker.budget
         if self.handled != self._reserved_at:
             # The message reserved for is in a queue now, which counts it.

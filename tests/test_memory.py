@@ -484,3 +484,29 @@ async def test_block_queue_holds_its_bytes_and_loses_nothing(settings: object) -
             await consumer.close()
         assert queue.dropped_to == 0
         await cmd.close()
+
+
+async def test_a_peers_large_message_is_held_within_the_budget(tmp_path: Path) -> None:
+    """A peer-mode data channel decodes large messages with copies; its reservation
+    covers them, so the broker stays within the budget: one is decoded, the others wait."""
+    budget = 64 * MiB
+    fqd, port = await start_broker(tmp_path, memory_budget=budget)
+    try:
+        cmd = await holder(port, b"pq\0mem:public,drop,backlog_bytes=0", b"ex")
+        peer = await authenticate(port, b"peer")
+        reply = await peer.frame()
+        assert isinstance(reply, wire.AuthResponse)
+        data = await RawConn.open(port)
+        await data.send(wire.encode_hello(wire.Mode.PEER, reply.key, bytes([10, 9, 9, 9])))
+        before = memory_kib(fqd.proc.pid, "VmRSS")
+        payload = bytes(20 * MiB)
+        frame = Message(b"ex", b"r", payload, sender=b"s", hops=bytes([10, 9, 9, 9])).peer_frame()
+        data.writer.write(frame * 3)  # the broker reads it as its budget allows
+        await poll(lambda s: s["backlog"] >= 1, port, "pq")
+        peak = memory_kib(fqd.proc.pid, "VmHWM") - before
+        assert peak * KiB < budget + SLACK, f"RSS grew by {peak} KiB"
+        data.writer.transport.abort()  # what it still has to send will never be read
+        await peer.close()
+        await cmd.close()
+    finally:
+        await stop(fqd)
