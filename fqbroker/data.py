@@ -91,6 +91,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         "_first",
         "_octets",
         "_out",
+        "_out_held",
         "_out_pos",
         "_paused",
         "_progress",
@@ -142,6 +143,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
         # A large batch being written as the transport drains, and how far it got.
         self._out: memoryview | None = None
         self._out_pos = 0
+        # Budget it holds until the batch's frames are let go, not just handed on.
+        self._out_held = 0
         # Publisher confirms (docs/confirms.md): messages handled so far on this channel,
         # the disk stores they went to with the last seq written, and the number of the
         # first message a disk write failed for.
@@ -194,6 +197,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
         if taken and self.phase is Phase.STREAMING and not self._draining:
             assert self.owner is not None and self.owner.queue is not None
             self.owner.queue.ack(taken)  # in the kernel's hands now
+        del taken
+        self._drop_out()
         if self._ready is None:
             self.queue_ready()
 
@@ -480,13 +485,16 @@ class DataSession(RemotePeer, asyncio.Protocol):
             if len(data) > OUT_CHUNK:
                 self._out = memoryview(data)
                 self._out_pos = 0
+                self._out_held = len(data)
                 self.broker.budget.used += len(data)
                 self._unacked = taken
                 del batch, data
                 if not self._write_out():
-                    break
+                    break  # the rest, the ack and the release when it resumes
                 self._unacked = None
                 queue.ack(taken)
+                # Waiters it wakes run after this turn, when the frames are gone.
+                self._drop_out()
                 continue
             transport.write(data)
             if self._paused:
@@ -508,13 +516,15 @@ class DataSession(RemotePeer, asyncio.Protocol):
                 return False
             transport.write(out[pos : pos + OUT_CHUNK])
             pos += OUT_CHUNK
-        self._drop_out()
+        self._out = None
         return not self._paused
 
     def _drop_out(self) -> None:
-        if self._out is not None:
-            self.broker.budget.release(len(self._out))
-            self._out = None
+        """Give back what a large batch held of the budget (written, or never to be)."""
+        self._out = None
+        if self._out_held:
+            self.broker.budget.release(self._out_held)
+            self._out_held = 0
 
 
 def _accept(msg: Message, node_id: bytes) -> bool:
