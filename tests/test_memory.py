@@ -46,7 +46,8 @@ async def start_broker(tmp_path: Path, **settings: int) -> tuple[Proc, int]:
 
 async def stop(fqd: Proc) -> None:
     fqd.kill()
-    await fqd.finish()
+    _, _, err = await fqd.finish()
+    print(err)  # shown only when the test fails
 
 
 async def holder(port: int, queue_field: bytes, exchange: bytes) -> RawConn:
