@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 One counter, ``used``, holds what the broker keeps in memory on behalf of publishers:
 the frames in memory queues, disk queues' caches of written frames, and what data
-sockets and HTTP requests have announced and are reading. Holders add and subtract
-directly (``used += n`` on the hot path costs nothing more than a counter would); only
-a release that may let a waiter go calls :meth:`MemoryBudget.release`.
+sockets and HTTP requests have announced and are reading. Holders add directly
+(``used += n`` on the hot path costs what a counter does) and give back through
+:meth:`MemoryBudget.release`, which wakes the waiters there is now room for. The
+byte-room rule queues and the router share (:func:`fitting`) lives here too.
 
 Publishers are slowed, never refused, while the budget is spent: before a data socket
 buffers more of a message (or reads on at all while over the limit), it asks
