@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from .budget import MemoryBudget
 from .errors import FqError, ProgramError, QueueError
 from .queue import Queue
-from .queuespec import QueueKind, QueueSpec
+from .queuespec import UNLIMITED_BYTES, QueueKind, QueueSpec
 from .router import Binding, ClientStats, Router
 from .state import ConfigStore, StoredBinding
 from .store import DiskStore, open_disk_store
@@ -37,7 +37,9 @@ class Catalog:
         # Disk stores with appended, unwritten messages; publishers flush them.
         self.dirty: set[DiskStore] = set()
         # What memory queues and reads in flight hold, against the broker's limit.
-        self.budget = MemoryBudget(settings.memory_budget)
+        self.budget = MemoryBudget(
+            settings.memory_budget if settings.memory_budget > 0 else UNLIMITED_BYTES
+        )
 
     # --- start-up -------------------------------------------------------------------------
 

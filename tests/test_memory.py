@@ -511,3 +511,15 @@ async def test_a_peers_large_message_is_held_within_the_budget(tmp_path: Path) -
         await cmd.close()
     finally:
         await stop(fqd)
+
+
+def test_a_zero_budget_means_no_broker_wide_limit(settings: object) -> None:
+    from fqbroker.config import Settings
+
+    assert isinstance(settings, Settings)
+    settings.memory_budget = 0
+    broker = Broker(settings)
+    try:
+        assert broker.budget.fits(1 << 40)
+    finally:
+        broker.catalog.close()
