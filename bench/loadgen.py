@@ -437,7 +437,7 @@ def run_latsub(args: argparse.Namespace) -> None:
 
 
 def run_hold(args: argparse.Namespace) -> None:
-    field = b"hold\0mem:private,drop,backlog=%d" % args.backlog
+    field = b"hold\0mem:private,drop,backlog=%d,backlog_bytes=0" % args.backlog
     client = FqClient(args.port, b"hold", field, args.topic.encode())
     _ready()
     _wait_go()

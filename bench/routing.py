@@ -25,12 +25,16 @@ class Sink:
     is_full = False
     blocks = False
     room = 1 << 62
+    room_bytes = 1 << 62
 
     def __init__(self) -> None:
         self.count = 0
 
-    def offer(self, frames: list[bytes]) -> int:
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
         self.count += len(frames)
+        return len(frames)
+
+    def takes(self, frames: list[bytes]) -> int:
         return len(frames)
 
     async def wait_not_full(self) -> None:

@@ -33,7 +33,8 @@ from .harness import (
     version,
 )
 
-QUEUE = "mem:backlog=4000000"
+# No byte limit (docs/memory.md): the flows measure speed, not where a backlog is cut.
+QUEUE = "mem:backlog=4000000,backlog_bytes=0"
 
 
 @dataclass

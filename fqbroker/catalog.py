@@ -11,9 +11,10 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from .budget import MemoryBudget
 from .errors import FqError, ProgramError, QueueError
 from .queue import Queue
-from .queuespec import QueueKind, QueueSpec
+from .queuespec import UNLIMITED_BYTES, QueueKind, QueueSpec
 from .router import Binding, ClientStats, Router
 from .segmentlog import LogFormatError
 from .state import ConfigStore, StoredBinding
@@ -36,6 +37,10 @@ class Catalog:
         self.queues: dict[bytes, Queue] = {}
         # Disk stores with appended, unwritten messages; publishers flush them.
         self.dirty: set[DiskStore] = set()
+        # What memory queues and reads in flight hold, against the broker's limit.
+        self.budget = MemoryBudget(
+            settings.memory_budget if settings.memory_budget > 0 else UNLIMITED_BYTES
+        )
 
     # --- start-up -------------------------------------------------------------------------
 
@@ -69,14 +74,16 @@ class Catalog:
             spec = dataclasses.replace(spec, backlog=self.settings.default_backlog)
         if spec.kind is QueueKind.DISK:
             try:
-                store = open_disk_store(self.settings, spec.name, spec.fsync, self.dirty)
+                store = open_disk_store(
+                    self.settings, spec.name, spec.fsync, self.dirty, self.budget
+                )
             except (OSError, LogFormatError) as exc:
                 # One line, and the client is told: no traceback for a directory we cannot
                 # read (docs/disk-format.md, "Versioning"); its config row stays.
                 log.error("disk queue %r: %s", spec.name, exc)
                 raise QueueError("initialization of disk queue failed") from exc
             return Queue(spec, store)
-        return Queue(spec)
+        return Queue(spec, budget=self.budget, default_bytes=self.settings.backlog_bytes)
 
     # --- queues ---------------------------------------------------------------------------
 

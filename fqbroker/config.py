@@ -79,6 +79,10 @@ class Settings:
     max_queues_per_user: int = 256  # permanent or disk queues a user creates; 0: no limit
     disk_queues_per_second: float = 10.0  # new disk queues, broker-wide; 0: no limit
     log_lines_per_second: int = 5  # log lines per kind of bad input or refusal
+    # --- P8 memory bounds (docs/memory.md) ---
+    backlog_bytes: int = 64 << 20  # a memory queue's backlog in bytes, unless it says; 0: none
+    memory_budget: int = 1 << 30  # bytes held by memory queues and reads in flight, broker-wide
+    http_max_body: int = 16 << 20  # largest HTTP request body (/submit); larger gets 413
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:

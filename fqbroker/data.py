@@ -8,12 +8,18 @@ Phases: AWAIT_KEY -> STREAMING -> CLOSED. Once paired with its command session b
   (§1.11), and published into the router a run at a time (a peer's are decoded into
   messages first, whose hops are checked for loops). After a block-policy queue fills
   up, reading pauses and a task waits for room; then the rest of the batch is published
-  and reading resumes. That pushes back on this publisher only.
+  and reading resumes. That pushes back on this publisher only. What the decoder holds or
+  has been told to expect (the rest of a large message) is reserved against the broker's
+  memory budget before more is read; when the budget cannot grant it, or is spent while
+  this publisher holds nothing, reading pauses until consumers drain (docs/memory.md).
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they
   are taken, those that already passed through the peer at the other end are dropped
   (loop prevention, §5.3), and the rest written in peer format, one write per batch,
   until the transport asks to pause. Messages are only taken to be written at once, so
-  none are ever held: nothing needs putting back when the channel closes.
+  none are ever held: nothing needs putting back when the channel closes. A batch larger
+  than ``OUT_CHUNK`` (a large message) is handed to the transport a chunk at a time as it
+  drains, and held against the memory budget meanwhile, so the transport never copies
+  all of it into its buffer.
 
 A bad frame closes this data channel only; the command session survives and can pair a
 new one (§1.9).
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from . import wire
 from .errors import ProtocolError
+from .largeframe import LARGE_FRAME
 from .message import Message, Run, accept_from_peer, frame_hops, has_hop, ipv4_bytes, runs_of
 
 if TYPE_CHECKING:
@@ -42,6 +49,10 @@ __all__ = ["DataSession", "Phase"]
 log = logging.getLogger(__name__)
 
 BATCH = 1024
+OUT_CHUNK = 256 << 10  # a larger batch goes to the transport in pieces of this size
+# A peer's messages are decoded into Message objects and built into frames again: while
+# one is, it is in memory about this many times (measured), so it reserves that much.
+PEER_COPIES = 3
 NO_PEER = wire.NO_PEER
 
 
@@ -79,9 +90,14 @@ class DataSession(RemotePeer, asyncio.Protocol):
         "_eof",
         "_first",
         "_octets",
+        "_out",
+        "_out_held",
+        "_out_pos",
         "_paused",
         "_progress",
         "_ready",
+        "_reserved",
+        "_reserved_at",
         "_room",
         "_stamp",
         "_stamp_size",
@@ -117,11 +133,18 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self._room: asyncio.Task[None] | None = None
         self._first = 0
         self._octets = 0
+        self._reserved = 0  # bytes of the memory budget this channel's input holds
+        self._reserved_at = 0  # messages handled when it was made
         # Output: the queue's wake-up while it is empty, the write side's pause, and the
         # last batch written while the transport said pause (acked once it takes more).
         self._ready: Notify | None = None
         self._paused = False
         self._unacked: list[bytes] | None = None
+        # A large batch being written as the transport drains, and how far it got.
+        self._out: memoryview | None = None
+        self._out_pos = 0
+        # Budget it holds until the batch's frames are let go, not just handed on.
+        self._out_held = 0
         # Publisher confirms (docs/confirms.md): messages handled so far on this channel,
         # the disk stores they went to with the last seq written, and the number of the
         # first message a disk write failed for.
@@ -143,6 +166,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
             decoder.feed(data)
             if self._room is None:
                 self._route_buffered()
+                if self._room is None and self.phase is Phase.STREAMING:
+                    self._reserve(decoder)
         elif self.phase is Phase.AWAIT_KEY:
             assert self.hello is not None
             self.hello.feed(data)
@@ -170,10 +195,14 @@ class DataSession(RemotePeer, asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        if self._out is not None and not self._write_out():
+            return  # paused again, or gone
         taken, self._unacked = self._unacked, None
         if taken and self.phase is Phase.STREAMING and not self._draining:
             assert self.owner is not None and self.owner.queue is not None
             self.owner.queue.ack(taken)  # in the kernel's hands now
+        del taken
+        self._drop_out()
         if self._ready is None:
             self.queue_ready()
 
@@ -189,6 +218,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         """
         self._draining = True
         self._unacked = None
+        self._drop_out()
         if self._ready is not None:
             self._ready.cancel()
             self._ready = None
@@ -204,7 +234,11 @@ class DataSession(RemotePeer, asyncio.Protocol):
         if self._room is not None:
             self._room.cancel()
             self._room = None
+        if self._reserved:
+            self.broker.budget.release(self._reserved)
+            self._reserved = 0
         self._unacked = None
+        self._drop_out()
         if self.owner is not None and self.owner.data is self:
             self.owner.data = None
 
@@ -243,8 +277,12 @@ class DataSession(RemotePeer, asyncio.Protocol):
             assert self.owner is not None
             self._stamp = self.broker.node_id + ipv4_bytes(self.remote_addr)
             self._stamp_size = 2 + len(self.owner.user) + len(self._stamp)
+        # A message the whole budget could never hold is refused (skipped, size_dropped)
+        # rather than waited for forever; the margin covers its head and our stamp.
+        budget = self.broker.budget.limit // (PEER_COPIES if self.is_peer else 1) - 1024
         return wire.MessageDecoder(
-            peer_format=self.is_peer, max_payload=self.broker.settings.max_message_size
+            peer_format=self.is_peer,
+            max_payload=min(self.broker.settings.max_message_size, budget),
         )
 
     def _route_buffered(self) -> None:
@@ -321,6 +359,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
     def _batch_done(self, decoder: wire.MessageDecoder) -> None:
         if decoder.oversized:
             assert self.owner is not None
+            log.info(
+                "dropped %d message(s) from %s over the size limit of %d bytes",
+                decoder.oversized, self._name(), decoder.max_payload,
+            )  # fmt: skip
             self.owner.stats.size_dropped += decoder.oversized
             self.broker.router.aggregate.size_dropped += decoder.oversized
             decoder.oversized = 0
@@ -337,6 +379,52 @@ class DataSession(RemotePeer, asyncio.Protocol):
             self._route_buffered()
         if self._room is not None or self.phase is Phase.CLOSED:
             return
+        if self._eof:
+            self.close()
+        elif self._reserve(decoder):
+            self.transport.resume_reading()
+
+    def _reserve(self, decoder: wire.MessageDecoder) -> bool:
+        """Hold budget for what the decoder holds or expects; False: reading waits for it.
+
+        A channel still reading the message its reservation covers reads on even while the
+        budget is spent, so a message it started always completes (and frees the budget);
+        once messages have come in, what is left is a new reservation.
+        """
+        need = decoder.in_flight
+        if self.is_peer:
+            need *= PEER_COPIES
+        budget = self.broker.budget
+        if self.handled != self._reserved_at:
+            # The message reserved for is in a queue now, which counts it.
+            self._reserved_at = self.handled
+            if self._reserved:
+                budget.release(self._reserved)
+                self._reserved = 0
+        grow = need - self._reserved
+        if grow <= 0:
+            if grow:
+                self._reserved = need
+                budget.release(-grow)
+            if need or budget.used <= budget.limit:
+                return True
+            grow = 0  # holds nothing and the budget is spent: wait until it is not
+        elif budget.fits(grow) and (grow < LARGE_FRAME or not budget.waiting):
+            # A large message queues behind those waiting before it; small ones may pass.
+            budget.used += grow
+            self._reserved = need
+            return True
+        self.transport.pause_reading()
+        self._room = asyncio.ensure_future(self._wait_for_budget(decoder, grow))
+        return False
+
+    async def _wait_for_budget(self, decoder: wire.MessageDecoder, grow: int) -> None:
+        await self.broker.budget.wait(grow)
+        self._room = None
+        if self.phase is Phase.CLOSED:
+            return
+        self.broker.budget.used += grow
+        self._reserved += grow
         if self._eof:
             self.close()
         else:
@@ -397,15 +485,52 @@ class DataSession(RemotePeer, asyncio.Protocol):
                 break
             if peer_id != NO_PEER:
                 batch = [f for f in batch if not has_hop(frame_hops(f), peer_id)]
-            transport.write(b"".join(batch))
+            data = b"".join(batch)  # one message: that message, not a copy
             stats.msgs_out += len(batch)
-            stats.octets_out += sum(map(len, batch))
+            stats.octets_out += len(data)
+            if len(data) > OUT_CHUNK:
+                self._out = memoryview(data)
+                self._out_pos = 0
+                self._out_held = len(data)
+                self.broker.budget.used += len(data)
+                self._unacked = taken
+                del batch, data
+                if not self._write_out():
+                    break  # the rest, the ack and the release when it resumes
+                self._unacked = None
+                queue.ack(taken)
+                # Waiters it wakes run after this turn, when the frames are gone.
+                self._drop_out()
+                continue
+            transport.write(data)
             if self._paused:
                 self._unacked = taken  # acked when the transport has room again
                 break
             # In the kernel's hands now: a disk queue may move its read checkpoint.
             queue.ack(taken)
         return True
+
+    def _write_out(self) -> bool:
+        """Hand the large batch on a chunk at a time while the transport takes more; True
+        once it is all written and the transport has room for more."""
+        out = self._out
+        assert out is not None
+        pos, transport = self._out_pos, self.transport
+        while pos < len(out):
+            if self._paused or transport.is_closing():
+                self._out_pos = pos
+                return False
+            transport.write(out[pos : pos + OUT_CHUNK])
+            pos += OUT_CHUNK
+        self._out = None
+        return not self._paused
+
+    def _drop_out(self) -> None:
+        """Give back what a large batch held of the budget (written, or never to be)."""
+        self._out = None
+        if self._out_held:
+            self.broker.budget.release(self._out_held)
+            self._out_held = 0
 
 
 def _accept(msg: Message, node_id: bytes) -> bool:

@@ -312,9 +312,23 @@ class _Connection:
             # fqd needs the length up front; chunked bodies get the same answer.
             return _submit_error("no message")
         length = int(headers[b"content-length"])  # h11 has checked it is a number
-        if length > broker.settings.max_message_size:
-            # fqd takes any size; we refuse before reading, as the data channel would.
+        # The body, and the frame made of it: what the budget holds while we read.
+        reserve = 2 * length
+        if length > min(broker.settings.max_message_size, broker.settings.http_max_body) or (
+            reserve > broker.budget.limit
+        ):
+            # fqd takes any size; we refuse before reading, as the data channel would, and
+            # the body is discarded as it arrives (docs/memory.md).
             return Reply(413, b'{ "error": "message too large" }\n', close=True)
+        await broker.budget.wait(reserve)  # publishers are slowed while the budget is spent
+        broker.budget.used += reserve
+        try:
+            return await self._publish_body(headers, length)
+        finally:
+            broker.budget.release(reserve)
+
+    async def _publish_body(self, headers: dict[bytes, bytes], length: int) -> Reply:
+        broker = self.broker
         sender = headers.get(b"x-fq-sender") or b"_web"
         route = headers.get(b"x-fq-route")
         exchange = headers.get(b"x-fq-exchange")

@@ -80,6 +80,39 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     yield from _connections(snap)
     yield from _peers(snap)
     yield from _limits(snap)
+    yield from _memory(snap)
+
+
+def _memory(snap: Snapshot) -> Iterator[Metric]:
+    """The broker-wide memory budget and each queue's bytes (docs/memory.md)."""
+    mem = snap.memory
+    if mem is not None:
+        for name, value, doc in (
+            ("fq_memory_used_bytes", mem.used, "Bytes held for publishers: queues, reads."),
+            ("fq_memory_limit_bytes", mem.limit, "The broker-wide memory budget."),
+            ("fq_memory_waiting_publishers", mem.waiting, "Publishers waiting for budget."),
+        ):
+            gauge = GaugeMetricFamily(name, doc)
+            gauge.add_metric([], value)
+            yield gauge
+        paused = CounterMetricFamily(
+            "fq_memory_pauses", "Times a publisher was paused for the memory budget."
+        )
+        paused.add_metric([], mem.paused)
+        yield paused
+    held = GaugeMetricFamily(
+        "fq_queue_held_bytes", "Bytes the queue holds in memory.", labels=["queue"]
+    )
+    limit = GaugeMetricFamily(
+        "fq_queue_limit_bytes",
+        "The queue's backlog limit in bytes; +Inf when unlimited.",
+        labels=["queue"],
+    )
+    for q in snap.queues:
+        held.add_metric([_label(q.name)], q.held_bytes)
+        limit.add_metric([_label(q.name)], float("inf") if q.limit_bytes is None else q.limit_bytes)
+    yield held
+    yield limit
 
 
 def _aggregate(snap: Snapshot) -> Iterator[Metric]:

@@ -10,6 +10,13 @@ waits on :meth:`Queue.wait_not_full` before it reads more from its socket. That 
 only the publishers writing into the full queue, not every publisher as fqd's worker
 thread does (§1.13, §9), and nothing a publisher handed over is lost.
 
+A memory queue has a limit in bytes beside the message count (``backlog_bytes``,
+docs/memory.md) under the same policy: a message is taken while the bytes held are under
+the limit, so the one that crosses it is taken and the queue holds at most the limit plus
+one message. The bytes are those of the frames held, which the broker-wide
+:class:`~fqbroker.budget.MemoryBudget` counts too. A disk queue keeps its messages in its
+files; what it holds in memory is its cache, which it bounds itself.
+
 Consumers are data channels of the queue's clients (1 for a private queue, 16 for a
 public one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) and
 is called back the moment a message arrives (fqd polls, §1.13). Waiting consumers are
@@ -26,11 +33,21 @@ to several queues is one shared ``bytes`` object.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
+import itertools
 from typing import Protocol
 
+from .budget import MemoryBudget, fitting
 from .errors import QueueError
-from .queuespec import Policy, QueueSpec, signed_backlog
+from .queuespec import (
+    DEFAULT_BACKLOG_BYTES,
+    UNLIMITED_BYTES,
+    Policy,
+    QueueKind,
+    QueueSpec,
+    signed_backlog,
+)
 from .segmentlog import SegmentLog
 from .store import DiskStore
 
@@ -43,47 +60,92 @@ class Store(Protocol):
     """Where a queue keeps its messages (fqd's ``fqd_queue_impl``)."""
 
     def __len__(self) -> int: ...
-    def extend(self, frames: list[bytes]) -> None: ...
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of messages held in memory."""
+        ...
+
+    def extend(self, frames: list[bytes], size: int = -1) -> None: ...
     def take(self, n: int) -> list[bytes]: ...
     def ack(self, frames: list[bytes]) -> None: ...
     def close(self, *, destroy: bool) -> None: ...
 
 
+TAKE_BYTES = 1 << 20
+
+
+def _take_bytes(items: collections.deque[bytes], n: int, held: int) -> tuple[list[bytes], int]:
+    """About ``TAKE_BYTES`` of messages (at least one): as many as the average size allows,
+    cut where they cross it if the first ones are larger, and the rest put back."""
+    popleft = items.popleft
+    k = max(1, min(n, len(items), TAKE_BYTES * len(items) // held))
+    out = [popleft() for _ in range(k)]
+    size = sum(map(len, out))
+    if size > TAKE_BYTES and k > 1:
+        keep = bisect.bisect_left(list(itertools.accumulate(map(len, out))), TAKE_BYTES) + 1
+        items.extendleft(reversed(out[keep:]))
+        del out[keep:]
+        size = sum(map(len, out))
+    return out, size
+
+
 class MemoryStore:
     """An in-memory FIFO; its contents die with the process."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_budget", "_items", "held_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, budget: MemoryBudget | None = None) -> None:
         # Made on first use: an empty deque is 600 bytes, in every idle client's queue.
         self._items: collections.deque[bytes] | None = None
+        self.held_bytes = 0
+        self._budget = budget
 
     def __len__(self) -> int:
         items = self._items
         return 0 if items is None else len(items)
 
-    def extend(self, frames: list[bytes]) -> None:
+    def extend(self, frames: list[bytes], size: int = -1) -> None:
         items = self._items
         if items is None:
             items = self._items = collections.deque()
         items.extend(frames)
+        if size < 0:
+            size = sum(map(len, frames))
+        self.held_bytes += size
+        if self._budget is not None:
+            self._budget.used += size
 
     def take(self, n: int) -> list[bytes]:
+        """Up to ``n`` messages, and at most about ``TAKE_BYTES`` but for one message: a
+        consumer's batch is copied whole into its socket's buffer."""
         items = self._items
         if items is None:
             return []
-        if n >= len(items):
-            out = list(items)
-            items.clear()
-            return out
-        popleft = items.popleft
-        return [popleft() for _ in range(n)]
+        held = self.held_bytes
+        if held <= TAKE_BYTES:
+            if n >= len(items):
+                out = list(items)
+                items.clear()
+                size = held
+            else:
+                popleft = items.popleft
+                out = [popleft() for _ in range(n)]
+                size = sum(map(len, out))
+        else:
+            out, size = _take_bytes(items, n, held)
+        self.held_bytes = held - size
+        if self._budget is not None:
+            self._budget.release(size)
+        return out
 
     def ack(self, frames: list[bytes]) -> None:
         pass  # nothing to remember: a memory queue's contents die with the process
 
     def close(self, *, destroy: bool) -> None:
         self._items = None
+        if self._budget is not None:
+            self._budget.release(self.held_bytes)
+        self.held_bytes = 0
 
 
 class Queue:
@@ -91,6 +153,7 @@ class Queue:
 
     __slots__ = (
         "_getters",
+        "_given_bytes",
         "_space",
         "_woken",
         "blocks",
@@ -99,6 +162,7 @@ class Queue:
         "fsync",
         "kind",
         "limit",
+        "limit_bytes",
         "name",
         "permanent",
         "policy",
@@ -106,16 +170,28 @@ class Queue:
         "store",
     )
 
-    def __init__(self, spec: QueueSpec, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        spec: QueueSpec,
+        store: Store | None = None,
+        budget: MemoryBudget | None = None,
+        default_bytes: int = DEFAULT_BACKLOG_BYTES,
+    ) -> None:
         self.name = spec.name
         self.kind = spec.kind
         self.private = spec.is_private
         self.policy = spec.effective_policy
         self.blocks = self.policy is Policy.BLOCK
         self.limit = spec.backlog_limit
+        # A disk queue's messages are in its files: its byte limit is its cache's.
+        self._given_bytes = spec.backlog_bytes  # None: the broker's default, not stored
+        given = default_bytes if spec.backlog_bytes is None else spec.backlog_bytes
+        self.limit_bytes = (
+            (given or UNLIMITED_BYTES) if spec.kind is QueueKind.MEM else UNLIMITED_BYTES
+        )
         self.permanent = bool(spec.permanent)
         self.fsync = spec.fsync
-        self.store: Store = store if store is not None else MemoryStore()
+        self.store: Store = store if store is not None else MemoryStore(budget)
         self.clients: list[object] = []
         self.dropped_to = 0
         # Waiting consumers, first come first served. A list: there are at most 16, and
@@ -130,7 +206,14 @@ class Queue:
     @property
     def spec(self) -> QueueSpec:
         return QueueSpec(
-            self.name, self.kind, self.private, self.policy, self.limit, self.permanent, self.fsync
+            self.name,
+            self.kind,
+            self.private,
+            self.policy,
+            self.limit,
+            self.permanent,
+            self.fsync,
+            self._given_bytes,
         )
 
     @property
@@ -148,7 +231,8 @@ class Queue:
     @property
     def is_full(self) -> bool:
         """A block-policy queue at its limit: publishers into it should wait."""
-        return self.blocks and len(self.store) >= self.limit
+        store = self.store
+        return self.blocks and (len(store) >= self.limit or store.held_bytes >= self.limit_bytes)
 
     # --- clients --------------------------------------------------------------------------
 
@@ -179,25 +263,50 @@ class Queue:
 
     # --- producing ------------------------------------------------------------------------
 
-    def offer(self, frames: list[bytes]) -> int:
-        """Append messages in order; under drop, those past the limit are refused."""
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
+        """Append messages in order; under drop, those past either limit are refused.
+
+        ``size``: their bytes, if the caller has counted them already.
+        """
         n = len(frames)
+        store = self.store
+        if size < 0:
+            size = sum(map(len, frames)) if n > 1 else len(frames[0]) if n else 0
         if not self.blocks:
-            room = self.limit - len(self.store)
-            if room < n:
+            room = self.limit - len(store)
+            room_bytes = self.limit_bytes - store.held_bytes
+            if room < n or room_bytes < size:
+                room = min(room, fitting(frames, room_bytes))
                 if room <= 0:
                     self.dropped_to += n
                     return 0
-                self.dropped_to += n - room
-                frames = frames[:room]
-                n = room
-        self.store.extend(frames)
+                if room < n:
+                    self.dropped_to += n - room
+                    frames = frames[:room]
+                    n = room
+                    size = -1
+        store.extend(frames, size)
         self._wake_getter()
         return n
 
     @property
     def room(self) -> int:
         return self.limit - len(self.store)
+
+    @property
+    def room_bytes(self) -> int:
+        """Bytes it takes before it is full (0 or less: none)."""
+        return self.limit_bytes - self.store.held_bytes
+
+    def takes(self, frames: list[bytes]) -> int:
+        """How many of ``frames`` a block-policy queue takes before it is full: at least
+        one, the message that fills it."""
+        n = min(len(frames), max(self.room, 1))
+        batch = frames if n == len(frames) else frames[:n]
+        room_bytes = self.limit_bytes - self.store.held_bytes
+        if sum(map(len, batch)) > room_bytes:
+            n = max(fitting(batch, room_bytes), 1)
+        return n
 
     async def wait_not_full(self) -> None:
         """Return once the backlog is under the limit (block policy)."""

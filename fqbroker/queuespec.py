@@ -14,7 +14,9 @@ from .errors import AuthError
 
 __all__ = [
     "DEFAULT_BACKLOG",
+    "DEFAULT_BACKLOG_BYTES",
     "MAX_QUEUE_NAME",
+    "UNLIMITED_BYTES",
     "Policy",
     "QueueKind",
     "QueueSpec",
@@ -24,6 +26,9 @@ __all__ = [
 DEFAULT_BACKLOG = 16384
 MAX_QUEUE_NAME = 127
 UNLIMITED = 0xFFFFFFFF
+# fqbroker extension (docs/memory.md): a memory queue's backlog in bytes. 0 is unlimited.
+DEFAULT_BACKLOG_BYTES = 64 << 20
+UNLIMITED_BYTES = 1 << 62
 # An fqbroker extension: a disk queue's own fsync policy (see conf/fqd.toml).
 FSYNC_TOKENS = frozenset({"fsync=always", "fsync=interval", "fsync=never"})
 
@@ -49,6 +54,7 @@ class QueueSpec:
     backlog: int | None = None  # u32; 0xffffffff is in effect unlimited
     permanent: bool | None = None
     fsync: str | None = None  # disk queues: always | interval | never; None = broker's
+    backlog_bytes: int | None = None  # memory queues: bytes held at most (plus one message)
 
     @property
     def is_private(self) -> bool:
@@ -68,7 +74,11 @@ class QueueSpec:
         sharing = "private" if self.is_private else "public"
         text = f"{sharing},{self.effective_policy},backlog={signed_backlog(self.backlog_limit)}"
         # Only when set: fqd would refuse a row with a parameter it does not know.
-        return f"{text},fsync={self.fsync}" if self.fsync else text
+        if self.fsync:
+            text += f",fsync={self.fsync}"
+        if self.backlog_bytes is not None:
+            text += f",backlog_bytes={self.backlog_bytes}"
+        return text
 
     def with_params(self, params: str) -> QueueSpec:
         return _apply_params(self, params)
@@ -94,6 +104,16 @@ def _atoi(text: str) -> int:
     return sign * int(digits) if digits else 0
 
 
+def _byte_count(text: str) -> int:
+    """A byte count with an optional k, m or g suffix (powers of 1024); 0 is unlimited."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    scale = units.get(text[-1:].lower(), 1)
+    digits = text[:-1] if scale > 1 else text
+    if not digits.isascii() or not digits.isdigit():
+        raise AuthError(f"invalid queue param: backlog_bytes={text}")
+    return min(int(digits) * scale, UNLIMITED_BYTES)
+
+
 def _apply_params(spec: QueueSpec, params: str) -> QueueSpec:
     changes: dict[str, object] = {}
     for token in params.split(","):
@@ -113,6 +133,8 @@ def _apply_params(spec: QueueSpec, params: str) -> QueueSpec:
             changes["permanent"] = False
         elif token.startswith("backlog="):
             changes["backlog"] = _atoi(token[8:]) & UNLIMITED
+        elif token.startswith("backlog_bytes="):
+            changes["backlog_bytes"] = _byte_count(token[14:])
         elif token in FSYNC_TOKENS:
             changes["fsync"] = token[6:]
         else:

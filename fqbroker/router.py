@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .budget import fitting
 from .errors import ProgramError
 from .message import Message, Run, message_from_frame
 from .prefixes import PrefixIndex
@@ -52,8 +53,11 @@ _AVG_SHIFT = 7
 class Target(Protocol):
     """What a binding delivers into: a queue, as far as the router cares."""
 
-    def offer(self, frames: list[bytes]) -> int:
-        """Take these peer frames in order, up to the tail-drop limit; how many it took."""
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
+        """Take these peer frames in order, up to the tail-drop limit; how many it took.
+
+        ``size``: the frames' bytes, when the caller has counted them (-1: not).
+        """
         ...
 
     blocks: bool
@@ -62,6 +66,15 @@ class Target(Protocol):
     @property
     def room(self) -> int:
         """Messages it takes before it is full (0 or less: none)."""
+        ...
+
+    @property
+    def room_bytes(self) -> int:
+        """Bytes it takes before it is full: each message while this is over 0."""
+        ...
+
+    def takes(self, frames: list[bytes]) -> int:
+        """Block policy: how many of ``frames`` it takes before it is full (at least 1)."""
         ...
 
     @property
@@ -213,7 +226,7 @@ def _gather_into(gathered: dict[Target, list[Any]], hits: list[Binding] | None) 
         if queue not in gathered:
             if queue.blocks:
                 return False
-            gathered[queue] = [queue.room, []]
+            gathered[queue] = [queue.room, queue.room_bytes, [], 0]
     return True
 
 
@@ -353,7 +366,8 @@ class Router:
         in part, ``runs[index]`` is replaced by its rest.
         """
         exchanges = self.exchanges
-        gathered: dict[Target, list[Any]] = {}  # queue -> [room left, frames]
+        # queue -> [room left, bytes left, frames, their bytes]
+        gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
         published = 0
         i = start
@@ -378,7 +392,8 @@ class Router:
                     continue
                 i += 1
                 published += n
-                size = (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
+                raw = sum(map(len, frames)) if n > 1 else len(frames[0])
+                size = raw - n * head
                 messages += n
                 octets += size
                 if ex is None:
@@ -395,11 +410,14 @@ class Router:
                 for binding in hits:
                     binding.invocations += n
                     slot = gathered[binding.queue]
-                    slot[1] += frames
+                    slot[2] += frames
+                    slot[3] += raw
                     room = slot[0]
                     slot[0] = room - n
-                    if room < n:
-                        lost += n - max(room, 0)
+                    room_bytes = slot[1]
+                    slot[1] = room_bytes - raw
+                    if room < n or room_bytes < raw:
+                        lost += n - max(min(room, fitting(frames, room_bytes)), 0)
                 ex.routed += n * len(hits)
                 routed += n * len(hits)
                 if lost:
@@ -422,9 +440,9 @@ class Router:
 
     @staticmethod
     def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:
-        for queue, (_, frames) in gathered.items():
+        for queue, (_, _, frames, size) in gathered.items():
             if frames:
-                queue.offer(frames)
+                queue.offer(frames, size)
 
     def _publish_run(
         self,
@@ -445,7 +463,7 @@ class Router:
         for binding in hits:
             queue = binding.queue
             if queue.blocks:
-                n = min(n, max(queue.room, 1))  # it takes the message that fills it
+                n = min(n, queue.takes(frames))  # it takes the message that fills it
         batch = frames if n == len(frames) else frames[:n]
         octets = sum(map(len, batch)) - n * head
         agg = self.aggregate

@@ -64,6 +64,7 @@ class Broker:
         log.info("Opening configdb %s", self.settings.config_db)
         self.catalog = Catalog(self.settings, self.router, ConfigStore(self.settings.config_db))
         self.queues: dict[bytes, Queue] = self.catalog.queues
+        self.budget = self.catalog.budget  # memory held for publishers (docs/memory.md)
         self.established = self.catalog.restore()
         self.limits = Limits(self.settings, self.queues)
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)

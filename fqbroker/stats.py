@@ -22,6 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .queuespec import UNLIMITED_BYTES
 from .router import AggregateStats, ClientStats
 from .version import FQ_COMPAT_VERSION
 
@@ -35,6 +36,7 @@ __all__ = [
     "ClientSnapshot",
     "ExchangeSnapshot",
     "HttpCounters",
+    "MemorySnapshot",
     "PeerSnapshot",
     "QueueSnapshot",
     "RouteSnapshot",
@@ -99,6 +101,9 @@ class QueueSnapshot:
     # P8 disk: records and bytes skipped over damage (docs/disk-format.md, "Recovery").
     corrupt_records: int | None = None
     corrupt_bytes: int | None = None
+    # P8 memory bounds (docs/memory.md): bytes held in memory, and the byte limit.
+    held_bytes: int = 0
+    limit_bytes: int | None = None  # None: unlimited (a disk queue's files are not counted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +153,15 @@ class Snapshot:
     # Limits (docs/limits.md): closes for bad input by front end, refusals by reason.
     bad_input: tuple[tuple[str, int], ...] = ()
     refused: tuple[tuple[str, int], ...] = ()
+    memory: MemorySnapshot | None = None  # the broker-wide budget (docs/memory.md)
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySnapshot:
+    used: int
+    limit: int
+    paused: int  # times a publisher waited for the budget
+    waiting: int  # publishers waiting now
 
 
 _http: weakref.WeakKeyDictionary[Broker, HttpCounters] = weakref.WeakKeyDictionary()
@@ -207,6 +221,9 @@ def take_snapshot(broker: Broker) -> Snapshot:
         peers=tuple(_peer_snapshot(link) for link in broker.peering.links.values()),
         bad_input=tuple(sorted(broker.limits.bad_input.items())),
         refused=tuple(sorted(broker.limits.refused.items())),
+        memory=MemorySnapshot(
+            broker.budget.used, broker.budget.limit, broker.budget.paused, broker.budget.waiting
+        ),
     )
 
 
@@ -249,6 +266,8 @@ def _queue_snapshot(queue: Queue) -> QueueSnapshot:
         fsync_last_seconds=_optional_float(store, "fsync_seconds"),
         corrupt_records=_optional_int(store, "corrupt_records"),
         corrupt_bytes=_optional_int(store, "corrupt_bytes"),
+        held_bytes=_optional_int(store, "held_bytes") or 0,
+        limit_bytes=None if queue.limit_bytes >= UNLIMITED_BYTES else queue.limit_bytes,
     )
 
 

@@ -50,6 +50,7 @@ from .message import frame_length, frame_seq, place_seq
 from .segmentlog import SegmentLog
 
 if TYPE_CHECKING:
+    from .budget import MemoryBudget
     from .config import Settings
 
 __all__ = ["DiskStore", "FsyncPolicy", "open_disk_store", "split_record"]
@@ -81,6 +82,7 @@ def open_disk_store(
     name: bytes,
     policy: str | None = None,
     dirty: set[DiskStore] | None = None,
+    budget: MemoryBudget | None = None,
 ) -> DiskStore:
     directory = queue_directory(Path(settings.queue_dir), name)
     return DiskStore(
@@ -88,6 +90,7 @@ def open_disk_store(
         policy=FsyncPolicy(policy or settings.fsync),
         interval_ms=settings.fsync_interval_ms,
         dirty=dirty,
+        budget=budget,
     )
 
 
@@ -128,6 +131,7 @@ class DiskStore:
         policy: FsyncPolicy = FsyncPolicy.INTERVAL,
         interval_ms: float = 5.0,
         dirty: set[DiskStore] | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         self.log = segment_log
         self.policy = policy
@@ -139,6 +143,7 @@ class DiskStore:
         self._recent: collections.deque[bytes] = collections.deque()
         self._recent_seq = 0  # the seq of _recent[0]
         self._recent_bytes = 0
+        self._budget = budget  # counts the cache (docs/memory.md)
         self._cursor = segment_log.checkpoints.get(READER, segment_log.first_seq)
         # Batches handed to consumers and not yet acknowledged: [first, last, acked].
         self._in_flight: collections.deque[list[int]] = collections.deque()
@@ -175,16 +180,21 @@ class DiskStore:
     def corrupt_bytes(self) -> int:
         return self.log.corrupt_bytes
 
+    @property
+    def held_bytes(self) -> int:
+        """What it holds in memory: its cache of written frames (docs/memory.md)."""
+        return self._recent_bytes
+
+    def extend(self, frames: list[bytes], size: int = -1) -> None:
+        self._pending.extend(frames)
+        self._dirty.add(self)
+
     # --- writing --------------------------------------------------------------------------
 
     @property
     def pending(self) -> int:
         """Messages appended and not yet written."""
         return len(self._pending)
-
-    def extend(self, frames: list[bytes]) -> None:
-        self._pending.extend(frames)
-        self._dirty.add(self)
 
     def flush(self) -> None:
         """Write what was appended; raises OSError (and drops the batch) if the disk fails."""
@@ -310,6 +320,28 @@ class DiskStore:
         return out
 
     def _remember(self, first: int, frames: list[bytes]) -> None:
+        before = self._recent_bytes
+        budget = self._budget
+        if budget is not None and not budget.fits(sum(map(len, frames))):
+            # The cache only saves reading the file back: it gives way to publishers
+            # rather than slowing them (docs/memory.md).
+            self._recent.clear()
+            self._recent_bytes = 0
+            budget.release(before)
+            return
+        self._cache(first, frames)
+        if budget is not None:
+            budget.used += self._recent_bytes - before
+
+    def _take_recent(self, cursor: int, n: int) -> list[bytes]:
+        """Up to ``n`` frames from ``cursor`` on out of memory; none if not all there."""
+        before = self._recent_bytes
+        frames = self._uncache(cursor, n)
+        if self._budget is not None and before != self._recent_bytes:
+            self._budget.release(before - self._recent_bytes)
+        return frames
+
+    def _cache(self, first: int, frames: list[bytes]) -> None:
         recent = self._recent
         if not recent:
             self._recent_seq = first
@@ -319,8 +351,7 @@ class DiskStore:
             self._recent_bytes -= len(recent.popleft())
             self._recent_seq += 1
 
-    def _take_recent(self, cursor: int, n: int) -> list[bytes]:
-        """Up to ``n`` frames from ``cursor`` on out of memory; none if not all there."""
+    def _uncache(self, cursor: int, n: int) -> list[bytes]:
         recent = self._recent
         popleft = recent.popleft
         while recent and self._recent_seq < cursor:  # taken already: not needed again
@@ -360,6 +391,9 @@ class DiskStore:
     # --- lifetime -------------------------------------------------------------------------
 
     def close(self, *, destroy: bool) -> None:
+        if self._budget is not None:
+            self._budget.release(self._recent_bytes)
+            self._budget = None
         if self._sync_task is not None:
             self._sync_task.cancel()
         self._dirty.discard(self)

@@ -33,6 +33,7 @@ from enum import IntEnum
 from typing import Any, Final, Literal, TypeVar
 
 from .errors import AuthError, FrameTooLarge, ProtocolError
+from .largeframe import LargeFrame
 from .message import MAX_HOPS, Message, Run, frame_length, runs_of
 
 __all__ = [
@@ -598,11 +599,19 @@ class MessageDecoder(_Decoder):
     is not buffered: its bytes are skipped as they arrive and ``oversized`` counts it. fqd
     truncates such payloads instead; we drop them, because a truncated message is a corrupt
     one, and count them as ``size_dropped``, the counter fq has for exactly this.
+
+    A large publisher frame (``LARGE_FRAME`` bytes or more) is not grown in the receive
+    buffer and copied out of it but assembled in place (:class:`LargeFrame`), from the
+    next feed after :meth:`runs` has seen its head: by then the reader has reserved its
+    size, which :attr:`in_flight` announces before the bytes arrive (docs/memory.md).
     """
 
     __slots__ = (
         "_error",
         "_heads",
+        "_large",
+        "_large_done",
+        "_large_stamp",
         "_names",
         "_skipping",
         "max_payload",
@@ -621,6 +630,50 @@ class MessageDecoder(_Decoder):
         self._names: dict[bytes, bytes] = {}
         self._heads: dict[bytes, tuple[bytes, bytes]] = {}
         self._error: ProtocolError | None = None
+        # A large frame being assembled; once whole, until runs() returns it; the stamp
+        # to assemble the next one with, set by runs() for the next feed.
+        self._large: LargeFrame | None = None
+        self._large_done: LargeFrame | None = None
+        self._large_stamp: bytes | None = None
+
+    def feed(self, data: bytes) -> None:
+        stamp = self._large_stamp
+        if stamp is not None:
+            # Only now: more bytes coming means the reader has granted the frame's size.
+            self._large_stamp = None
+            buf = self._buf
+            buf.feed(data)
+            self._large = LargeFrame.start(buf.data, buf.pos, stamp)
+            if self._large is not None:
+                buf.data = bytearray()
+                buf.pos = 0
+            return
+        large = self._large
+        if large is not None:
+            rest = large.feed(data)
+            if rest is None:
+                return
+            self._large, self._large_done = None, large
+            if not rest:
+                return
+            data = rest
+        self._buf.feed(data)
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes held or announced: what is buffered, or the frame it starts if longer."""
+        if self._large is not None:
+            return self._large.size
+        extra = 0 if self._large_done is None else self._large_done.size
+        buf = self._buf
+        n = len(buf)
+        if not n or self._skipping:
+            return n + extra
+        try:
+            length = frame_length(buf.data, buf.pos, peer=self.peer_format)
+        except (IndexError, struct.error):
+            return n + extra
+        return max(n, min(length, self.max_payload + 1024)) + extra
 
     def _first_is_whole(self) -> bool:
         buf = self._buf
@@ -707,6 +760,10 @@ class MessageDecoder(_Decoder):
             raise TypeError("runs() decodes publisher-format frames")
         self._raise_pending()
         out: list[Run] = []
+        if self._large_done is not None:
+            done, self._large_done = self._large_done, None
+            out.append(done.run)
+            self.octets += done.length
         stamp = b"".join((bytes((len(sender),)), sender, bytes((len(hops) // 4,)), hops))
         self._decode_fast(lambda data: self._fast_runs(data, out, stamp))
         slow: list[Message] = []
@@ -719,6 +776,8 @@ class MessageDecoder(_Decoder):
             if not out and not slow:
                 raise
             self._error = exc
+        if self._error is None and not self._skipping and self._large is None:
+            self._large_stamp = stamp
         return out + runs_of(slow) if slow else out
 
     def _raise_pending(self) -> None:

@@ -21,7 +21,7 @@ class Box:
         self.items: list[bytes] = []
         self.limit = limit
 
-    def offer(self, frames: list[bytes]) -> int:
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
         taken = frames[: max(0, self.limit - len(self.items))]
         self.items += taken
         return len(taken)
@@ -31,6 +31,11 @@ class Box:
     @property
     def room(self) -> int:
         return self.limit - len(self.items)
+
+    room_bytes = 1 << 62
+
+    def takes(self, frames: list[bytes]) -> int:
+        return len(frames)
 
     @property
     def is_full(self) -> bool:
