@@ -1,0 +1,174 @@
+"""One broker child process for the reliability runs (fuzz, storm, soak).
+
+The broker is ``python -m fqbroker`` on a fixed loopback port with its state under a
+directory of its own, so that a restart after ``kill -9`` finds the same queues on the same
+port. Its stderr goes to a file: nothing can fill a pipe while it is killed and restarted,
+and :meth:`Broker.tracebacks` reads every incarnation's log afterwards. RSS and open
+descriptors are read from ``/proc/PID``.
+
+Settings the runs do not know about yet (limits and budgets that other parts of the broker
+add) pass through: ``settings`` become lines of the ``[fqd]`` table of the TOML file the
+broker is started with, ``extra_args`` are appended to its command line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import resource
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .harness import ENV, ROOT, free_port, rss_bytes
+
+__all__ = ["Broker", "Sample", "fd_count", "parse_setting", "raise_nofile"]
+
+
+def raise_nofile() -> int:
+    """Raise this process's descriptor limit to its hard limit; returns the new limit."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` from the command line; VALUE is TOML (``5``, ``"x"``, ``true``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"a setting is KEY=VALUE (TOML value), not {text!r}")
+    return key.strip(), value.strip()
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # seconds since the run started
+    rss: int
+    fds: int
+
+
+@dataclass
+class Broker:
+    """A broker child; :meth:`start` again after :meth:`kill9` restarts it on its state."""
+
+    state: Path
+    settings: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    node_id: str = "10.254.254.1"
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def __post_init__(self) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.state / "fqd.log"
+
+    def command(self) -> list[str]:
+        config = self.state / "fqd.toml"
+        lines = ["[fqd]"] + [f"{k} = {v}" for k, v in self.settings.items()]
+        config.write_text("\n".join(lines) + "\n")
+        return [
+            sys.executable, "-m", "fqbroker", "--config", str(config),
+            "-p", str(self.port), "-n", self.node_id,
+            "-c", str(self.state / "fqd.sqlite"), "-q", str(self.state / "queues"),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.starts += 1
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- start {self.starts} at {time.time():.3f}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command(),
+                cwd=ROOT,
+                env=ENV,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                preexec_fn=raise_nofile,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the broker exited with {self.proc.returncode}: {self.tail()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the broker did not listen on port {self.port}: {self.tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit; the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def sample(self, t0: float) -> Sample:
+        return Sample(time.monotonic() - t0, rss_bytes(self.pid), fd_count(self.pid))
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def tail(self, chars: int = 2000) -> str:
+        return self.log_text()[-chars:]
+
+    def tracebacks(self) -> dict[str, int]:
+        """Every traceback in the log, counted by its last line (the exception)."""
+        return count_tracebacks(self.log_text())
+
+
+_TB_START = re.compile(r"^Traceback \(most recent call last\):", re.M)
+
+
+def count_tracebacks(text: str) -> dict[str, int]:
+    """Tracebacks in a log, counted by signature: the exception line ending each one."""
+    found: dict[str, int] = {}
+    for match in _TB_START.finditer(text):
+        body = text[match.end() :].splitlines()
+        last = ""
+        for line in body[1:]:
+            if line.startswith((" ", "\t")) or not line.strip():
+                continue
+            if line.startswith(("The above exception", "During handling")):
+                continue
+            last = line.strip()
+            break
+        found[last] = found.get(last, 0) + 1
+    return found
