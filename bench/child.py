@@ -13,6 +13,7 @@ broker is started with, ``extra_args`` are appended to its command line.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import re
@@ -26,7 +27,15 @@ from pathlib import Path
 
 from .harness import ENV, ROOT, free_port, rss_bytes
 
-__all__ = ["Broker", "Sample", "fd_count", "parse_setting", "raise_nofile"]
+__all__ = [
+    "Broker",
+    "Sample",
+    "fd_count",
+    "fd_kinds",
+    "http_reply",
+    "parse_setting",
+    "raise_nofile",
+]
 
 
 def raise_nofile() -> int:
@@ -38,6 +47,45 @@ def raise_nofile() -> int:
 
 def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    """Open descriptors by kind: ``socket``, ``pipe``, ``anon_inode:...`` or the file path."""
+    kinds: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        kind = target.split(":", 1)[0] if target.startswith(("socket:", "pipe:")) else target
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+_TCP_STATES = {
+    "01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+    "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING",
+}  # fmt: skip
+
+
+def tcp_sockets(pid: int) -> list[str]:
+    """The TCP sockets ``pid`` holds, as ``local -> remote STATE`` (for findings)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as fh:
+            for line in list(fh)[1:]:
+                f = line.split()
+                if f[9] in inodes:
+                    local, remote = (f"{int(a.split(':')[1], 16)}" for a in (f[1], f[2]))
+                    out.append(f"{local} -> {remote} {_TCP_STATES.get(f[3], f[3])}")
+    return sorted(out)
 
 
 def parse_setting(text: str) -> tuple[str, str]:
@@ -170,5 +218,29 @@ def count_tracebacks(text: str) -> dict[str, int]:
                 continue
             last = line.strip()
             break
-        found[last] = found.get(last, 0) + 1
+        signature = normalized(last)
+        found[signature] = found.get(signature, 0) + 1
     return found
+
+
+_QUOTED = re.compile(r"(bytearray\()?b?'(?:[^'\\]|\\.)*'\)?|\"(?:[^\"\\]|\\.)*\"")
+_NUMBER = re.compile(r"\b\d+\b")
+
+
+def normalized(line: str) -> str:
+    """An exception line with its quoted values and numbers blanked: one signature per bug
+    rather than one per input (``key of 145 bytes`` and ``key of 28871 bytes`` are one)."""
+    return _NUMBER.sub("N", _QUOTED.sub("...", line))
+
+
+async def http_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """Status and body of one HTTP/1.1 reply with a Content-Length."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length = 0
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "content-length":
+            length = int(value)
+    return status, await reader.readexactly(length)

@@ -46,7 +46,7 @@ from typing import Any
 
 from fqbroker.client import Client, ClientClosed, ClientError
 
-from .child import Broker, Sample, parse_setting
+from .child import Broker, Sample, http_reply, parse_setting
 from .harness import ROOT
 
 DISK_SOURCE = "soak/soakdisk/disk:permanent,backlog=-1,public"
@@ -352,19 +352,6 @@ class Soak:
 
     def drained(self) -> bool:
         return all(led.lost() == 0 for led in self.ledgers.values() if led.durable)
-
-
-async def http_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    """Status and body of one HTTP/1.1 reply with a Content-Length."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    length = 0
-    for line in lines[1:]:
-        key, _, value = line.partition(":")
-        if key.strip().lower() == "content-length":
-            length = int(value)
-    return status, await reader.readexactly(length)
 
 
 def flat(samples: list[Sample], warmup: float = 30.0) -> tuple[bool, int, int]:
