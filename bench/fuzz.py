@@ -279,6 +279,7 @@ def _write(path: Path, data: bytes) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    NOTES.clear()
     print(f"fuzz: seed {seed}, {args.frames:,} frames, {args.workers} workers", flush=True)
     state = Path(args.state)
     shutil.rmtree(state, ignore_errors=True)
