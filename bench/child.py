@@ -6,6 +6,9 @@ port. Its stderr goes to a file: nothing can fill a pipe while it is killed and 
 and :meth:`Broker.tracebacks` reads every incarnation's log afterwards. RSS and open
 descriptors are read from ``/proc/PID``.
 
+``--broker-root`` runs the broker from another source tree (a merge, another branch)
+while the harness stays this one.
+
 Settings the runs do not know about yet (limits and budgets that other parts of the broker
 add) pass through: ``settings`` become lines of the ``[fqd]`` table of the TOML file the
 broker is started with, ``extra_args`` are appended to its command line.
@@ -13,6 +16,7 @@ broker is started with, ``extra_args`` are appended to its command line.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -88,6 +92,24 @@ def tcp_sockets(pid: int) -> list[str]:
     return sorted(out)
 
 
+def add_broker_options(p: argparse.ArgumentParser) -> None:
+    """The options every run has for the broker it starts."""
+    p.add_argument(
+        "--setting",
+        type=parse_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a broker setting for the [fqd] table, VALUE in TOML (repeat)",
+    )
+    p.add_argument("--fqd-arg", action="append", default=[], help="a broker flag (repeat)")
+    p.add_argument("--broker-root", type=Path, default=ROOT, help="run the broker from here")
+
+
+def broker_from(args: argparse.Namespace, state: Path) -> Broker:
+    return Broker(state, dict(args.setting), list(args.fqd_arg), root=args.broker_root)
+
+
 def parse_setting(text: str) -> tuple[str, str]:
     """``KEY=VALUE`` from the command line; VALUE is TOML (``5``, ``"x"``, ``true``)."""
     key, sep, value = text.partition("=")
@@ -111,11 +133,13 @@ class Broker:
     settings: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     node_id: str = "10.254.254.1"
+    root: Path = ROOT  # the source tree the broker runs from (--broker-root)
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
     def __post_init__(self) -> None:
+        self.state = self.state.resolve()  # the broker may run in another directory
         self.state.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port()
@@ -140,6 +164,13 @@ class Broker:
             *self.extra_args,
         ]  # fmt: skip
 
+    def env(self) -> dict[str, str]:
+        if self.root == ROOT:
+            return ENV
+        # Another tree's broker: its code first, and no bytecode written into that tree.
+        path = os.pathsep.join([str(self.root), os.environ.get("PYTHONPATH", "")])
+        return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
+
     def start(self, timeout: float = 30.0) -> None:
         self.starts += 1
         with open(self.log_path, "ab") as log:
@@ -147,8 +178,8 @@ class Broker:
             log.flush()
             self.proc = subprocess.Popen(
                 self.command(),
-                cwd=ROOT,
-                env=ENV,
+                cwd=self.root,
+                env=self.env(),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=log,

@@ -48,7 +48,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .child import Broker, Sample, count_tracebacks, fd_kinds, parse_setting, tcp_sockets
+from .child import (
+    Broker,
+    Sample,
+    add_broker_options,
+    broker_from,
+    count_tracebacks,
+    fd_kinds,
+    http_reply,
+    tcp_sockets,
+)
 from .frontends import FRONT_ENDS, NOTES, Conn, FrontEnd, Target
 from .harness import ROOT
 
@@ -104,6 +113,7 @@ class Fuzz:
     log_seen: int = 0
     fd_change: dict[str, int] = field(default_factory=dict)
     sockets_left: list[str] = field(default_factory=list)
+    queues_left: dict[str, Any] = field(default_factory=dict)
     ports: dict[int, tuple[str, int]] = field(default_factory=dict)  # local port: session
     t0: float = field(default_factory=time.monotonic)
 
@@ -283,7 +293,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"fuzz: seed {seed}, {args.frames:,} frames, {args.workers} workers", flush=True)
     state = Path(args.state)
     shutil.rmtree(state, ignore_errors=True)
-    broker = Broker(state, dict(args.setting), list(args.fqd_arg))
+    broker = broker_from(args, state)
     await asyncio.to_thread(broker.start)
     target = Target("127.0.0.1", broker.port)
     chosen = [fe for fe in FRONT_ENDS if not args.front_end or fe.name in args.front_end]
@@ -310,6 +320,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         settled = await _settle(fuzz, fd_before, args.settle_seconds)
         kinds_after = fd_kinds(broker.pid)
         if settled.fds > fd_before:
+            fuzz.queues_left = await _queues(target)
             for sock in tcp_sockets(broker.pid):
                 session = fuzz.ports.get(int(sock.split()[2]))
                 fuzz.sockets_left.append(f"{sock} {session or ''}")
@@ -326,6 +337,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         status = await asyncio.to_thread(broker.stop)
         if status not in (0, None):
             print(f"fuzz: the broker exited with {status} on SIGTERM", flush=True)
+
+
+async def _queues(target: Target) -> dict[str, Any]:
+    """The broker's queues from /stats.json, without their client lists."""
+    reader, writer = await asyncio.open_connection(target.host, target.fq_port)
+    try:
+        writer.write(b"GET /stats.json HTTP/1.1\r\nHost: fz\r\n\r\n")
+        _, body = await asyncio.wait_for(http_reply(reader), 20)
+    finally:
+        writer.close()
+    queues = json.loads(body)["queues"]
+    return {
+        name: {**{k: v for k, v in q.items() if k != "clients"}, "clients": len(q["clients"])}
+        for name, q in queues.items()
+    }
 
 
 async def _settle(fuzz: Fuzz, fd_before: int, seconds: float) -> Sample:
@@ -401,6 +427,7 @@ def report(
         "fds_end": end.fds,
         "fd_change": fuzz.fd_change,
         "sockets_left": fuzz.sockets_left,
+        "queues_left": fuzz.queues_left,
         "log_lines": fuzz.broker.log_text().count("\n"),
         "broker_deaths": fuzz.deaths,
         "notes": dict(NOTES),
@@ -441,6 +468,7 @@ def print_summary(r: dict[str, Any]) -> None:
         print(f"  descriptors gained or lost: {r['fd_change']}")
     if r["sockets_left"]:
         print(f"  the broker's TCP sockets after settling: {r['sockets_left']}")
+        print(f"  its queues then: {r['queues_left']}")
     for note, n in r["notes"].items():
         print(f"  finding: {n} x {note}")
     for f in r["findings"]:
@@ -469,8 +497,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--settle-seconds", type=float, default=45.0)
     p.add_argument("--state", default=str(ROOT / "var" / "fuzz"))
     p.add_argument("--json", help="write the result as JSON here")
-    p.add_argument("--setting", type=parse_setting, action="append", default=[])
-    p.add_argument("--fqd-arg", action="append", default=[])
+    add_broker_options(p)
     return p
 
 

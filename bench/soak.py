@@ -46,7 +46,7 @@ from typing import Any
 
 from fqbroker.client import Client, ClientClosed, ClientError
 
-from .child import Broker, Sample, http_reply, parse_setting
+from .child import Broker, Sample, add_broker_options, broker_from, http_reply
 from .harness import ROOT
 
 DISK_SOURCE = "soak/soakdisk/disk:permanent,backlog=-1,public"
@@ -372,7 +372,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"soak: seed {seed}, {args.minutes} min", flush=True)
     state = Path(args.state)
     shutil.rmtree(state, ignore_errors=True)
-    broker = Broker(state, dict(args.setting), list(args.fqd_arg))
+    broker = broker_from(args, state)
     soak = Soak(broker, random.Random(seed), args.rate, args.batch)
     await asyncio.to_thread(broker.start)
     soak.samples.append([])
@@ -515,8 +515,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-seconds", type=float, default=300.0)
     p.add_argument("--state", default=str(ROOT / "var" / "soak"))
     p.add_argument("--json", help="write the result as JSON here")
-    p.add_argument("--setting", type=parse_setting, action="append", default=[])
-    p.add_argument("--fqd-arg", action="append", default=[])
+    add_broker_options(p)
     return p
 
 

@@ -43,7 +43,14 @@ from typing import Any
 from fqbroker import wire
 from fqbroker.client import Client
 
-from .child import Broker, Sample, parse_setting, raise_nofile, tcp_sockets
+from .child import (
+    Broker,
+    Sample,
+    add_broker_options,
+    broker_from,
+    raise_nofile,
+    tcp_sockets,
+)
 from .frontends import FRONT_ENDS, NOTES, Conn, Target, connect_tcp
 from .harness import ROOT
 
@@ -190,7 +197,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     state = Path(args.state)
     shutil.rmtree(state, ignore_errors=True)
-    broker = Broker(state, dict(args.setting), list(args.fqd_arg))
+    broker = broker_from(args, state)
     await asyncio.to_thread(broker.start)
     storm = Storm(broker, Target("127.0.0.1", broker.port))
     try:
@@ -295,8 +302,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--settle-seconds", type=float, default=45.0)
     p.add_argument("--state", default=str(ROOT / "var" / "storm"))
     p.add_argument("--json", help="write the result as JSON here")
-    p.add_argument("--setting", type=parse_setting, action="append", default=[])
-    p.add_argument("--fqd-arg", action="append", default=[])
+    add_broker_options(p)
     return p
 
 
