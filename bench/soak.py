@@ -52,6 +52,9 @@ from .harness import ROOT
 DISK_SOURCE = "soak/soakdisk/disk:permanent,backlog=-1,public"
 MEM_SOURCE = "soak/soakmem/mem:public,drop,backlog=1000000"
 PERM = 0x0110
+# After a crash a disk queue delivers again at most the batch that was in flight to its
+# consumer (fqbroker/store.py; the batch is BATCH in fqbroker/data.py).
+REDELIVERY_BATCH = 1024
 MiB = 1 << 20
 PAD_SIZES = (16, 200, 1000, 8000, 64 * 1024)
 PAD_WEIGHTS = (40, 30, 20, 9, 1)
@@ -70,6 +73,7 @@ class Ledger:
     received: int = 0
     out_of_order: int = 0
     resent: int = 0
+    again: bytearray = field(default_factory=bytearray)  # 1 where a seq was sent again
     confirms: int = 0
     refused: Counter[str] = field(default_factory=Counter)
 
@@ -91,6 +95,20 @@ class Ledger:
     def duplicates(self) -> int:
         return sum(c - 1 for c in self.seen if c > 1)
 
+    def mark_resent(self, first: int, last: int) -> None:
+        """Seqs ``first..last`` go out again: a publisher's own duplicates, allowed."""
+        if last >= len(self.again):
+            self.again.extend(bytes(max(last + 1 - len(self.again), len(self.again))))
+        self.again[first : last + 1] = b"\x01" * (last + 1 - first)
+        self.resent += last + 1 - first
+
+    def redelivered(self) -> int:
+        """Duplicates of messages sent once: the broker's own redeliveries."""
+        again = self.again
+        return sum(
+            c - 1 for s, c in enumerate(self.seen) if c > 1 and not (s < len(again) and again[s])
+        )
+
     def distinct(self) -> int:
         return sum(1 for c in self.seen if c)
 
@@ -105,6 +123,7 @@ class Ledger:
             "distinct": self.distinct(),
             "lost": self.lost() if self.durable else None,
             "duplicates": self.duplicates(),
+            "redelivered": self.redelivered(),
             "out_of_order": self.out_of_order,
             "refused": dict(self.refused),
         }
@@ -173,7 +192,7 @@ class Soak:
                     start = led.confirmed + 1
                     end = start + self.batch - 1
                     if led.sent >= start:
-                        led.resent += min(led.sent, end) - start + 1
+                        led.mark_resent(start, min(led.sent, end))
                     for seq in range(start, end + 1):
                         client.publish(b"soak.disk", name.encode(), self.payload(name, seq))
                     led.sent = max(led.sent, end)
@@ -219,7 +238,7 @@ class Soak:
                 while not self.stop.is_set():
                     seq = led.confirmed + 1
                     if led.sent >= seq:
-                        led.resent += 1
+                        led.mark_resent(seq, seq)
                     led.sent = max(led.sent, seq)
                     body = self.payload(name, seq)
                     head = (
@@ -450,6 +469,12 @@ def report(
             failures.append(f"{name.decode()}: {led.duplicates()} duplicates from a memory queue")
         if led.received == 0:
             failures.append(f"{name.decode()}: nothing arrived")
+    redelivered = sum(led.redelivered() for led in soak.ledgers.values() if led.durable)
+    if redelivered > REDELIVERY_BATCH * soak.broker.starts:
+        failures.append(
+            f"{redelivered} duplicates of messages sent once: more than a delivery batch"
+            f" ({REDELIVERY_BATCH}) per broker start ({soak.broker.starts})"
+        )
     incarnations = []
     for i, samples in enumerate(soak.samples):
         ok, warm, last = flat(samples)
@@ -470,6 +495,7 @@ def report(
         "kills": soak.kills,
         "starts": soak.broker.starts,
         "drain_seconds": round(drain, 1),
+        "redelivered": redelivered,
         "ledgers": ledgers,
         "reconnects": dict(soak.reconnects),
         "stats_ok": soak.stats_ok,
@@ -489,6 +515,9 @@ def print_summary(result: dict[str, Any]) -> None:
     print(f"soak: seed {result['seed']}, {result['minutes']} min, {result['kills']} kills")
     for name, led in result["ledgers"].items():
         print(f"  {name}: " + ", ".join(f"{k} {v}" for k, v in led.items()))
+    print(
+        f"  redelivered by the broker (duplicates of messages sent once): {result['redelivered']}"
+    )
     print(f"  reconnects {result['reconnects']}")
     print(f"  /stats.json ok {result['stats_ok']}, failed {result['stats_failed']}")
     print(f"  RSS {result['rss_min'] // MiB}..{result['rss_max'] // MiB} MiB over the run")
