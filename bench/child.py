@@ -6,8 +6,9 @@ port. Its stderr goes to a file: nothing can fill a pipe while it is killed and 
 and :meth:`Broker.tracebacks` reads every incarnation's log afterwards. RSS and open
 descriptors are read from ``/proc/PID``.
 
-``--broker-root`` runs the broker from another source tree (a merge, another branch)
-while the harness stays this one.
+``--broker-root`` (or ``FQ_BROKER_ROOT`` in the environment, which the tests follow too)
+runs the broker from another source tree (a merge, another branch) while the harness stays
+this one.
 
 Settings the runs do not know about yet (limits and budgets that other parts of the broker
 add) pass through: ``settings`` become lines of the ``[fqd]`` table of the TOML file the
@@ -30,6 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .harness import ENV, ROOT, free_port, rss_bytes
+
+# The source tree the broker runs from: this one, or FQ_BROKER_ROOT (tests) / --broker-root.
+BROKER_ROOT = Path(os.environ.get("FQ_BROKER_ROOT") or ROOT).resolve()
 
 __all__ = [
     "Broker",
@@ -103,7 +107,9 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         help="a broker setting for the [fqd] table, VALUE in TOML (repeat)",
     )
     p.add_argument("--fqd-arg", action="append", default=[], help="a broker flag (repeat)")
-    p.add_argument("--broker-root", type=Path, default=ROOT, help="run the broker from here")
+    p.add_argument(
+        "--broker-root", type=Path, default=BROKER_ROOT, help="run the broker from this tree"
+    )
 
 
 def broker_from(args: argparse.Namespace, state: Path) -> Broker:
@@ -133,7 +139,7 @@ class Broker:
     settings: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     node_id: str = "10.254.254.1"
-    root: Path = ROOT  # the source tree the broker runs from (--broker-root)
+    root: Path = field(default_factory=lambda: BROKER_ROOT)  # where the broker's code is
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -165,7 +171,7 @@ class Broker:
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
-        if self.root == ROOT:
+        if self.root == ROOT.resolve():
             return ENV
         # Another tree's broker: its code first, and no bytecode written into that tree.
         path = os.pathsep.join([str(self.root), os.environ.get("PYTHONPATH", "")])
