@@ -394,6 +394,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     broker = broker_from(args, state)
     soak = Soak(broker, random.Random(seed), args.rate, args.batch)
     await asyncio.to_thread(broker.start)
+    try:
+        status, drain_seconds = await drive(soak, args)
+    except BaseException:
+        broker.kill9()  # no broker outlives a harness that failed or was interrupted
+        raise
+    return report(soak, seed, args, status, drain_seconds)
+
+
+async def drive(soak: Soak, args: argparse.Namespace) -> tuple[int | None, float]:
+    """The load, the kills, the drain and the final stop: (exit status, drain seconds)."""
+    broker = soak.broker
     soak.samples.append([])
     soak.up.set()
     # The disk queue and its permanent bindings exist before anything is published: a
@@ -442,7 +453,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.suppress(OSError, RuntimeError, AssertionError):
         soak.samples[-1].append(broker.sample(soak.t0))
     status = await asyncio.to_thread(broker.stop)
-    return report(soak, seed, args, status, drain_seconds)
+    return status, drain_seconds
 
 
 def progress(soak: Soak) -> str:
