@@ -10,6 +10,7 @@ VARDIR ?= var
 LINTED := fqbroker tests bench pyspark_fqbroker examples/spark
 
 .PHONY: install run test lint fmt check bench bench-peers clean node chromium spark java
+.PHONY: fuzz soak storm
 
 install: $(STAMP)
 
@@ -76,6 +77,18 @@ bench-peers:
 	command -v redis-server >/dev/null 2>&1 && command -v nats-server >/dev/null 2>&1 || { \
 	  apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server </dev/null; }
+
+# The reliability suite (docs/reliability.md): each exits non-zero on a failed check.
+# Options after the target's variable, e.g. make soak SOAK="--minutes 5"; broker settings
+# pass through as --setting KEY=VALUE (TOML value) or --fqd-arg ARG.
+fuzz: install
+	$(PY) -m bench.fuzz $(FUZZ)
+
+soak: install
+	$(PY) -m bench.soak $(SOAK)
+
+storm: install
+	$(PY) -m bench.storm $(STORM)
 
 clean:
 	rm -rf $(VENV) var tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,283 @@
+"""One broker child process for the reliability runs (fuzz, storm, soak).
+
+The broker is ``python -m fqbroker`` on a fixed loopback port with its state under a
+directory of its own, so that a restart after ``kill -9`` finds the same queues on the same
+port. Its stderr goes to a file: nothing can fill a pipe while it is killed and restarted,
+and :meth:`Broker.tracebacks` reads every incarnation's log afterwards. RSS and open
+descriptors are read from ``/proc/PID``.
+
+``--broker-root`` (or ``FQ_BROKER_ROOT`` in the environment, which the tests follow too)
+runs the broker from another source tree (a merge, another branch) while the harness stays
+this one.
+
+Settings the runs do not know about yet (limits and budgets that other parts of the broker
+add) pass through: ``settings`` become lines of the ``[fqd]`` table of the TOML file the
+broker is started with, ``extra_args`` are appended to its command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import resource
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .harness import ENV, ROOT, free_port, rss_bytes
+
+# The source tree the broker runs from: this one, or FQ_BROKER_ROOT (tests) / --broker-root.
+BROKER_ROOT = Path(os.environ.get("FQ_BROKER_ROOT") or ROOT).resolve()
+
+__all__ = [
+    "Broker",
+    "Sample",
+    "fd_count",
+    "fd_kinds",
+    "http_reply",
+    "parse_setting",
+    "raise_nofile",
+]
+
+
+def raise_nofile() -> int:
+    """Raise this process's descriptor limit to its hard limit; returns the new limit."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def fd_kinds(pid: int) -> dict[str, int]:
+    """Open descriptors by kind: ``socket``, ``pipe``, ``anon_inode:...`` or the file path."""
+    kinds: dict[str, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        kind = target.split(":", 1)[0] if target.startswith(("socket:", "pipe:")) else target
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
+_TCP_STATES = {
+    "01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+    "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+    "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING",
+}  # fmt: skip
+
+
+def tcp_sockets(pid: int) -> list[str]:
+    """The TCP sockets ``pid`` holds, as ``local -> remote STATE`` (for findings)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as fh:
+            for line in list(fh)[1:]:
+                f = line.split()
+                if f[9] in inodes:
+                    local, remote = (f"{int(a.split(':')[1], 16)}" for a in (f[1], f[2]))
+                    out.append(f"{local} -> {remote} {_TCP_STATES.get(f[3], f[3])}")
+    return sorted(out)
+
+
+def add_broker_options(p: argparse.ArgumentParser) -> None:
+    """The options every run has for the broker it starts."""
+    p.add_argument(
+        "--setting",
+        type=parse_setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a broker setting for the [fqd] table, VALUE in TOML (repeat)",
+    )
+    p.add_argument("--fqd-arg", action="append", default=[], help="a broker flag (repeat)")
+    p.add_argument(
+        "--broker-root", type=Path, default=BROKER_ROOT, help="run the broker from this tree"
+    )
+
+
+def broker_from(args: argparse.Namespace, state: Path) -> Broker:
+    return Broker(state, dict(args.setting), list(args.fqd_arg), root=args.broker_root)
+
+
+def parse_setting(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` from the command line; VALUE is TOML (``5``, ``"x"``, ``true``)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"a setting is KEY=VALUE (TOML value), not {text!r}")
+    return key.strip(), value.strip()
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: float  # seconds since the run started
+    rss: int
+    fds: int
+
+
+@dataclass
+class Broker:
+    """A broker child; :meth:`start` again after :meth:`kill9` restarts it on its state."""
+
+    state: Path
+    settings: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    node_id: str = "10.254.254.1"
+    root: Path = field(default_factory=lambda: BROKER_ROOT)  # where the broker's code is
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def __post_init__(self) -> None:
+        self.state = self.state.resolve()  # the broker may run in another directory
+        self.state.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def log_path(self) -> Path:
+        return self.state / "fqd.log"
+
+    def command(self) -> list[str]:
+        config = self.state / "fqd.toml"
+        lines = ["[fqd]"] + [f"{k} = {v}" for k, v in self.settings.items()]
+        config.write_text("\n".join(lines) + "\n")
+        return [
+            sys.executable, "-m", "fqbroker", "--config", str(config),
+            "-p", str(self.port), "-n", self.node_id,
+            "-c", str(self.state / "fqd.sqlite"), "-q", str(self.state / "queues"),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        if self.root == ROOT.resolve():
+            return ENV
+        # Another tree's broker: its code first, and no bytecode written into that tree.
+        path = os.pathsep.join([str(self.root), os.environ.get("PYTHONPATH", "")])
+        return {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.starts += 1
+        with open(self.log_path, "ab") as log:
+            log.write(f"--- start {self.starts} at {time.time():.3f}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.command(),
+                cwd=self.root,
+                env=self.env(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                preexec_fn=raise_nofile,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the broker exited with {self.proc.returncode}: {self.tail()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the broker did not listen on port {self.port}: {self.tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit; the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def sample(self, t0: float) -> Sample:
+        return Sample(time.monotonic() - t0, rss_bytes(self.pid), fd_count(self.pid))
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def tail(self, chars: int = 2000) -> str:
+        return self.log_text()[-chars:]
+
+    def tracebacks(self) -> dict[str, int]:
+        """Every traceback in the log, counted by its last line (the exception)."""
+        return count_tracebacks(self.log_text())
+
+
+_TB_START = re.compile(r"^Traceback \(most recent call last\):", re.M)
+
+
+def count_tracebacks(text: str) -> dict[str, int]:
+    """Tracebacks in a log, counted by signature: the exception line ending each one."""
+    found: dict[str, int] = {}
+    for match in _TB_START.finditer(text):
+        body = text[match.end() :].splitlines()
+        last = ""
+        for line in body[1:]:
+            if line.startswith((" ", "\t")) or not line.strip():
+                continue
+            if line.startswith(("The above exception", "During handling")):
+                continue
+            last = line.strip()
+            break
+        signature = normalized(last)
+        found[signature] = found.get(signature, 0) + 1
+    return found
+
+
+_QUOTED = re.compile(r"(bytearray\()?b?'(?:[^'\\]|\\.)*'\)?|\"(?:[^\"\\]|\\.)*\"")
+_NUMBER = re.compile(r"\b\d+\b")
+
+
+def normalized(line: str) -> str:
+    """An exception line with its quoted values and numbers blanked: one signature per bug
+    rather than one per input (``key of 145 bytes`` and ``key of 28871 bytes`` are one)."""
+    return _NUMBER.sub("N", _QUOTED.sub("...", line))
+
+
+async def http_reply(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """Status and body of one HTTP/1.1 reply with a Content-Length."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length = 0
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "content-length":
+            length = int(value)
+    return status, await reader.readexactly(length)
