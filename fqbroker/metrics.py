@@ -172,9 +172,6 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
     fsync_last = GaugeMetricFamily(
         "fq_queue_fsync_last_seconds", "Duration of the disk queue's latest fsync.", labels=labels
     )
-    fsyncs = CounterMetricFamily(
-        "fq_queue_fsyncs", "fsync calls made by the disk queue.", labels=labels
-    )
     for q in snap.queues:
         name = [_label(q.name)]
         info.add_metric(
@@ -198,14 +195,11 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
             fsync_errors.add_metric(name, q.disk_fsync_errors)
         if q.fsyncs is not None and q.fsync_seconds_total is not None:
             fsync.add_metric(name, count_value=q.fsyncs, sum_value=q.fsync_seconds_total)
-        elif q.fsyncs is not None:
-            # Without a running sum, the count alone and the latest duration.
-            fsyncs.add_metric(name, q.fsyncs)
         if q.fsync_last_seconds is not None:
             fsync_last.add_metric(name, q.fsync_last_seconds)
     yield from (info, backlog, limit, dropped, clients)
     # Disk families appear once some queue reports them, not as empty stubs.
-    families = (disk, write_errors, fsync_errors, fsync, fsyncs, fsync_last)
+    families = (disk, write_errors, fsync_errors, fsync, fsync_last)
     yield from (m for m in families if m.samples)
 
 
