@@ -29,10 +29,13 @@ sqlite fsyncs itself) nothing is modelled: it keeps what kill -9 left.
 had written back part of what was not fsynced, in order: each file whose current content
 extends its durable content keeps a random part of the extension (a torn tail).
 
-``python -m tests.powerfail ROOT SHADOW [--lie] -- <fqd arguments>`` runs fqd with the
-layer. ``--lie`` makes every fsync of a segment file (``*.seg``) return success without
-syncing anything, the OS-level picture of a broker that confirms before its fsync: the test
-that uses it shows the cut catches such a broker.
+``python -m tests.powerfail ROOT SHADOW [--lie] [--slow] -- <fqd arguments>`` runs fqd
+with the layer. ``--lie`` makes every fsync of a segment file (``*.seg``) return success
+without syncing anything, the OS-level picture of a broker that confirms before its fsync:
+the test that uses it shows the cut catches such a broker. ``--slow`` makes every fsync of
+a file under the tree take 20 ms more (a slow disk): a broker that answered before its fsync
+returned is then almost surely killed before the fsync is kept, where a fast disk would
+often hide it; a broker that waits is only slower.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import shutil
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 
 __all__ = ["install", "power_cut"]
@@ -64,10 +68,11 @@ class _Shadow:
     the fsync it belonged to had not returned either.
     """
 
-    def __init__(self, root: Path, shadow: Path, *, lie: bool) -> None:
+    def __init__(self, root: Path, shadow: Path, *, lie: bool, slow: float) -> None:
         self.root = str(root.resolve())
         self.shadow = shadow
         self.lie = lie
+        self.slow = slow
         self.ids: dict[tuple[int, int], int] = {}  # (device, inode) -> identity
         self._next = itertools.count(1)
         self.lock = threading.Lock()
@@ -138,6 +143,7 @@ class _Shadow:
                     shutil.copyfileobj(src, dst)
             try:
                 real(fd)  # type: ignore[operator]
+                time.sleep(self.slow)
             except BaseException:
                 tmp.unlink()
                 raise
@@ -152,10 +158,10 @@ class _Shadow:
 _shadow: _Shadow | None = None
 
 
-def install(root: Path, shadow: Path, *, lie: bool = False) -> None:
+def install(root: Path, shadow: Path, *, lie: bool = False, slow: float = 0.0) -> None:
     """Wrap the os functions for this process; call before importing fqbroker."""
     global _shadow
-    _shadow = s = _Shadow(root, shadow, lie=lie)
+    _shadow = s = _Shadow(root, shadow, lie=lie, slow=slow)
 
     def fsync(fd: int) -> None:
         s.fsync(fd, _real_fsync)
@@ -221,9 +227,9 @@ def power_cut(root: Path, shadow: Path, rng: random.Random | None = None) -> dic
 def main(argv: list[str]) -> int:
     split = argv.index("--")
     options, fqd_args = argv[:split], argv[split + 1 :]
-    lie = "--lie" in options
-    root, shadow = (Path(a) for a in options if a != "--lie")
-    install(root, shadow, lie=lie)
+    flags = {"--lie", "--slow"}
+    root, shadow = (Path(a) for a in options if a not in flags)
+    install(root, shadow, lie="--lie" in options, slow=0.02 if "--slow" in options else 0.0)
     from fqbroker.cli import fqd
 
     return fqd(fqd_args)

@@ -40,6 +40,7 @@ class Broker:
     policy: str
     lie: bool = False
     segment_bytes: int = SEGMENT_BYTES
+    slow: bool = False  # fsyncs 20 ms slower (tests/powerfail.py)
     proc: Proc | None = None
     port: int = 0
 
@@ -59,6 +60,7 @@ class Broker:
         if layer:
             options = [str(self.root), str(self.state / "shadow")]
             options += ["--lie"] if self.lie else []
+            options += ["--slow"] if self.slow else []
             self.proc = await Proc.start("-m", "tests.powerfail", *options, "--", *fqd_args)
         else:
             self.proc = await Proc.start("-m", "fqbroker", *fqd_args)
@@ -87,8 +89,8 @@ class Record:
 
 
 async def publish_and_confirm(port: int, record: Record) -> None:
-    """Rounds of messages on the data channel and one /submit each, every round confirmed;
-    then one more round, written and not confirmed."""
+    """Rounds of messages on the data channel and one /submit each, every round confirmed
+    (the confirm last); then one more round, written and not confirmed."""
     http = await HttpConn.open(port)
     publisher = Client(port=port, source="pub", reconnect=False)
     await publisher.connect()
@@ -101,8 +103,6 @@ async def publish_and_confirm(port: int, record: Record) -> None:
             if n == ROUNDS:
                 await publisher.flush()  # the kill comes while the broker is at them
                 return
-            await confirm(publisher)
-            record.confirmed.update(batch)
             payload = b"h%06d" % n
             record.published.append(payload)
             headers = [("X-Fq-Exchange", "pc"), ("X-Fq-Route", "r")]
@@ -110,6 +110,8 @@ async def publish_and_confirm(port: int, record: Record) -> None:
             assert response.status_code == 200, body
             assert body.startswith(b'{"routed":1,'), body
             record.confirmed.add(payload)
+            await confirm(publisher)
+            record.confirmed.update(batch)
     finally:
         await http.close()
         with contextlib.suppress(ConnectionError, OSError):
@@ -178,7 +180,7 @@ async def test_a_power_cut_loses_nothing_confirmed(
     tmp_path: Path, policy: str, reading: bool
 ) -> None:
     async with asyncio.timeout(120):
-        broker = Broker(tmp_path, policy)
+        broker = Broker(tmp_path, policy, slow=True)
         record, before = await run_until_kill(broker, reading=reading)
         lost_bytes = power_cut(broker.root, tmp_path / "shadow")
         await broker.start(layer=False)
