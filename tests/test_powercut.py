@@ -29,11 +29,11 @@ from .test_http import HttpConn
 
 SEGMENT_BYTES = 64 << 10  # a few segments per run: new files, directory fsyncs, trims
 ROUNDS = 12
-PER_ROUND = 150  # messages between two confirms: about 5 KB
+PER_ROUND = 150  # messages between two confirms: about 10 KB on disk
 
 
 @dataclass
-class Broker:
+class BrokerProc:
     """A broker child process with its state under ``state``; its queues under ``root``."""
 
     state: Path
@@ -130,7 +130,7 @@ async def consume(port: int, source: str, into: list[bytes], ready: asyncio.Even
                 into.append(msg.payload)
 
 
-async def drain_after_restart(broker: Broker) -> list[bytes]:
+async def drain_after_restart(broker: BrokerProc) -> list[bytes]:
     """Everything the restarted broker's queue holds, up to a marker published now."""
     got: list[bytes] = []
     ready = asyncio.Event()
@@ -150,7 +150,7 @@ def assert_in_order(got: list[bytes]) -> None:
         assert mine == sorted(mine), f"{kind!r} messages out of order"
 
 
-async def run_until_kill(broker: Broker, *, reading: bool) -> tuple[Record, list[bytes]]:
+async def run_until_kill(broker: BrokerProc, *, reading: bool) -> tuple[Record, list[bytes]]:
     """Start the broker with the layer, publish and confirm, kill -9 it: (what was
     published and confirmed, what a consumer read meanwhile)."""
     broker.root.mkdir()
@@ -180,7 +180,7 @@ async def test_a_power_cut_loses_nothing_confirmed(
     tmp_path: Path, policy: str, reading: bool
 ) -> None:
     async with asyncio.timeout(120):
-        broker = Broker(tmp_path, policy, slow=True)
+        broker = BrokerProc(tmp_path, policy, slow=True)
         record, before = await run_until_kill(broker, reading=reading)
         lost_bytes = power_cut(broker.root, tmp_path / "shadow")
         await broker.start(layer=False)
@@ -204,7 +204,7 @@ async def test_the_cut_catches_a_broker_that_confirms_before_fsync(tmp_path: Pat
     """With every segment fsync a no-op that reports success, confirms still come, and the
     cut loses confirmed messages: the test above would fail on such a broker."""
     async with asyncio.timeout(120):
-        broker = Broker(tmp_path, "always", lie=True)
+        broker = BrokerProc(tmp_path, "always", lie=True)
         record, _ = await run_until_kill(broker, reading=False)
         power_cut(broker.root, tmp_path / "shadow")
         await broker.start(layer=False)
@@ -218,7 +218,7 @@ async def test_the_cut_catches_a_broker_that_confirms_before_fsync(tmp_path: Pat
 
 async def test_fsync_never_keeps_confirmed_messages_through_kill_9(tmp_path: Path) -> None:
     async with asyncio.timeout(120):
-        broker = Broker(tmp_path, "never")
+        broker = BrokerProc(tmp_path, "never")
         record, _ = await run_until_kill(broker, reading=False)
         await broker.start(layer=False)  # no power cut: the page cache stays
         try:
@@ -240,7 +240,7 @@ async def test_fsync_never_may_lose_messages_in_a_power_cut_but_opens_cleanly(
     async with asyncio.timeout(120):
         # One segment file: the cut draws each file's written-back part on its own, and a
         # later segment kept whole behind a torn one is a different test (of recovery).
-        broker = Broker(tmp_path, "never", segment_bytes=64 << 20)
+        broker = BrokerProc(tmp_path, "never", segment_bytes=64 << 20)
         record, _ = await run_until_kill(broker, reading=False)
         power_cut(broker.root, tmp_path / "shadow", random.Random(seed))
         await broker.start(layer=False)
