@@ -206,9 +206,6 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
     fsync_last = GaugeMetricFamily(
         "fq_queue_fsync_last_seconds", "Duration of the disk queue's latest fsync.", labels=labels
     )
-    fsyncs = CounterMetricFamily(
-        "fq_queue_fsyncs", "fsync calls made by the disk queue.", labels=labels
-    )
     corrupt_records = CounterMetricFamily(
         "fq_queue_corrupt_records",
         "Records of the disk queue skipped over damage since it was opened.",
@@ -242,9 +239,6 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
             fsync_errors.add_metric(name, q.disk_fsync_errors)
         if q.fsyncs is not None and q.fsync_seconds_total is not None:
             fsync.add_metric(name, count_value=q.fsyncs, sum_value=q.fsync_seconds_total)
-        elif q.fsyncs is not None:
-            # Without a running sum, the count alone and the latest duration.
-            fsyncs.add_metric(name, q.fsyncs)
         if q.fsync_last_seconds is not None:
             fsync_last.add_metric(name, q.fsync_last_seconds)
         if q.corrupt_records is not None:
@@ -253,7 +247,7 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
             corrupt_bytes.add_metric(name, q.corrupt_bytes)
     yield from (info, backlog, limit, dropped, clients)
     # Disk families appear once some queue reports them, not as empty stubs.
-    families = (disk, write_errors, fsync_errors, fsync, fsyncs, fsync_last)
+    families = (disk, write_errors, fsync_errors, fsync, fsync_last)
     yield from (m for m in (corrupt_records, corrupt_bytes) if m.samples)
     yield from (m for m in families if m.samples)
 

@@ -1,44 +1,72 @@
 """kill -9 the broker while publishers with confirms and a consumer run on a permanent
 disk queue, at many different points: no confirmed message is lost, order is kept, and
 at most the batches in flight are delivered twice. kill -9 a process updating checkpoints:
-every update that returned is kept."""
+every update that returned is kept.
+
+Every kill point is an event the test sees, never a pause: a confirm answered, all
+messages written with the last confirm still asked, the consumer reading a given message.
+Each point has at least one confirm answered before the kill, so "no confirmed message
+lost" is never checked against nothing.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import subprocess
 import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from fqbroker.client import Client
+from fqbroker.client import Client, ClientError
 from fqbroker.segmentlog import SegmentLog
 
 from .procs import ENV, Proc
 
 SOURCE = "u/crashq/disk:permanent,backlog=-1,public"
-CONFIRM_EVERY = 50
 BATCH = 1024  # the broker's delivery batch: what may be delivered twice
-# (messages published before the kill, pause before it, consumer attached meanwhile): at
-# least 10 different points, some while a confirm is outstanding, some with the backlog
-# on disk and nobody reading it.
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    """Publish ``messages`` messages, asking to confirm every ``every`` of them (the next
+    request once the previous is answered, the last one left outstanding); kill once
+    ``confirmed`` messages are confirmed, the consumer (if ``reading``) has read message
+    ``read``, and, if ``written``, every message is written to the socket."""
+
+    messages: int
+    every: int
+    confirmed: int
+    reading: bool
+    read: int = 0
+    written: bool = False
+
+    def __str__(self) -> str:
+        parts = [f"{self.messages}by{self.every}", f"confirmed{self.confirmed}"]
+        parts += [f"read{self.read}"] if self.read else []
+        parts += ["written"] if self.written else []
+        parts += ["reading"] if self.reading else ["backlog"]
+        return "-".join(parts)
+
+
+# At least 10 different points: right after the first confirm, while publishing goes on,
+# with the last confirm outstanding and a tail never asked about, with the backlog on disk
+# and nobody reading it, and with a consumer halfway through it.
 KILL_POINTS = [
-    (1, 0.0, True),
-    (7, 0.01, False),
-    (50, 0.0, True),
-    (51, 0.002, False),
-    (123, 0.0, False),
-    (499, 0.005, True),
-    (1000, 0.0, False),
-    (1777, 0.001, True),
-    (2600, 0.02, False),
-    (4000, 0.0, True),
-    (6001, 0.003, False),
-    (9000, 0.0, True),
+    KillPoint(1, 1, confirmed=1, reading=False),
+    KillPoint(7, 1, confirmed=3, reading=True),
+    KillPoint(50, 50, confirmed=50, reading=True),
+    KillPoint(100, 50, confirmed=50, reading=False, written=True),
+    KillPoint(123, 10, confirmed=110, reading=False, written=True),
+    KillPoint(499, 50, confirmed=50, reading=True, read=200),
+    KillPoint(1000, 50, confirmed=500, reading=False),
+    KillPoint(1777, 50, confirmed=1700, reading=True, written=True),
+    KillPoint(2600, 100, confirmed=100, reading=True, read=2000),
+    KillPoint(4000, 50, confirmed=4000, reading=True),
+    KillPoint(6001, 50, confirmed=5950, reading=False, written=True),
+    KillPoint(9000, 1000, confirmed=1000, reading=True, read=3000),
 ]
 
 
@@ -46,56 +74,101 @@ def seq_of(payload: bytes) -> int:
     return int(payload.split(b" ", 1)[0])
 
 
-async def consume(port: int, into: list[int], stop_at: int | None = None) -> None:
+class Progress:
+    """Counts that only grow, and a wait until one reaches a value."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._changed = asyncio.Event()
+
+    def advance(self, value: int) -> None:
+        if value > self.value:
+            self.value = value
+            self._changed.set()
+            self._changed = asyncio.Event()
+
+    async def reach(self, value: int) -> None:
+        while self.value < value:
+            await self._changed.wait()
+
+
+@dataclass
+class Run:
+    confirmed: Progress = field(default_factory=Progress)
+    read: Progress = field(default_factory=Progress)
+    written: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def consume(port: int, into: list[int], run: Run, stop_at: int | None = None) -> None:
     async with Client(port=port, source=SOURCE, reconnect=False) as consumer:
         await consumer.bind(b"crash", b"prefix:", 0x0110)
+        run.ready.set()
         with contextlib.suppress(ConnectionError):
             async for msg in consumer.messages():
                 seq = seq_of(msg.payload)
                 into.append(seq)
+                run.read.advance(seq)
                 if stop_at is not None and seq == stop_at:
                     return
 
 
-@pytest.mark.parametrize(("kill_after", "pause", "reading"), KILL_POINTS)
-async def test_kill_9_loses_no_confirmed_message(
-    tmp_path: Path, kill_after: int, pause: float, reading: bool
-) -> None:
+async def publish(port: int, point: KillPoint, run: Run) -> None:
+    """Publish and confirm until done or the broker is gone; answered confirms go to run."""
+    publisher = Client(port=port, source="pub", reconnect=False)
+    await publisher.connect()
+    pending: asyncio.Future[int] | None = None
+    try:
+        for seq in range(1, point.messages + 1):
+            publisher.publish(b"crash", b"r", b"%d payload" % seq)
+            if seq % point.every == 0:
+                if pending is not None:
+                    run.confirmed.advance(await pending)
+                pending = asyncio.ensure_future(publisher.confirm())
+        await publisher.flush()
+        run.written.set()
+        if pending is not None:
+            run.confirmed.advance(await pending)
+    except (ConnectionError, OSError, ClientError):
+        pass  # the kill
+    finally:
+        if pending is not None:  # answered just before the kill, or failed by it
+            with contextlib.suppress(ConnectionError, OSError, ClientError):
+                run.confirmed.advance(await pending)
+        with contextlib.suppress(ConnectionError, OSError, ClientError):
+            await publisher.close()
+
+
+@pytest.mark.parametrize("point", KILL_POINTS, ids=str)
+async def test_kill_9_loses_no_confirmed_message(tmp_path: Path, point: KillPoint) -> None:
     fqd, port = await Proc.start_fqd(tmp_path)
     before: list[int] = []
-    confirmed = 0
+    run = Run()
     try:
         async with asyncio.timeout(60):
             # The queue and its binding exist first, whether or not anyone reads.
             async with Client(port=port, source=SOURCE, reconnect=False) as setup:
                 await setup.bind(b"crash", b"prefix:", 0x0110)
-            reader = asyncio.create_task(consume(port, before) if reading else asyncio.sleep(0))
-            await asyncio.sleep(0.05)
-            publisher = Client(port=port, source="pub", reconnect=False)
-            await publisher.connect()
-            pending_confirm = None
-            for seq in range(1, kill_after + 1):
-                publisher.publish(b"crash", b"r", b"%d payload" % seq)
-                if seq % CONFIRM_EVERY == 0:
-                    if pending_confirm is not None:
-                        confirmed = max(confirmed, await pending_confirm)
-                    pending_confirm = asyncio.ensure_future(_confirm(publisher, seq))
-                    await asyncio.sleep(0)
-            # The kill lands while the last confirm may still be outstanding.
-            await asyncio.sleep(pause)
+            reader = None
+            if point.reading:
+                reader = asyncio.create_task(consume(port, before, run))
+                await run.ready.wait()
+            publisher = asyncio.create_task(publish(port, point, run))
+            await run.confirmed.reach(point.confirmed)
+            await run.read.reach(point.read)
+            if point.written:
+                await run.written.wait()
             fqd.proc.kill()
             await fqd.proc.wait()
-            if pending_confirm is not None:
-                with contextlib.suppress(ConnectionError, OSError):
-                    confirmed = max(confirmed, await pending_confirm)
-            with contextlib.suppress(ConnectionError, OSError):
-                await publisher.close()
-            await asyncio.wait([reader])
+            await publisher
+            if reader is not None:
+                await reader
 
             fqd, port = await Proc.start_fqd(tmp_path)
             after: list[int] = []
-            reader = asyncio.create_task(consume(port, after, stop_at=0))
-            await asyncio.sleep(0.05)
+            restarted = Run()
+            reader = asyncio.create_task(consume(port, after, restarted, stop_at=0))
+            await restarted.ready.wait()
             async with Client(port=port, source="pub2", reconnect=False) as closer:
                 closer.publish(b"crash", b"r", b"0 end")  # the marker: read up to here
                 await closer.confirm()
@@ -104,6 +177,8 @@ async def test_kill_9_loses_no_confirmed_message(
         fqd.kill()
         await fqd.proc.wait()
 
+    confirmed = run.confirmed.value
+    assert confirmed >= point.confirmed > 0  # never a check against nothing
     assert after[-1] == 0
     after = after[:-1]
     seen = set(before) | set(after)
@@ -112,12 +187,7 @@ async def test_kill_9_loses_no_confirmed_message(
     assert after == sorted(after) and len(set(after)) == len(after)
     duplicates = set(before) & set(after)
     assert len(duplicates) <= BATCH
-    assert seen <= set(range(1, kill_after + 1))
-
-
-async def _confirm(publisher: Client, seq: int) -> int:
-    await publisher.confirm()
-    return seq
+    assert seen <= set(range(1, point.messages + 1))
 
 
 # A child that updates checkpoints as fast as it can and prints the number of each update
@@ -132,10 +202,10 @@ from fqbroker.segmentlog import SegmentLog
 
 log = SegmentLog(Path(sys.argv[1]))
 if log.next_seq == 1:
-    log.append([b""] * 60_000)
+    log.append([b""] * 200_000)
 i = max(log.checkpoints.values(), default=0)
 print("ready", flush=True)
-while i < 60_000:
+while i < 200_000:
     i += 1
     name = "reader-%03d-%s" % (i // 7 % 200, "x" * 100) if i % 7 == 0 else "fq"
     log.set_checkpoint(name, i)
@@ -152,19 +222,23 @@ def _state_after(last: int) -> dict[str, int]:
     return state
 
 
+# Updates read from the child before the kill: it runs on meanwhile (up to a pipe's worth
+# of lines ahead), so the kill lands somewhere after each of these.
+CHECKPOINT_KILLS = [1, 2, 10, 100, 700, 2000, 5000, 12000]
+
+
 def test_kill_9_keeps_every_completed_checkpoint_update(tmp_path: Path) -> None:
-    rng = random.Random(7)
-    for _ in range(8):
+    for kill_after in CHECKPOINT_KILLS:
         with subprocess.Popen(
             [sys.executable, "-c", _CHECKPOINTER, str(tmp_path)],
             env=ENV, stdout=subprocess.PIPE, text=True,
         ) as child:  # fmt: skip
             assert child.stdout is not None
             assert child.stdout.readline() == "ready\n"
-            time.sleep(rng.uniform(0, 0.03))
+            lines = [child.stdout.readline() for _ in range(kill_after)]
             child.kill()
-            lines = child.stdout.read().split()
-        assert lines, "no update finished"
+            lines += child.stdout.read().split()
+        assert all(lines), "the child stopped early"
         done = int(lines[-1])
         log = SegmentLog(tmp_path)
         assert log.recovery == []
