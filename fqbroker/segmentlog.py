@@ -76,6 +76,7 @@ from .segrecords import (
     Segment,
     copy_aside,
     find_record,
+    make_directory_durably,
     records,
     write_all,
     write_file,
@@ -136,7 +137,7 @@ class SegmentLog:
         self.corrupt_records = 0  # seqs skipped over damage, since opened (with recovery's)
         self.corrupt_bytes = 0
         self._format: int | None = None
-        self.directory.mkdir(parents=True, exist_ok=True)
+        make_directory_durably(self.directory)
         self._ckpt = self._open_checkpoints(self._check_format())
         try:
             self._recover()

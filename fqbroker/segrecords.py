@@ -8,6 +8,7 @@ bytes: it looks forward for the next header whose crc and sequence number check 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -170,6 +171,18 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_directory_durably(directory: Path) -> None:
+    """Create ``directory`` and any missing parent, each parent fsynced after it gained an
+    entry: a directory's name is only on disk once its parent is synced, so otherwise a
+    power cut could take a queue's whole directory with every fsynced record in it."""
+    if directory.is_dir():
+        return
+    make_directory_durably(directory.parent)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir()
+    fsync_path(directory.parent)
 
 
 def is_zeros(fd: int, off: int, end: int) -> bool:

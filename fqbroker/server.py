@@ -77,6 +77,7 @@ class Broker:
         self._connections: dict[asyncio.Transport, str] = {}
         self._http_tasks: set[asyncio.Task[None]] = set()
         self._all_closed: asyncio.Event | None = None
+        self._stopped = False
         self.heartbeats = HeartbeatClock()
         self.port = 0
         self.peering = Peering(self)
@@ -117,6 +118,9 @@ class Broker:
         self.peering.start()
 
     async def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         await self.peering.stop()
         if self._server is not None:
             self._server.close()

@@ -40,7 +40,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import struct
 import time
 from enum import StrEnum
@@ -54,7 +53,7 @@ if TYPE_CHECKING:
     from .budget import MemoryBudget
     from .config import Settings
 
-__all__ = ["DiskStore", "FsyncPolicy", "make_directory_durably", "open_disk_store", "split_record"]
+__all__ = ["DiskStore", "FsyncPolicy", "open_disk_store", "split_record"]
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,6 @@ def open_disk_store(
     budget: MemoryBudget | None = None,
 ) -> DiskStore:
     directory = queue_directory(Path(settings.queue_dir), name)
-    make_directory_durably(directory)
     return DiskStore(
         SegmentLog(directory, segment_bytes=settings.segment_bytes),
         policy=FsyncPolicy(policy or settings.fsync),
@@ -94,22 +92,6 @@ def open_disk_store(
         dirty=dirty,
         budget=budget,
     )
-
-
-def make_directory_durably(directory: Path) -> None:
-    """Create ``directory`` and any missing parent, each parent fsynced after it gained an
-    entry: a directory's name is only on disk once its parent is synced, so otherwise a
-    power cut could take a queue's whole directory with every fsynced record in it."""
-    if directory.is_dir():
-        return
-    make_directory_durably(directory.parent)
-    with contextlib.suppress(FileExistsError):
-        directory.mkdir()
-    fd = os.open(directory.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def encode_records(frames: list[bytes], arrival_us: int) -> list[bytes]:

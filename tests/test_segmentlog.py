@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fqbroker import segcheckpoints, segmentlog
+from fqbroker import segcheckpoints, segmentlog, segrecords
 from fqbroker.segmentlog import FORMAT_LINE, HEADER_SIZE, LogFormatError, SegmentLog
 
 from .conftest import FailingFsync
@@ -1309,3 +1309,15 @@ def test_repair_refuses_a_damaged_tail(tmp_path: Path, monkeypatch: pytest.Monke
     assert stored(log) == {i: p20(i) for i in range(1, 8) if i != 6}
     assert len(log.recovery) == 1
     log.close()
+
+
+def test_a_new_log_directory_is_made_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory's name is on disk only once its parent is fsynced: every directory the
+    log creates has its parent synced, so a power cut cannot take a whole queue."""
+    fsyncs = FailingFsync(failing=False)
+    monkeypatch.setattr(segrecords, "os", fsyncs)
+    log = SegmentLog(tmp_path / "queues" / "q")
+    log.close()
+    assert {str(tmp_path), str(tmp_path / "queues")} <= set(fsyncs.synced)

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from fqbroker import wire
+from fqbroker.config import Settings
 from fqbroker.message import hop_addresses
 from fqbroker.server import Broker
 
@@ -351,3 +352,16 @@ def wire_message(exchange: bytes, route: bytes, payload: bytes) -> bytes:
     from fqbroker.message import Message
 
     return Message(exchange, route, payload).publish_frame()
+
+
+async def test_stopping_twice_is_harmless(settings: Settings) -> None:
+    """An operator's /shutdown and a SIGTERM, or a test's teardown after a stop: the second
+    stop finds everything already closed and returns (it raised "segment log ... is
+    closed" from a disk queue)."""
+    broker = Broker(settings)
+    await broker.start()
+    consumer = await open_session(broker.port, b"u", b"dq\x00disk:permanent")
+    await consumer.bind(b"ex", b"prefix:")
+    await broker.stop()
+    await broker.stop()
+    await consumer.close()
