@@ -672,9 +672,7 @@ async def test_a_lost_upstream_is_retried_with_growing_delays_and_reconnects(
 
 async def stderr_line_containing(proc: Proc, text: str) -> str:
     async with asyncio.timeout(TIMEOUT):
-        while text not in (line := await proc.wait_stderr("")):
-            pass
-    return line
+        return await proc.wait_stderr(text, anywhere=True)
 
 
 def fast_poll(tmp_path: Path) -> Path:
