@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import re
 import resource
@@ -27,8 +28,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .harness import ENV, ROOT, free_port, rss_bytes
 
@@ -38,11 +41,15 @@ BROKER_ROOT = Path(os.environ.get("FQ_BROKER_ROOT") or ROOT).resolve()
 __all__ = [
     "Broker",
     "Sample",
+    "add_run_options",
     "fd_count",
     "fd_kinds",
     "http_reply",
     "parse_setting",
+    "print_verdict",
     "raise_nofile",
+    "run_main",
+    "run_parser",
 ]
 
 
@@ -110,6 +117,42 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--broker-root", type=Path, default=BROKER_ROOT, help="run the broker from this tree"
     )
+
+
+def run_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.NAME``, without the options of its own."""
+    return argparse.ArgumentParser(
+        prog=f"python -m bench.{name}", description=(doc or "").split("\n")[0]
+    )
+
+
+def add_run_options(p: argparse.ArgumentParser, name: str) -> None:
+    """The options every run ends with: its state directory, its JSON result, its broker."""
+    p.add_argument("--state", default=str(ROOT / "var" / name))
+    p.add_argument("--json", help="write the result as JSON here")
+    add_broker_options(p)
+
+
+def print_verdict(name: str, failures: list[str]) -> None:
+    """The last lines of every run's summary: each failure, then passed or FAILED."""
+    for failure in failures:
+        print(f"  FAILED: {failure}")
+    print(f"{name}: " + ("FAILED" if failures else "passed"), flush=True)
+
+
+def run_main(
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]],
+    print_summary: Callable[[dict[str, Any]], None],
+    argv: list[str] | None,
+) -> int:
+    """Run, print the summary, write ``--json``; exit status 1 when anything failed."""
+    args = parser.parse_args(argv)
+    result = asyncio.run(run(args))
+    print_summary(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 1 if result["failures"] else 0
 
 
 def broker_from(args: argparse.Namespace, state: Path) -> Broker:

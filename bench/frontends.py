@@ -245,25 +245,30 @@ async def round_trip_command(t: Target) -> None:
 # --- the fq data and peer sockets ---------------------------------------------------------
 
 
-async def _paired(t: Target, rng: random.Random, mode: wire.Mode, mutate_opening: bool) -> Conn:
-    """A command session, authenticated, and a data socket opened with its key."""
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(t.host, t.fq_port), SEND_SECONDS
-    )
-    writer.write(wire.encode_hello(wire.Mode.CMD, b"")[:4] + auth_frame(rng))
+async def auth_key(reader: asyncio.StreamReader, seconds: float) -> bytes:
+    """The key the broker answers an authentication with on a command socket, within
+    ``seconds``; its error reply, or the socket closing first, is a ConnectionError."""
     decoder = wire.ClientCommandDecoder()
-    key = b""
-    async with asyncio.timeout(SEND_SECONDS):
-        while not key:
+    async with asyncio.timeout(seconds):
+        while True:
             chunk = await reader.read(4096)
             if not chunk:
                 raise ConnectionError("the broker closed the command socket at auth")
             decoder.feed(chunk)
             while (frame := decoder.next_frame()) is not None:
                 if isinstance(frame, wire.AuthResponse):
-                    key = frame.key
-                elif isinstance(frame, wire.ErrorReply):
+                    return frame.key
+                if isinstance(frame, wire.ErrorReply):
                     raise ConnectionError(frame.text)
+
+
+async def _paired(t: Target, rng: random.Random, mode: wire.Mode, mutate_opening: bool) -> Conn:
+    """A command session, authenticated, and a data socket opened with its key."""
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(t.host, t.fq_port), SEND_SECONDS
+    )
+    writer.write(wire.encode_hello(wire.Mode.CMD, b"")[:4] + auth_frame(rng))
+    key = await auth_key(reader, SEND_SECONDS)
     command = Conn(reader, writer)
     data = await connect_tcp(t.host, t.fq_port)
     data.holds.append(command)

@@ -51,15 +51,17 @@ from typing import Any
 from .child import (
     Broker,
     Sample,
-    add_broker_options,
+    add_run_options,
     broker_from,
     count_tracebacks,
     fd_kinds,
     http_reply,
+    print_verdict,
+    run_main,
+    run_parser,
     tcp_sockets,
 )
 from .frontends import FRONT_ENDS, NOTES, Conn, FrontEnd, Target
-from .harness import ROOT
 
 MiB = 1 << 20
 SESSION_FRAMES = (1, 5, 20, 100, 300, 1000)
@@ -480,13 +482,11 @@ def print_summary(r: dict[str, Any]) -> None:
             print(f"    tail {rep['tail_hex']}")
         else:
             print("    not reproduced by replaying the sessions around it")
-    for failure in r["failures"]:
-        print(f"  FAILED: {failure}")
-    print("fuzz: " + ("FAILED" if r["failures"] else "passed"), flush=True)
+    print_verdict("fuzz", r["failures"])
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.fuzz", description=__doc__.split("\n")[0])
+    p = run_parser("fuzz", __doc__)
     p.add_argument("--frames", type=int, default=1_000_000)
     p.add_argument("--seed", type=int)
     names = [fe.name for fe in FRONT_ENDS]
@@ -495,19 +495,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--check-every", type=int, default=10_000)
     p.add_argument("--max-seconds", type=float, default=3600.0)
     p.add_argument("--settle-seconds", type=float, default=45.0)
-    p.add_argument("--state", default=str(ROOT / "var" / "fuzz"))
-    p.add_argument("--json", help="write the result as JSON here")
-    add_broker_options(p)
+    add_run_options(p, "fuzz")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    result = asyncio.run(run(args))
-    print_summary(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return 1 if result["failures"] else 0
+    return run_main(parser(), run, print_summary, argv)
 
 
 if __name__ == "__main__":

@@ -46,8 +46,16 @@ from typing import Any
 
 from fqbroker.client import Client, ClientClosed, ClientError
 
-from .child import Broker, Sample, add_broker_options, broker_from, http_reply
-from .harness import ROOT
+from .child import (
+    Broker,
+    Sample,
+    add_run_options,
+    broker_from,
+    http_reply,
+    print_verdict,
+    run_main,
+    run_parser,
+)
 
 DISK_SOURCE = "soak/soakdisk/disk:permanent,backlog=-1,public"
 MEM_SOURCE = "soak/soakmem/mem:public,drop,backlog=1000000"
@@ -169,9 +177,9 @@ class Soak:
         led.arrived(int(rest.split(b" ", 1)[0]))
         self.arrival.set()
 
-    async def pace(self, started: float, messages: int) -> None:
-        """Sleep so that ``messages`` since ``started`` keep to the publisher's rate."""
-        ahead = started + messages / self.rate - time.monotonic()
+    async def pace(self, started: float, messages: int, rate: float | None = None) -> None:
+        """Sleep so that ``messages`` since ``started`` keep to ``rate`` (the publishers')."""
+        ahead = started + messages / (rate or self.rate) - time.monotonic()
         if ahead > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), ahead)
@@ -212,9 +220,7 @@ class Soak:
             except (ConnectionError, OSError, TimeoutError, EOFError):
                 self.reconnects[name] += 1
             finally:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(5):
-                        await client.close()
+                await close_quietly(client)
             if not self.stop.is_set():
                 await asyncio.sleep(0.05 + self.rng.random() * 0.2)
 
@@ -256,10 +262,7 @@ class Soak:
                     led.confirms += 1
                     led.confirmed = seq
                     published += 1
-                    ahead = started + published / rate - time.monotonic()
-                    if ahead > 0:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self.stop.wait(), ahead)
+                    await self.pace(started, published, rate)
             except (ConnectionError, OSError, TimeoutError, EOFError, ValueError):
                 self.reconnects[name] += 1
             finally:
@@ -313,9 +316,7 @@ class Soak:
             except (ConnectionError, OSError, TimeoutError, EOFError, ClientError):
                 self.reconnects[name] += 1
             finally:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(5):
-                        await client.close()
+                await close_quietly(client)
             if not self.stop.is_set():
                 await asyncio.sleep(0.05)
 
@@ -339,9 +340,7 @@ class Soak:
             except (ConnectionError, OSError, TimeoutError, EOFError, ClientError):
                 self.reconnects[name] += 1
             finally:
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(5):
-                        await client.close()
+                await close_quietly(client)
             if not done.is_set():
                 await asyncio.sleep(0.1)
 
@@ -371,6 +370,13 @@ class Soak:
 
     def drained(self) -> bool:
         return all(led.lost() == 0 for led in self.ledgers.values() if led.durable)
+
+
+async def close_quietly(client: Client) -> None:
+    """Close within 5 s, whatever became of the connection: the broker may have been killed."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(5):
+            await client.close()
 
 
 def flat(samples: list[Sample], warmup: float = 30.0) -> tuple[bool, int, int]:
@@ -539,13 +545,11 @@ def print_summary(result: dict[str, Any]) -> None:
         )
     print(f"  findings {result['findings']}")
     print(f"  drained in {result['drain_seconds']} s, broker exit {result['exit_status']}")
-    for failure in result["failures"]:
-        print(f"  FAILED: {failure}")
-    print("soak: " + ("FAILED" if result["failures"] else "passed"), flush=True)
+    print_verdict("soak", result["failures"])
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.split("\n")[0])
+    p = run_parser("soak", __doc__)
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--seed", type=int)
     p.add_argument("--rate", type=float, default=200.0, help="messages/s per fq publisher")
@@ -553,19 +557,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--kill-min", type=float, default=120.0, help="seconds between kills, min")
     p.add_argument("--kill-max", type=float, default=240.0, help="seconds between kills, max")
     p.add_argument("--drain-seconds", type=float, default=300.0)
-    p.add_argument("--state", default=str(ROOT / "var" / "soak"))
-    p.add_argument("--json", help="write the result as JSON here")
-    add_broker_options(p)
+    add_run_options(p, "soak")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    result = asyncio.run(run(args))
-    print_summary(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return 1 if result["failures"] else 0
+    return run_main(parser(), run, print_summary, argv)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import shutil
 import sys
 import time
@@ -46,13 +45,15 @@ from fqbroker.client import Client
 from .child import (
     Broker,
     Sample,
-    add_broker_options,
+    add_run_options,
     broker_from,
+    print_verdict,
     raise_nofile,
+    run_main,
+    run_parser,
     tcp_sockets,
 )
-from .frontends import FRONT_ENDS, NOTES, Conn, Target, connect_tcp
-from .harness import ROOT
+from .frontends import FRONT_ENDS, NOTES, Conn, Target, auth_key, connect_tcp
 
 MiB = 1 << 20
 OPENING_AT_ONCE = 200
@@ -100,19 +101,7 @@ class Storm:
                 )
                 auth = wire.AuthPlain(b"s%d" % i, b"h%d\x00mem:private,drop,backlog=100" % i, b"")
                 writer.write(wire.encode_hello(wire.Mode.CMD, b"")[:4] + wire.encode(auth))
-                decoder = wire.ClientCommandDecoder()
-                key = b""
-                async with asyncio.timeout(30):
-                    while not key:
-                        chunk = await reader.read(4096)
-                        if not chunk:
-                            raise ConnectionError("closed at auth")
-                        decoder.feed(chunk)
-                        while (frame := decoder.next_frame()) is not None:
-                            if isinstance(frame, wire.AuthResponse):
-                                key = frame.key
-                            elif isinstance(frame, wire.ErrorReply):
-                                raise ConnectionError(frame.text)
+                key = await auth_key(reader, 30)
                 command = Conn(reader, writer)
                 data = await connect_tcp(self.target.host, self.target.fq_port)
                 data.holds.append(command)
@@ -288,31 +277,22 @@ def print_summary(r: dict[str, Any]) -> None:
     if r["notes"]:
         print(f"  findings {r['notes']}")
     print(f"  broker exit {r['exit_status']}, tracebacks {r['tracebacks']}")
-    for failure in r["failures"]:
-        print(f"  FAILED: {failure}")
-    print("storm: " + ("FAILED" if r["failures"] else "passed"), flush=True)
+    print_verdict("storm", r["failures"])
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.storm", description=__doc__.split("\n")[0])
+    p = run_parser("storm", __doc__)
     p.add_argument("--connections", type=int, default=10_000)
     p.add_argument("--hold-seconds", type=float, default=10.0)
     p.add_argument("--clients", type=int, default=500)
     p.add_argument("--seconds", type=float, default=60.0)
     p.add_argument("--settle-seconds", type=float, default=45.0)
-    p.add_argument("--state", default=str(ROOT / "var" / "storm"))
-    p.add_argument("--json", help="write the result as JSON here")
-    add_broker_options(p)
+    add_run_options(p, "storm")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    result = asyncio.run(run(args))
-    print_summary(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return 1 if result["failures"] else 0
+    return run_main(parser(), run, print_summary, argv)
 
 
 if __name__ == "__main__":

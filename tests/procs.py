@@ -34,16 +34,17 @@ class Proc:
         )
         return cls(proc)
 
-    async def wait_stderr(self, prefix: str) -> str:
-        """Read stderr until a line starts with ``prefix``; returns that line."""
+    async def wait_stderr(self, text: str, *, anywhere: bool = False) -> str:
+        """Read stderr until a line starts with ``text`` (or holds it ``anywhere``); returns
+        that line."""
         assert self.proc.stderr is not None
         while True:
             raw = await self.proc.stderr.readline()
             if not raw:
-                raise AssertionError(f"no {prefix!r} line; stderr was {self.err_lines}")
+                raise AssertionError(f"no {text!r} line; stderr was {self.err_lines}")
             line = raw.decode().rstrip("\n")
             self.err_lines.append(line)
-            if line.startswith(prefix):
+            if line.startswith(text) or (anywhere and text in line):
                 return line
 
     async def finish(self, stdin: bytes | None = None) -> tuple[int, bytes, str]:

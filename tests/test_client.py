@@ -26,6 +26,7 @@ from fqbroker.message import hop_addresses
 from fqbroker.server import Broker
 
 from .conftest import NODE_ID, TIMEOUT
+from .loopback import LoopbackServer
 from .vectors import BROKER_STATUS_KEYS
 
 Connect = Callable[..., Awaitable[Client]]
@@ -394,36 +395,18 @@ async def test_a_slow_consumer_pauses_reading_and_loses_nothing(
         assert (await sub.status())["dropped_in"] == 0
 
 
-class HeartbeatTap:
+class HeartbeatTap(LoopbackServer):
     """A loopback relay between clients and a broker that counts the heartbeats crossing
     command connections each way: what the test waits on instead of the clock."""
 
     def __init__(self, broker_port: int) -> None:
+        super().__init__()
         self.broker_port = broker_port
-        self.port = 0
         self.accepted = 0
         self.ended = 0  # directions of relayed connections that ended
         self.to_broker = 0  # heartbeats the client sent
         self.to_client = 0  # heartbeats the broker sent (the one after auth included)
         self.changed = asyncio.Event()
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-
-    async def __aenter__(self) -> HeartbeatTap:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.close()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
 
     async def wait(self, predicate: Callable[[], bool]) -> None:
         while not predicate():
@@ -435,19 +418,16 @@ class HeartbeatTap:
             setattr(self, way, getattr(self, way) + 1)
             self.changed.set()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
         up_r, up_w = await asyncio.open_connection("127.0.0.1", self.broker_port)
-        self._writers += [writer, up_w]
+        self.writers |= {writer, up_w}
         hello = await reader.readexactly(4)
         up_w.write(hello)
         cmd = hello == wire.Mode.CMD.to_bytes(4, "big")
         requests, replies = wire.ServerCommandDecoder(), wire.ClientCommandDecoder()
-        for task in (
-            asyncio.create_task(self._pump(reader, up_w, requests if cmd else None, "to_broker")),
-            asyncio.create_task(self._pump(up_r, writer, replies if cmd else None, "to_client")),
-        ):
-            self._tasks.add(task)
+        self.spawn(self._pump(reader, up_w, requests if cmd else None, "to_broker"))
+        self.spawn(self._pump(up_r, writer, replies if cmd else None, "to_client"))
 
     async def _pump(
         self,
@@ -504,32 +484,18 @@ async def test_closed_client_raises_and_ends_iteration(connect: Connect) -> None
 # --- against a scripted fake broker -------------------------------------------------------
 
 
-class FakeBroker:
+class FakeBroker(LoopbackServer):
     """Authenticates everyone, then does what the test says with the command socket."""
 
     def __init__(
         self, on_command: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
     ) -> None:
+        super().__init__()
         self.on_command = on_command
-        self.port = 0
         self.seen: list[bytes] = []
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
 
-    async def __aenter__(self) -> FakeBroker:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.close()
-        await self._server.wait_closed()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
         try:
             if await reader.readexactly(4) == wire.encode_hello(wire.Mode.CMD, b"")[:4]:
                 decoder = wire.ServerCommandDecoder()

@@ -29,7 +29,7 @@ from fqbroker.limits import (
 )
 from fqbroker.server import Broker
 
-from .conftest import TIMEOUT, RawConn, authenticate, open_session, wait_for
+from .conftest import TIMEOUT, RawConn, Session, authenticate, open_session, wait_for
 from .procs import Proc
 from .test_server import assert_broker_serves
 
@@ -178,12 +178,33 @@ async def _open_from(port: int, source: str) -> RawConn:
     return RawConn(reader, writer)
 
 
+class _Served:
+    """A consumer bound to ``ex`` and a publisher to it: sessions that must go on being
+    served whatever a limit refuses to others."""
+
+    def __init__(self, consumer: Session, publisher: Session) -> None:
+        self.consumer = consumer
+        self.publisher = publisher
+
+    @classmethod
+    async def open(cls, port: int) -> _Served:
+        consumer = await open_session(port, b"c")
+        assert await consumer.bind(b"ex", b"prefix:") != wire.BIND_ILLEGAL
+        return cls(consumer, await open_session(port, b"p"))
+
+    async def assert_served(self, payload: bytes) -> None:
+        await self.publisher.publish(b"ex", b"r", payload)
+        assert [m.payload for m in await self.consumer.receive()] == [payload]
+
+    async def close(self) -> None:
+        await self.consumer.close()
+        await self.publisher.close()
+
+
 async def test_connections_in_total(settings: Settings) -> None:
     settings.max_connections = 6
     async with Broker(settings) as broker:
-        consumer = await open_session(broker.port, b"c")
-        assert await consumer.bind(b"ex", b"prefix:") != wire.BIND_ILLEGAL
-        publisher = await open_session(broker.port, b"p")
+        sessions = await _Served.open(broker.port)
         await wait_for(lambda: broker.limits.connections == 4)
         extra = [await RawConn.open(broker.port) for _ in range(2)]  # 5 and 6: served
         for conn in extra:
@@ -201,14 +222,12 @@ async def test_connections_in_total(settings: Settings) -> None:
         assert reply.endswith(b'\r\n\r\n{"error": "too many connections"}\n')
         assert broker.limits.refused["connections"] == 2
         # Who was served goes on being served.
-        await publisher.publish(b"ex", b"r", b"still here")
-        assert [m.payload for m in await consumer.receive()] == [b"still here"]
+        await sessions.assert_served(b"still here")
         # A connection freed is a connection served.
         await extra[0].close()
         await wait_for(lambda: broker.limits.connections == 5)
         await extra[1].close()
-        await consumer.close()
-        await publisher.close()
+        await sessions.close()
         await wait_for(lambda: broker.limits.connections == 0)
         await assert_broker_serves(broker)
 
@@ -307,9 +326,7 @@ async def test_at_the_connection_limit_below_the_descriptor_limit(tmp_path: Path
     conns: list[RawConn] = []
     try:
         async with asyncio.timeout(60):
-            consumer = await open_session(port, b"c")
-            assert await consumer.bind(b"ex", b"prefix:") != wire.BIND_ILLEGAL
-            publisher = await open_session(port, b"p")
+            sessions = await _Served.open(port)
             while True:
                 conn = await RawConn.open(port)
                 await conn.send(b"GET /stats.json HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -322,16 +339,14 @@ async def test_at_the_connection_limit_below_the_descriptor_limit(tmp_path: Path
                 conns.append(conn)
                 assert len(conns) < NOFILE
             assert len(conns) + 4 == connection_limit_for(NOFILE)
-            await publisher.publish(b"ex", b"r", b"still served")
-            assert [m.payload for m in await consumer.receive()] == [b"still served"]
+            await sessions.assert_served(b"still served")
             for conn in conns:
                 await _hang_up(conn)
             conns.clear()
             fresh = await RawConn.open(port)
             await _http_ok(fresh)
             await fresh.close()
-            await consumer.close()
-            await publisher.close()
+            await sessions.close()
     finally:
         for conn in conns:
             await conn.close()
@@ -361,15 +376,14 @@ async def test_at_the_descriptor_limit(tmp_path: Path, loop: str) -> None:
     conns: list[RawConn] = []
     try:
         async with asyncio.timeout(60):
-            consumer = await open_session(port, b"c")
-            assert await consumer.bind(b"ex", b"prefix:") != wire.BIND_ILLEGAL
-            publisher = await open_session(port, b"p")
-            await publisher.publish(b"ex", b"r", b"before")  # both data channels are paired
-            assert [m.payload for m in await consumer.receive()] == [b"before"]
+            sessions = await _Served.open(port)
+            await sessions.assert_served(b"before")  # both data channels are paired
             descriptors = _descriptors(fqd)
             waiting = await RawConn.open(port)  # asks for a disk queue at the limit
             await waiting.send(wire.Mode.CMD.to_bytes(4, "big"))
-            full = asyncio.ensure_future(_stderr_says(fqd, "cannot accept connections"))
+            full = asyncio.ensure_future(
+                fqd.wait_stderr("cannot accept connections", anywhere=True)
+            )
             pending: RawConn | None = None
             while pending is None:
                 conn = await RawConn.open(port)
@@ -386,8 +400,7 @@ async def test_at_the_descriptor_limit(tmp_path: Path, loop: str) -> None:
             if pending is None:
                 full.cancel()
             # Who is served goes on.
-            await publisher.publish(b"ex", b"r", b"still served")
-            assert [m.payload for m in await consumer.receive()] == [b"still served"]
+            await sessions.assert_served(b"still served")
             # A queue file that cannot be opened is fq's error frame.
             await waiting.send(wire.encode(wire.AuthPlain(b"d", b"dq\0disk", b"")))
             assert await waiting.frame() == wire.ErrorReply("initialization of disk queue failed")
@@ -406,8 +419,7 @@ async def test_at_the_descriptor_limit(tmp_path: Path, loop: str) -> None:
             assert _descriptors(fqd) <= descriptors
             disk = await open_session(port, b"d", b"dq\0disk")
             await disk.close()
-            await consumer.close()
-            await publisher.close()
+            await sessions.close()
     finally:
         for conn in conns:
             await conn.close()
@@ -418,18 +430,6 @@ async def test_at_the_descriptor_limit(tmp_path: Path, loop: str) -> None:
 
 def _descriptors(fqd: Proc) -> int:
     return len(os.listdir(f"/proc/{fqd.proc.pid}/fd"))
-
-
-async def _stderr_says(fqd: Proc, text: str) -> None:
-    assert fqd.proc.stderr is not None
-    while True:
-        raw = await fqd.proc.stderr.readline()
-        if not raw:
-            raise AssertionError(f"no {text!r} line; stderr was {fqd.err_lines}")
-        line = raw.decode().rstrip("\n")
-        fqd.err_lines.append(line)
-        if text in line:
-            return
 
 
 async def test_fqd_takes_the_descriptor_limit_it_is_allowed(

@@ -26,6 +26,7 @@ from fqbroker.message import Message, hop_addresses
 from fqbroker.wire import BindFlags, Mode
 
 from .conftest import TIMEOUT, wait_for
+from .loopback import LoopbackServer
 from .procs import Proc
 
 NODES = {"A": "10.254.254.1", "B": "10.254.254.2", "C": "10.254.254.3"}
@@ -435,7 +436,7 @@ async def test_a_peer_channel_publisher_is_parsed_in_peer_format(cluster: Cluste
 # --- refusals, changed rows, backoff -------------------------------------------------------
 
 
-class Switch:
+class Switch(LoopbackServer):
     """A loopback relay in front of an upstream that the test turns off and on.
 
     Off, it accepts each connection and closes it at once, as an upstream whose address
@@ -445,35 +446,22 @@ class Switch:
     """
 
     def __init__(self, target: int) -> None:
+        super().__init__()
         self.target = target
         self.on = True
-        self.port = 0
         self.attempts: list[float] = []  # loop time of each command connection
         self._arrived = asyncio.Event()
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def __aenter__(self) -> Switch:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        self.off()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._server.wait_closed()
+        self.on = False  # a connection still being accepted is refused, not relayed
+        await super().__aexit__(*exc)
 
     def off(self) -> None:
         """Refuse from now on, and cut what is relayed now."""
         self.on = False
-        for writer in self._writers:
+        for writer in self.writers:
             writer.close()
-        self._writers.clear()
+        self.writers.clear()
 
     async def attempts_reach(self, n: int) -> list[float]:
         async with asyncio.timeout(TIMEOUT * 2):
@@ -482,7 +470,7 @@ class Switch:
                 await self._arrived.wait()
         return self.attempts
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             hello = await reader.readexactly(4)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -496,11 +484,9 @@ class Switch:
             return
         up_r, up_w = await asyncio.open_connection("127.0.0.1", self.target)
         up_w.write(hello)
-        self._writers |= {writer, up_w}
-        for src, dst in ((reader, up_w), (up_r, writer)):
-            task = asyncio.create_task(self._pump(src, dst))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self.writers |= {writer, up_w}
+        self.spawn(self._pump(reader, up_w))
+        self.spawn(self._pump(up_r, writer))
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, OSError):
@@ -686,9 +672,7 @@ async def test_a_lost_upstream_is_retried_with_growing_delays_and_reconnects(
 
 async def stderr_line_containing(proc: Proc, text: str) -> str:
     async with asyncio.timeout(TIMEOUT):
-        while text not in (line := await proc.wait_stderr("")):
-            pass
-    return line
+        return await proc.wait_stderr(text, anywhere=True)
 
 
 def fast_poll(tmp_path: Path) -> Path:

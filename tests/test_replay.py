@@ -20,6 +20,7 @@ from fqbroker.server import Broker
 from fqbroker.store import queue_directory
 
 from .conftest import NODE_ID, TIMEOUT, open_session, wait_for
+from .loopback import LoopbackServer
 
 
 async def publish(port: int, n: int, exchange: str = "ex", size: int = 0) -> None:
@@ -205,7 +206,7 @@ def test_entries_round_trip_and_cut_bodies_fail() -> None:
             replay.decode_entries(body[:cut])
 
 
-class FlakyHttp:
+class FlakyHttp(LoopbackServer):
     """A loopback HTTP server that fails the first requests as a restarting broker does:
     the first connection is closed before any answer, the second is cut off in the middle
     of its body; then /queue/info is answered."""
@@ -213,21 +214,10 @@ class FlakyHttp:
     INFO = json.dumps({"queue": "rq", "first": 1, "next": 5, "checkpoints": {}}).encode()
 
     def __init__(self) -> None:
+        super().__init__()
         self.connections = 0
-        self.port = 0
-        self._server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> FlakyHttp:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
             await reader.readuntil(b"\r\n\r\n")
