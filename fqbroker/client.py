@@ -32,6 +32,7 @@ from typing import Generic, Self, TypeVar
 from . import wire
 from .errors import FqError, ProtocolError
 from .message import Message, MsgIdCounter
+from .msgdecoder import MessageDecoder
 
 __all__ = ["Authenticated", "Client", "ClientClosed", "ClientError", "CommandChannel"]
 __all__ += ["Refused", "Reply", "parse_source"]
@@ -606,7 +607,7 @@ class Client:
             _fail(channel, "command connection lost")
 
     async def _read_messages(self, link: _Link) -> None:
-        decoder = wire.MessageDecoder(peer_format=True)
+        decoder = MessageDecoder(peer_format=True)
         while chunk := await link.data_r.read(READ_SIZE):
             decoder.feed(chunk)
             self._inbox.extend(decoder.messages())

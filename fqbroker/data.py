@@ -36,6 +36,7 @@ from . import wire
 from .errors import ProtocolError
 from .largeframe import LARGE_FRAME
 from .message import Message, Run, accept_from_peer, frame_hops, has_hop, ipv4_bytes, runs_of
+from .msgdecoder import MessageDecoder
 
 if TYPE_CHECKING:
     from .command import CommandSession
@@ -124,7 +125,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self.is_peer = mode in (wire.Mode.PEER, wire.Mode.OLD_PEER)
         self.peer_id = NO_PEER
         self.owner: CommandSession | None = None
-        self._decoder: wire.MessageDecoder | None = None  # made when the first bytes come
+        self._decoder: MessageDecoder | None = None  # made when the first bytes come
         self._stamp = b""  # the hops a publisher's messages get: our node id, its address
         self._stamp_size = 0  # what sender and hops add to each of its frames
         self._draining = False
@@ -270,7 +271,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
 
     # --- in: decode and publish -----------------------------------------------------------
 
-    def _new_decoder(self) -> wire.MessageDecoder:
+    def _new_decoder(self) -> MessageDecoder:
         """The decoder, and for a publisher its stamp: made when it first sends, as most
         consumers never do."""
         if not self.is_peer:
@@ -280,7 +281,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         # A message the whole budget could never hold is refused (skipped, size_dropped)
         # rather than waited for forever; the margin covers its head and our stamp.
         budget = self.broker.budget.limit // (PEER_COPIES if self.is_peer else 1) - 1024
-        return wire.MessageDecoder(
+        return MessageDecoder(
             peer_format=self.is_peer,
             max_payload=min(self.broker.settings.max_message_size, budget),
         )
@@ -303,7 +304,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
             self.broker.limits.bad("data", "closing data channel of %s: %s", self._name(), exc)
             self.close()
 
-    def _decode(self, decoder: wire.MessageDecoder) -> list[Run]:
+    def _decode(self, decoder: MessageDecoder) -> list[Run]:
         """Every whole frame buffered, as runs; sets ``_octets`` to those not counted yet.
 
         A publisher's are decoded into runs of peer frames stamped with sender and hops
@@ -356,7 +357,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self.transport.pause_reading()
         self._room = asyncio.ensure_future(self._wait_for_room(blocked, runs, i))
 
-    def _batch_done(self, decoder: wire.MessageDecoder) -> None:
+    def _batch_done(self, decoder: MessageDecoder) -> None:
         if decoder.oversized:
             assert self.owner is not None
             log.info(
@@ -384,7 +385,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         elif self._reserve(decoder):
             self.transport.resume_reading()
 
-    def _reserve(self, decoder: wire.MessageDecoder) -> bool:
+    def _reserve(self, decoder: MessageDecoder) -> bool:
         """Hold budget for what the decoder holds or expects; False: reading waits for it.
 
         A channel still reading the message its reservation covers reads on even while the
@@ -418,7 +419,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self._room = asyncio.ensure_future(self._wait_for_budget(decoder, grow))
         return False
 
-    async def _wait_for_budget(self, decoder: wire.MessageDecoder, grow: int) -> None:
+    async def _wait_for_budget(self, decoder: MessageDecoder, grow: int) -> None:
         await self.broker.budget.wait(grow)
         self._room = None
         if self.phase is Phase.CLOSED:

@@ -1,6 +1,6 @@
 """A large publisher frame, assembled in place as its bytes arrive (sans I/O).
 
-The receive buffer of :class:`~fqbroker.wire.MessageDecoder` suits small frames: it grows
+The receive buffer of :class:`~fqbroker.msgdecoder.MessageDecoder` suits small frames: it grows
 with each read and whole frames are copied out of it. For a message of many megabytes that
 costs its size three times (the buffer, a copy of it, the stamped frame). A large frame
 instead gets one buffer of the exact size of the peer frame consumers receive, with the

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from .message import Message, place_seq
+from .msgdecoder import MessageDecoder
 from .queuespec import QueueKind
 from .store import DiskStore, split_record
-from .wire import MessageDecoder
 
 if TYPE_CHECKING:
     from .server import Broker

@@ -13,6 +13,7 @@ import pytest
 
 from fqbroker import wire
 from fqbroker.config import Settings
+from fqbroker.msgdecoder import MessageDecoder
 from fqbroker.server import Broker
 
 from .procs import Proc
@@ -116,7 +117,7 @@ class Session:
         self.cmd = cmd
         self.data = data
         self.key = key
-        self.messages = wire.MessageDecoder(peer_format=True)
+        self.messages = MessageDecoder(peer_format=True)
 
     async def bind(self, exchange: bytes, program: bytes, flags: int = 0x100) -> int:
         await self.cmd.send(wire.encode(wire.BindRequest(flags, exchange, program)))

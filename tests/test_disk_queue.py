@@ -14,9 +14,9 @@ from fqbroker import checkpoints, segmentlog, store, wire
 from fqbroker.client import Client, ClientError
 from fqbroker.config import Settings
 from fqbroker.message import Message, frame_seq
+from fqbroker.msgdecoder import MessageDecoder
 from fqbroker.server import Broker
 from fqbroker.store import queue_directory
-from fqbroker.wire import MessageDecoder
 
 from .conftest import FailingFsync, authenticate, open_session, wait_for
 

@@ -15,6 +15,7 @@ from fqbroker import wire
 from fqbroker.budget import MemoryBudget, fitting
 from fqbroker.client import Client
 from fqbroker.message import Message
+from fqbroker.msgdecoder import MessageDecoder
 from fqbroker.queue import Queue
 from fqbroker.queuespec import Policy, QueueKind, QueueSpec, parse_queue_field
 from fqbroker.router import ClientStats, Router
@@ -354,10 +355,10 @@ def test_large_frames_decode_alike_however_split(chunk: int) -> None:
     big = _publisher_frame(b"big", bytes(range(256)) * (3 * 4096 + 7))  # 3 MiB
     small = _publisher_frame(b"small", b"hello")
     stream = small + big + small + big + big[:10]
-    whole = wire.MessageDecoder(peer_format=False)
+    whole = MessageDecoder(peer_format=False)
     whole.feed(stream)
     expected = whole.runs(b"user", b"HOPS")
-    decoder = wire.MessageDecoder(peer_format=False)
+    decoder = MessageDecoder(peer_format=False)
     got = []
     for i in range(0, len(stream), chunk):
         decoder.feed(stream[i : i + chunk])
@@ -371,7 +372,7 @@ def test_large_frames_decode_alike_however_split(chunk: int) -> None:
 
 
 def test_in_flight_announces_a_large_frame_before_it_arrives() -> None:
-    decoder = wire.MessageDecoder(peer_format=False)
+    decoder = MessageDecoder(peer_format=False)
     head = _publisher_head(b"ex", b"r", 100 * MiB)
     decoder.feed(head + bytes(1000))
     assert decoder.runs(b"u", b"HOPS") == []

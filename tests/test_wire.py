@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from fqbroker import wire
 from fqbroker.errors import AuthError, FrameTooLarge, ProtocolError
 from fqbroker.message import Message, message_from_frame
+from fqbroker.msgdecoder import MessageDecoder
 
 from .vectors import (
     CLIENT_COMMANDS,
@@ -41,7 +42,7 @@ def decode_all(decoder_factory, data: bytes, chunk: int | None):  # type: ignore
 
 
 def _next(decoder):  # type: ignore[no-untyped-def]
-    if isinstance(decoder, wire.MessageDecoder):
+    if isinstance(decoder, MessageDecoder):
         return decoder.next_message()
     if isinstance(decoder, wire.DataHelloDecoder):
         return decoder.next_hello()
@@ -266,7 +267,7 @@ def test_publish_format_message_bytes() -> None:
 @pytest.mark.parametrize("peer_format", [False, True])
 def test_message_decoder_any_split(peer_format: bool, chunk: int | None) -> None:
     data = (PEER_MESSAGE_BYTES if peer_format else PUBLISH_MESSAGE_BYTES) * 3
-    frames, decoder = decode_all(lambda: wire.MessageDecoder(peer_format=peer_format), data, chunk)
+    frames, decoder = decode_all(lambda: MessageDecoder(peer_format=peer_format), data, chunk)
     expected = (
         PEER_MESSAGE if peer_format else Message(b"ex", b"a.b", b"hello", msgid=bytes(range(16)))
     )
@@ -284,7 +285,7 @@ def test_message_decoder_any_split(peer_format: bool, chunk: int | None) -> None
     ],
 )
 def test_message_limits(peer_format: bool, data: bytes, field: str) -> None:
-    decoder = wire.MessageDecoder(peer_format=peer_format)
+    decoder = MessageDecoder(peer_format=peer_format)
     decoder.feed(data)
     with pytest.raises(FrameTooLarge) as info:
         decoder.next_message()
@@ -293,7 +294,7 @@ def test_message_limits(peer_format: bool, data: bytes, field: str) -> None:
 
 def test_32_hops_is_allowed() -> None:
     msg = Message(b"e", b"r", b"x", sender=b"s", hops=b"\x0a\x00\x00\x01" * 32)
-    decoder = wire.MessageDecoder(peer_format=True)
+    decoder = MessageDecoder(peer_format=True)
     decoder.feed(msg.peer_frame())
     assert decoder.next_message() == msg
 
@@ -303,7 +304,7 @@ def test_oversized_payload_is_skipped_and_counted(chunk: int | None) -> None:
     big = Message(b"e", b"r", b"x" * 100).publish_frame()
     small = Message(b"e", b"r", b"ok").publish_frame()
     frames, decoder = decode_all(
-        lambda: wire.MessageDecoder(peer_format=False, max_payload=99), small + big + small, chunk
+        lambda: MessageDecoder(peer_format=False, max_payload=99), small + big + small, chunk
     )
     assert [m.payload for m in frames] == [b"ok", b"ok"]
     assert decoder.oversized == 1
@@ -336,7 +337,7 @@ def test_any_chunking_of_valid_messages_decodes_the_same(
 ) -> None:
     data = b"".join(m.peer_frame() for m in messages)
     points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
-    decoder = wire.MessageDecoder(peer_format=True)
+    decoder = MessageDecoder(peer_format=True)
     got: list[Message] = []
     for a, b in itertools.pairwise(points):
         decoder.feed(data[a:b])
@@ -349,7 +350,7 @@ def test_garbage_gives_frames_none_or_protocol_error(data: bytes) -> None:
     for factory in (
         wire.ServerCommandDecoder,
         wire.ClientCommandDecoder,
-        lambda: wire.MessageDecoder(peer_format=True),
+        lambda: MessageDecoder(peer_format=True),
         lambda: wire.DataHelloDecoder(wire.Mode.PEER),
     ):
         decoder = factory()
@@ -376,8 +377,8 @@ def test_runs_decoding_matches_one_at_a_time_and_stamps(
     """runs() (the data path's fast loop) gives what next_message() gives, stamped."""
     data = b"".join(m.publish_frame() for m in messages)
     points = sorted({min(c, len(data)) for c in cuts} | {0, len(data)})
-    fast = wire.MessageDecoder(peer_format=False, max_payload=max_payload)
-    slow = wire.MessageDecoder(peer_format=False, max_payload=max_payload)
+    fast = MessageDecoder(peer_format=False, max_payload=max_payload)
+    slow = MessageDecoder(peer_format=False, max_payload=max_payload)
     got: list[Message] = []
     want: list[Message] = []
     for a, b in itertools.pairwise(points):
