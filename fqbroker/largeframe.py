@@ -20,6 +20,7 @@ from .message import Run, frame_length
 __all__ = ["LARGE_FRAME", "LargeFrame"]
 
 LARGE_FRAME: Final = 1 << 20  # frames from this size on are assembled in place
+_U32 = struct.Struct(">I")
 
 
 class LargeFrame:
@@ -35,8 +36,9 @@ class LargeFrame:
         self.run = run  # its run; the frame is appended once whole
 
     @classmethod
-    def start(cls, data: bytearray, pos: int, stamp: bytes) -> LargeFrame | None:
-        """The frame that starts at ``data[pos:]``, if it is large and not all there yet."""
+    def start(cls, data: bytearray, pos: int, stamp: bytes, max_payload: int) -> LargeFrame | None:
+        """The frame that starts at ``data[pos:]``, if it is large and not all there yet,
+        and its payload within ``max_payload`` (a larger one is the decoder's to skip)."""
         try:
             length = frame_length(data, pos, peer=False)
         except (IndexError, struct.error):
@@ -46,6 +48,8 @@ class LargeFrame:
             return None
         p = pos + 1 + data[pos]  # route length
         q = p + 1 + data[p] + 16  # payload length
+        if _U32.unpack_from(data, q)[0] > max_payload:
+            return None
         exchange, route = bytes(data[pos + 1 : p]), bytes(data[p + 1 : q - 16])
         size = length + len(stamp)
         buffer = io.BytesIO()

@@ -88,7 +88,7 @@ class MessageDecoder(_Decoder):
             self._large_stamp = None
             buf = self._buf
             buf.feed(data)
-            self._large = LargeFrame.start(buf.data, buf.pos, stamp)
+            self._large = LargeFrame.start(buf.data, buf.pos, stamp, self.max_payload)
             if self._large is not None:
                 buf.data = bytearray()
                 buf.pos = 0
@@ -119,6 +119,14 @@ class MessageDecoder(_Decoder):
         except (IndexError, struct.error):
             return n + extra
         return max(n, min(length, self.max_payload + 1024)) + extra
+
+    def _head_known(self) -> bool:
+        buf = self._buf
+        try:
+            frame_length(buf.data, buf.pos, peer=self.peer_format)
+        except (IndexError, struct.error):
+            return False
+        return True
 
     def _first_is_whole(self) -> bool:
         buf = self._buf
@@ -221,7 +229,15 @@ class MessageDecoder(_Decoder):
             if not out and not slow:
                 raise
             self._error = exc
-        if self._error is None and not self._skipping and self._large is None:
+        if (
+            self._error is None
+            and not self._skipping
+            and self._large is None
+            and self._head_known()
+        ):
+            # The head is whole, so in_flight now announces the frame's true size, which the
+            # reader reserves before it feeds more: only then may the frame be assembled. A
+            # head still in pieces would be assembled at whatever size it turns out to say.
             self._large_stamp = stamp
         return out + runs_of(slow) if slow else out
 

@@ -524,3 +524,19 @@ def test_a_zero_budget_means_no_broker_wide_limit(settings: object) -> None:
         assert broker.budget.fits(1 << 40)
     finally:
         broker.catalog.close()
+
+
+def test_a_head_that_arrives_in_pieces_is_never_assembled_past_the_size_limit() -> None:
+    """The data socket reserves what ``in_flight`` announces, then reads on. A frame whose
+    head was still incomplete at that moment was assembled at the next read at whatever
+    size its head then said, over ``max_payload`` too: the fuzz found the broker at 12 GB
+    of RSS under a 1 GiB budget. It must be refused (skipped, counted) instead."""
+    limit = 2 << 20
+    decoder = MessageDecoder(peer_format=False, max_payload=limit)
+    head = bytes([2]) + b"ex" + bytes([1]) + b"r" + bytes(16) + struct.pack(">I", 50 << 20)
+    decoder.feed(head[:5])
+    assert decoder.runs(b"u", bytes(8)) == []
+    decoder.feed(head[5:] + bytes(1 << 20))
+    assert decoder.runs(b"u", bytes(8)) == []
+    assert decoder.in_flight <= limit + 1024
+    assert decoder.oversized == 1
