@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fqbroker.config import Settings
+
 from .child import (
     Broker,
     Sample,
@@ -62,8 +64,11 @@ from .child import (
     tcp_sockets,
 )
 from .frontends import FRONT_ENDS, NOTES, Conn, FrontEnd, Target
+from .harness import rss_bytes
 
 MiB = 1 << 20
+# What the broker's own working set (code, sockets, caches) may add to its memory budget.
+RSS_OVER_BUDGET = 256 * MiB
 SESSION_FRAMES = (1, 5, 20, 100, 300, 1000)
 MUTATION_RATES = (0.0, 0.002, 0.01, 0.05, 0.3)
 OPENING_MUTATION = 0.08
@@ -103,6 +108,7 @@ class Fuzz:
     round_trip_failures: list[str] = field(default_factory=list)
     checks: int = 0
     samples: list[tuple[int, Sample]] = field(default_factory=list)
+    rss_peak: int = 0  # the broker's VmHWM at the end: a peak between samples counts too
     deaths: list[int | None] = field(default_factory=list)
     findings: dict[str, Finding] = field(default_factory=dict)
     recent: deque[tuple[float, str, int]] = field(default_factory=lambda: deque(maxlen=5000))
@@ -334,6 +340,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for finding in list(fuzz.findings.values())[:4]:
             await fuzz.reproduce(finding, state.parent / "fuzz-findings")
         fuzz.scan_log()
+        fuzz.rss_peak = rss_bytes(broker.pid, "VmHWM")
         return report(fuzz, args, seconds, fd_before, settled)
     finally:
         status = await asyncio.to_thread(broker.stop)
@@ -392,6 +399,12 @@ def report(
         failures.append(f"RSS not flat: {warm.rss // MiB} MiB at warm-up, {end.rss // MiB} at end")
     if end.fds > fd_before + 4:
         failures.append(f"descriptors not flat: {fd_before} before, {end.fds} after")
+    # The broker holds at most its memory budget for publishers (docs/memory.md); a peak
+    # past it by more than its own working set means something is held outside it.
+    budget = int(dict(args.setting).get("memory_budget", Settings().memory_budget))
+    rss_max = max(fuzz.rss_peak, *(s.rss for _, s in fuzz.samples))
+    if budget and rss_max > budget + RSS_OVER_BUDGET:
+        failures.append(f"RSS peaked at {rss_max // MiB} MiB, over the {budget // MiB} MiB budget")
     if fuzz.frames < args.frames:
         failures.append(f"only {fuzz.frames} of {args.frames} frames in {args.max_seconds} s")
     if fuzz.round_trip_failures:
@@ -423,7 +436,7 @@ def report(
         "round_trip_failures": fuzz.round_trip_failures[:20],
         "rss_warm": warm.rss,
         "rss_end": end.rss,
-        "rss_max": max(s.rss for _, s in fuzz.samples),
+        "rss_max": max(fuzz.rss_peak, *(s.rss for _, s in fuzz.samples)),
         "fds_before": fd_before,
         "fds_max": max(fds),
         "fds_end": end.fds,
