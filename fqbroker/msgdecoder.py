@@ -112,28 +112,21 @@ class MessageDecoder(_Decoder):
         extra = 0 if self._large_done is None else self._large_done.size
         buf = self._buf
         n = len(buf)
-        if not n or self._skipping:
-            return n + extra
-        try:
-            length = frame_length(buf.data, buf.pos, peer=self.peer_format)
-        except (IndexError, struct.error):
+        if not n or self._skipping or (length := self._head_length()) is None:
             return n + extra
         return max(n, min(length, self.max_payload + 1024)) + extra
 
-    def _head_known(self) -> bool:
+    def _head_length(self) -> int | None:
+        """The length of the frame the buffer starts with; None while its head is partial."""
         buf = self._buf
         try:
-            frame_length(buf.data, buf.pos, peer=self.peer_format)
+            return frame_length(buf.data, buf.pos, peer=self.peer_format)
         except (IndexError, struct.error):
-            return False
-        return True
+            return None
 
     def _first_is_whole(self) -> bool:
-        buf = self._buf
-        try:
-            return frame_length(buf.data, buf.pos, peer=self.peer_format) <= len(buf)
-        except (IndexError, struct.error):
-            return False
+        length = self._head_length()
+        return length is not None and length <= len(self._buf)
 
     def next_message(self) -> Message | None:
         buf = self._buf
@@ -233,7 +226,7 @@ class MessageDecoder(_Decoder):
             self._error is None
             and not self._skipping
             and self._large is None
-            and self._head_known()
+            and self._head_length() is not None
         ):
             # The head is whole, so in_flight now announces the frame's true size, which the
             # reader reserves before it feeds more: only then may the frame be assembled. A
