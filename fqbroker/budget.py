@@ -11,7 +11,7 @@ byte-room rule queues and the router share (:func:`fitting`) lives here too.
 
 Publishers are slowed, never refused, while the budget is spent: before a data socket
 buffers more of a message (or reads on at all while over the limit), it asks
-:meth:`fits`; when the answer is no it pauses reading and waits in :meth:`wait` until
+:meth:`fits`; when the answer is no it pauses reading and waits in :meth:`acquire` until
 consumers have drained enough. Consumers are never held back, so a broker over its
 budget drains. A message larger than the whole budget could never be granted: the data
 socket refuses it outright (docs/memory.md).
@@ -58,7 +58,7 @@ class MemoryBudget:
                 future.set_result(None)
 
     async def wait(self, n: int) -> None:
-        """Return once ``n`` more bytes fit; the caller adds them to ``used`` at once.
+        """Return once ``n`` more bytes fit; :meth:`acquire` then holds them.
 
         A woken waiter checks again when it runs: others may have taken the room in
         between (a consumer's batch is released and held again in one turn), and then it
@@ -84,6 +84,12 @@ class MemoryBudget:
                 if self._waiters:
                     self._wake()
                 raise
+
+    async def acquire(self, n: int) -> None:
+        """Wait until ``n`` more bytes fit, and hold them: the caller gives them back
+        with :meth:`release`."""
+        await self.wait(n)
+        self.used += n
 
     @property
     def waiting(self) -> int:

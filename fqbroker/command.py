@@ -76,8 +76,8 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         self.key = b""
         self.stats = ClientStats()
         self.data: DataSession | None = None
-        # Confirms that arrived before the data socket first paired wait on this; once it
-        # has paired it is None for good, and a missing channel is an answer at once.
+        # The data socket's first pairing: False before it, a future while a confirm waits
+        # for it, True once it has paired (a missing channel is then an answer at once).
         self._pairing: asyncio.Future[None] | bool = False
         self.heartbeat_ms = 0
         now = broker.heartbeats.time()

@@ -420,11 +420,12 @@ class DataSession(RemotePeer, asyncio.Protocol):
         return False
 
     async def _wait_for_budget(self, decoder: MessageDecoder, grow: int) -> None:
-        await self.broker.budget.wait(grow)
+        budget = self.broker.budget
+        await budget.acquire(grow)
         self._room = None
         if self.phase is Phase.CLOSED:
+            budget.release(grow)  # closed between its wake-up and now
             return
-        self.broker.budget.used += grow
         self._reserved += grow
         if self._eof:
             self.close()

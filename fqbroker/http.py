@@ -320,8 +320,7 @@ class _Connection:
             # fqd takes any size; we refuse before reading, as the data channel would, and
             # the body is discarded as it arrives (docs/memory.md).
             return Reply(413, b'{ "error": "message too large" }\n', close=True)
-        await broker.budget.wait(reserve)  # publishers are slowed while the budget is spent
-        broker.budget.used += reserve
+        await broker.budget.acquire(reserve)  # publishers are slowed while it is spent
         try:
             return await self._publish_body(headers, length)
         finally:

@@ -392,8 +392,7 @@ async def test_budget_wakes_waiters_in_order_and_each_checks_again() -> None:
     order: list[str] = []
 
     async def want(name: str, n: int) -> None:
-        await budget.wait(n)
-        budget.used += n  # claimed at once, as callers do
+        await budget.acquire(n)
         order.append(name)
 
     big = asyncio.ensure_future(want("big", 80))
