@@ -360,8 +360,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
     def _batch_done(self, decoder: MessageDecoder) -> None:
         if decoder.oversized:
             assert self.owner is not None
-            log.info(
-                "dropped %d message(s) from %s over the size limit of %d bytes",
+            # Counted as size_dropped below; the line shares the bad-input rate limit, so a
+            # publisher of oversized messages cannot flood the log.
+            self.broker.limits.log.log(
+                logging.INFO, "data", "dropped %d message(s) from %s over the size limit of %d",
                 decoder.oversized, self._name(), decoder.max_payload,
             )  # fmt: skip
             self.owner.stats.size_dropped += decoder.oversized
