@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from fqbroker.client import Client
+from fqbroker.clients.client import Client
 from fqbroker.config import Settings
-from fqbroker.segmentlog import SegmentLog
-from fqbroker.server import Broker
+from fqbroker.server.broker import Broker
+from fqbroker.storage.segmentlog import SegmentLog
 
 BURST = 20_000
 RUNS = 5

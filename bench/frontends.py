@@ -10,7 +10,8 @@ Every random choice of a session comes from the ``random.Random`` it is given, s
 session replayed with the same seed sends the same bytes (apart from the key a data socket
 gets from the broker): that is how findings are reproduced (bench/fuzz.py).
 
-Today's entries, all on the fq port (frame formats: fqbroker/wire.py, docs/confirms.md):
+Today's entries, all on the fq port (frame formats: fqbroker/frontends/fq/wire.py,
+docs/confirms.md):
 
 * ``fq-command``: the command socket, auth then commands;
 * ``fq-data``: a data socket paired with a command socket, publisher-format messages;
@@ -30,9 +31,9 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from fqbroker import wire
-from fqbroker.client import Client, ClientError
-from fqbroker.message import Message
+from fqbroker.clients.client import Client, ClientError
+from fqbroker.core.message import Message
+from fqbroker.frontends.fq import wire
 
 from .child import http_reply
 

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from fqbroker import wire
+from fqbroker.frontends.fq import wire
 
 CHUNK = 256 * 1024
 _U32 = struct.Struct(">I")

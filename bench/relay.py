@@ -19,7 +19,7 @@ import os
 import struct
 import sys
 
-from fqbroker import wire
+from fqbroker.frontends.fq import wire
 
 _U32 = struct.Struct(">I")
 NODE = bytes((10, 0, 0, 1))

@@ -12,8 +12,8 @@ from __future__ import annotations
 import statistics
 import time
 
-from fqbroker.message import Message
-from fqbroker.router import Router
+from fqbroker.core.message import Message
+from fqbroker.core.router import Router
 
 MESSAGES = 20_000
 RUNS = 7

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fqbroker.client import Client, ClientClosed, ClientError
+from fqbroker.clients.client import Client, ClientClosed, ClientError
 
 from .child import (
     Broker,
@@ -61,7 +61,7 @@ DISK_SOURCE = "soak/soakdisk/disk:permanent,backlog=-1,public"
 MEM_SOURCE = "soak/soakmem/mem:public,drop,backlog=1000000"
 PERM = 0x0110
 # After a crash a disk queue delivers again at most the batch that was in flight to its
-# consumer (fqbroker/store.py; the batch is BATCH in fqbroker/data.py).
+# consumer (fqbroker/storage/store.py; the batch is BATCH in fqbroker/frontends/fq/data.py).
 REDELIVERY_BATCH = 1024
 MiB = 1 << 20
 PAD_SIZES = (16, 200, 1000, 8000, 64 * 1024)

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fqbroker import wire
-from fqbroker.client import Client
+from fqbroker.clients.client import Client
+from fqbroker.frontends.fq import wire
 
 from .child import (
     Broker,

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .version import FQ_COMPAT_VERSION, __version__
+from fqbroker.version import FQ_COMPAT_VERSION, __version__
 
 if TYPE_CHECKING:
-    from .client import Client
-    from .message import Message
-    from .server import Broker
+    from fqbroker.clients.client import Client
+    from fqbroker.core.message import Message
+    from fqbroker.server.broker import Broker
 
 __all__ = ["FQ_COMPAT_VERSION", "Broker", "Client", "Message", "__version__"]
 
 # Imported when first asked for: ``fqd`` and the tools each load only what they use, and
 # a broker does not carry the client's modules.
-_LAZY = {"Broker": ".server", "Client": ".client", "Message": ".message"}
+_LAZY = {
+    "Broker": ".server.broker",
+    "Client": ".clients.client",
+    "Message": ".core.message",
+}
 
 
 def __getattr__(name: str) -> object:

@@ -2,6 +2,6 @@
 
 import sys
 
-from .cli import fqd
+from fqbroker.cli import fqd
 
 sys.exit(fqd())

@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .config import DEFAULT_PORT, Settings
+from fqbroker.config import DEFAULT_PORT, Settings
 
 __all__ = ["fqd"]
 
@@ -64,7 +64,7 @@ def _configure_logging(debug: str) -> None:
 
 
 async def _run(settings: Settings) -> None:
-    from .server import Broker
+    from fqbroker.server.broker import Broker
 
     print(f"Opening configdb {settings.config_db}", file=sys.stderr, flush=True)
     broker = Broker(settings)

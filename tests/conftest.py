@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker import wire
 from fqbroker.config import Settings
-from fqbroker.msgdecoder import MessageDecoder
-from fqbroker.server import Broker
+from fqbroker.frontends.fq import wire
+from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+from fqbroker.server.broker import Broker
 
 from .procs import Proc
 
@@ -132,7 +132,7 @@ class Session:
         return reply.as_dict()
 
     async def publish(self, exchange: bytes, route: bytes, payload: bytes) -> None:
-        from fqbroker.message import Message
+        from fqbroker.core.message import Message
 
         await self.data.send(Message(exchange, route, payload).publish_frame())
 
@@ -183,7 +183,7 @@ async def wait_for(predicate, timeout: float = TIMEOUT) -> None:  # type: ignore
 
 
 class FailingFsync:
-    """Stands in for the os module in fqbroker.segmentlog (monkeypatch its ``os``): fsync
+    """Stands in for the os module in fqbroker.storage.segmentlog (monkeypatch its ``os``): fsync
     fails with EIO while ``failing`` is set. The fault is injected at the OS boundary and
     nowhere else; ``synced`` lists what the fsyncs that went through were for."""
 

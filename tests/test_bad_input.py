@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from fqbroker import wire
 from fqbroker.config import Settings
-from fqbroker.server import Broker
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
 
 from .conftest import RawConn, open_session, wait_for
 from .test_server import assert_broker_serves

@@ -1,4 +1,5 @@
-"""fqbroker.client: the sans-IO command channel alone, then the client against a real broker."""
+"""fqbroker.clients.client: the sans-IO command channel alone, then the client against a
+real broker."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from fqbroker import wire
-from fqbroker.client import (
+from fqbroker.clients.client import (
     Authenticated,
     Client,
     ClientClosed,
@@ -21,9 +21,10 @@ from fqbroker.client import (
     parse_source,
 )
 from fqbroker.config import Settings
+from fqbroker.core.message import hop_addresses
 from fqbroker.errors import ProtocolError
-from fqbroker.message import hop_addresses
-from fqbroker.server import Broker
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
 
 from .conftest import NODE_ID, TIMEOUT
 from .loopback import LoopbackServer

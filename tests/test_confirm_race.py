@@ -8,11 +8,11 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from fqbroker import wire
-from fqbroker.client import Client
+from fqbroker.clients.client import Client
 from fqbroker.config import Settings
-from fqbroker.message import Message
-from fqbroker.server import Broker
+from fqbroker.core.message import Message
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
 
 from .conftest import RawConn, authenticate, wait_for
 from .procs import Proc

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker.client import Client, ClientError
-from fqbroker.segmentlog import SegmentLog
+from fqbroker.clients.client import Client, ClientError
+from fqbroker.storage.segmentlog import SegmentLog
 
 from .procs import ENV, Proc
 
@@ -198,7 +198,7 @@ _CHECKPOINTER = r"""
 import sys
 import time
 from pathlib import Path
-from fqbroker.segmentlog import SegmentLog
+from fqbroker.storage.segmentlog import SegmentLog
 
 log = SegmentLog(Path(sys.argv[1]))
 if log.next_seq == 1:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker.client import Client, ClientError
+from fqbroker.clients.client import Client, ClientError
 
 from .conftest import wait_for
 from .procs import Proc

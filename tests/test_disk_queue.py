@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker import checkpoints, segmentlog, store, wire
-from fqbroker.client import Client, ClientError
+from fqbroker.clients.client import Client, ClientError
 from fqbroker.config import Settings
-from fqbroker.message import Message, frame_seq
-from fqbroker.msgdecoder import MessageDecoder
-from fqbroker.server import Broker
-from fqbroker.store import queue_directory
+from fqbroker.core.message import Message, frame_seq
+from fqbroker.frontends.fq import wire
+from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+from fqbroker.server.broker import Broker
+from fqbroker.storage import checkpoints, segmentlog, store
+from fqbroker.storage.store import queue_directory
 
 from .conftest import FailingFsync, authenticate, open_session, wait_for
 
@@ -254,7 +255,7 @@ async def test_torn_tail_is_skipped_at_startup(settings: Settings, caplog) -> No
     segment.write_bytes(data[:-3])  # the last record loses its end, as in a crash
     async with Broker(settings) as broker:
         assert broker.queues[b"diskq"].backlog == 2
-        warnings = [r for r in caplog.records if r.name == "fqbroker.segmentlog"]
+        warnings = [r for r in caplog.records if r.name == "fqbroker.storage.segmentlog"]
         assert warnings and str(directory) in warnings[0].getMessage()
         s = await open_session(broker.port, b"u", DISKQ)
         got = await s.receive(2)
@@ -565,7 +566,7 @@ async def test_a_replay_read_of_a_range_ends_at_its_end_past_a_skipped_record(
     (segment,) = sorted(queue_directory(settings.queue_dir, b"diskq").glob("*.seg"))
     _flip(segment, _record_offsets(segment)[4] + 30)  # seq 5
     async with Broker(settings) as broker:
-        from fqbroker.replay import decode_entries
+        from fqbroker.frontends.http.replay import decode_entries
 
         from .test_replay import get
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench import child, fuzz
 from bench.frontends import FRONT_ENDS, mutate_bytes
-from fqbroker import wire
+from fqbroker.frontends.fq import wire
 
 
 async def test_short_fuzz_run_finds_nothing(tmp_path: Path) -> None:

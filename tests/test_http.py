@@ -14,11 +14,12 @@ from urllib.parse import urlencode
 import h11
 import pytest
 
-from fqbroker import checkpoints, segmentlog, wire
-from fqbroker.client import Client
+from fqbroker.clients.client import Client
 from fqbroker.config import Settings
-from fqbroker.message import hop_addresses
-from fqbroker.server import Broker
+from fqbroker.core.message import hop_addresses
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
+from fqbroker.storage import checkpoints, segmentlog
 
 from .conftest import (
     TIMEOUT,

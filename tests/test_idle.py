@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fqbroker import wire
-from fqbroker.heartbeats import Entry, HeartbeatClock
-from fqbroker.server import Broker
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
+from fqbroker.server.heartbeats import Entry, HeartbeatClock
 
 from .conftest import open_session, wait_for
 from .test_server import paired

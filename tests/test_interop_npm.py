@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker.server import Broker
+from fqbroker.server.broker import Broker
 
 INTEROP = Path(__file__).parent / "interop"
 SCRIPT = INTEROP / "npm_fq_roundtrip.js"

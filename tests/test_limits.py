@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from fqbroker import wire
 from fqbroker.config import Settings
-from fqbroker.limits import (
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
+from fqbroker.server.limits import (
     DISK_QUEUE_RATE_TEXT,
     QUEUES_PER_USER_TEXT,
     Limits,
@@ -27,7 +28,6 @@ from fqbroker.limits import (
     connection_limit,
     install_exception_handler,
 )
-from fqbroker.server import Broker
 
 from .conftest import TIMEOUT, RawConn, Session, authenticate, open_session, wait_for
 from .procs import Proc

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker import wire
-from fqbroker.budget import MemoryBudget, fitting
-from fqbroker.client import Client
-from fqbroker.message import Message
-from fqbroker.msgdecoder import MessageDecoder
-from fqbroker.queue import Queue
-from fqbroker.queuespec import Policy, QueueKind, QueueSpec, parse_queue_field
-from fqbroker.router import ClientStats, Router
-from fqbroker.server import Broker
+from fqbroker.clients.client import Client
+from fqbroker.core.budget import MemoryBudget, fitting
+from fqbroker.core.message import Message
+from fqbroker.core.queue import Queue
+from fqbroker.core.queuespec import Policy, QueueKind, QueueSpec, parse_queue_field
+from fqbroker.core.router import ClientStats, Router
+from fqbroker.frontends.fq import wire
+from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+from fqbroker.server.broker import Broker
 
 from .conftest import TIMEOUT, RawConn, authenticate, open_session
 from .procs import Proc
@@ -151,7 +151,7 @@ def test_router_counts_byte_drops_as_one_by_one() -> None:
             for msg in msgs:
                 router.publish(msg, client)
         else:
-            from fqbroker.message import runs_of
+            from fqbroker.core.message import runs_of
 
             router.publish_runs(runs_of(msgs), 0, client)
         taken = [len(f) for f in queue.take(100)]

@@ -12,10 +12,10 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from fqbroker.client import Client
-from fqbroker.metrics import registry_for
-from fqbroker.server import Broker
-from fqbroker.store import DiskStore
+from fqbroker.clients.client import Client
+from fqbroker.frontends.http.metrics import registry_for
+from fqbroker.server.broker import Broker
+from fqbroker.storage.store import DiskStore
 
 from .conftest import open_session, wait_for
 from .test_http import get

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fqbroker.client import Client
-from fqbroker.message import Message, hop_addresses
-from fqbroker.wire import BindFlags, Mode
+from fqbroker.clients.client import Client
+from fqbroker.core.message import Message, hop_addresses
+from fqbroker.frontends.fq.wire import BindFlags, Mode
 
 from .conftest import TIMEOUT, wait_for
 from .loopback import LoopbackServer
@@ -652,7 +652,7 @@ async def test_a_lost_upstream_is_retried_with_growing_delays_and_reconnects(
 
         first = len(switch.attempts)
         since = asyncio.get_running_loop().time()
-        switch.off()  # the upstream is gone: B's link reconnects (fqbroker.client)
+        switch.off()  # the upstream is gone: B's link reconnects (fqbroker.clients.client)
         attempts = (await switch.attempts_reach(first + 7))[first:]
         # The client's backoff waits before each attempt: 16 ms doubling to 1 s, +-4 ms.
         waits = [min(0.016 * 2**i, 1.0) - 0.004 for i in range(7)]

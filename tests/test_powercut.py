@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker.client import Client
+from fqbroker.clients.client import Client
 
 from .powerfail import power_cut
 from .procs import Proc

@@ -1,4 +1,4 @@
-"""Route-program compiler and rule functions (fqbroker/program.py; spec §2.2-2.4)."""
+"""Route-program compiler and rule functions (fqbroker/core/program.py; spec §2.2-2.4)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,9 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-import fqbroker.program as program_module
-from fqbroker.errors import ProgramError
-from fqbroker.message import Message
-from fqbroker.program import (
+import fqbroker.core.program as program_module
+from fqbroker.core.message import Message
+from fqbroker.core.program import (
     MAX_PROGRAM_LEN,
     And,
     Call,
@@ -27,6 +26,7 @@ from fqbroker.program import (
     compile_program,
     default_registry,
 )
+from fqbroker.errors import ProgramError
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "rules_plugin"
 
@@ -725,7 +725,7 @@ def test_load_entry_points(
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     registry = RuleRegistry()
-    with caplog.at_level(logging.ERROR, logger="fqbroker.program"):
+    with caplog.at_level(logging.ERROR, logger="fqbroker.core.program"):
         registry.load_entry_points()
     assert "broken" in caplog.text  # logged and skipped; the others still load
     p = compile_program(b'prefix: (route_is("a") && payload_is("b"))', registry)

@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from fqbroker import replay
-from fqbroker.client import Client
+from fqbroker.clients.client import Client
+from fqbroker.clients.replayclient import BrokerError, DataLost, ReplayClient
 from fqbroker.config import Settings
-from fqbroker.message import Message, hop_addresses
-from fqbroker.replayclient import BrokerError, DataLost, ReplayClient
-from fqbroker.segmentlog import SegmentLog
-from fqbroker.server import Broker
-from fqbroker.store import queue_directory
+from fqbroker.core.message import Message, hop_addresses
+from fqbroker.frontends.http import replay
+from fqbroker.server.broker import Broker
+from fqbroker.storage.segmentlog import SegmentLog
+from fqbroker.storage.store import queue_directory
 
 from .conftest import NODE_ID, TIMEOUT, open_session, wait_for
 from .loopback import LoopbackServer

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fqbroker import wire
+from fqbroker.core.message import Message
+from fqbroker.core.prefixes import PrefixIndex
+from fqbroker.core.program import RuleRegistry
+from fqbroker.core.router import ClientStats, Router
 from fqbroker.errors import ProgramError
-from fqbroker.message import Message
-from fqbroker.prefixes import PrefixIndex
-from fqbroker.program import RuleRegistry
-from fqbroker.router import ClientStats, Router
+from fqbroker.frontends.fq import wire
 
 
 class Box:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker import wire
 from fqbroker.config import Settings
-from fqbroker.server import Broker
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
 
 from .conftest import NODE_ID, open_session
 

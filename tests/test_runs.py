@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fqbroker.message import Message
-from fqbroker.msgdecoder import MessageDecoder
-from fqbroker.queue import Queue
-from fqbroker.queuespec import Policy, QueueSpec
-from fqbroker.router import ClientStats, Router
+from fqbroker.core.message import Message
+from fqbroker.core.queue import Queue
+from fqbroker.core.queuespec import Policy, QueueSpec
+from fqbroker.core.router import ClientStats, Router
+from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 
 PROGRAMS = [b"prefix:", b"prefix:a", b"exact:a.1", b'prefix:a payload_prefix("x")']
 ROUTES = [b"a.1", b"a.2", b"b"]

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fqbroker import segcheckpoints, segmentlog, segrecords
-from fqbroker.segmentlog import FORMAT_LINE, HEADER_SIZE, LogFormatError, SegmentLog
+from fqbroker.storage import segcheckpoints, segmentlog, segrecords
+from fqbroker.storage.segmentlog import FORMAT_LINE, HEADER_SIZE, LogFormatError, SegmentLog
 
 from .conftest import FailingFsync
 
@@ -306,7 +306,7 @@ def test_torn_tail_drops_only_the_partial_record(
     size = path.stat().st_size
     at = last + cut if cut >= 0 else size - 1
     os.truncate(path, at)
-    with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
+    with caplog.at_level(logging.WARNING, logger="fqbroker.storage.segmentlog"):
         log = SegmentLog(tmp_path)
     assert contents(log) == [p20(i) * 2 for i in range(1, 5)]
     (report,) = log.recovery
@@ -348,7 +348,7 @@ def test_a_corrupt_record_is_skipped_and_everything_after_it_kept(
     path = tmp_path / f"{segment:020d}.seg"
     at = record * 46 + (HEADER_SIZE + byte if byte < 30 else byte)
     damaged = flip(path, at)[record * 46 : record * 46 + 46]
-    with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
+    with caplog.at_level(logging.WARNING, logger="fqbroker.storage.segmentlog"):
         log = SegmentLog(tmp_path, segment_bytes=200)
     bad = segment + record  # its seq
     assert stored(log) == {i + 1: p for i, p in enumerate(payloads) if i + 1 != bad}
@@ -445,7 +445,7 @@ def test_a_flip_while_running_is_never_returned(
     assert len(log.read(1, 1000)) == 1000
     (path,) = segments(tmp_path)
     flip(path, 499 * 36 + 30)  # record 500
-    with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
+    with caplog.at_level(logging.WARNING, logger="fqbroker.storage.segmentlog"):
         assert sorted(set(range(1, 1001)) - set(stored(log))) == [500]
         assert (log.skipped_from(1), log.skipped_from(501)) == (1, 0)
         assert sorted(set(range(1, 1001)) - set(stored(log, batch=1000))) == [500]
@@ -494,7 +494,7 @@ def test_zero_filled_or_garbage_tail(
     size = path.stat().st_size
     with path.open("ab") as f:
         f.write(tail)
-    with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
+    with caplog.at_level(logging.WARNING, logger="fqbroker.storage.segmentlog"):
         log = SegmentLog(tmp_path)
     assert contents(log) == [b"a" * i for i in range(5)]
     (report,) = log.recovery
@@ -525,7 +525,7 @@ def test_zeroed_blocks_inside_the_last_record(tmp_path: Path) -> None:
 _EFBIG = r"""
 import json, os, resource, signal, sys
 from pathlib import Path
-from fqbroker.segmentlog import SegmentLog
+from fqbroker.storage.segmentlog import SegmentLog
 
 d = Path(sys.argv[1])
 first = d / "00000000000000000001.seg"
@@ -575,7 +575,7 @@ def test_failed_write_leaves_the_log_unchanged(tmp_path: Path) -> None:
 _NO_ROOM = r"""
 import json, os, resource, signal, sys
 from pathlib import Path
-from fqbroker.segmentlog import SegmentLog
+from fqbroker.storage.segmentlog import SegmentLog
 
 d = Path(sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -699,7 +699,7 @@ def test_a_missing_or_damaged_format_file_is_rewritten(
         path.unlink()
     else:
         path.write_bytes(b"" if damage == "empty" else b"\x00\xffqbroker-segmentlog 2")
-    with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
+    with caplog.at_level(logging.WARNING, logger="fqbroker.storage.segmentlog"):
         log = SegmentLog(tmp_path)
     (report,) = log.recovery
     assert report.segment == "FORMAT"
@@ -713,7 +713,7 @@ def test_a_missing_or_damaged_format_file_is_rewritten(
 
 
 class _FullDisk:
-    """Stands in for ``os`` in fqbroker.segmentlog: creating a file fails with ENOSPC, as
+    """Stands in for ``os`` in fqbroker.storage.segmentlog: creating a file fails with ENOSPC, as
     on a disk with no inode or directory block left; everything else is the real call."""
 
     def __getattr__(self, name: str) -> object:
@@ -1041,7 +1041,7 @@ def test_an_unreadable_checkpoints_file_is_reported(
         os.truncate(path, BLOCK + BLOCK)
     else:
         path.unlink()
-    with caplog.at_level(logging.ERROR, logger="fqbroker.segmentlog"):
+    with caplog.at_level(logging.ERROR, logger="fqbroker.storage.segmentlog"):
         log = SegmentLog(tmp_path)
     (report,) = log.recovery
     assert report.segment == "checkpoints"
@@ -1110,7 +1110,7 @@ def test_format_1_is_converted_on_open(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, points: dict[str, int] | None
 ) -> None:
     _v1_log(tmp_path, points)
-    with caplog.at_level(logging.WARNING, logger="fqbroker.segmentlog"):
+    with caplog.at_level(logging.WARNING, logger="fqbroker.storage.segmentlog"):
         log = SegmentLog(tmp_path)
     assert log.recovery == []
     assert dict(log.checkpoints) == (points or {})
@@ -1161,7 +1161,7 @@ def test_an_unreadable_checkpoints_json_is_reported_and_converted(tmp_path: Path
 _EFBIG_CHECKPOINTS = r"""
 import json, resource, signal, sys
 from pathlib import Path
-from fqbroker.segmentlog import SegmentLog
+from fqbroker.storage.segmentlog import SegmentLog
 
 log = SegmentLog(Path(sys.argv[1]))
 log.append([b"x"] * 100)

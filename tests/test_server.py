@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from fqbroker import wire
 from fqbroker.config import Settings
-from fqbroker.message import hop_addresses
-from fqbroker.server import Broker
+from fqbroker.core.message import hop_addresses
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
 
 from .conftest import RawConn, authenticate, open_session, wait_for
 from .vectors import BROKER_STATUS_KEYS
@@ -349,7 +349,7 @@ async def test_messages_sent_just_before_hanging_up_are_not_lost(broker: Broker)
 
 
 def wire_message(exchange: bytes, route: bytes, payload: bytes) -> bytes:
-    from fqbroker.message import Message
+    from fqbroker.core.message import Message
 
     return Message(exchange, route, payload).publish_frame()
 

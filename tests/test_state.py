@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from fqbroker import wire
 from fqbroker.config import Settings
-from fqbroker.server import Broker
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
 
 from .conftest import open_session, wait_for
 

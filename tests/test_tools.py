@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker.message import Message
-from fqbroker.tools import _lines, format_json, format_line, main
+from fqbroker.clients.tools import _lines, format_json, format_line, main
+from fqbroker.core.message import Message
 
 from .procs import Proc
 
@@ -88,7 +88,7 @@ async def fqd_port(tmp_path: Path, procs: list[Proc]) -> int:
 
 async def start_recv(procs: list[Proc], port: int, *args: str) -> Proc:
     recv = await Proc.start(
-        "-m", "fqbroker.tools", "recv", "--host", "127.0.0.1", "--port", str(port), *args
+        "-m", "fqbroker.clients.tools", "recv", "--host", "127.0.0.1", "--port", str(port), *args
     )
     procs.append(recv)
     await recv.wait_stderr("route set -> ")
@@ -97,7 +97,7 @@ async def start_recv(procs: list[Proc], port: int, *args: str) -> Proc:
 
 async def send(procs: list[Proc], port: int, *args: str, stdin: bytes = b"") -> str:
     sender = await Proc.start(
-        "-m", "fqbroker.tools", "send", "-a", f"127.0.0.1:{port}", *args,
+        "-m", "fqbroker.clients.tools", "send", "-a", f"127.0.0.1:{port}", *args,
         stdin=asyncio.subprocess.PIPE,
     )  # fmt: skip
     procs.append(sender)
@@ -185,7 +185,7 @@ async def test_rate_mode_prints_the_total(fqd_port: int, procs: list[Proc]) -> N
 async def test_bind_failure_exits_255(fqd_port: int, procs: list[Proc]) -> None:
     async with asyncio.timeout(TIMEOUT):
         recv = await Proc.start(
-            "-m", "fqbroker.tools", "recv", "--port", str(fqd_port), "-b", "not a program"
+            "-m", "fqbroker.clients.tools", "recv", "--port", str(fqd_port), "-b", "not a program"
         )
         procs.append(recv)
         status, _, err = await recv.finish()
@@ -207,7 +207,7 @@ async def test_signals_end_fq_recv_cleanly(
 async def test_refusal_is_reported(fqd_port: int, procs: list[Proc]) -> None:
     async with asyncio.timeout(TIMEOUT):
         recv = await Proc.start(
-            "-m", "fqbroker.tools", "recv", "--port", str(fqd_port), "-u", "u/q/bogus"
+            "-m", "fqbroker.clients.tools", "recv", "--port", str(fqd_port), "-u", "u/q/bogus"
         )
         procs.append(recv)
         status, _, err = await recv.finish()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fqbroker.config import Settings, Upstream
-from fqbroker.server import Broker
+from fqbroker.server.broker import Broker
 
 from .conftest import TIMEOUT, Session, open_session
 from .prereqs import missing

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fqbroker import wire
+from fqbroker.core.message import Message, message_from_frame
 from fqbroker.errors import AuthError, FrameTooLarge, ProtocolError
-from fqbroker.message import Message, message_from_frame
-from fqbroker.msgdecoder import MessageDecoder
+from fqbroker.frontends.fq import wire
+from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 
 from .vectors import (
     CLIENT_COMMANDS,

@@ -6,8 +6,8 @@ group fields as the spec's tables do.
 
 from __future__ import annotations
 
-from fqbroker import wire
-from fqbroker.message import Message
+from fqbroker.core.message import Message
+from fqbroker.frontends.fq import wire
 
 KEY = bytes(range(127))
 

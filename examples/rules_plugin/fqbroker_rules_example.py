@@ -14,8 +14,8 @@ Programs can then say, for example::
 
 from __future__ import annotations
 
-from fqbroker.message import Message
-from fqbroker.program import RuleRegistry
+from fqbroker.core.message import Message
+from fqbroker.core.program import RuleRegistry
 
 __all__ = ["register", "route_contains_any", "route_endswith"]
 

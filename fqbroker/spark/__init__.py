@@ -13,7 +13,7 @@ verified Spark behaviour it relies on are in specs/spark.md.
 
 Modules: ``options`` (parsing), ``schema`` (rows), ``source`` (stream and batch readers),
 ``sink`` (writers), ``datasource`` (the format); the broker calls go through
-:mod:`fqbroker.replayclient` and :mod:`fqbroker.client`.
+:mod:`fqbroker.clients.replayclient` and :mod:`fqbroker.clients.client`.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..replayclient import ReplayClient
+from fqbroker.clients.replayclient import ReplayClient
 
 __all__ = ["EARLIEST", "LATEST", "BrokerOptions", "Offsets", "SinkOptions", "SourceOptions"]
 

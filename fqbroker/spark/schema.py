@@ -22,8 +22,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from ..message import hop_addresses
-from ..replay import Entry
+from fqbroker.core.message import hop_addresses
+from fqbroker.frontends.http.replay import Entry
 
 __all__ = ["SCHEMA", "record_batch"]
 

@@ -26,9 +26,10 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from ..client import Client
-from ..errors import FqError
-from ..wire import MAX_RK_LEN
+from fqbroker.clients.client import Client
+from fqbroker.errors import FqError
+from fqbroker.frontends.fq.wire import MAX_RK_LEN
+
 from .options import SinkOptions
 
 __all__ = ["FqStreamWriter", "FqWriter", "Published"]

@@ -26,7 +26,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from ..replayclient import BrokerError, DataLost, QueueInfo
+from fqbroker.clients.replayclient import BrokerError, DataLost, QueueInfo
+
 from .options import SourceOptions
 from .schema import record_batch
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from fqbroker.client import Client, ClientClosed
-from fqbroker.message import Message
-from fqbroker.replayclient import ReplayClient
+from fqbroker.clients.client import Client, ClientClosed
+from fqbroker.clients.replayclient import ReplayClient
+from fqbroker.core.message import Message
 
 from ..prereqs import missing, require_module
 from ..procs import ENV, ROOT

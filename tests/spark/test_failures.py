@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fqbroker.replayclient import ReplayClient
+from fqbroker.clients.replayclient import ReplayClient
 
 from .conftest import Consumer, FqBroker, publish, stop_fqd
 from .test_source import Capture, messages

@@ -1,0 +1,293 @@
+"""``fq-send`` and ``fq-recv``: fq's client tools fqs, fq_sndr and fq_rcvr (§6.2).
+
+Both take the libfq source string ``USER[/QUEUE[/TYPE:PARAMS]]`` as the user. Messages go
+to stdout exactly as fq_rcvr prints them, one flushed line each, so a pipe reader sees
+them at once; everything else (bind results, rates, errors) goes to stderr. Run them as
+``fq-send``/``fq-recv`` or as ``python -m fqbroker.clients.tools send|recv ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from fqbroker.clients.client import Client, ClientError
+from fqbroker.config import DEFAULT_PORT
+from fqbroker.core.message import Message, hop_addresses
+from fqbroker.frontends.fq import wire
+
+__all__ = ["fq_recv", "fq_send", "main"]
+
+READ_SIZE = 64 * 1024
+FLUSH_EVERY = 1000  # messages published between waits for the socket (--count mode)
+
+
+def _log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _run(tool: str, work: Coroutine[Any, Any, int]) -> int:
+    try:
+        return asyncio.run(_until_signal(work))
+    except ClientError as exc:
+        _log(f"{tool}: refused: {exc.text.rstrip()}")
+    except OSError as exc:
+        _log(f"{tool}: {exc}")
+    return 1
+
+
+async def _until_signal(work: Coroutine[Any, Any, int]) -> int:
+    """Run ``work``; SIGINT or SIGTERM cancels it, and that is a clean exit (status 0)."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
+        return 0
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+# --- fq-send ------------------------------------------------------------------------------
+
+
+def _send_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fq-send",
+        description="Publish each line of stdin (newline included) as one message, like fqs; "
+        "or, with --count, COUNT messages of SIZE zero bytes, like fq_sndr.",
+    )
+    p.add_argument("-a", "--address", default=f"127.0.0.1:{DEFAULT_PORT}", help="host:port")
+    p.add_argument("-H", "--host", help="broker host (overrides --address)")
+    p.add_argument("-p", "--port", type=int, help="broker port (overrides --address)")
+    p.add_argument("-u", "--user", default="user", help="USER[/QUEUE[/TYPE:PARAMS]]")
+    p.add_argument("-P", "--password", default="pass")
+    p.add_argument("-x", "--exchange", default="maryland")
+    p.add_argument("-r", "--route", default="test.prefix.boo")
+    p.add_argument("--count", type=int, help="send COUNT generated messages, ignore stdin")
+    p.add_argument("--size", type=int, default=0, help="payload bytes with --count")
+    p.add_argument(
+        "--confirm",
+        action="store_true",
+        help="wait for publisher confirms (fqbroker extension); exit 1 if one fails",
+    )
+    p.add_argument(
+        "--confirm-every", type=int, default=10000, help="confirm after this many messages"
+    )
+    return p
+
+
+def fq_send(argv: list[str] | None = None) -> int:
+    """Entry point of ``fq-send``."""
+    args = _send_parser().parse_args(argv)
+    host, _, port = args.address.rpartition(":")
+    host = args.host or host or "127.0.0.1"
+    port = args.port if args.port is not None else int(port or DEFAULT_PORT)
+    client = Client(host, port, args.user, args.password)
+    return _run("fq-send", _send(client, args))
+
+
+async def _send(client: Client, args: argparse.Namespace) -> int:
+    exchange, route = args.exchange.encode(), args.route.encode()
+    sent = confirmed = 0
+    await client.connect()
+    try:
+        start = time.monotonic()
+        if args.count is not None:
+            _log(f"payload size -> {args.size}\nmessage count -> {args.count}")
+            messages: AsyncIterator[bytes] = _repeat(bytes(args.size), args.count)
+        else:
+            messages = _lines(_stdin_chunks())
+        async for payload in messages:
+            await _publish(client, exchange, route, payload)
+            sent += 1
+            if args.confirm and sent % args.confirm_every == 0:
+                confirmed = await _confirm(client, sent)
+            elif sent % FLUSH_EVERY == 0:
+                await client.flush()
+        await client.flush()
+        if args.confirm:
+            confirmed = await _confirm(client, sent)
+        elapsed = max(time.monotonic() - start, 1e-9)
+        _log(f"sent {sent} messages in {elapsed:.3f} s ({sent / elapsed:.0f} msg/s)")
+        if args.confirm:
+            _log(f"confirmed {confirmed} messages")
+        return 0
+    except (ClientError, ConnectionError) as exc:
+        if not args.confirm:
+            raise
+        _log(f"fq-send: confirm failed after {sent} messages ({confirmed} confirmed): {exc}")
+        return 1
+    finally:
+        await client.close()
+
+
+async def _repeat(payload: bytes, count: int) -> AsyncIterator[bytes]:
+    for _ in range(count):
+        yield payload
+
+
+async def _confirm(client: Client, sent: int) -> int:
+    count = await client.confirm()
+    if count < sent:
+        # A reconnect replaced the data socket: the count covers only the new one.
+        raise ConnectionError(f"only {count} of {sent} messages are covered by the confirm")
+    return sent
+
+
+async def _publish(client: Client, exchange: bytes, route: bytes, payload: bytes) -> None:
+    # False means disconnected with a full backlog: wait for the reconnect, then retry.
+    while not client.publish(exchange, route, payload):
+        await client.flush()
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Lines with their newline, as fqs sends them; a last line without one is kept."""
+    buf = bytearray()
+    async for chunk in chunks:
+        buf += chunk
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            yield bytes(buf[start : end + 1])
+            start = end + 1
+        del buf[:start]
+    if buf:
+        yield bytes(buf)
+
+
+async def _stdin_chunks() -> AsyncIterator[bytes]:
+    stdin = sys.stdin.buffer
+    if stat.S_ISREG(os.fstat(stdin.fileno()).st_mode):
+        # A regular file never blocks, and the event loop cannot watch one anyway.
+        while chunk := os.read(stdin.fileno(), READ_SIZE):
+            yield chunk
+        return
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
+    try:
+        while chunk := await reader.read(READ_SIZE):
+            yield chunk
+    finally:
+        transport.close()
+
+
+# --- fq-recv ------------------------------------------------------------------------------
+
+
+def _recv_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fq-recv",
+        description="Bind a queue to an exchange and print what arrives, like fq_rcvr.",
+    )
+    p.add_argument("-H", "--host", default="localhost")
+    p.add_argument("-p", "--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("-u", "--user", default="guest", help="USER[/QUEUE[/TYPE:PARAMS]]")
+    p.add_argument("-P", "--password", default="guest")
+    p.add_argument("-e", "--exchange", default="maryland")
+    p.add_argument("-b", "--program", default='prefix:""', help="route program to bind")
+    p.add_argument("-s", "--stats", action="store_true", help="print rates, not messages")
+    p.add_argument("--json", action="store_true", help="print one JSON object per message")
+    p.add_argument("--count", type=int, help="exit after COUNT messages")
+    return p
+
+
+def fq_recv(argv: list[str] | None = None) -> int:
+    """Entry point of ``fq-recv``."""
+    args = _recv_parser().parse_args(argv)
+    client = Client(args.host, args.port, args.user, args.password)
+    return _run("fq-recv", _recv(client, args))
+
+
+async def _recv(client: Client, args: argparse.Namespace) -> int:
+    await client.connect()
+    total = 0
+    ticker = None
+    try:
+        _log("attempting bind")
+        route_id = await client.bind(args.exchange.encode(), args.program.encode())
+        _log(f"route set -> {route_id}")
+        if route_id == wire.BIND_ILLEGAL:
+            _log("Failure to bind...")
+            return 255  # fq_rcvr's exit(-1)
+        if args.stats:
+            ticker = asyncio.create_task(_rates(client, lambda: total))
+        out = sys.stdout.buffer
+        async for msg in client.messages():
+            total += 1
+            if not args.stats:
+                out.write(format_json(msg) if args.json else format_line(msg))
+                out.flush()
+            if args.count is not None and total >= args.count:
+                break
+        return 0
+    except BrokenPipeError:
+        # Our reader went away (`fq-recv | head`): stop quietly, as a filter does.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+            print(f"total: {total}", flush=True)
+        await client.close()
+
+
+def format_line(msg: Message) -> bytes:
+    """fq_rcvr's line: ``[route] payload``, one trailing newline dropped, cut at a NUL."""
+    payload = msg.payload[:-1] if msg.payload.endswith(b"\n") else msg.payload
+    route = msg.route.partition(b"\0")[0]
+    return b"[" + route + b"] " + payload.partition(b"\0")[0] + b"\n"
+
+
+def format_json(msg: Message) -> bytes:
+    """One JSON object and a newline; names and payload decoded as UTF-8 with replacement."""
+    text = {
+        "route": msg.route.decode(errors="replace"),
+        "exchange": msg.exchange.decode(errors="replace"),
+        "sender": msg.sender.decode(errors="replace"),
+        "hops": hop_addresses(msg.hops),
+        "msgid": msg.msgid.hex(),
+        "payload": msg.payload.decode(errors="replace"),
+    }
+    return json.dumps(text, ensure_ascii=False).encode() + b"\n"
+
+
+async def _rates(client: Client, total: Callable[[], int]) -> None:
+    """fq_rcvr -s: each second, the input rate (when there was input) and the total."""
+    last_total, last = total(), time.monotonic()
+    while True:
+        await asyncio.sleep(1)
+        now, count = time.monotonic(), total()
+        if count > last_total:
+            rate = (count - last_total) / (now - last)
+            print(f"[{client.received_backlog} backlog]  input {rate:0.2f} msg/sec", flush=True)
+        print(f"total: {count}", flush=True)
+        last_total, last = count, now
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m fqbroker.clients.tools send|recv [options]``."""
+    argv = sys.argv[1:] if argv is None else argv
+    tools = {"send": fq_send, "fq-send": fq_send, "recv": fq_recv, "fq-recv": fq_recv}
+    if not argv or argv[0] not in tools:
+        _log("usage: python -m fqbroker.clients.tools send|recv [options]")
+        return 2
+    return tools[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

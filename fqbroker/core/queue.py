@@ -1,0 +1,435 @@
+"""Queues: policy, backlog, clients and competing consumers (fqd_queue.c, fqd_queue_mem.c).
+
+Theory of operation
+-------------------
+A queue holds messages routed to it until a consumer's data channel takes them. Under
+the **drop** policy a message offered while ``backlog >= limit`` is refused (tail drop)
+and counted in ``dropped_to``; ``backlog=0`` therefore drops everything. Under **block**
+the message is accepted and the queue reports ``is_full``: the publishing session then
+waits on :meth:`Queue.wait_not_full` before it reads more from its socket. That stalls
+only the publishers writing into the full queue, not every publisher as fqd's worker
+thread does (§1.13, §9), and nothing a publisher handed over is lost.
+
+A memory queue has a limit in bytes beside the message count (``backlog_bytes``,
+docs/memory.md) under the same policy: a message is taken while the bytes held are under
+the limit, so the one that crosses it is taken and the queue holds at most the limit plus
+one message. The bytes are those of the frames held, which the broker-wide
+:class:`~fqbroker.core.budget.MemoryBudget` counts too. A disk queue keeps its messages in its
+files; what it holds in memory is its cache, which it bounds itself.
+
+Consumers are data channels of the queue's clients (1 for a private queue, 16 for a
+public one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) and
+is called back the moment a message arrives (fqd polls, §1.13). Waiting consumers are
+served first come, first served, and a batch is split between the consumers still
+waiting, so a public queue shares work fairly under light load too, where fqd hands
+everything to one consumer (§3.4).
+
+Messages live in a :class:`MemoryStore`; disk queues swap in another store with the
+same small interface. A queue holds each message as the peer frame its consumers
+receive (§1.10): nothing is decoded or built again on the way out, and a message routed
+to several queues is one shared ``bytes`` object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import itertools
+from typing import Protocol
+
+from fqbroker.core.budget import MemoryBudget, fitting
+from fqbroker.core.queuespec import (
+    DEFAULT_BACKLOG_BYTES,
+    UNLIMITED_BYTES,
+    Policy,
+    QueueKind,
+    QueueSpec,
+    signed_backlog,
+)
+from fqbroker.errors import QueueError
+from fqbroker.storage.segmentlog import SegmentLog
+from fqbroker.storage.store import DiskStore
+
+__all__ = ["MAX_PUBLIC_CLIENTS", "MemoryStore", "Notify", "Queue", "Store"]
+
+MAX_PUBLIC_CLIENTS = 16
+
+
+class Store(Protocol):
+    """Where a queue keeps its messages (fqd's ``fqd_queue_impl``)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of messages held in memory."""
+        ...
+
+    def extend(self, frames: list[bytes], size: int = -1) -> None: ...
+    def take(self, n: int) -> list[bytes]: ...
+    def ack(self, frames: list[bytes]) -> None: ...
+    def close(self, *, destroy: bool) -> None: ...
+
+
+TAKE_BYTES = 1 << 20
+
+
+def _take_bytes(items: collections.deque[bytes], n: int, held: int) -> tuple[list[bytes], int]:
+    """About ``TAKE_BYTES`` of messages (at least one): as many as the average size allows,
+    cut where they cross it if the first ones are larger, and the rest put back."""
+    popleft = items.popleft
+    k = max(1, min(n, len(items), TAKE_BYTES * len(items) // held))
+    out = [popleft() for _ in range(k)]
+    size = sum(map(len, out))
+    if size > TAKE_BYTES and k > 1:
+        keep = bisect.bisect_left(list(itertools.accumulate(map(len, out))), TAKE_BYTES) + 1
+        items.extendleft(reversed(out[keep:]))
+        del out[keep:]
+        size = sum(map(len, out))
+    return out, size
+
+
+class MemoryStore:
+    """An in-memory FIFO; its contents die with the process."""
+
+    __slots__ = ("_budget", "_items", "held_bytes")
+
+    def __init__(self, budget: MemoryBudget | None = None) -> None:
+        # Made on first use: an empty deque is 600 bytes, in every idle client's queue.
+        self._items: collections.deque[bytes] | None = None
+        self.held_bytes = 0
+        self._budget = budget
+
+    def __len__(self) -> int:
+        items = self._items
+        return 0 if items is None else len(items)
+
+    def extend(self, frames: list[bytes], size: int = -1) -> None:
+        items = self._items
+        if items is None:
+            items = self._items = collections.deque()
+        items.extend(frames)
+        if size < 0:
+            size = sum(map(len, frames))
+        self.held_bytes += size
+        if self._budget is not None:
+            self._budget.used += size
+
+    def take(self, n: int) -> list[bytes]:
+        """Up to ``n`` messages, and at most about ``TAKE_BYTES`` but for one message: a
+        consumer's batch is copied whole into its socket's buffer."""
+        items = self._items
+        if items is None:
+            return []
+        held = self.held_bytes
+        if held <= TAKE_BYTES:
+            if n >= len(items):
+                out = list(items)
+                items.clear()
+                size = held
+            else:
+                popleft = items.popleft
+                out = [popleft() for _ in range(n)]
+                size = sum(map(len, out))
+        else:
+            out, size = _take_bytes(items, n, held)
+        self.held_bytes = held - size
+        if self._budget is not None:
+            self._budget.release(size)
+        return out
+
+    def ack(self, frames: list[bytes]) -> None:
+        pass  # nothing to remember: a memory queue's contents die with the process
+
+    def close(self, *, destroy: bool) -> None:
+        self._items = None
+        if self._budget is not None:
+            self._budget.release(self.held_bytes)
+        self.held_bytes = 0
+
+
+class Queue:
+    """One named queue and the clients attached to it."""
+
+    __slots__ = (
+        "_getters",
+        "_given_bytes",
+        "_space",
+        "_woken",
+        "blocks",
+        "clients",
+        "dropped_to",
+        "fsync",
+        "kind",
+        "limit",
+        "limit_bytes",
+        "name",
+        "permanent",
+        "policy",
+        "private",
+        "store",
+    )
+
+    def __init__(
+        self,
+        spec: QueueSpec,
+        store: Store | None = None,
+        budget: MemoryBudget | None = None,
+        default_bytes: int = DEFAULT_BACKLOG_BYTES,
+    ) -> None:
+        self.name = spec.name
+        self.kind = spec.kind
+        self.private = spec.is_private
+        self.policy = spec.effective_policy
+        self.blocks = self.policy is Policy.BLOCK
+        self.limit = spec.backlog_limit
+        # A disk queue's messages are in its files: its byte limit is its cache's.
+        self._given_bytes = spec.backlog_bytes  # None: the broker's default, not stored
+        given = default_bytes if spec.backlog_bytes is None else spec.backlog_bytes
+        self.limit_bytes = (
+            (given or UNLIMITED_BYTES) if spec.kind is QueueKind.MEM else UNLIMITED_BYTES
+        )
+        self.permanent = bool(spec.permanent)
+        self.fsync = spec.fsync
+        self.store: Store = store if store is not None else MemoryStore(budget)
+        self.clients: list[object] = []
+        self.dropped_to = 0
+        # Waiting consumers, first come first served. A list: there are at most 16, and
+        # an empty deque costs 700 bytes in every queue of every idle client.
+        self._getters: list[Notify] = []
+        # Consumers woken for new messages that have not taken their share yet.
+        self._woken = 0
+        self._space: asyncio.Event | None = None
+
+    # --- attributes -----------------------------------------------------------------------
+
+    @property
+    def spec(self) -> QueueSpec:
+        return QueueSpec(
+            self.name,
+            self.kind,
+            self.private,
+            self.policy,
+            self.limit,
+            self.permanent,
+            self.fsync,
+            self._given_bytes,
+        )
+
+    @property
+    def backlog(self) -> int:
+        return len(self.store)
+
+    @property
+    def backlog_limit(self) -> int:
+        return signed_backlog(self.limit)
+
+    @property
+    def max_clients(self) -> int:
+        return 1 if self.private else MAX_PUBLIC_CLIENTS
+
+    @property
+    def is_full(self) -> bool:
+        """A block-policy queue at its limit: publishers into it should wait."""
+        store = self.store
+        return self.blocks and (len(store) >= self.limit or store.held_bytes >= self.limit_bytes)
+
+    # --- clients --------------------------------------------------------------------------
+
+    def check_attach(self, spec: QueueSpec) -> None:
+        """fqd's checks for attaching to an existing queue, in its order (§3.2)."""
+        if self.private and self.clients:
+            raise QueueError("requested queue is private and in use\n")
+        if spec.kind != self.kind:
+            raise QueueError(f"requested type {spec.kind}, queue is {self.kind}")
+        if spec.is_private != self.private:
+            if spec.is_private:
+                raise QueueError("requested private, queue is public")
+            raise QueueError("requested public, queue is private")
+        if spec.effective_policy != self.policy:
+            if spec.effective_policy is Policy.BLOCK:
+                raise QueueError("request block, queue is drop")
+            raise QueueError("request drop, queue is block")
+        # A differing backlog= is ignored: the queue keeps the limit it was made with.
+
+    def attach(self, client: object) -> None:
+        if len(self.clients) >= self.max_clients:
+            raise QueueError("can't add you to queue")
+        self.clients.append(client)
+
+    def detach(self, client: object) -> None:
+        if client in self.clients:
+            self.clients.remove(client)
+
+    # --- producing ------------------------------------------------------------------------
+
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
+        """Append messages in order; under drop, those past either limit are refused.
+
+        ``size``: their bytes, if the caller has counted them already.
+        """
+        n = len(frames)
+        store = self.store
+        if size < 0:
+            size = sum(map(len, frames)) if n > 1 else len(frames[0]) if n else 0
+        if not self.blocks:
+            room = self.limit - len(store)
+            room_bytes = self.limit_bytes - store.held_bytes
+            if room < n or room_bytes < size:
+                room = min(room, fitting(frames, room_bytes))
+                if room <= 0:
+                    self.dropped_to += n
+                    return 0
+                if room < n:
+                    self.dropped_to += n - room
+                    frames = frames[:room]
+                    n = room
+                    size = -1
+        store.extend(frames, size)
+        self._wake_getter()
+        return n
+
+    @property
+    def room(self) -> int:
+        return self.limit - len(self.store)
+
+    @property
+    def room_bytes(self) -> int:
+        """Bytes it takes before it is full (0 or less: none)."""
+        return self.limit_bytes - self.store.held_bytes
+
+    def takes(self, frames: list[bytes]) -> int:
+        """How many of ``frames`` a block-policy queue takes before it is full: at least
+        one, the message that fills it."""
+        n = min(len(frames), max(self.room, 1))
+        batch = frames if n == len(frames) else frames[:n]
+        room_bytes = self.limit_bytes - self.store.held_bytes
+        if sum(map(len, batch)) > room_bytes:
+            n = max(fitting(batch, room_bytes), 1)
+        return n
+
+    async def wait_not_full(self) -> None:
+        """Return once the backlog is under the limit (block policy)."""
+        while self.is_full:
+            if self._space is None:
+                self._space = asyncio.Event()
+            await self._space.wait()
+
+    # --- consuming ------------------------------------------------------------------------
+
+    def _wake_getter(self) -> None:
+        getters = self._getters
+        while getters:
+            getter = getters.pop(0)
+            if not getter.done():
+                getter.set_result(None)
+                self._woken += 1
+                return
+
+    def take(self, max_n: int) -> list[bytes]:
+        """Take up to ``max_n`` messages now, sharing them with consumers still waiting."""
+        available = len(self.store)
+        if not available:
+            return []
+        sharers = self._woken + sum(1 for g in self._getters if not g.done())
+        n = min(max_n, -(-available // (sharers + 1)))
+        batch = self.store.take(n)
+        if len(self.store):
+            self._wake_getter()
+        if self._space is not None and not self.is_full:
+            self._space.set()
+            self._space = None
+        return batch
+
+    def notify_ready(self, consumer: Consumer) -> Notify:
+        """Call ``consumer.queue_ready()`` soon once there may be messages to :meth:`take`.
+
+        Consumers wait in line, and each takes its share of a batch. Cancel the result to
+        stop waiting. A consumer that is
+        gone by the time its callback runs returns False, and the wake-up goes to the next
+        one in line, so no message sits unseen.
+        """
+        getter = Notify(self, consumer)
+        self._getters.append(getter)
+        return getter
+
+    def ack(self, frames: list[bytes]) -> None:
+        """These messages reached a consumer's socket (a disk queue's checkpoint moves)."""
+        if frames:
+            self.store.ack(frames)
+
+    def disk_log(self) -> SegmentLog:
+        store = self.store
+        if not isinstance(store, DiskStore):
+            raise TypeError(f"queue {self.name!r} is not a disk queue")
+        return store.log
+
+    def rewind(self, seq: int) -> None:
+        store = self.store
+        if not isinstance(store, DiskStore):
+            raise TypeError(f"queue {self.name!r} is not a disk queue")
+        store.rewind(seq)
+        self._wake_getter()
+
+    def close(self, *, destroy: bool) -> None:
+        for getter in self._getters:
+            if not getter.done():
+                getter.cancel()
+        self._getters.clear()
+        if self._space is not None:
+            self._space.set()
+        self.store.close(destroy=destroy)
+
+    def __repr__(self) -> str:
+        return (
+            f"Queue({self.name!r}, {self.kind}, {'private' if self.private else 'public'}, "
+            f"{self.policy}, backlog={self.backlog}/{self.backlog_limit})"
+        )
+
+
+class Consumer(Protocol):
+    def queue_ready(self) -> bool:
+        """Take and send what the queue has; False if this consumer is gone."""
+        ...
+
+
+class Notify:
+    """A consumer waiting in :meth:`Queue.notify_ready`.
+
+    It answers what the queue asks of a waiter as a future would, at a fraction of a
+    future's size (a future with a callback is 500 bytes, and every idle consumer has one).
+    """
+
+    __slots__ = ("_consumer", "_queue", "_state")
+
+    def __init__(self, queue: Queue, consumer: Consumer) -> None:
+        self._queue = queue
+        self._consumer = consumer  # not a bound method: 64 bytes in every idle client
+        self._state = _WAITING
+
+    def done(self) -> bool:
+        return self._state is not _WAITING
+
+    def cancelled(self) -> bool:
+        return self._state is _CANCELLED
+
+    def cancel(self) -> bool:
+        if self._state is not _WAITING:
+            return False  # woken: the callback comes, and passes the wake-up on
+        self._state = _CANCELLED
+        return True
+
+    def set_result(self, _: None) -> None:
+        # Called soon, not now, as a future's callback: the publisher finishes its batch
+        # first, and the consumer takes it in one go.
+        self._state = _WOKEN
+        asyncio.get_running_loop().call_soon(self._run)
+
+    def _run(self) -> None:
+        queue = self._queue
+        queue._woken -= 1
+        if not self._consumer.queue_ready():
+            queue._wake_getter()
+
+
+_WAITING, _WOKEN, _CANCELLED = "waiting", "woken", "cancelled"

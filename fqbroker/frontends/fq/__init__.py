@@ -1,0 +1,1 @@
+"""fq on the broker's main port: the wire format, the command and data sessions, peering."""

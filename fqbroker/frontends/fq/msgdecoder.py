@@ -1,0 +1,347 @@
+"""Message frames on a data channel, sans I/O (fq.h, fqd_dss.c, §1.10).
+
+After the data-channel hello (:class:`~fqbroker.frontends.fq.wire.DataHelloDecoder`) a connection
+carries message frames, in publisher format (u8 exchange, u8 route, 16-byte id, u32
+payload) or peer format (sender and hops between id and payload). :class:`MessageDecoder`
+reads them on the same terms as the command decoders of
+:mod:`fqbroker.frontends.fq.wire`: it buffers
+only what it is fed, any split of the input yields the same messages, bad input raises a
+:class:`~fqbroker.errors.ProtocolError` naming the field, and limits are checked on the
+length fields before the bytes arrive. Large publisher frames are assembled in place by
+:class:`~fqbroker.frontends.fq.largeframe.LargeFrame`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fqbroker.core.message import MAX_HOPS, Message, Run, frame_length, runs_of
+from fqbroker.errors import FrameTooLarge, ProtocolError
+from fqbroker.frontends.fq.largeframe import LargeFrame
+
+# The incremental-reading base the command decoders use too; it stays with them.
+from fqbroker.frontends.fq.wire import MAX_MESSAGE_SIZE, MAX_RK_LEN, _Decoder, _NeedData
+
+__all__ = ["MessageDecoder"]
+
+_U32 = struct.Struct(">I")
+
+_Cache = TypeVar("_Cache", bound=dict[Any, Any])
+
+
+def _bounded(cache: _Cache) -> _Cache:
+    """``cache``, emptied first if it grew past 4096 names: a stream of new names stays cheap."""
+    if len(cache) > 4096:
+        cache.clear()
+    return cache
+
+
+class MessageDecoder(_Decoder):
+    """Message frames on a data channel (§1.10).
+
+    ``peer_format`` selects the frame with sender and hops. A payload over ``max_payload``
+    is not buffered: its bytes are skipped as they arrive and ``oversized`` counts it. fqd
+    truncates such payloads instead; we drop them, because a truncated message is a corrupt
+    one, and count them as ``size_dropped``, the counter fq has for exactly this.
+
+    A large publisher frame (``LARGE_FRAME`` bytes or more) is not grown in the receive
+    buffer and copied out of it but assembled in place (:class:`LargeFrame`), from the
+    next feed after :meth:`runs` has seen its head: by then the reader has reserved its
+    size, which :attr:`in_flight` announces before the bytes arrive (docs/memory.md).
+    """
+
+    __slots__ = (
+        "_error",
+        "_heads",
+        "_large",
+        "_large_done",
+        "_large_stamp",
+        "_names",
+        "_skipping",
+        "max_payload",
+        "octets",
+        "oversized",
+        "peer_format",
+    )
+
+    def __init__(self, *, peer_format: bool, max_payload: int = MAX_MESSAGE_SIZE) -> None:
+        super().__init__()
+        self.peer_format = peer_format
+        self.max_payload = max_payload
+        self.oversized = 0
+        self.octets = 0
+        self._skipping = 0
+        self._names: dict[bytes, bytes] = {}
+        self._heads: dict[bytes, tuple[bytes, bytes]] = {}
+        self._error: ProtocolError | None = None
+        # A large frame being assembled; once whole, until runs() returns it; the stamp
+        # to assemble the next one with, set by runs() for the next feed.
+        self._large: LargeFrame | None = None
+        self._large_done: LargeFrame | None = None
+        self._large_stamp: bytes | None = None
+
+    def feed(self, data: bytes) -> None:
+        stamp = self._large_stamp
+        if stamp is not None:
+            # Only now: more bytes coming means the reader has granted the frame's size.
+            self._large_stamp = None
+            buf = self._buf
+            buf.feed(data)
+            self._large = LargeFrame.start(buf.data, buf.pos, stamp, self.max_payload)
+            if self._large is not None:
+                buf.data = bytearray()
+                buf.pos = 0
+            return
+        large = self._large
+        if large is not None:
+            rest = large.feed(data)
+            if rest is None:
+                return
+            self._large, self._large_done = None, large
+            if not rest:
+                return
+            data = rest
+        self._buf.feed(data)
+
+    @property
+    def in_flight(self) -> int:
+        """Bytes held or announced: what is buffered, or the frame it starts if longer."""
+        if self._large is not None:
+            return self._large.size
+        extra = 0 if self._large_done is None else self._large_done.size
+        buf = self._buf
+        n = len(buf)
+        if not n or self._skipping or (length := self._head_length()) is None:
+            return n + extra
+        return max(n, min(length, self.max_payload + 1024)) + extra
+
+    def _head_length(self) -> int | None:
+        """The length of the frame the buffer starts with; None while its head is partial."""
+        buf = self._buf
+        try:
+            return frame_length(buf.data, buf.pos, peer=self.peer_format)
+        except (IndexError, struct.error):
+            return None
+
+    def _first_is_whole(self) -> bool:
+        length = self._head_length()
+        return length is not None and length <= len(self._buf)
+
+    def next_message(self) -> Message | None:
+        buf = self._buf
+        if self._skipping:
+            self._skipping -= buf.skip(self._skipping)
+            if self._skipping:
+                return None
+        while True:
+            start = buf.pos
+            try:
+                n = buf.u8()
+                if n > MAX_RK_LEN:
+                    raise FrameTooLarge("exchange", n, MAX_RK_LEN)
+                exchange = buf.take(n)
+                n = buf.u8()
+                if n > MAX_RK_LEN:
+                    raise FrameTooLarge("route", n, MAX_RK_LEN)
+                route = buf.take(n)
+                msgid = buf.take(16)
+                sender = hops = b""
+                if self.peer_format:
+                    n = buf.u8()
+                    if n > MAX_RK_LEN:
+                        raise FrameTooLarge("sender", n, MAX_RK_LEN)
+                    sender = buf.take(n)
+                    n = buf.u8()
+                    if n > MAX_HOPS:
+                        raise FrameTooLarge("hops", n, MAX_HOPS)
+                    hops = buf.take(4 * n)
+                n = buf.u32()
+                if n > self.max_payload:
+                    self.oversized += 1
+                    self._skipping = n - buf.skip(n)
+                    if self._skipping:
+                        return None
+                    continue
+                payload = buf.take(n)
+            except _NeedData:
+                buf.pos = start
+                return None
+            return Message(exchange, route, payload, msgid, sender, hops)
+
+    def messages(self) -> list[Message]:
+        """Every whole message buffered so far, in one pass over the buffer.
+
+        The decoder of peers' and clients' reads (a publisher's go through :meth:`runs`):
+        local names for everything, one copy of the buffer, slices for the fields,
+        exchange and route names shared between messages. Anything unusual (a limit
+        broken, a payload over ``max_payload``, a skip in progress) is left to
+        :meth:`next_message`, which raises or skips exactly as it always does.
+        ``octets`` counts the frame bytes of the messages returned.
+        """
+        self._raise_pending()
+        out: list[Message] = []
+        self._decode_fast(lambda data: self._fast(data, out))
+        try:
+            while (msg := self.next_message()) is not None:
+                self.octets += msg.peer_octets if self.peer_format else msg.publish_octets
+                out.append(msg)
+        except ProtocolError as exc:
+            if not out:
+                raise
+            # The messages before a bad frame are delivered; the error comes next call.
+            self._error = exc
+        return out
+
+    def runs(self, sender: bytes, hops: bytes) -> list[Run]:
+        """Every whole publisher-format message buffered so far, as stamped peer frames.
+
+        The data path's decoder. Frames come grouped in runs of consecutive messages on
+        one exchange and route, so the router looks a route up once per run; each frame
+        is the peer frame consumers receive (§1.10), with ``sender`` and ``hops`` (the
+        broker's stamp, §1.11) spliced in, so no per-message object is built. Anything
+        unusual is left to :meth:`next_message`, as in :meth:`messages`.
+        """
+        if self.peer_format:
+            raise TypeError("runs() decodes publisher-format frames")
+        self._raise_pending()
+        out: list[Run] = []
+        if self._large_done is not None:
+            done, self._large_done = self._large_done, None
+            out.append(done.run)
+            self.octets += done.length
+        stamp = b"".join((bytes((len(sender),)), sender, bytes((len(hops) // 4,)), hops))
+        self._decode_fast(lambda data: self._fast_runs(data, out, stamp))
+        slow: list[Message] = []
+        try:
+            while (msg := self.next_message()) is not None:
+                msg.stamp(sender, hops)
+                self.octets += msg.publish_octets
+                slow.append(msg)
+        except ProtocolError as exc:
+            if not out and not slow:
+                raise
+            self._error = exc
+        if (
+            self._error is None
+            and not self._skipping
+            and self._large is None
+            and self._head_length() is not None
+        ):
+            # The head is whole, so in_flight now announces the frame's true size, which the
+            # reader reserves before it feeds more: only then may the frame be assembled. A
+            # head still in pieces would be assembled at whatever size it turns out to say.
+            self._large_stamp = stamp
+        return out + runs_of(slow) if slow else out
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _decode_fast(self, fast: Callable[[bytes], int]) -> None:
+        """Run ``fast`` over a copy of the buffer; it returns how many bytes it decoded."""
+        buf = self._buf
+        # Never copy a buffer holding only part of a (big) message.
+        if self._skipping or not len(buf) or not self._first_is_whole():
+            return
+        pos = fast(bytes(memoryview(buf.data)[buf.pos :]))
+        buf.pos += pos
+        self.octets += pos
+
+    def _fast_runs(self, data: bytes, out: list[Run], stamp: bytes) -> int:
+        names = _bounded(self._heads)
+        unpack = _U32.unpack_from
+        max_payload = self.max_payload
+        startswith = data.startswith
+        extra = 16 + len(stamp) + 4  # what a frame's head has past exchange and route
+        n = len(data)
+        pos = 0
+        head = b""  # u8 + exchange + u8 + route of the run being filled
+        frames: list[bytes] = []
+        append = frames.append
+        while pos < n:
+            if head and startswith(head, pos):
+                q = pos + len(head)
+            else:
+                size = data[pos]
+                p = pos + 1 + size  # route length
+                if size > MAX_RK_LEN or p >= n or data[p] > MAX_RK_LEN:
+                    break
+                q = p + 1 + data[p]
+                head = data[pos:q]
+                pair = names.get(head)
+                if pair is None:
+                    # One copy of each name however many messages and queues hold it.
+                    pair = names[head] = (data[pos + 1 : p], data[p + 1 : q])
+                frames = []
+                append = frames.append
+                out.append((pair[0], pair[1], frames, q - pos + extra))
+            q += 16  # the message id
+            if q + 4 > n:
+                break
+            size = unpack(data, q)[0]
+            end = q + 4 + size
+            if size > max_payload or end > n:
+                break
+            append(data[pos:q] + stamp + data[q:end])
+            pos = end
+        if out and not out[-1][2]:
+            out.pop()  # a run opened for a frame that is not whole
+        return pos
+
+    @property
+    def error_pending(self) -> bool:
+        """A bad frame follows the messages last returned: the next call raises."""
+        return self._error is not None
+
+    def _fast(self, data: bytes, out: list[Message]) -> int:
+        sender = hops = b""  # publisher format has none
+        intern = _bounded(self._names).setdefault
+        append = out.append
+        unpack = _U32.unpack_from
+        max_payload = self.max_payload
+        peer = self.peer_format
+        n = len(data)
+        pos = 0
+        while pos < n:
+            size = data[pos]
+            p = pos + 1 + size  # route length
+            if size > MAX_RK_LEN or p >= n:
+                break
+            size = data[p]
+            q = p + 1 + size  # message id
+            if size > MAX_RK_LEN:
+                break
+            exchange = data[pos + 1 : p]
+            route = data[p + 1 : q]
+            msgid = q
+            q += 16
+            if peer:
+                if q >= n or data[q] > MAX_RK_LEN:
+                    break
+                s = q + 1 + data[q]  # hop count
+                if s >= n or data[s] > MAX_HOPS:
+                    break
+                sender = data[q + 1 : s]
+                q = s + 1 + 4 * data[s]
+                hops = data[s + 1 : q]
+            if q + 4 > n:
+                break
+            size = unpack(data, q)[0]
+            end = q + 4 + size
+            if size > max_payload or end > n:
+                break
+            append(
+                Message(
+                    intern(exchange, exchange),
+                    intern(route, route),
+                    data[q + 4 : end],
+                    data[msgid : msgid + 16],
+                    sender,
+                    hops,
+                )
+            )
+            pos = end
+        return pos

@@ -1,0 +1,341 @@
+"""Peering: pull exchanges from upstream brokers into ours (fqd_peer.c, §5).
+
+Theory of operation
+-------------------
+The wanted peerings are the rows of the sqlite ``upstream`` table plus the
+``[[upstream]]`` tables of the TOML file. :class:`Peering` reads them again every
+``peer_poll_seconds`` and reconciles: each distinct (host, port, source, password) is one
+:class:`PeerLink`, an ordinary fq :class:`~fqbroker.clients.client.Client` in peer mode carrying
+one bind per (exchange, program, permanent) row. A row that appears is bound; a row that
+goes is unbound on the upstream; a link with no rows left is closed.
+
+Every message a link receives is handled as §5.2 says: dropped when our node id is
+already among its hops (a loop), otherwise our node id goes first in its hops and it is
+published into our exchange of the same name, sender and message id kept. Publishing
+goes through the same router call as every other front end, so drop and block policies,
+disk queues and counters behave as for a local publisher; a blocked queue stops the link
+reading, and the upstream's queue takes the strain.
+
+In a full mesh each broker also receives a second copy of a message by the other path,
+as with fqd. ``peer_dedupe = N`` remembers the last N (sender, origin, message id)
+triples that arrived from any peer and drops repeats. It is off by default because fq
+does not require message ids to be unique; all-zero ids are never deduplicated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import random
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from fqbroker.config import Upstream
+from fqbroker.core.message import ZERO_MSGID, Message, accept_from_peer, runs_of
+from fqbroker.core.router import ClientStats
+from fqbroker.errors import FqError
+from fqbroker.frontends.fq import wire
+
+if TYPE_CHECKING:
+    from fqbroker.clients.client import Client
+    from fqbroker.server.broker import Broker
+
+__all__ = ["PeerAddress", "PeerLink", "PeerState", "Peering", "RecentIds"]
+
+log = logging.getLogger(__name__)
+
+BATCH = 1024  # messages taken from a link's inbox per routing pass
+BACKOFF_START = 0.05
+BACKOFF_MAX = 2.0
+HEARTBEAT_MS = 1000  # a silent upstream is declared dead after three of these
+
+
+@dataclass(frozen=True, slots=True)
+class PeerAddress:
+    """What makes one peer connection (§5.1)."""
+
+    host: str
+    port: int
+    source: str
+    password: str
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerBinding:
+    exchange: bytes
+    program: bytes
+    permanent: bool
+
+    @property
+    def flags(self) -> int:
+        # fqd: FQ_BIND_PEER, or 0x0111 with the permanent bits (§5.2).
+        return wire.BindFlags.PEER | (wire.BindFlags.PERM if self.permanent else 0)
+
+
+def _split(rows: list[Upstream]) -> dict[PeerAddress, set[PeerBinding]]:
+    wanted: dict[PeerAddress, set[PeerBinding]] = {}
+    for row in rows:
+        address = PeerAddress(row.host, row.port, row.source, row.password)
+        binding = PeerBinding(row.exchange, row.program, row.permanent_binding)
+        wanted.setdefault(address, set()).add(binding)
+    return wanted
+
+
+class PeerState(StrEnum):
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    RECONNECTING = "reconnecting"
+    CLOSED = "closed"
+
+
+class RecentIds:
+    """The last ``size`` message keys seen, to drop the copies a full mesh delivers twice."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._keys: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+
+    def seen(self, msg: Message) -> bool:
+        """Whether ``msg`` came before; remembers it if not."""
+        if msg.msgid == ZERO_MSGID:
+            return False
+        # The origin is the last hop: the publisher's address as its broker stamped it.
+        key = b"%b\0%b\0%b" % (msg.msgid, msg.hops[-4:], msg.sender)
+        keys = self._keys
+        if key in keys:
+            keys.move_to_end(key)
+            return True
+        keys[key] = None
+        if len(keys) > self.size:
+            keys.popitem(last=False)
+        return False
+
+
+class PeerLink:
+    """One connection to an upstream broker and the exchanges pulled through it."""
+
+    def __init__(self, broker: Broker, address: PeerAddress, dedupe: RecentIds | None) -> None:
+        self.broker = broker
+        self.address = address
+        self.wanted: set[PeerBinding] = set()
+        self.bound: dict[PeerBinding, int] = {}  # binding -> route id it got upstream
+        self.refused: set[PeerBinding] = set()  # bad programs: not asked again until changed
+        self.stats = ClientStats()  # what it published into our router
+        self.looped = 0
+        self.duplicates = 0
+        self._dedupe = dedupe
+        self._client: Client | None = None
+        self._closed = False
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def want(self, bindings: set[PeerBinding]) -> None:
+        if bindings != self.wanted:
+            self.wanted = set(bindings)
+            self.refused &= self.wanted
+            self._changed.set()
+
+    @property
+    def state(self) -> PeerState:
+        client = self._client
+        if self._closed:
+            return PeerState.CLOSED
+        if client is None:
+            return PeerState.CONNECTING
+        return PeerState.CONNECTED if client.connected else PeerState.RECONNECTING
+
+    @property
+    def reconnects(self) -> int:
+        return 0 if self._client is None else self._client.connections - 1
+
+    async def close(self, *, unbind: bool) -> None:
+        """Disconnect; with ``unbind`` (the row was removed) undo our bindings first.
+
+        A broker that merely stops keeps its permanent bindings upstream, so what is
+        published meanwhile waits there for it.
+        """
+        self._closed = True
+        if unbind:
+            self.wanted = set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        client = self._client
+        if client is not None:
+            if unbind and client.connected:
+                with contextlib.suppress(ConnectionError, FqError, TimeoutError):
+                    async with asyncio.timeout(2):
+                        await self._reconcile(client)
+            await client.close()
+
+    # --- the link's life ------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        client = self._client = await self._connect()
+        watcher = asyncio.get_running_loop().create_task(self._watch(client))
+        try:
+            await self._forward(client)
+        finally:
+            watcher.cancel()
+
+    async def _connect(self) -> Client:
+        """Connect, retrying with backoff; from then on the client reconnects by itself."""
+        from fqbroker.clients.client import (
+            Client,  # only brokers that peer pay for the client's imports
+        )
+
+        delay = BACKOFF_START
+        while True:
+            client = Client(
+                self.address.host,
+                self.address.port,
+                self.address.source,
+                self.address.password,
+                heartbeat_ms=HEARTBEAT_MS,
+                peer_id=self.broker.node_id,
+                connect_timeout=5.0,
+            )
+            try:
+                await client.connect()
+                return client
+            except (OSError, FqError, TimeoutError) as exc:
+                await client.close()
+                log.info("peer %s: cannot connect: %r", self.address, exc)
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay = min(delay * 2, BACKOFF_MAX)
+
+    async def _watch(self, client: Client) -> None:
+        """Keep the upstream's bindings as wanted, after every change and reconnect."""
+        from fqbroker.clients.client import ClientError
+
+        while True:
+            connection = client.connections
+            if client.connected:
+                try:
+                    await self._reconcile(client)
+                except (ConnectionError, ClientError) as exc:
+                    log.info("peer %s: bind/unbind interrupted: %r", self.address, exc)
+            self._changed.clear()
+            changed = asyncio.ensure_future(self._changed.wait())
+            reconnected = asyncio.ensure_future(client.wait_connected(connection))
+            try:
+                await asyncio.wait([changed, reconnected], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                changed.cancel()
+                reconnected.cancel()
+            if reconnected.done() and not reconnected.cancelled():
+                reconnected.exception()  # retrieved: ClientClosed only comes with close()
+                log.info("peer %s: connected", self.address)
+
+    async def _reconcile(self, client: Client) -> None:
+        for binding in list(self.bound):
+            if binding not in self.wanted:
+                await client.unbind(binding.exchange, self.bound.pop(binding))
+                log.info("peer %s: unbound %r", self.address, binding.exchange)
+        for binding in self.wanted - self.bound.keys() - self.refused:
+            route_id = await client.bind(binding.exchange, binding.program, binding.flags)
+            if route_id == wire.BIND_ILLEGAL:
+                self.refused.add(binding)
+                log.warning(
+                    "peer %s: bind of %r %r refused",
+                    self.address,
+                    binding.exchange,
+                    binding.program,
+                )
+            else:
+                self.bound[binding] = route_id
+                log.info("peer %s: bound %r %r", self.address, binding.exchange, binding.program)
+
+    async def _forward(self, client: Client) -> None:
+        publish_runs = self.broker.router.publish_runs
+        flush_dirty = self.broker.catalog.flush_dirty
+        stats = self.stats
+        while True:
+            batch = await client.receive_many(BATCH)
+            stats.msgs_in += len(batch)
+            stats.octets_in += sum(msg.peer_octets for msg in batch)
+            runs = runs_of([msg for msg in batch if self._admit(msg)])
+            i = 0
+            while i < len(runs):
+                i, _, blocked = publish_runs(runs, i, stats)
+                if not blocked:
+                    break
+                flush_dirty(stats)
+                for queue in blocked:
+                    await queue.wait_not_full()
+            flush_dirty(stats)
+
+    def _admit(self, msg: Message) -> bool:
+        """Whether a received message goes on into our exchange (§5.2), counting why not."""
+        if not accept_from_peer(msg, self.broker.node_id):
+            self.looped += 1
+            log.debug("peer %s: received looped message %r", self.address, msg)
+            return False
+        if self._dedupe is not None and self._dedupe.seen(msg):
+            self.duplicates += 1
+            return False
+        return True
+
+
+class Peering:
+    """Every upstream this broker pulls from, kept in step with the configuration."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.links: dict[PeerAddress, PeerLink] = {}
+        size = broker.settings.peer_dedupe
+        self.dedupe = RecentIds(size) if size > 0 else None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.refresh()
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    def wanted_rows(self) -> list[Upstream]:
+        return [*self.broker.settings.upstream, *self.broker.catalog.config.upstreams()]
+
+    def refresh(self) -> list[PeerAddress]:
+        """Apply the configuration now; returns the links that are no longer wanted."""
+        wanted = _split(self.wanted_rows())
+        for address, bindings in wanted.items():
+            link = self.links.get(address)
+            if link is None:
+                link = self.links[address] = PeerLink(self.broker, address, self.dedupe)
+                link.start()
+                log.info("peer %s: added", address)
+            link.want(bindings)
+        return [address for address in self.links if address not in wanted]
+
+    async def _poll(self) -> None:
+        interval = self.broker.settings.peer_poll_seconds
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                gone = self.refresh()
+            except Exception:
+                # A locked or damaged database must not end peering: keep what runs.
+                log.exception("reading the upstream configuration failed")
+                continue
+            for address in gone:
+                log.info("peer %s: removed", address)
+                await self.links.pop(address).close(unbind=True)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        links, self.links = list(self.links.values()), {}
+        for link in links:
+            await link.close(unbind=False)

@@ -1,0 +1,439 @@
+"""HTTP on the broker's port: stats, metrics, submit, checkpoints, the web UI (fqd_http.c).
+
+The listener hands us a connection whose first 4 bytes said ``GET ``, ``HEAD``, ``POST``
+or ``PUT `` (§4.1). h11 does the parsing, sans I/O: we feed it those 4 bytes and then
+whatever the socket gives, and this module only moves bytes and picks endpoints.
+
+Where fqd answers one request per connection, this is a real HTTP/1.1 server: keep-alive
+and pipelining work, every reply has a Content-Length, and an HTTP/1.0 request gets its
+reply and a close. Endpoints, bodies and error texts are fqd's (§4.2); the differences
+(status line version, HEAD without body, errors where fqd crashes) are listed in
+docs/http.md. Limits keep a bad client from hurting anyone else: headers are bounded
+(431), bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
+
+Admin endpoints (/submit, checkpoints, /shutdown) need the configured ``admin_token``
+when there is one; /stats.json, /metrics, the replay reads of replay.py and the static
+files stay open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import h11
+
+from fqbroker.core.message import Message
+from fqbroker.frontends.fq import wire
+from fqbroker.frontends.http import replay
+from fqbroker.frontends.http.stats import http_counters, render_stats_json
+from fqbroker.storage import checkpoints
+
+if TYPE_CHECKING:
+    from fqbroker.server.broker import Broker
+
+__all__ = ["serve"]
+
+log = logging.getLogger(__name__)
+
+READ_SIZE = 65536
+MAX_HEADER_BYTES = 32 * 1024  # request line plus headers
+MAX_OTHER_BODY = 64 * 1024  # bodies nobody reads (GET with a body, checkpoints, ...)
+PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
+
+CHECKPOINT_PATHS = frozenset({"/add_checkpoint", "/remove_checkpoint", "/reset_to_checkpoint"})
+ADMIN_PATHS = CHECKPOINT_PATHS | {"/submit"}
+
+# fqd's table (§4.2), then what a modern UI adds. Text types say UTF-8 so that names in
+# the UI render the same in every browser; fqd sends no charset.
+MIME_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".json": "application/json",
+    ".css": "text/css; charset=utf-8",
+    ".jpg": "image/jpeg",
+    ".jpeg": "image/jpeg",
+    ".gif": "image/gif",
+    ".png": "image/png",
+    ".html": "text/html; charset=utf-8",
+    ".htm": "text/html; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".ico": "image/x-icon",
+    ".woff2": "font/woff2",
+    ".txt": "text/plain; charset=utf-8",
+}
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    reason: bytes = b""  # empty: the standard phrase
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    close: bool = False  # end the connection after this reply
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _BodyCut(Exception):
+    """The client closed the connection before the body it announced was complete."""
+
+
+def _json_reply(status: int, obj: object, *, close: bool = False) -> Reply:
+    return Reply(status, json.dumps(obj).encode() + b"\n", close=close)
+
+
+def _submit_error(text: str, *, close: bool = False) -> Reply:
+    # fqd's exact body and status line: "500 ERROR" and { "error": "<msg>" } (§4.2).
+    body = b'{ "error": ' + json.dumps(text).encode() + b" }\n"
+    return Reply(500, body, reason=b"ERROR", close=close)
+
+
+NOT_FOUND = Reply(404, content_type="text/html")
+
+
+async def serve(
+    broker: Broker, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """Serve HTTP requests on a connection until the client or an error ends it."""
+    counters = http_counters(broker)
+    counters.accepted += 1
+    counters.open_connections += 1
+    try:
+        await _Connection(broker, reader, writer, first4).run()
+    finally:
+        counters.open_connections -= 1
+        writer.close()
+
+
+class _Connection:
+    def __init__(
+        self,
+        broker: Broker,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        first4: bytes,
+    ) -> None:
+        self.broker = broker
+        self.reader = reader
+        self.writer = writer
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
+        self.conn.receive_data(first4)
+        self.eof = False
+
+    async def run(self) -> None:
+        conn = self.conn
+        while True:
+            head = False  # a reply to HEAD has no body, an error reply neither
+            try:
+                event = await self._next_event()
+                if not isinstance(event, h11.Request):
+                    return  # ConnectionClosed: the client is done
+                head = event.method == b"HEAD"
+                await self._respond(event)
+                if conn.our_state is h11.DONE and conn.their_state is h11.SEND_BODY:
+                    await self._drain_small_body()
+            except h11.RemoteProtocolError as exc:
+                # Unparseable, or a head over the limit: say so if we still may, then close.
+                self.broker.limits.bad("http", "closing HTTP connection: %s", exc)
+                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                    reply = _json_reply(exc.error_status_hint, {"error": str(exc)}, close=True)
+                    await self._send(reply, head=head)
+                await self._close()
+                return
+            except (ConnectionError, TimeoutError):
+                return  # gone, stalled, or idle too long between requests
+            except Exception as exc:
+                self.broker.limits.bug(exc, "HTTP request")
+                if conn.our_state is h11.SEND_RESPONSE:
+                    reply = _json_reply(500, {"error": "internal error"}, close=True)
+                    await self._send(reply, head=head)
+                await self._close()
+                return
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                # HTTP/1.0, "Connection: close", or a body we chose not to read.
+                await self._close()
+                return
+            conn.start_next_cycle()
+
+    # --- I/O ------------------------------------------------------------------------------
+
+    async def _next_event(self) -> h11.Event | type[h11.PAUSED]:
+        while True:
+            event = self.conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event  # type: ignore[return-value]  # mypy cannot narrow sentinels
+            async with asyncio.timeout(self.broker.settings.idle_sniff_timeout):
+                data = await self.reader.read(READ_SIZE)
+            self.eof = not data
+            self.conn.receive_data(data)
+
+    async def _read_body(self, limit: int) -> bytes:
+        """The whole request body; raises _BodyTooLarge past ``limit`` bytes."""
+        if self.conn.they_are_waiting_for_100_continue:
+            self.writer.write(
+                self.conn.send(
+                    h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+                )
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                event = await self._next_event()
+            except h11.RemoteProtocolError:
+                if self.eof:
+                    raise _BodyCut from None
+                raise
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > limit:
+                    raise _BodyTooLarge
+                chunks.append(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(chunks)
+            else:  # ConnectionClosed: h11 reports a cut body as an error, so not reached
+                raise _BodyCut
+
+    async def _drain_small_body(self) -> None:
+        """After an early reply, read what is left of a small body so keep-alive goes on."""
+        if self.conn.they_are_waiting_for_100_continue:
+            return  # the client holds its body back; closing is cheaper than inviting it
+        with contextlib.suppress(_BodyTooLarge, _BodyCut):
+            await self._read_body(MAX_OTHER_BODY)
+
+    async def _send(self, reply: Reply, *, head: bool = False) -> None:
+        headers = [
+            (b"content-type", reply.content_type.encode()),
+            (b"content-length", str(len(reply.body)).encode()),
+            *reply.headers,
+        ]
+        if reply.close:
+            headers.append((b"connection", b"close"))
+        conn = self.conn
+        # h11 writes an empty reason phrase unless given one.
+        reason = reply.reason or HTTPStatus(reply.status).phrase.encode()
+        out = [conn.send(h11.Response(status_code=reply.status, headers=headers, reason=reason))]
+        if reply.body and not head:
+            out.append(conn.send(h11.Data(data=reply.body)))
+        out.append(conn.send(h11.EndOfMessage()))
+        self.writer.write(b"".join(b for b in out if b))
+        http_counters(self.broker).responses[reply.status] += 1
+        await self.writer.drain()
+
+    async def _close(self) -> None:
+        # Unread input at close() makes the kernel send RST, which can destroy the reply
+        # before the client reads it; linger_close flushes and drains first.
+        await self.broker.linger_close(self.reader, self.writer)
+
+    # --- endpoints ------------------------------------------------------------------------
+
+    async def _respond(self, request: h11.Request) -> None:
+        target = request.target.decode("ascii", errors="replace")
+        if not target.startswith("/"):
+            target = urlsplit(target).path or "/"  # absolute-form: GET http://host/path
+        # fqd compares the URL exactly once the query string is split off (§4.1).
+        path, _, query = target.partition("?")
+        headers = {name: value for name, value in request.headers}  # names come lower-case
+        head = request.method == b"HEAD"
+        log.debug("HTTP %s %s", request.method.decode(errors="replace"), target)
+
+        if path in ADMIN_PATHS or (path == "/shutdown" and self.broker.settings.http_shutdown):
+            if not self._authorized(headers):
+                await self._send(_json_reply(403, {"error": "forbidden"}), head=head)
+                return
+            if path == "/submit":
+                await self._send(await self._submit(headers), head=head)
+                return
+        reply = await self._discard_body(headers)
+        if reply is None:
+            if path == "/stats.json":
+                reply = Reply(200, render_stats_json(self.broker))
+            elif path == "/metrics":
+                # prometheus_client is 2 MB of a broker's memory: loaded when scraped.
+                from fqbroker.frontends.http.metrics import render_metrics
+
+                body, content_type = render_metrics(
+                    self.broker, headers.get(b"accept", b"").decode("latin-1")
+                )
+                reply = Reply(200, body, content_type)
+            elif path in CHECKPOINT_PATHS:
+                reply = self._checkpoint(path, query)
+            elif path in replay.PATHS:
+                status, body, content_type, extra = replay.respond(self.broker, path, query)
+                reply = Reply(status, body, content_type, headers=extra)
+            elif path == "/shutdown" and self.broker.settings.http_shutdown:
+                await self._send(
+                    _json_reply(200, {"status": "success", "message": "shutting down"}, close=True),
+                    head=head,
+                )
+                self._request_shutdown()
+                return
+            else:
+                reply = await self._static(path)
+        await self._send(reply, head=head)
+
+    async def _discard_body(self, headers: dict[bytes, bytes]) -> Reply | None:
+        """Read and drop a body nobody wants; a 413 reply if it is too big to bother."""
+        try:
+            if int(headers.get(b"content-length", b"0")) > MAX_OTHER_BODY:
+                raise _BodyTooLarge
+            await self._read_body(MAX_OTHER_BODY)
+        except _BodyTooLarge:
+            return _json_reply(413, {"error": "request body too large"}, close=True)
+        except _BodyCut:
+            return _json_reply(400, {"error": "request body cut short"}, close=True)
+        return None
+
+    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
+        token = self.broker.settings.admin_token
+        if not token:
+            return True
+        given = headers.get(b"x-fq-token")
+        if given is None:
+            scheme, _, value = headers.get(b"authorization", b"").partition(b" ")
+            if scheme.lower() != b"bearer":
+                return False
+            given = value.strip()
+        return hmac.compare_digest(given, token.encode())
+
+    async def _submit(self, headers: dict[bytes, bytes]) -> Reply:
+        """Publish the body as one message, as fqd's /submit does (§4.2, §1.11)."""
+        broker = self.broker
+        if b"transfer-encoding" in headers or b"content-length" not in headers:
+            # fqd needs the length up front; chunked bodies get the same answer.
+            return _submit_error("no message")
+        length = int(headers[b"content-length"])  # h11 has checked it is a number
+        # The body, and the frame made of it: what the budget holds while we read.
+        reserve = 2 * length
+        if length > min(broker.settings.max_message_size, broker.settings.http_max_body) or (
+            reserve > broker.budget.limit
+        ):
+            # fqd takes any size; we refuse before reading, as the data channel would, and
+            # the body is discarded as it arrives (docs/memory.md).
+            return Reply(413, b'{ "error": "message too large" }\n', close=True)
+        await broker.budget.acquire(reserve)  # publishers are slowed while it is spent
+        try:
+            return await self._publish_body(headers, length)
+        finally:
+            broker.budget.release(reserve)
+
+    async def _publish_body(self, headers: dict[bytes, bytes], length: int) -> Reply:
+        broker = self.broker
+        sender = headers.get(b"x-fq-sender") or b"_web"
+        route = headers.get(b"x-fq-route")
+        exchange = headers.get(b"x-fq-exchange")
+        problem = _header_problem(sender, route, exchange)
+        if problem and self.conn.they_are_waiting_for_100_continue:
+            # No need to take a body we will refuse anyway.
+            return _submit_error(problem, close=True)
+        try:
+            payload = await self._read_body(length)
+        except _BodyCut:
+            return _submit_error("short message", close=True)
+        if not payload:
+            return _submit_error("no message")
+        if problem:
+            return _submit_error(problem)
+        assert route is not None and exchange is not None
+        # One hop, the node id: fqd sends none, which the npm client rejects (§9.6).
+        msg = Message(exchange, route, payload, broker.msgids.next(), sender, broker.node_id)
+        result = broker.router.publish(msg)
+        # Written and durable under each disk queue's fsync policy before we say "routed":
+        # a 200 is as good as a publisher confirm.
+        written, lost = broker.catalog.flush_dirty()
+        result.dropped += lost
+        for store in written:
+            if not await store.wait_durable(store.written_seq):
+                return _submit_error("disk queue write failed")  # an fsync failed, as a confirm
+        for queue in result.blocked:
+            await queue.wait_not_full()  # block policy: the reply waits for room
+        body = (
+            f'{{"routed":{result.routed},"dropped":{result.dropped},'
+            f'"no_route":{result.no_route},"no_exchange":{result.no_exchange}}}\n'
+        )
+        return Reply(200, body.encode())
+
+    def _checkpoint(self, path: str, query: str) -> Reply:
+        params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
+        cpname, qname = params.get("cpname"), params.get("qname")
+        try:
+            # fqd dereferences NULL here and dies; a missing name is an ordinary error.
+            if not cpname:
+                raise checkpoints.CheckpointError("'cpname' parameter is required")
+            if not qname:
+                raise checkpoints.CheckpointError("'qname' parameter is required")
+            if path == "/add_checkpoint":
+                text = checkpoints.add_checkpoint(
+                    self.broker, cpname, qname, params.get("chkptid", "")
+                )
+            elif path == "/remove_checkpoint":
+                text = checkpoints.remove_checkpoint(self.broker, cpname, qname)
+            else:
+                text = checkpoints.reset_to_checkpoint(self.broker, cpname, qname)
+            status = "success"
+        except checkpoints.CheckpointError as exc:
+            text, status = exc.message, "error"
+        # fqd answers 200 either way and puts the outcome in "status" (§4.2).
+        body = json.dumps({"status": status, "message": text}, indent=1, ensure_ascii=False)
+        return Reply(200, body.encode() + b"\n")
+
+    def _request_shutdown(self) -> None:
+        log.warning("/shutdown: stopping the broker")
+        self.broker.shutdown_requested.set()
+
+    async def _static(self, path: str) -> Reply:
+        root = self.broker.settings.web_root or PACKAGED_WEB_ROOT
+        found = await asyncio.to_thread(_read_static, root, path)
+        if found is None:
+            return NOT_FOUND
+        body, content_type = found
+        return Reply(200, body, content_type, headers=[(b"cache-control", b"no-cache")])
+
+
+def _header_problem(sender: bytes, route: bytes | None, exchange: bytes | None) -> str | None:
+    """fqd's header checks, in fqd's order (§4.2); None when all is well."""
+    if len(sender) > wire.MAX_RK_LEN:
+        return "sender too long"
+    if route is None:
+        return "missing route"
+    if len(route) > wire.MAX_RK_LEN:
+        return "route too long"
+    if exchange is None:
+        return "missing exchange"
+    if len(exchange) > wire.MAX_RK_LEN:
+        return "exchange too long"
+    return None
+
+
+def _read_static(root: Path, url_path: str) -> tuple[bytes, str] | None:
+    """A file under ``root`` for ``url_path``, or None: missing, or outside the root.
+
+    Like fqd, the path is resolved with symlinks followed and must stay inside the
+    resolved root, so ``..``, encoded ``%2e%2e`` and symlinks out all end in a 404.
+    """
+    with contextlib.suppress(OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        rel = unquote(url_path, errors="strict")
+        if "\x00" in rel:
+            return None
+        if rel.endswith("/"):
+            rel += "index.html"
+        base = root.resolve()
+        file = (base / rel.lstrip("/")).resolve()
+        if file.is_relative_to(base) and file.is_file():
+            return file.read_bytes(), _mime_type(file.name)
+    return None
+
+
+def _mime_type(name: str) -> str:
+    return MIME_TYPES.get(Path(name).suffix.lower(), "application/octet-stream")

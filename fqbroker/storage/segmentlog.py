@@ -1,0 +1,646 @@
+"""Segment log: the on-disk format of a disk queue (fq: jlog behind fqd_queue_jlog.c).
+
+Theory of operation
+-------------------
+A log is a directory of append-only segment files named by the sequence number of their
+first record (``00000000000000000001.seg``), so sorting names sorts sequence numbers. A
+record is a 16-byte header (crc32, payload length, seq; big-endian) and the payload; the
+crc covers everything after itself. Sequence numbers start at 1 and are dense inside a
+segment. The byte layout, the FORMAT file and the versioning rules are in
+``docs/disk-format.md``.
+
+Opening a log recovers it (``segrecovery``): every record of every segment is checked
+(length, crc, seq). Damage never deletes what reads back correctly: a damaged region is
+copied to ``damaged/``, the good records after it move to a segment of their own, and
+the skipped seqs become a gap between segments, which reads step over. Reads check every
+record too, and step over damage found while running. Only the torn tail of the newest
+segment is cut off, as the end of the log. All of it is listed in ``recovery``, logged
+once per region, and counted in ``corrupt_records`` and ``corrupt_bytes``. The last
+segment always stays, even empty, so ``next_seq`` survives a trim of everything (a
+drained log swaps it for an empty one, to give its disk back); a checkpoint beyond the
+recovered end (records lost in a power cut) also moves ``next_seq`` up, so a sequence
+number a reader has seen is not handed out again.
+
+Checkpoints live in one preallocated file of three slots (``CheckpointFile``): an update
+is one ``pwrite`` of the whole state into a slot that holds neither the latest state nor
+the latest fsynced one, so a crash mid-write falls back to one of those. Format 1 kept them
+in ``checkpoints.json``; opening such a log converts it.
+
+A failed fsync leaves the log refusing writes until :meth:`SegmentLog.repair` rewrites
+what the failed sync covered, so the next sync writes it to disk again.
+
+Threads: append, read, trim and checkpoints run on one thread (the event loop). ``sync``,
+and ``repair`` after a failed sync, may run on another one at the same time; they share
+``next_seq``, the set of segments written since the last sync and the failure, under
+``_lock``, which an append takes once per call. ``repair`` also reads the segments, which
+only a trim changes while the log refuses appends. Both open files by path, so the writer
+may close its descriptors whenever it wants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import threading
+import zlib
+from array import array
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from operator import attrgetter
+from pathlib import Path
+
+from fqbroker.storage.segcheckpoints import CheckpointFile
+from fqbroker.storage.segformat import (
+    LogFormatError,
+    check_format,
+    known_gaps,
+    note_gap,
+    open_checkpoints,
+    write_format,
+)
+from fqbroker.storage.segrecords import (
+    FORMAT_GAPS,
+    FORMAT_LINE,
+    HEADER,
+    HEADER_SIZE,
+    LENSEQ,
+    MARK_MASK,
+    MARK_SHIFT,
+    MAX_PAYLOAD,
+    SCAN_CHUNK,
+    SEGMENT_NAME,
+    CorruptionReport,
+    Damaged,
+    Segment,
+    copy_aside,
+    find_record,
+    make_directory_durably,
+    records,
+    write_all,
+    write_file,
+)
+from fqbroker.storage.segrecovery import Problem, recover_segments
+
+__all__ = ["FORMAT_LINE", "HEADER_SIZE", "CorruptionReport", "LogFormatError", "SegmentLog"]
+
+logger = logging.getLogger(__name__)
+
+_MIN_CHUNK, _MAX_CHUNK = 4 << 10, 1 << 20
+_READ_FDS = 4  # open read descriptors kept per log, most recently used
+_CURSORS = 8  # remembered (seq -> segment, offset) positions, so sequential reads never scan
+# A drained log (every reader at the end) whose newest segment holds this much starts a
+# new, empty one, so the old one can go: a drained queue gives its disk back.
+_ROLL_DRAINED = 256 << 10
+
+
+_first = attrgetter("first")
+
+
+def _fsync_path(path: Path) -> None:
+    # Here, not in segrecords: tests put a failing fsync into this module's ``os``.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SegmentLog:
+    """A directory of segment files holding one queue's records, and its checkpoints."""
+
+    def __init__(self, directory: Path, *, segment_bytes: int = 64 << 20) -> None:
+        if segment_bytes <= HEADER_SIZE:
+            raise ValueError(f"segment_bytes must be over {HEADER_SIZE}")
+        self.directory = Path(directory)
+        self.recovery: list[CorruptionReport] = []
+        self.next_seq = 1
+        self.size_bytes = 0
+        self._segment_bytes = segment_bytes
+        self._segments: list[Segment] = []
+        self._wfd = -1  # the last segment's, opened on the first append
+        self._rfds: dict[int, int] = {}  # segment first seq -> fd, least recently used first
+        self._cursors: dict[int, tuple[Segment, int]] = {}
+        self._lock = threading.Lock()  # next_seq, _dirty, _dir_dirty: shared with sync()
+        self._sync_lock = threading.Lock()  # one sync at a time, or one could return early
+        self._dirty: set[Segment] = set()
+        self._dir_dirty = False
+        self._broken: OSError | None = None
+        self._closed = False
+        # Damage found while running, until the next open moves it aside: where a reader
+        # that meets it goes on, by (segment, offset) of the damage, and each skipped range
+        # as (first seq, seq resumed at, segment, offset resumed at) for random reads.
+        self._holes: dict[tuple[int, int], tuple[Segment, int, int]] = {}
+        self._gaps: list[tuple[int, int, Segment, int]] = []
+        self._skipped: list[tuple[int, int]] = []  # every skipped range: [first, stop)
+        self.corrupt_records = 0  # seqs skipped over damage, since opened (with recovery's)
+        self.corrupt_bytes = 0
+        self._format: int | None = None
+        make_directory_durably(self.directory)
+        self._ckpt = self._open_checkpoints(self._check_format())
+        try:
+            self._recover()
+        except BaseException:
+            self._ckpt.close()
+            raise
+        self._durable_seq = self.next_seq - 1  # recovery fsynced what it found
+
+    # --- properties -----------------------------------------------------------------------
+
+    @property
+    def first_seq(self) -> int:
+        return self._segments[0].first
+
+    @property
+    def checkpoints(self) -> Mapping[str, int]:
+        return self._ckpt.view
+
+    def skipped_from(self, seq: int) -> int:
+        """How many seqs from ``seq`` on were skipped as damaged: no record has them."""
+        return sum(stop - max(lo, seq) for lo, stop in self._skipped if stop > seq)
+
+    # --- writing --------------------------------------------------------------------------
+
+    def append(self, records: Sequence[bytes]) -> int:
+        """Write ``records`` (no fsync); return the seq of the first. All or nothing."""
+        self._check_writable()
+        first = seq = self.next_seq
+        if not records:
+            return first
+        active = self._segments[-1]
+        fd = self._writer()
+        # One plan per segment touched: (first seq, write offset, size after, end seq, parts,
+        # sparse index marks). Everything is encoded before anything is written.
+        plans: list[tuple[int, int, int, int, list[bytes], array[int]]] = []
+        seg_first, offset, size = active.first, active.size, active.size
+        parts: list[bytes] = []
+        marks = array("Q")
+        for payload in records:
+            n = len(payload)
+            if n > MAX_PAYLOAD:
+                raise ValueError(f"record of {n} bytes is over the limit of {MAX_PAYLOAD}")
+            if size and size + HEADER_SIZE + n > self._segment_bytes:
+                plans.append((seg_first, offset, size, seq, parts, marks))
+                seg_first, offset, size, parts, marks = seq, 0, 0, [], array("Q")
+            if not (seq - seg_first) & MARK_MASK:
+                marks.append(size)
+            lenseq = LENSEQ.pack(n, seq)
+            parts += (HEADER.pack(zlib.crc32(payload, zlib.crc32(lenseq)), n, seq), payload)
+            size += HEADER_SIZE + n
+            seq += 1
+        plans.append((seg_first, offset, size, seq, parts, marks))
+        created: list[tuple[Segment, int]] = []
+        try:
+            for seg_first, offset, _, _, seg_parts, _ in plans:
+                if seg_first != active.first:
+                    path = self._path(seg_first)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    created.append((Segment(seg_first, path, seg_first), fd))
+                if seg_parts:
+                    write_all(fd, b"".join(seg_parts), offset)
+        except OSError:
+            self._undo(active, created)
+            raise
+        touched = [active, *(seg for seg, _ in created)]
+        for seg, (_, offset, seg_size, end, _, seg_marks) in zip(touched, plans, strict=True):
+            self.size_bytes += seg_size - offset
+            seg.size, seg.end = seg_size, end
+            seg.marks.extend(seg_marks)
+        with self._lock:
+            self._dirty.update(touched)
+            if created:
+                os.close(self._wfd)
+                for _, old in created[:-1]:
+                    os.close(old)
+                self._wfd = created[-1][1]
+                self._segments.extend(touched[1:])
+                self._dir_dirty = True
+            self.next_seq = seq
+        return first
+
+    def _undo(self, active: Segment, created: list[tuple[Segment, int]]) -> None:
+        """Put the files back as they were before a failed append."""
+        for _, fd in created:
+            os.close(fd)
+        try:
+            os.ftruncate(self._wfd, active.size)  # opened before anything was written
+            for seg, _ in created:
+                seg.path.unlink(missing_ok=True)
+        except OSError as exc:
+            # Half a batch stays on disk, and a later append could make it look valid.
+            self._broken = exc
+            logger.error("%s: cannot undo a failed append, log disabled: %s", self.directory, exc)
+
+    def sync(self) -> int:
+        """fsync what was written since the last sync; return the highest durable seq."""
+        with self._sync_lock:
+            with self._lock:
+                self._check_writable()
+                durable = self.next_seq - 1
+                paths = [seg.path for seg in self._dirty]
+                self._dirty.clear()
+                sync_dir, self._dir_dirty = self._dir_dirty, False
+            try:
+                for path in paths:
+                    try:
+                        _fsync_path(path)
+                    except FileNotFoundError:
+                        continue  # trimmed since it was written
+                if sync_dir:
+                    _fsync_path(self.directory)
+            except OSError as exc:
+                # Linux marks the failed pages clean: a later fsync would succeed without
+                # the data, so every later sync would lie until repair() dirties them again.
+                self._broken = exc
+                raise
+            self._durable_seq = durable
+        return durable
+
+    def repair(self) -> None:
+        """Make a failed log writable again, if what the failed sync covered is intact.
+
+        Every record written since the last successful sync is checked (crc, seq) and
+        written again, from the page cache, so the next sync writes it to disk again; bytes
+        a failed append left past the end are cut off. Raises OSError, and stays failed, if
+        the disk still fails or those records are damaged (a reopen recovers then).
+
+        Like sync(), it may run on another thread: appends fail meanwhile, and it touches
+        no descriptor or cursor of the writer's and readers'.
+        """
+        with self._sync_lock:
+            self._check_open()
+            if self._broken is None:
+                return
+            start = max(self._durable_seq + 1, self.first_seq)
+            segments = list(self._segments)
+            if start < self.next_seq:
+                # From the sparse index mark at or before it: a few durable records more
+                # are written again, as they are, which saves a scan to find it.
+                seg = segments[bisect_right(segments, start, key=_first) - 1]
+                mark = (start - seg.first) >> MARK_SHIFT
+                off, seq = seg.marks[mark], seg.first + (mark << MARK_SHIFT)
+            else:
+                seg = segments[-1]
+                off, seq = seg.size, seg.end
+            touched = segments[segments.index(seg) :]
+            for seg in touched:
+                self._rewrite(seg, off, seq)
+                off, seq = 0, seg.end
+            last = self._segments[-1].first
+            for path in self.directory.iterdir():  # segments a failed append left behind
+                if SEGMENT_NAME.fullmatch(path.name) and int(path.name[:20]) > last:
+                    path.unlink()
+            with self._lock:
+                self._dirty.update(touched)
+                self._dir_dirty = True
+                self._broken = None
+
+    def _rewrite(self, seg: Segment, off: int, seq: int) -> None:
+        fd = os.open(seg.path, os.O_RDWR)
+        try:
+            for roff, buf, pos, crc, n, rseq in records(fd, off, seg.size, SCAN_CHUNK):
+                if rseq != seq or zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
+                    raise Damaged(roff, "record changed since it was written")
+                seq += 1
+            while off < seg.size:
+                chunk = os.pread(fd, min(SCAN_CHUNK, seg.size - off), off)
+                if not chunk:
+                    raise Damaged(off, "file shrank while reading")
+                write_all(fd, chunk, off)
+                off += len(chunk)
+            if os.fstat(fd).st_size > seg.size:
+                os.ftruncate(fd, seg.size)
+        finally:
+            os.close(fd)
+
+    # --- reading --------------------------------------------------------------------------
+
+    def read(
+        self, start_seq: int, max_records: int, max_bytes: int = 4 << 20
+    ) -> list[tuple[int, bytes]]:
+        """Records [start_seq, ...) in order, without consuming them; at least one if any.
+
+        Seqs recovery skipped, or damage found here, are stepped over: the seqs returned
+        may jump. Every record is checked (crc, seq) as it is read, so bytes that rotted
+        since the log was opened are never returned."""
+        self._check_open()
+        if start_seq < self.first_seq:
+            raise ValueError(f"seq {start_seq} is below the first stored seq {self.first_seq}")
+        out: list[tuple[int, bytes]] = []
+        if start_seq >= self.next_seq or max_records <= 0:
+            return out
+        seg, off, seq = self._locate(start_seq)
+        total = 0
+        while len(out) < max_records and seq < self.next_seq:
+            if seq >= seg.end:
+                seg, off, seq = self._locate(seq)
+                continue
+            chunk = self._chunk(seg, max_records - len(out), max_bytes - total)
+            try:
+                for roff, buf, pos, crc, n, rseq in records(
+                    self._reader(seg), off, seg.size, chunk
+                ):
+                    if out and total + n > max_bytes:
+                        max_records = len(out)
+                        break
+                    end = pos + HEADER_SIZE + n
+                    if rseq != seq or zlib.crc32(buf[pos + 4 : end]) != crc:
+                        raise Damaged(roff, "record changed on disk since it was checked")
+                    out.append((seq, buf[pos + HEADER_SIZE : end]))
+                    seq, total, off = seq + 1, total + n, roff + HEADER_SIZE + n
+                    if len(out) >= max_records:
+                        break
+                else:
+                    if seq < seg.end:  # the file ended before its records did
+                        raise Damaged(off, "segment file ends early")
+            except Damaged as exc:
+                seg, off, seq = self._skip_damage(seg, exc.offset, seq, exc.reason)
+        self._remember(seq, seg, off)
+        return out
+
+    def _skip_damage(
+        self, seg: Segment, off: int, seq: int, reason: str
+    ) -> tuple[Segment, int, int]:
+        """Where a reader goes on after damage at ``off`` in ``seg``, where it expected
+        ``seq``: the next record that checks out. The first reader to meet it copies the
+        bytes aside, counts and logs it; the next open cuts it out of the segment."""
+        known = self._holes.get((seg.first, off))
+        if known is not None:
+            return known
+        fd = self._reader(seg)
+        found = find_record(fd, off, seg.size, seq, seg.end)
+        end, resume = found if found is not None else (seg.size, seg.end)
+        try:
+            moved = copy_aside(self.directory, fd, seg.path.name, off, end)
+        except OSError as exc:  # a full disk: the bytes stay where they are until reopened
+            moved = f"not copied ({exc.strerror})"
+        self._holes[(seg.first, off)] = (seg, end, resume)
+        self._gaps.append((seq, resume, seg, end))
+        if resume > seq:
+            self._skipped.append((seq, resume))
+        self._cursors.clear()
+        self._problem(Problem(seg.path.name, off, reason, end - off, resume - seq, moved, False))
+        return seg, end, resume
+
+    def _find(self, seq: int) -> Segment:
+        return self._segments[bisect_right(self._segments, seq, key=_first) - 1]
+
+    def _locate(self, seq: int) -> tuple[Segment, int, int]:
+        """(segment, offset, seq) of the first record at or after ``seq``."""
+        hit = self._cursors.pop(seq, None)
+        if hit is not None:
+            return (*hit, seq)
+        seg = self._find(seq)
+        if seq >= seg.end:  # in a gap between segments (the caller knows seq < next_seq)
+            seg = self._segments[bisect_right(self._segments, seq, key=_first)]
+            return seg, 0, seg.first
+        mark = (seq - seg.first) >> MARK_SHIFT
+        at, off = seg.first + (mark << MARK_SHIFT), seg.marks[mark]
+        for lo, resume, gseg, goff in self._gaps:
+            if gseg is seg and lo <= seq < resume:
+                return seg, goff, resume
+            if gseg is seg and at < resume <= seq:
+                at, off = resume, goff  # walk from past the damage, never through it
+        # Walk from the mark, checking each record as a read would: a damaged length must
+        # not send the walk astray, past good records.
+        while at < seq:
+            chunk = self._chunk(seg, seq - at, _MAX_CHUNK)
+            try:
+                for roff, buf, pos, crc, n, rseq in records(
+                    self._reader(seg), off, seg.size, chunk
+                ):
+                    if rseq != at or zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
+                        raise Damaged(roff, "record changed on disk since it was checked")
+                    at, off = at + 1, off + HEADER_SIZE + n
+                    if at == seq:
+                        break
+                break  # at seq, or at the end of the file (which the read then finds)
+            except Damaged as exc:  # each skip moves ``off`` forward: the loop ends
+                seg, off, at = self._skip_damage(seg, exc.offset, at, exc.reason)
+        return seg, off, at
+
+    def _chunk(self, seg: Segment, records: int, max_bytes: int) -> int:
+        """How much to read for ``records`` records: no more than they likely take."""
+        average = seg.size // max(1, seg.end - seg.first)
+        guess = min(records * average, max(0, max_bytes) + records * HEADER_SIZE)
+        return max(_MIN_CHUNK, min(guess, _MAX_CHUNK))
+
+    def _remember(self, seq: int, seg: Segment, off: int) -> None:
+        if len(self._cursors) >= _CURSORS:
+            del self._cursors[next(iter(self._cursors))]
+        self._cursors[seq] = (seg, off)
+
+    def _reader(self, seg: Segment) -> int:
+        fd = self._rfds.pop(seg.first, None)
+        if fd is None:
+            fd = os.open(seg.path, os.O_RDONLY)
+            if len(self._rfds) >= _READ_FDS:
+                os.close(self._rfds.pop(next(iter(self._rfds))))
+        self._rfds[seg.first] = fd
+        return fd
+
+    def _writer(self) -> int:
+        if self._wfd < 0:
+            self._wfd = os.open(self._segments[-1].path, os.O_WRONLY)
+        return self._wfd
+
+    # --- checkpoints and trimming ---------------------------------------------------------
+
+    def set_checkpoint(self, name: str, seq: int, *, durable: bool = False) -> None:
+        """Record that reader ``name`` reads ``seq`` next; fsync only when ``durable``.
+
+        Either way a process crash keeps the change once this returns. If the fsync of a
+        durable change fails, the change is made (it raises all the same)."""
+        self._check_open()
+        if not self._segments[0].first <= seq <= self.next_seq:
+            raise ValueError(f"seq {seq} is outside [{self.first_seq}, {self.next_seq}]")
+        self._ckpt.set(name, seq, durable=durable)
+
+    def remove_checkpoint(self, name: str) -> None:
+        self._check_open()
+        points = dict(self._ckpt.points)
+        del points[name]  # KeyError if there is none
+        self._ckpt.replace(points, durable=False)
+
+    def trim(self) -> int:
+        """Delete the segments every checkpoint is past; return bytes freed.
+
+        The newest segment stays (its name keeps ``next_seq``), unless every reader has read
+        everything and it holds at least ``_ROLL_DRAINED`` bytes: then an empty one is
+        started after it, and it goes too, so a drained queue gives its disk back."""
+        self._check_open()
+        points = self._ckpt.points
+        if not points:
+            return 0
+        low, freed = min(points.values()), 0
+        drained = low >= self.next_seq and self._broken is None
+        if drained and self._segments[-1].size >= _ROLL_DRAINED:
+            self._roll()
+        while len(self._segments) > 1 and self._segments[0].end <= low:
+            seg = self._segments[0]
+            fd = self._rfds.pop(seg.first, None)
+            if fd is not None:
+                os.close(fd)
+            seg.path.unlink(missing_ok=True)
+            del self._segments[0]
+            with self._lock:
+                self._dirty.discard(seg)
+                self._dir_dirty = True
+            self.size_bytes -= seg.size
+            freed += seg.size
+        if freed:
+            first = self.first_seq
+            self._cursors = {s: c for s, c in self._cursors.items() if c[0].first >= first}
+            live = {seg.first for seg in self._segments}
+            self._gaps = [g for g in self._gaps if g[2].first in live]
+            self._holes = {k: v for k, v in self._holes.items() if k[0] in live}
+            self._skipped = [g for g in self._skipped if g[1] > first]
+            if low < first:  # in a gap before the first segment left: move to its end
+                moved = {name: max(seq, first) for name, seq in points.items()}
+                self._ckpt.replace(moved, durable=False)
+        return freed
+
+    def _roll(self) -> None:
+        """Start an empty newest segment at ``next_seq``, so trim can delete the old one."""
+        path = self._path(self.next_seq)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except OSError as exc:
+            # A full disk can refuse even an empty file (no inode, no directory block):
+            # nothing changed, and the next trim tries again.
+            logger.debug("%s: cannot start a new segment: %s", self.directory, exc)
+            return
+        with self._lock:
+            if self._wfd >= 0:
+                os.close(self._wfd)
+            self._wfd = fd
+            self._segments.append(Segment(self.next_seq, path, self.next_seq))
+            self._dir_dirty = True
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the files; no fsync (call sync() first for that). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for fd in [self._wfd, *self._rfds.values()]:
+            if fd >= 0:
+                os.close(fd)
+        self._ckpt.close()
+        self._wfd = -1
+        self._rfds.clear()
+        self._cursors.clear()
+
+    def destroy(self) -> None:
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            import shutil  # with bz2 and lzma: only queues being deleted need it
+
+            shutil.rmtree(self.directory)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"segment log {self.directory} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._broken is not None:  # reads still work: what is stored was checked
+            msg = f"segment log {self.directory} failed earlier ({self._broken}); reopen it"
+            raise OSError(errno.EIO, msg) from self._broken
+
+    def _path(self, first: int) -> Path:
+        return self.directory / f"{first:020d}.seg"
+
+    # --- opening and recovery -------------------------------------------------------------
+
+    def _check_format(self) -> int | None:
+        self._format = check_format(self.directory, self._error)
+        return self._format
+
+    def _open_checkpoints(self, version: int | None) -> CheckpointFile:
+        ckpt = open_checkpoints(self.directory, version, self._error)
+        self._format = max(self._format or 2, 2)
+        return ckpt
+
+    def _add_gap(self, lo: int, stop: int) -> None:
+        """Mark the log as one with gaps, and note this one, before recovery makes it."""
+        if self._format != 3:
+            write_format(self.directory, FORMAT_GAPS)
+            self._format = 3
+        note_gap(self.directory, lo, stop)
+
+    def _error(self, segment: str, offset: int, reason: str, dropped: int) -> None:
+        self._report(segment, offset, reason, dropped, 0, torn=False)
+
+    def _recover(self) -> None:
+        known = known_gaps(self.directory)
+        self._segments, problems = recover_segments(self.directory, self._add_gap, known)
+        for problem in problems:
+            self._problem(problem)
+        self.size_bytes = sum(seg.size for seg in self._segments)
+        if self._segments:
+            self.next_seq = self._segments[-1].end
+        saved = dict(self._ckpt.points)
+        points = dict(saved)
+        floor = max([1, *points.values()])
+        if self._segments and self.next_seq < floor:
+            self._checkpoint_past_end(points, floor)
+        if not self._segments:
+            self._segments.append(Segment(floor, self._path(floor), floor))
+            write_file(self._segments[0].path, b"", fsync=True)
+            _fsync_path(self.directory)
+            self.next_seq = floor
+        pairs = zip(self._segments, self._segments[1:], strict=False)
+        self._skipped = [(a.end, b.first) for a, b in pairs if b.first > a.end]
+        for name, seq in points.items():
+            if seq < self.first_seq:  # its records are gone: read from the first one left
+                points[name] = self.first_seq
+            elif seq < self.next_seq and seq >= self._find(seq).end:  # skipped: past them
+                points[name] = self._locate(seq)[2]
+        if points != saved:
+            logger.warning("%s: checkpoints %s became %s", self.directory, saved, points)
+            self._ckpt.replace(points, durable=True)
+
+    def _checkpoint_past_end(self, points: dict[str, int], floor: int) -> None:
+        """A checkpoint is past the last record: records were lost after a reader saw them."""
+        lost = floor - self.next_seq
+        if min(points.values()) >= self.next_seq:
+            # No reader needs what is stored: restart empty at the checkpoint, never reusing
+            # a seq a reader has seen.
+            dropped = self.size_bytes
+            for seg in self._segments:
+                seg.path.unlink()
+            self._segments.clear()
+            self.size_bytes = 0
+            reason = f"log ends at seq {self.next_seq}, before a checkpoint at {floor}"
+            self._report(self._path(floor).name, 0, reason, dropped, lost, torn=False)
+            for name in points:
+                points[name] = floor
+            return
+        # A reader still needs stored records, so keep them and reuse the lost seqs.
+        reason = f"checkpoints past the last seq {self.next_seq - 1} moved back; seqs reused"
+        self._report(self._segments[-1].path.name, 0, reason, 0, lost, torn=False)
+        for name, seq in points.items():
+            points[name] = min(seq, self.next_seq)
+
+    def _report(
+        self, segment: str, offset: int, reason: str, dropped: int, records: int, *, torn: bool
+    ) -> None:
+        self._problem(Problem(segment, offset, reason, dropped, records, "", torn))
+
+    def _problem(self, p: Problem) -> None:
+        report = CorruptionReport(
+            p.segment, p.offset, p.reason, p.dropped_bytes, p.records, p.moved_to
+        )
+        self.recovery.append(report)
+        if not p.torn and SEGMENT_NAME.fullmatch(p.segment):
+            self.corrupt_records += p.records
+            self.corrupt_bytes += p.dropped_bytes
+        log = logger.warning if p.torn else logger.error
+        aside = f"; the bytes are in {p.moved_to}" if p.moved_to else ""
+        log("%s: %s in %s at offset %d: skipped %d bytes, %d records%s",
+            self.directory, p.reason, p.segment, p.offset, p.dropped_bytes, p.records,
+            aside)  # fmt: skip

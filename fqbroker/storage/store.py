@@ -1,0 +1,421 @@
+"""Disk-queue storage: a segment log under asyncio, with group commit (fqd_queue_jlog.c).
+
+Theory of operation
+-------------------
+Appends are buffered and written with one ``write()`` per store when the publisher that
+made them calls :meth:`DiskStore.flush` (every publisher flushes the broker's dirty
+stores before it next awaits, so a write error is reported to the publisher whose
+messages it concerns). Durability then follows the store's fsync policy:
+
+* ``always``: a background task fsyncs after every write, in a worker thread; writes
+  that arrive during an fsync are covered by the next one (group commit).
+* ``interval``: the same task fsyncs at most every ``fsync_interval_ms``.
+* ``never``: written is durable enough; the OS decides when data reaches the disk.
+
+:meth:`wait_durable` resolves once a sequence number is durable under that policy; it
+is what publisher confirms wait on.
+
+A failed fsync may have lost anything written since the last good one (Linux drops the
+failed pages from the dirty list), so waiters for those messages get False at once: their
+confirms fail, the publisher sends them again. The log refuses writes meanwhile (they fail
+as on a full disk); the sync task retries with backoff to repair it (rewrite that tail from
+the page cache) and sync again, and the queue carries on once an fsync succeeds.
+
+Consumers read without consuming: :meth:`take` hands out records from a cursor, and the
+durable read checkpoint ``fq`` moves only when :meth:`ack` says the records were written
+to a consumer's socket. After a crash at most the batches in flight are delivered again,
+never lost (fqd moves its checkpoint when it reads). Each delivered message id carries
+the record's sequence number in bytes 8-15, big-endian: ``LOG:MARKER`` in checkpoint
+terms. Segments are deleted once every checkpoint is past them.
+
+A record is the message's peer frame behind a 9-byte tag: ``0x81`` and the broker's
+arrival time (u64 microseconds since the epoch), which replaying readers report. Records
+written before the tag existed are the bare frame; the first byte tells them apart, since
+a frame starts with the exchange length, at most 127 (docs/disk-format.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import struct
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fqbroker.core.message import frame_length, frame_seq, place_seq
+from fqbroker.storage.segmentlog import SegmentLog
+
+if TYPE_CHECKING:
+    from fqbroker.config import Settings
+    from fqbroker.core.budget import MemoryBudget
+
+__all__ = ["DiskStore", "FsyncPolicy", "open_disk_store", "split_record"]
+
+log = logging.getLogger(__name__)
+
+READER = "fq"  # the broker's own checkpoint, as jlog's subscriber "fq"
+# Written frames not yet taken are kept in memory up to this many bytes, so consumers
+# that keep up (or nearly: within a few socket buffers) never read the file back.
+RECENT_BYTES = 8 << 20
+_RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # seconds between attempts to repair a failed log
+_TAG = struct.Struct(">BQ")  # record version, arrival time in microseconds
+RECORD_V1 = 0x81
+
+
+class FsyncPolicy(StrEnum):
+    ALWAYS = "always"
+    INTERVAL = "interval"
+    NEVER = "never"
+
+
+def queue_directory(queue_dir: Path, name: bytes) -> Path:
+    """fqd names a queue's directory by the lowercase hex of its name (§3.3)."""
+    return queue_dir / name.hex()
+
+
+def open_disk_store(
+    settings: Settings,
+    name: bytes,
+    policy: str | None = None,
+    dirty: set[DiskStore] | None = None,
+    budget: MemoryBudget | None = None,
+) -> DiskStore:
+    directory = queue_directory(Path(settings.queue_dir), name)
+    return DiskStore(
+        SegmentLog(directory, segment_bytes=settings.segment_bytes),
+        policy=FsyncPolicy(policy or settings.fsync),
+        interval_ms=settings.fsync_interval_ms,
+        dirty=dirty,
+        budget=budget,
+    )
+
+
+def encode_records(frames: list[bytes], arrival_us: int) -> list[bytes]:
+    """The records of frames that arrived together: one tag, put before each."""
+    tag = _TAG.pack(RECORD_V1, arrival_us)
+    return [tag + frame for frame in frames]
+
+
+def split_record(record: bytes) -> tuple[int | None, bytes]:
+    """(arrival time in microseconds or None if not recorded, peer frame) of a record."""
+    if record[:1] < b"\x80":
+        return None, record
+    if record[0] != RECORD_V1:
+        raise ValueError(f"unknown record version 0x{record[0]:02x}")
+    return _TAG.unpack_from(record)[1], record[_TAG.size :]
+
+
+def _delivered(seq: int, record: bytes) -> bytes:
+    """The frame a consumer receives for a stored record: its position in the id."""
+    frame = split_record(record)[1]
+    try:
+        whole = frame_length(frame) == len(frame)
+    except (IndexError, struct.error):
+        whole = False
+    if not whole:
+        raise ValueError(f"record {seq} is not a message")
+    return place_seq(frame, seq)
+
+
+class DiskStore:
+    """The messages of one disk queue."""
+
+    def __init__(
+        self,
+        segment_log: SegmentLog,
+        *,
+        policy: FsyncPolicy = FsyncPolicy.INTERVAL,
+        interval_ms: float = 5.0,
+        dirty: set[DiskStore] | None = None,
+        budget: MemoryBudget | None = None,
+    ) -> None:
+        self.log = segment_log
+        self.policy = policy
+        self.interval = interval_ms / 1000
+        self._dirty = dirty if dirty is not None else set()
+        self._pending: list[bytes] = []
+        # The frames last written, the newest at ``written_seq``: a consumer that keeps
+        # up gets them from here instead of reading them back from the file.
+        self._recent: collections.deque[bytes] = collections.deque()
+        self._recent_seq = 0  # the seq of _recent[0]
+        self._recent_bytes = 0
+        self._budget = budget  # counts the cache (docs/memory.md)
+        self._cursor = segment_log.checkpoints.get(READER, segment_log.first_seq)
+        # Batches handed to consumers and not yet acknowledged: [first, last, acked].
+        self._in_flight: collections.deque[list[int]] = collections.deque()
+        self._durable = segment_log.next_seq - 1  # what recovery found is on disk
+        self._failed_through = 0  # seqs up to here were written before a failed fsync
+        # Replaced, not cleared, on every change: each waiter holds the one it saw.
+        self._durable_changed = asyncio.Event()
+        self._sync_task: asyncio.Task[None] | None = None
+        self._wrote = asyncio.Event()
+        self.write_errors = 0
+        # For /metrics (docs/http.md): count and running sum make a summary's mean.
+        self.fsync_seconds = 0.0  # the latest sync's duration
+        self.fsync_seconds_total = 0.0
+        self.fsyncs = 0
+        self.fsync_errors = 0
+        self._retry = 0.0  # the next wait before repairing a failed log; 0 while healthy
+        self._repair_failed = False
+
+    # --- sizes ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Messages not yet handed to a consumer: the queue's backlog."""
+        cursor = max(self._cursor, self.log.first_seq)
+        return self.log.next_seq + len(self._pending) - cursor - self.log.skipped_from(cursor)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.log.size_bytes
+
+    @property
+    def corrupt_records(self) -> int:
+        """Records skipped over damage since the queue was opened (its recovery's too)."""
+        return self.log.corrupt_records
+
+    @property
+    def corrupt_bytes(self) -> int:
+        return self.log.corrupt_bytes
+
+    @property
+    def held_bytes(self) -> int:
+        """What it holds in memory: its cache of written frames (docs/memory.md)."""
+        return self._recent_bytes
+
+    def extend(self, frames: list[bytes], size: int = -1) -> None:
+        self._pending.extend(frames)
+        self._dirty.add(self)
+
+    # --- writing --------------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Messages appended and not yet written."""
+        return len(self._pending)
+
+    def flush(self) -> None:
+        """Write what was appended; raises OSError (and drops the batch) if the disk fails."""
+        self._dirty.discard(self)
+        frames, self._pending = self._pending, []
+        if not frames:
+            return
+        # Arrival is when the publisher's read is written: the same loop turn it was read.
+        first = self.log.next_seq
+        try:
+            self.log.append(encode_records(frames, time.time_ns() // 1000))
+        except OSError:
+            self.write_errors += len(frames)
+            raise
+        self._remember(first, frames)
+        if self.policy is FsyncPolicy.NEVER:
+            self._set_durable(self.log.next_seq - 1)
+        else:
+            self._start_syncing()
+            self._wrote.set()
+
+    @property
+    def written_seq(self) -> int:
+        return self.log.next_seq - 1
+
+    @property
+    def durable_seq(self) -> int:
+        """The highest seq that survives a crash under the fsync policy."""
+        return self._durable
+
+    async def wait_durable(self, seq: int) -> bool:
+        """Wait until ``seq`` is durable: True; False if an fsync meant to cover it failed."""
+        while self._durable < seq:
+            if seq <= self._failed_through:
+                return False
+            await self._durable_changed.wait()
+        return True
+
+    def _set_durable(self, seq: int) -> None:
+        if seq > self._durable:
+            self._durable = seq
+            self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        changed, self._durable_changed = self._durable_changed, asyncio.Event()
+        changed.set()
+
+    def _start_syncing(self) -> None:
+        if self._sync_task is None or self._sync_task.done():
+            self._sync_task = asyncio.get_running_loop().create_task(self._sync_loop())
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await self._wrote.wait()
+            self._wrote.clear()
+            try:
+                durable, seconds = await asyncio.to_thread(self._timed_sync)
+            except OSError as exc:
+                await self._sync_failed(exc)
+                continue
+            if self._retry:
+                self._retry, self._repair_failed = 0.0, False
+                log.warning("fsync in %s works again", self.log.directory)
+            self.fsync_seconds = seconds
+            self.fsync_seconds_total += seconds
+            self.fsyncs += 1
+            self._set_durable(durable)
+            if self.policy is FsyncPolicy.INTERVAL:
+                await asyncio.sleep(max(0.0, self.interval - self.fsync_seconds))
+
+    def _timed_sync(self) -> tuple[int, float]:
+        # Timed in the worker thread: the wait for a free thread is not fsync time.
+        start = time.perf_counter()
+        durable = self.log.sync()
+        return durable, time.perf_counter() - start
+
+    async def _sync_failed(self, exc: OSError) -> None:
+        """Fail the waiters of what the failed sync covered, then repair the log."""
+        self.fsync_errors += 1
+        unsure = self.log.next_seq - 1  # the log takes no more writes: this is all of it
+        if unsure > self._failed_through:
+            self._failed_through = unsure
+            self._wake_waiters()
+        if not self._retry:
+            # Once per outage: while the disk keeps failing, every retry would say the same.
+            log.error(
+                "fsync failed in %s: %s; %d messages written since the last good fsync are "
+                "not confirmed, and the queue takes no writes until an fsync succeeds "
+                "(retrying)", self.log.directory, exc, max(0, unsure - self._durable),
+            )  # fmt: skip
+            self._retry = _RETRY_FIRST
+        while True:
+            await asyncio.sleep(self._retry)
+            self._retry = min(self._retry * 2, _RETRY_MAX)
+            try:
+                await asyncio.to_thread(self.log.repair)  # reads from a failing disk may hang
+            except OSError as repair_exc:
+                # Damaged records stay damaged: then only a restart (recovery) gets past them.
+                report = log.debug if self._repair_failed else log.warning
+                report("cannot repair %s yet: %s", self.log.directory, repair_exc)
+                self._repair_failed = True
+                continue
+            self._wrote.set()  # sync what repair wrote again
+            return
+
+    # --- reading --------------------------------------------------------------------------
+
+    def take(self, n: int) -> list[bytes]:
+        if self._pending:
+            with contextlib.suppress(OSError):  # the publisher saw the error already
+                self.flush()
+        # Named checkpoints alone may have trimmed past a reader that never read.
+        cursor = self._cursor = max(self._cursor, self.log.first_seq)
+        frames = self._take_recent(cursor, n)
+        if frames:
+            out = [place_seq(frame, seq) for seq, frame in enumerate(frames, cursor)]
+            last = cursor + len(out) - 1
+        else:
+            records = self.log.read(cursor, n)  # seqs may skip damage (docs/disk-format.md)
+            if not records:
+                if self.log.skipped_from(cursor) >= self.log.next_seq - cursor > 0:
+                    self._cursor = self.log.next_seq  # what is left was all skipped
+                return []
+            out = [_delivered(seq, record) for seq, record in records]
+            cursor, last = records[0][0], records[-1][0]
+        self._cursor = last + 1
+        self._in_flight.append([cursor, last, 0])
+        return out
+
+    def _remember(self, first: int, frames: list[bytes]) -> None:
+        before = self._recent_bytes
+        budget = self._budget
+        if budget is not None and not budget.fits(sum(map(len, frames))):
+            # The cache only saves reading the file back: it gives way to publishers
+            # rather than slowing them (docs/memory.md).
+            self._recent.clear()
+            self._recent_bytes = 0
+            budget.release(before)
+            return
+        self._cache(first, frames)
+        if budget is not None:
+            budget.used += self._recent_bytes - before
+
+    def _take_recent(self, cursor: int, n: int) -> list[bytes]:
+        """Up to ``n`` frames from ``cursor`` on out of memory; none if not all there."""
+        before = self._recent_bytes
+        frames = self._uncache(cursor, n)
+        if self._budget is not None and before != self._recent_bytes:
+            self._budget.release(before - self._recent_bytes)
+        return frames
+
+    def _cache(self, first: int, frames: list[bytes]) -> None:
+        recent = self._recent
+        if not recent:
+            self._recent_seq = first
+        recent.extend(frames)
+        self._recent_bytes += sum(map(len, frames))
+        while self._recent_bytes > RECENT_BYTES and recent:
+            self._recent_bytes -= len(recent.popleft())
+            self._recent_seq += 1
+
+    def _uncache(self, cursor: int, n: int) -> list[bytes]:
+        recent = self._recent
+        popleft = recent.popleft
+        while recent and self._recent_seq < cursor:  # taken already: not needed again
+            self._recent_bytes -= len(popleft())
+            self._recent_seq += 1
+        if not recent or self._recent_seq != cursor:
+            return []  # behind the memory: read the file until caught up
+        n = min(n, len(recent))
+        frames = [popleft() for _ in range(n)]
+        self._recent_bytes -= sum(map(len, frames))
+        self._recent_seq += n
+        return frames
+
+    def ack(self, frames: list[bytes]) -> None:
+        """The consumer's socket has these; the read checkpoint may move past them."""
+        first = frame_seq(frames[0])
+        for batch in self._in_flight:
+            if batch[0] == first:
+                batch[2] = 1
+                break
+        while self._in_flight and self._in_flight[0][2]:
+            self._in_flight.popleft()
+        checkpoint = self._in_flight[0][0] if self._in_flight else self._cursor
+        if checkpoint > self.log.checkpoints.get(READER, 0):
+            self.log.set_checkpoint(READER, checkpoint)
+            self.log.trim()
+
+    def unsynced(self) -> bool:
+        return bool(self._pending) or self._durable < self.log.next_seq - 1
+
+    def rewind(self, seq: int) -> None:
+        """Deliver again from ``seq`` (reset to a named checkpoint)."""
+        self._in_flight.clear()
+        self._cursor = max(seq, self.log.first_seq)
+        self.log.set_checkpoint(READER, self._cursor)
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    def close(self, *, destroy: bool) -> None:
+        if self._budget is not None:
+            self._budget.release(self._recent_bytes)
+            self._budget = None
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+        self._dirty.discard(self)
+        if destroy:
+            written = self.written_seq
+            self.log.destroy()
+            # The queue is gone with what it held, as a memory queue goes: confirms waiting
+            # on it have nothing left to wait for, and would otherwise wait forever.
+            self._set_durable(written)
+            return
+        with contextlib.suppress(OSError):
+            self.flush()
+        try:
+            self._set_durable(self.log.sync())
+        except OSError:
+            self._failed_through = max(self._failed_through, self.written_seq)
+            self._wake_waiters()
+        self.log.close()
