@@ -29,8 +29,9 @@ from fqbroker.core.queuespec import QueueSpec
 from fqbroker.core.router import Router
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
-from fqbroker.frontends.fq.data import DataSession, peer_address
+from fqbroker.frontends.fq.data import DataSession
 from fqbroker.frontends.fq.peering import Peering
+from fqbroker.server.connections import peer_address
 from fqbroker.server.heartbeats import HeartbeatClock
 from fqbroker.server.limits import Limits, install_exception_handler, raised_in_package
 from fqbroker.storage.catalog import Catalog

@@ -22,7 +22,7 @@ from fqbroker.core.queuespec import parse_queue_field
 from fqbroker.core.router import ClientStats
 from fqbroker.errors import AuthError, ProtocolError, QueueError
 from fqbroker.frontends.fq import wire
-from fqbroker.frontends.fq.data import RemotePeer
+from fqbroker.server.connections import RemotePeer
 
 if TYPE_CHECKING:
     from fqbroker.core.queue import Queue

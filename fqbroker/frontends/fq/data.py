@@ -45,6 +45,7 @@ from fqbroker.errors import ProtocolError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.largeframe import LARGE_FRAME
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+from fqbroker.server.connections import RemotePeer
 
 if TYPE_CHECKING:
     from fqbroker.core.queue import Notify
@@ -69,27 +70,6 @@ class Phase(Enum):
     AWAIT_KEY = "await_key"
     STREAMING = "streaming"
     CLOSED = "closed"
-
-
-def peer_address(transport: asyncio.BaseTransport) -> tuple[str, int]:
-    peer = transport.get_extra_info("peername")
-    return (peer[0], peer[1]) if peer else ("0.0.0.0", 0)
-
-
-class RemotePeer:
-    """``remote_addr`` and ``remote_port``, asked of the transport when needed: ten
-    thousand sessions holding them would be half a megabyte."""
-
-    __slots__ = ()
-    transport: asyncio.Transport
-
-    @property
-    def remote_addr(self) -> str:
-        return peer_address(self.transport)[0]
-
-    @property
-    def remote_port(self) -> int:
-        return peer_address(self.transport)[1]
 
 
 class DataSession(RemotePeer, asyncio.Protocol):
