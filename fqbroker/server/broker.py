@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -25,12 +24,12 @@ from fqbroker.config import Settings, resolve_node_id
 from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.program import RuleRegistry, default_registry
 from fqbroker.core.queue import Queue
-from fqbroker.core.queuespec import QueueSpec
 from fqbroker.core.router import Router
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
 from fqbroker.frontends.fq.data import DataSession
 from fqbroker.frontends.fq.peering import Peering
+from fqbroker.frontends.fq.registry import ClientRegistry
 from fqbroker.server.connections import peer_address
 from fqbroker.server.heartbeats import HeartbeatClock
 from fqbroker.server.limits import Limits, install_exception_handler, raised_in_package
@@ -69,7 +68,6 @@ class Broker:
         self.established = self.catalog.restore()
         self.limits = Limits(self.settings, self.queues)
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
-        self.clients: dict[bytes, CommandSession] = {}
         self.msgids = MsgIdCounter()
         self.http_handler: HttpHandler | None = _serve_http
         self._server: asyncio.Server | None = None
@@ -80,6 +78,11 @@ class Broker:
         self._all_closed: asyncio.Event | None = None
         self._stopped = False
         self.heartbeats = HeartbeatClock()
+        # Client keys to command sessions, and those sessions' host (docs/architecture.md).
+        self.registry = ClientRegistry(
+            self.catalog, self.limits, self.heartbeats, self.settings, self.closed
+        )
+        self.clients = self.registry.clients
         self.port = 0
         self.peering = Peering(self)
         # Set by HTTP /shutdown; whoever runs the broker (fqd's main) waits on it and stops.
@@ -246,39 +249,6 @@ class Broker:
                     pass
         writer.close()
 
-    # --- clients and queues ---------------------------------------------------------------
-
-    def attach(self, spec: QueueSpec, client: CommandSession) -> Queue:
-        """The client's queue, found or created, within the user's limits (docs/limits.md)."""
-        counted = self.limits.admit_queue(spec, client.user)
-        queue = self.catalog.attach(spec, client)
-        if counted:
-            self.limits.charge(client.user, queue)
-        return queue
-
-    def register(self, client: CommandSession) -> bytes:
-        """Issue a fresh client key and file the client under it."""
-        while True:
-            key = os.urandom(wire.KEY_LEN)
-            if key not in self.clients:
-                self.clients[key] = client
-                return key
-
-    def deregister(self, client: CommandSession) -> None:
-        """A command session ended: drop its key and data channel, maybe its queue."""
-        if client.key and self.clients.get(client.key) is client:
-            del self.clients[client.key]
-        if client.data is not None:
-            client.data.drain_then_close(LINGER_SECONDS)
-        if client.queue is not None:
-            self.catalog.detach(client.queue, client)
-
-    def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int:
-        return self.catalog.bind(exchange, program, queue, flags)
-
-    def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool:
-        return self.catalog.unbind(exchange, route_id, queue)
-
 
 async def _serve_http(
     broker: Broker, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -358,7 +328,7 @@ def _hand_over(broker: Broker, transport: asyncio.Transport, first4: bytes, rest
     mode = wire.sniff(first4)
     session: CommandSession | DataSession
     if mode is wire.Mode.CMD:
-        session = CommandSession(broker, transport)
+        session = CommandSession(broker.registry, transport)
     elif mode in (wire.Mode.DATA, wire.Mode.PEER, wire.Mode.OLD_PEER):
         assert isinstance(mode, wire.Mode)
         session = DataSession(broker, mode, transport)

@@ -456,6 +456,12 @@ class ServerCommandDecoder(_Decoder):
         super().__init__()
         self._authed = False
 
+    @property
+    def authed(self) -> bool:
+        """Whether the auth request was read: the one record of it, which the server's
+        command session reads its phase from (fqbroker.frontends.fq.commandmachine)."""
+        return self._authed
+
     def next_frame(self) -> ClientRequest | None:
         buf = self._buf
         start = buf.pos

@@ -1,0 +1,92 @@
+"""Which command session holds which key, and what a session asks of the broker.
+
+This is the client half of fqd_config.c: a client's key is issued at auth and filed
+here, the data socket presenting it pairs with that client, and the client's queue is
+attached within its user's limits (docs/limits.md) and bound through the catalog. The
+Broker builds one :class:`ClientRegistry` and hands it to every command session as its
+:class:`~fqbroker.frontends.fq.command.CommandHost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from fqbroker.frontends.fq import wire
+from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
+
+if TYPE_CHECKING:
+    from fqbroker.config import Settings
+    from fqbroker.core.queue import Queue
+    from fqbroker.core.queuespec import QueueSpec
+    from fqbroker.server.heartbeats import HeartbeatClock
+    from fqbroker.server.limits import Limits
+    from fqbroker.storage.catalog import Catalog
+
+__all__ = ["ClientRegistry"]
+
+
+class ClientRegistry:
+    """Client keys to command sessions; a command session's host."""
+
+    __slots__ = ("_on_closed", "catalog", "clients", "heartbeats", "limits", "settings")
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        limits: Limits,
+        heartbeats: HeartbeatClock,
+        settings: Settings,
+        closed: Callable[[asyncio.Transport], None],
+    ) -> None:
+        self.clients: dict[bytes, CommandSession] = {}
+        self.catalog = catalog
+        self.limits = limits
+        self.heartbeats = heartbeats
+        self.settings = settings
+        self._on_closed = closed
+
+    @property
+    def confirm_pair_timeout(self) -> float:
+        return self.settings.confirm_pair_timeout
+
+    def closed(self, transport: asyncio.Transport) -> None:
+        """A session's connection is gone: the broker's connection count drops."""
+        self._on_closed(transport)
+
+    def session(self, key: bytes) -> CommandSession | None:
+        """The command session a data socket presenting ``key`` pairs with."""
+        return self.clients.get(key)
+
+    def attach(self, spec: QueueSpec, client: CommandSession) -> Queue:
+        """The client's queue, found or created, within the user's limits (docs/limits.md)."""
+        counted = self.limits.admit_queue(spec, client.user)
+        queue = self.catalog.attach(spec, client)
+        if counted:
+            self.limits.charge(client.user, queue)
+        return queue
+
+    def register(self, client: CommandSession) -> bytes:
+        """Issue a fresh client key and file the client under it."""
+        while True:
+            key = os.urandom(wire.KEY_LEN)
+            if key not in self.clients:
+                self.clients[key] = client
+                return key
+
+    def deregister(self, client: CommandSession) -> None:
+        """A command session ended: drop its key and data channel, maybe its queue."""
+        if client.key and self.clients.get(client.key) is client:
+            del self.clients[client.key]
+        if client.data is not None:
+            client.data.drain_then_close(LINGER_SECONDS)
+        if client.queue is not None:
+            self.catalog.detach(client.queue, client)
+
+    def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int:
+        return self.catalog.bind(exchange, program, queue, flags)
+
+    def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool:
+        return self.catalog.unbind(exchange, route_id, queue)
