@@ -110,13 +110,12 @@ class CommandMachine(Generic[T]):
     """One command connection's protocol state; ``T`` is the caller's confirm token."""
 
     __slots__ = (
+        "_beat_time",
         "_decoder",
+        "_interval_ms",
         "_last_read",
-        "_last_sent",
-        "_next_beat",
         "_outbox",
         "_replies",
-        "heartbeat_ms",
     )
 
     def __init__(self, now: float) -> None:
@@ -126,10 +125,14 @@ class CommandMachine(Generic[T]):
         # a reply answered at once has no token and an unsettled confirm has no bytes yet.
         # None, not an empty deque, whenever nothing waits: most clients never confirm.
         self._replies: collections.deque[list[T | bytes | None]] | None = None
-        self.heartbeat_ms = 0
         self._last_read = now
-        self._last_sent = now
-        self._next_beat = 0.0  # 0 until heartbeats are first asked for
+        # Heartbeats: None until first asked for, then the interval (0: stopped). One time
+        # serves two ends, which never overlap, in one slot (10,000 idle sessions make
+        # every slot count): until heartbeats are first asked for, when the broker last
+        # wrote (the first beat is due one interval after it, usually auth's own beat);
+        # from then on, when the next beat is due.
+        self._interval_ms: int | None = None
+        self._beat_time = now
 
     @property
     def phase(self) -> Phase:
@@ -276,7 +279,8 @@ class CommandMachine(Generic[T]):
         out = self._outbox
         if out:
             self._outbox = b""
-            self._last_sent = now
+            if self._interval_ms is None:
+                self._beat_time = now
         return out
 
     def close(self) -> list[T]:
@@ -291,32 +295,39 @@ class CommandMachine(Generic[T]):
 
     # --- heartbeats (§1.7) ----------------------------------------------------------------
 
+    @property
+    def heartbeat_ms(self) -> int:
+        """The heartbeat interval the client asked for; 0 for none."""
+        return self._interval_ms or 0
+
     def _ask_heartbeats(self, interval_ms: int) -> float | None:
-        self.heartbeat_ms = interval_ms
         if interval_ms == 0:
+            if self._interval_ms is not None:
+                self._interval_ms = 0
             return None
         interval = interval_ms / 1000
-        if not self._next_beat:
-            self._next_beat = self._last_sent + interval  # one interval after auth's beat
-        return min(self._next_beat, self._last_read + 3 * interval)
+        if self._interval_ms is None:
+            self._beat_time += interval  # one interval after the last write
+        self._interval_ms = interval_ms
+        return min(self._beat_time, self._last_read + 3 * interval)
 
     def heartbeat_due(self, now: float) -> float | None:
         """Queue the heartbeat due at ``now``, or fail the client after 3x the interval of
         silence (an error frame, then closed); returns when to look again, if ever."""
-        if self.heartbeat_ms == 0 or self.phase is not Phase.READY:
+        if not self._interval_ms or self.phase is not Phase.READY:
             return None
-        interval = self.heartbeat_ms / 1000
+        interval = self._interval_ms / 1000
         deadline = self._last_read + 3 * interval
         if now >= deadline:
             self._outbox += HEARTBEAT_FAILED
             self.close()
             return None
-        if now >= self._next_beat:
+        if now >= self._beat_time:
             self._outbox += HEARTBEAT
             # Due one interval after the last one was *due*, not after it went out:
             # with thousands of sessions the loop runs a wave of timers late, and
             # counting from the send time added that lateness to every period.
-            self._next_beat += interval
-            if self._next_beat <= now:
-                self._next_beat = now + interval
-        return min(self._next_beat, deadline)
+            self._beat_time += interval
+            if self._beat_time <= now:
+                self._beat_time = now + interval
+        return min(self._beat_time, deadline)
