@@ -4,6 +4,10 @@ A session that asked for heartbeats has one entry in a heap, at the time it next
 looking at: its next beat or the end of its 3x silence, whichever comes first. One timer,
 for the head of the heap, serves every session: 10,000 idle clients are 10,000 small
 heap entries rather than 10,000 tasks, each with its own timer and wake-ups.
+
+The clock only keeps time. What is due when it calls is the session's protocol state to
+say (``CommandMachine.heartbeat_due`` in fqbroker.frontends.fq.commandmachine, given the
+time); the session's shell writes the beat and schedules its next look here.
 """
 
 from __future__ import annotations

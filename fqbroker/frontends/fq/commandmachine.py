@@ -2,14 +2,20 @@
 
 Theory of operation (fqd_ccs.c; §1.3-§1.8). The machine is in one of three phases:
 
-    AWAIT_AUTH --auth request read--> READY --error, heartbeat failure, close()--> CLOSED
-         \\_____________refused or bad input___________________________/
+    AWAIT_AUTH --auth request read--> READY
+    AWAIT_AUTH or READY --refused, bad input, heartbeat failed, end of input, close()--> CLOSED
 
-The first frame must be the plain-auth request; the decoder knows the grammar, and its
+The first frame must be the plain-auth request; the decoder knows that grammar, and its
 one "auth read" flag is the only record of having passed it, so the phase is read off
 the decoder (and CLOSED is having none: a closed machine reads nothing more). Reading
 the auth request yields :class:`Authenticate`; the caller answers it with :meth:`accept`
 or :meth:`refuse` before it asks for the next event.
+
+The machine closes itself on what it cannot answer, and says so with the event: after
+:class:`Refused` its error frame (fq's text) waits in :meth:`data_to_send` and the caller
+lingers so a reset cannot destroy it; after :class:`Broken` it closes without a word;
+:meth:`receive_eof` returns one of :class:`Refused` (an auth request cut short) and
+:class:`EndOfInput`.
 
 Requests that need the broker (bind, unbind, status, confirm) come out as events, the
 wire frames themselves; the caller answers each with the matching method, and the replies
