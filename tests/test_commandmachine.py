@@ -316,3 +316,28 @@ def test_the_clients_channel_and_the_machine_talk() -> None:
     assert isinstance(reply, Reply) and reply.token == "status"
     assert client.next_event() is None
     assert client.data_to_send() == HB  # the client answered the broker's first beat
+
+
+# --- what the modules may import ----------------------------------------------------------
+
+
+def _imports(module: object) -> set[str]:
+    import ast
+    import inspect
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):  # type-only imports too
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_the_machine_does_no_io_and_the_session_needs_no_broker() -> None:
+    from fqbroker.frontends.fq import command, commandmachine
+
+    assert not _imports(commandmachine) & {"asyncio", "socket", "selectors", "time"}
+    forbidden = {"fqbroker.server.broker", "fqbroker.frontends.fq.data"}
+    assert not _imports(command) & forbidden
+    assert not _imports(commandmachine) & forbidden
