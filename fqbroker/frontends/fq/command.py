@@ -98,6 +98,7 @@ class CommandHost(Protocol):
 # UNPAIRED once that channel is gone (a missing channel is then an answer at once).
 UNPAIRED = True
 Pairing = DataChannel | asyncio.Future[None] | bool | None
+_NOT_A_CHANNEL = (bool, asyncio.Future)
 
 
 class CommandSession(RemotePeer, asyncio.Protocol):
@@ -153,7 +154,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
     def data(self) -> DataChannel | None:
         """The paired data channel, while it is open."""
         pairing = self._pairing
-        if pairing is None or isinstance(pairing, bool | asyncio.Future):
+        if pairing is None or isinstance(pairing, _NOT_A_CHANNEL):
             return None
         return pairing
 
