@@ -26,7 +26,6 @@ import logging
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import h11
@@ -34,11 +33,10 @@ import h11
 from fqbroker.core.message import Message
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http import replay
-from fqbroker.frontends.http.stats import http_counters, render_stats_json
+from fqbroker.frontends.http.frontend import linger_close
+from fqbroker.frontends.http.host import HttpHost
+from fqbroker.frontends.http.stats import http_counters, render_front_ends_json, render_stats_json
 from fqbroker.storage import checkpoints
-
-if TYPE_CHECKING:
-    from fqbroker.server.broker import Broker
 
 __all__ = ["serve"]
 
@@ -103,7 +101,7 @@ NOT_FOUND = Reply(404, content_type="text/html")
 
 
 async def serve(
-    broker: Broker, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    broker: HttpHost, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
     """Serve HTTP requests on a connection until the client or an error ends it."""
     counters = http_counters(broker)
@@ -119,7 +117,7 @@ async def serve(
 class _Connection:
     def __init__(
         self,
-        broker: Broker,
+        broker: HttpHost,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         first4: bytes,
@@ -234,7 +232,7 @@ class _Connection:
     async def _close(self) -> None:
         # Unread input at close() makes the kernel send RST, which can destroy the reply
         # before the client reads it; linger_close flushes and drains first.
-        await self.broker.linger_close(self.reader, self.writer)
+        await linger_close(self.reader, self.writer)
 
     # --- endpoints ------------------------------------------------------------------------
 
@@ -259,6 +257,8 @@ class _Connection:
         if reply is None:
             if path == "/stats.json":
                 reply = Reply(200, render_stats_json(self.broker))
+            elif path == "/frontends.json":
+                reply = Reply(200, render_front_ends_json(self.broker))
             elif path == "/metrics":
                 # prometheus_client is 2 MB of a broker's memory: loaded when scraped.
                 from fqbroker.frontends.http.metrics import render_metrics
