@@ -336,3 +336,25 @@ def test_h11_is_loaded_by_the_first_http_request_only() -> None:
         "assert 'prometheus_client' not in sys.modules, 'prometheus_client loaded'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_every_front_end_of_the_table_has_fuzz_targets() -> None:
+    """bench/frontends.py fuzzes each front end by its table name (fq-data also as fq-peer):
+    registering one without fuzz targets fails here."""
+    from bench.frontends import FRONT_ENDS as FUZZED
+
+    assert {fe.name for fe in FRONT_ENDS} <= {fe.name for fe in FUZZED}
+
+
+def test_an_error_raised_anywhere_in_the_package_is_ours() -> None:
+    """What the exception handler logs as the broker's own (docs/limits.md): any module of
+    the package, not only those next to limits.py."""
+    from fqbroker.errors import ProtocolError
+    from fqbroker.frontends.fq import wire
+    from fqbroker.server.limits import raised_in_package
+
+    decoder = wire.ServerCommandDecoder()
+    decoder.feed(b"\xff" * 64)
+    with pytest.raises(ProtocolError) as raised:
+        decoder.next_frame()
+    assert raised_in_package(raised.value)
