@@ -358,3 +358,19 @@ def test_an_error_raised_anywhere_in_the_package_is_ours() -> None:
     with pytest.raises(ProtocolError) as raised:
         decoder.next_frame()
     assert raised_in_package(raised.value)
+
+
+async def test_a_port_taken_fails_the_start_and_leaves_no_port_open(settings: Settings) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(LOOPBACK)
+        taken.listen()
+        address = taken.getsockname()[:2]
+        clash: FrontEnd[EchoHost] = FrontEnd("clash", OwnPort(lambda s: address, _open_echo))
+        broker = Broker(settings, front_ends=(*FRONT_ENDS, ECHO_TCP, clash))
+        with pytest.raises(OSError):
+            await broker.start()
+        servers = list(broker.listeners.servers())
+        assert len(servers) == 2 and not any(s.is_serving() for s in servers)
+        await broker.stop()

@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Iterable, Iterator
+import ssl
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from fqbroker.config import Settings
@@ -83,7 +84,7 @@ class Listeners:
             for live in self.front_ends.values():
                 await self._start_own_port(live)
         except BaseException:
-            self.close_ports()
+            self.close_ports()  # a port taken: none of the others stays open
             raise
 
     async def _start_own_port(self, live: LiveFrontEnd) -> None:
@@ -113,8 +114,8 @@ class Listeners:
         self,
         host: str,
         port: int,
-        factory: Any,
-        ssl_context: Any = None,
+        factory: Callable[[], asyncio.BaseProtocol],
+        ssl_context: ssl.SSLContext | None = None,
     ) -> asyncio.Server:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(

@@ -12,8 +12,9 @@ docs/http.md. Limits keep a bad client from hurting anyone else: headers are bou
 (431), bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
 
 Admin endpoints (/submit, checkpoints, /shutdown) need the configured ``admin_token``
-when there is one; /stats.json, /metrics, the replay reads of replay.py and the static
-files stay open.
+when there is one; /stats.json, /frontends.json, /metrics, the replay reads of replay.py
+and the static files stay open. The broker is reached through the narrow Protocols of
+:mod:`fqbroker.frontends.http.host`, never imported.
 """
 
 from __future__ import annotations
