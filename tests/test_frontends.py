@@ -374,3 +374,53 @@ async def test_a_port_taken_fails_the_start_and_leaves_no_port_open(settings: Se
         servers = list(broker.listeners.servers())
         assert len(servers) == 2 and not any(s.is_serving() for s in servers)
         await broker.stop()
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """fqbroker's modules and what each imports, type-only and lazy imports included."""
+    modules = {}
+    for path in (ROOT / "fqbroker").rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    graph[name].add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                graph[name].update(alias.name for alias in node.names)
+        graph[name] &= modules.keys()
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], start: str, goal: str) -> bool:
+    seen, todo = set(), list(graph[start])
+    while todo:
+        name = todo.pop()
+        if name == goal:
+            return True
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    return False
+
+
+FRONT_END_SIDE = [
+    "fqbroker.frontends.http",
+    "fqbroker.frontends.http.endpoints",
+    "fqbroker.frontends.http.frontend",
+    "fqbroker.frontends.http.host",
+    "fqbroker.frontends.http.metrics",
+    "fqbroker.frontends.http.replay",
+    "fqbroker.frontends.http.stats",
+    "fqbroker.storage.checkpoints",
+    "fqbroker.server.frontend",
+    "fqbroker.server.listeners",
+]
+
+
+@pytest.mark.parametrize("module", FRONT_END_SIDE)
+def test_no_import_circle_through_the_http_side_and_the_listeners(module: str) -> None:
+    assert not _reaches(_import_graph(), module, module), f"{module} imports itself back"

@@ -34,7 +34,6 @@ import h11
 from fqbroker.core.message import Message
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http import replay
-from fqbroker.frontends.http.frontend import linger_close
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.stats import http_counters, render_front_ends_json, render_stats_json
 from fqbroker.storage import checkpoints
@@ -44,6 +43,7 @@ __all__ = ["serve"]
 log = logging.getLogger(__name__)
 
 READ_SIZE = 65536
+LINGER_SECONDS = 1.0  # how long a close waits for the client to read the last reply
 MAX_HEADER_BYTES = 32 * 1024  # request line plus headers
 MAX_OTHER_BODY = 64 * 1024  # bodies nobody reads (GET with a body, checkpoints, ...)
 PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
@@ -400,6 +400,25 @@ class _Connection:
             return NOT_FOUND
         body, content_type = found
         return Reply(200, body, content_type, headers=[(b"cache-control", b"no-cache")])
+
+
+async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Send what is queued, then close without a reset.
+
+    Closing with unread input makes the kernel send RST, which can destroy the error
+    frame before the client reads it (§1.8). So: flush, half-close, and discard input
+    for a moment so the client sees the frame and then a clean end of stream.
+    """
+    # OSError, not only ConnectionError: write_eof on a socket the peer reset
+    # fails with ENOTCONN.
+    with contextlib.suppress(OSError, TimeoutError):
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(LINGER_SECONDS):
+            while await reader.read(65536):
+                pass
+    writer.close()
 
 
 def _header_problem(sender: bytes, route: bytes | None, exchange: bytes | None) -> str | None:

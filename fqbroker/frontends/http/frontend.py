@@ -8,16 +8,14 @@ endpoints are imported by the first HTTP request, not by every broker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Final, cast
 
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, Sniffed
 
-__all__ = ["HTTP", "HTTP_METHODS", "LINGER_SECONDS", "SERVICE_UNAVAILABLE", "linger_close"]
+__all__ = ["HTTP", "HTTP_METHODS", "SERVICE_UNAVAILABLE"]
 
 HTTP_METHODS: Final = frozenset({b"GET ", b"PUT ", b"POST", b"HEAD"})
-LINGER_SECONDS = 1.0  # how long a close waits for the client to read the last reply
 
 # The answer to an HTTP request over a connection limit (docs/limits.md).
 SERVICE_UNAVAILABLE = (
@@ -63,25 +61,6 @@ def _refusal(host: HttpHost) -> bytes:
 
     http_counters(host).responses[503] += 1
     return SERVICE_UNAVAILABLE
-
-
-async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Send what is queued, then close without a reset.
-
-    Closing with unread input makes the kernel send RST, which can destroy the error
-    frame before the client reads it (§1.8). So: flush, half-close, and discard input
-    for a moment so the client sees the frame and then a clean end of stream.
-    """
-    # OSError, not only ConnectionError: write_eof on a socket the peer reset
-    # fails with ENOTCONN.
-    with contextlib.suppress(OSError, TimeoutError):
-        await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-        async with asyncio.timeout(LINGER_SECONDS):
-            while await reader.read(65536):
-                pass
-    writer.close()
 
 
 class _HttpProtocol(asyncio.StreamReaderProtocol):
