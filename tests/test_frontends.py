@@ -18,14 +18,16 @@ from typing import Any
 import pytest
 
 from fqbroker.config import Settings
+from fqbroker.frontends.fq import wire
 from fqbroker.server.broker import Broker
 from fqbroker.server.frontend import Datagrams, FrontEnd, LiveFrontEnd, OwnPort, Sniffed
-from fqbroker.server.frontends import FRONT_ENDS
+from fqbroker.server.frontends import FRONT_ENDS, sniff
 from fqbroker.server.limits import Limits
 from fqbroker.server.listeners import Listeners
 
 from .conftest import TIMEOUT, open_session, wait_for
 from .test_http import get
+from .vectors import SNIFF
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = ("127.0.0.1", 0)
@@ -151,6 +153,28 @@ async def test_the_default_table_lists_fq_and_http_on_the_main_port(broker: Brok
     await consumer.close()
     await wait_for(lambda: broker.front_ends["fq-command"].counters.open == 0)
     assert broker.front_ends["fq-command"].counters.accepted == 1
+
+
+# The session kind each opening of the fq reference names (wire.Mode, "http", or None:
+# closed), and the front end of the table that serves it.
+FRONT_END_OF: dict[object, str | None] = {
+    wire.Mode.CMD: "fq-command",
+    wire.Mode.DATA: "fq-data",
+    wire.Mode.PEER: "fq-data",
+    wire.Mode.OLD_PEER: "fq-data",
+    "http": "http",
+    None: None,
+}
+
+
+@pytest.mark.parametrize("sniffed", SNIFF, ids=lambda s: s[0].hex())
+def test_sniff(sniffed: tuple[bytes, object]) -> None:
+    """Moved from test_wire.py with ``sniff``: the table now says what a connection is."""
+    first4, expected = sniffed
+    claimant = sniff(first4)
+    assert (None if claimant is None else claimant.name) == FRONT_END_OF[expected]
+    if isinstance(expected, wire.Mode):  # the data session reads its mode from the same bytes
+        assert wire.Mode(int.from_bytes(first4, "big")) is expected
 
 
 def test_names_and_preambles_are_each_claimed_once(settings: Settings) -> None:
@@ -350,7 +374,6 @@ def test_an_error_raised_anywhere_in_the_package_is_ours() -> None:
     """What the exception handler logs as the broker's own (docs/limits.md): any module of
     the package, not only those next to limits.py."""
     from fqbroker.errors import ProtocolError
-    from fqbroker.frontends.fq import wire
     from fqbroker.server.limits import raised_in_package
 
     decoder = wire.ServerCommandDecoder()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -43,6 +43,7 @@ __all__ = [
     "OwnPort",
     "Sniffed",
     "StreamOpener",
+    "preambles",
 ]
 
 H = TypeVar("H")
@@ -176,3 +177,23 @@ class FrontEnd(Generic[H]):
     stop: Callable[[H], None] | None = None
     # Shown in /frontends.json and the web UI: which protocol this is, in a few words.
     summary: str = field(default="")
+
+
+def preambles(front_ends: Iterable[FrontEnd[Any]]) -> dict[bytes, FrontEnd[Any]]:
+    """Which front end each 4-byte preamble of the main port claims a connection for.
+
+    Raises ValueError when two front ends share a name or a preamble, or a preamble is
+    not 4 bytes: the table must say one thing for each.
+    """
+    names: set[str] = set()
+    claims: dict[bytes, FrontEnd[Any]] = {}
+    for spec in front_ends:
+        if spec.name in names:
+            raise ValueError(f"two front ends are named {spec.name!r}")
+        names.add(spec.name)
+        if isinstance(spec.reach, Sniffed):
+            for preamble in spec.reach.preambles:
+                if len(preamble) != 4 or preamble in claims:
+                    raise ValueError(f"{spec.name}: preamble {preamble!r} taken or not 4 bytes")
+                claims[preamble] = spec
+    return claims

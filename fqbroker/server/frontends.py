@@ -13,12 +13,20 @@ from typing import Any
 
 from fqbroker.frontends.fq import frontend as fq
 from fqbroker.frontends.http import frontend as http
-from fqbroker.server.frontend import FrontEnd
+from fqbroker.server.frontend import FrontEnd, preambles
 
-__all__ = ["FRONT_ENDS"]
+__all__ = ["FRONT_ENDS", "sniff"]
 
 FRONT_ENDS: tuple[FrontEnd[Any], ...] = (
     fq.COMMAND,
     fq.DATA,
     http.HTTP,
 )
+
+_CLAIMS = preambles(FRONT_ENDS)
+
+
+def sniff(first4: bytes) -> FrontEnd[Any] | None:
+    """The front end of the table a main-port connection opening with ``first4`` is
+    for (§1.2), or None: such a connection is closed."""
+    return _CLAIMS.get(first4)

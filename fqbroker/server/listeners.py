@@ -25,7 +25,14 @@ from typing import Any, cast
 
 from fqbroker.config import Settings
 from fqbroker.server.connections import peer_address
-from fqbroker.server.frontend import Datagrams, FrontEnd, LiveFrontEnd, OwnPort, Sniffed
+from fqbroker.server.frontend import (
+    Datagrams,
+    FrontEnd,
+    LiveFrontEnd,
+    OwnPort,
+    Sniffed,
+    preambles,
+)
 from fqbroker.server.limits import Limits
 
 __all__ = ["LINGER_SECONDS", "STOP_SECONDS", "Listeners"]
@@ -50,17 +57,10 @@ class Listeners:
         self.host = host
         self.settings = settings
         self.limits = limits
-        self.front_ends: dict[str, LiveFrontEnd] = {}
-        self._claims: dict[bytes, LiveFrontEnd] = {}
-        for spec in front_ends:
-            if spec.name in self.front_ends:
-                raise ValueError(f"two front ends are named {spec.name!r}")
-            live = self.front_ends[spec.name] = LiveFrontEnd(spec)
-            if isinstance(spec.reach, Sniffed):
-                for preamble in spec.reach.preambles:
-                    if len(preamble) != 4 or preamble in self._claims:
-                        raise ValueError(f"{spec.name}: preamble {preamble!r} taken or not 4 bytes")
-                    self._claims[preamble] = live
+        front_ends = tuple(front_ends)
+        claims = preambles(front_ends)  # checks the table first
+        self.front_ends = {spec.name: LiveFrontEnd(spec) for spec in front_ends}
+        self._claims = {first4: self.front_ends[spec.name] for first4, spec in claims.items()}
         # Connections no front end owns yet (sniffing, or refused), with their address.
         self.unclaimed: dict[asyncio.Transport, str] = {}
         self.port = 0
