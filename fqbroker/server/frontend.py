@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 from fqbroker.config import Settings
@@ -176,7 +176,7 @@ class FrontEnd(Generic[H]):
     describe: Callable[[asyncio.BaseProtocol], tuple[tuple[str, str | int], ...]] | None = None
     stop: Callable[[H], None] | None = None
     # Shown in /frontends.json and the web UI: which protocol this is, in a few words.
-    summary: str = field(default="")
+    summary: str = ""
 
 
 def preambles(front_ends: Iterable[FrontEnd[Any]]) -> dict[bytes, FrontEnd[Any]]:

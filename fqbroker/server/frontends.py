@@ -1,10 +1,20 @@
 """The table of front ends: every protocol the broker serves, registered here once.
 
 The broker opens, counts, limits and stops each of them from this tuple
-(:mod:`fqbroker.server.listeners`); stats, metrics and the web UI list them from it. A new
-front end is a module declaring one :class:`~fqbroker.server.frontend.FrontEnd` (see
-:mod:`fqbroker.frontends.http.frontend` for one on the main port, and tests/test_frontends.py
-for TCP, TLS and UDP ones on ports of their own) plus one line below.
+(:mod:`fqbroker.server.listeners`); /frontends.json, /metrics and the web UI list them
+from it. Adding a front end:
+
+1. a package under ``fqbroker/frontends/`` whose ``frontend.py`` declares one
+   :class:`~fqbroker.server.frontend.FrontEnd`: its name, how it is reached
+   (``Sniffed`` preambles on the main port, or ``OwnPort``/``Datagrams`` with the
+   address read from the settings, None while not configured), and ``open``, which
+   returns the protocol that takes the connection over and calls ``closed(transport)``
+   on its host when it ends (see :mod:`fqbroker.frontends.http.frontend`, and
+   tests/test_frontends.py for TCP, TLS and UDP ones);
+2. one line below;
+3. a fuzz entry of the same name in bench/frontends.py (tests/test_frontends.py asks).
+
+The settings a port of its own needs (port, TLS files) go to :mod:`fqbroker.config`.
 """
 
 from __future__ import annotations
