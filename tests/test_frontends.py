@@ -315,15 +315,31 @@ async def test_stop_closes_every_port_and_connection(settings: Settings) -> None
     writer.close()
 
 
-def test_own_ports_under_uvloop(settings: Settings) -> None:
+def test_own_ports_under_uvloop(settings: Settings, tmp_path: Path) -> None:
     uvloop = pytest.importorskip("uvloop")
+    server, client = self_signed(tmp_path)
 
     async def main() -> None:
-        async with running(settings, ECHO_TCP) as broker:
+        async with running(settings, ECHO_TCP, echo_tls(server), ECHO_UDP) as broker:
             await echo_round_trip(port_of(broker, "echo-tcp"), b"uv")
+            await echo_round_trip(port_of(broker, "echo-tls"), b"uv tls", ssl=client)
+            loop = asyncio.get_running_loop()
+            got: asyncio.Future[bytes] = loop.create_future()
+
+            class Client(asyncio.DatagramProtocol):
+                def datagram_received(self, data: bytes, addr: Any) -> None:
+                    got.set_result(data)
+
+            transport, _ = await loop.create_datagram_endpoint(
+                Client, remote_addr=("127.0.0.1", port_of(broker, "echo-udp"))
+            )
+            transport.sendto(b"uv udp")
+            async with asyncio.timeout(TIMEOUT):
+                assert await got == b"uv udp"
+            transport.close()
             # The main port's front ends too: the sniffer hands over under uvloop.
-            response, _ = await get(broker.port, "/frontends.json")
-            assert response.status_code == 200
+            fes = await front_ends_json(broker)
+            assert fes["echo-tls"]["accepted"] == 1 and fes["echo-udp"]["datagrams"] == 1
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
