@@ -123,6 +123,7 @@ class Broker:
 
     @property
     def _http_tasks(self) -> set[asyncio.Task[None]]:
+        # The HTTP front end's tasks, under the name tests wait on.
         live = self.listeners.front_ends.get("http")
         return live.tasks if live is not None else set()
 
