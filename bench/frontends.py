@@ -4,7 +4,10 @@ An entry says how to reach the front end (TCP or UDP, and which port), how to op
 session whose opening bytes may themselves be mutated, how to generate one valid frame, how
 to mutate one, and a normal round trip that must succeed however hard the front end is
 being fuzzed. A new front end (Lumberjack, Figg, fyrehose, OpenCluster) adds one entry to
-:data:`FRONT_ENDS`; nothing else in the fuzzer changes.
+:data:`FRONT_ENDS`, named as in the broker's table (fqbroker/server/frontends.py;
+tests/test_frontends.py fails while a front end there has no entry here); one on a port of
+its own finds it in ``Target.ports[name]``, read from the broker's /frontends.json.
+Nothing else in the fuzzer changes.
 
 Every random choice of a session comes from the ``random.Random`` it is given, so a
 session replayed with the same seed sends the same bytes (apart from the key a data socket
@@ -52,7 +55,26 @@ class Target:
 
     host: str
     fq_port: int
-    ports: dict[str, int] = field(default_factory=dict)  # later front ends' own ports
+    ports: dict[str, int] = field(default_factory=dict)  # front ends' own ports, by name
+
+    @classmethod
+    async def of(cls, host: str, fq_port: int) -> Target:
+        """The broker's ports as its table of front ends has them (/frontends.json): the
+        main port, and each front end's own port by the front end's name."""
+        reader, writer = await asyncio.open_connection(host, fq_port)
+        try:
+            writer.write(b"GET /frontends.json HTTP/1.1\r\nHost: fuzz\r\n\r\n")
+            status, body = await http_reply(reader)
+        finally:
+            writer.close()
+        if status != 200:
+            raise AssertionError(f"/frontends.json: {status} {body[:200]!r}")
+        ports = {
+            fe["name"]: fe["port"]
+            for fe in json.loads(body)["frontends"]
+            if fe["transport"] != "main" and fe["port"] is not None
+        }
+        return cls(host, fq_port, ports)
 
 
 class Conn:

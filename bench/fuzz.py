@@ -303,7 +303,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(state, ignore_errors=True)
     broker = broker_from(args, state)
     await asyncio.to_thread(broker.start)
-    target = Target("127.0.0.1", broker.port)
+    target = await Target.of("127.0.0.1", broker.port)
     chosen = [fe for fe in FRONT_ENDS if not args.front_end or fe.name in args.front_end]
     fuzz = Fuzz(broker, target, args.frames, args.check_every, seed, random.Random(seed),
                 chosen)  # fmt: skip

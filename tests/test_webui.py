@@ -1,5 +1,6 @@
-"""The web UI in headless Chromium: a queue appears, and its rate moves with traffic; an
-upstream peer shows up with its link state and its received rate.
+"""The web UI in headless Chromium: a queue appears, and its rate moves with traffic; the
+front ends of the broker's table show with their connections; an upstream peer shows up
+with its link state and its received rate.
 
 Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`` (JSON
 messages separated by NUL bytes on file descriptors 3 and 4), so no websocket library is
@@ -255,6 +256,24 @@ QUEUE_STATE = """
 """.replace("NAME", json.dumps(QUEUE))
 
 
+# Every front-end card as a person reads it: name, how it is reached, open connections,
+# and its connections table.
+FRONTENDS_STATE = """
+(() => {
+  if (document.getElementById("frontends-panel").hidden) return null;
+  return [...document.querySelectorAll("[data-frontend]")].map(card => ({
+    name: card.dataset.frontend,
+    transport: card.dataset.transport,
+    address: card.querySelector(".address").textContent,
+    open: Number(card.querySelector('[data-field="open"]').dataset.value),
+    heads: [...card.querySelectorAll("thead th")].map(th => th.textContent),
+    rows: [...card.querySelectorAll("tbody tr")].map(
+      tr => [...tr.children].map(td => td.textContent)),
+  }));
+})()
+"""
+
+
 async def publish_steadily(
     publisher: Session, stop: asyncio.Event, exchange: str = EXCHANGE
 ) -> int:
@@ -327,6 +346,25 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
             # No upstreams configured: no "peers" in stats.json, and no Upstreams panel.
             assert await page.evaluate(PEERS_PANEL_VISIBLE) is False
             assert before["rateIn"] == 0 and before["textIn"] == "in 0 msg/s"
+
+            # The front ends of the table, in its order, each with its connections.
+            fronts = await page.wait_for(
+                f"(() => {{ const s = {FRONTENDS_STATE.strip()};"
+                " return s && s.length && s[0].open >= 2 ? s : null; })()"
+            )
+            assert [f["name"] for f in fronts] == ["fq-command", "fq-data", "http"]
+            assert {f["transport"] for f in fronts} == {"main"}
+            assert {f["address"] for f in fronts} == {f"127.0.0.1:{broker.port}"}
+            command, data, _ = fronts
+            assert command["heads"] == ["address", "user", "queue"]
+            users = sorted(row[1] for row in command["rows"])
+            assert users == ["ui-reader", "ui-writer"]
+            assert sorted(row[2] for row in command["rows"]) == sorted([QUEUE, "ui-writer-q"])
+            assert all(row[0].startswith("127.0.0.1:") for row in command["rows"])
+            assert data["open"] == 2 and sorted(row[2] for row in data["rows"]) == [
+                "ui-reader",
+                "ui-writer",
+            ]
 
             tasks = [
                 asyncio.create_task(publish_steadily(publisher, stop)),

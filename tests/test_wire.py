@@ -20,7 +20,6 @@ from .vectors import (
     PEER_MESSAGE_BYTES,
     PUBLISH_MESSAGE_BYTES,
     SERVER_REPLIES,
-    SNIFF,
     STATUS_KEYS,
 )
 
@@ -47,12 +46,6 @@ def _next(decoder):  # type: ignore[no-untyped-def]
     if isinstance(decoder, wire.DataHelloDecoder):
         return decoder.next_hello()
     return decoder.next_frame()
-
-
-@pytest.mark.parametrize("sniffed", SNIFF, ids=lambda s: s[0].hex())
-def test_sniff(sniffed: tuple[bytes, object]) -> None:
-    first4, expected = sniffed
-    assert wire.sniff(first4) == expected
 
 
 @pytest.mark.parametrize(("name", "frame", "data"), CLIENT_COMMANDS, ids=_ids(CLIENT_COMMANDS))

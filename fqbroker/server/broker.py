@@ -1,10 +1,11 @@
-"""The broker: one listening port, sessions told apart by their first 4 bytes.
+"""The broker: the routing core, the queues and the client registry, behind every front end.
 
-This is fqd_listener.c plus the client and queue registry of fqd_config.c. A connection
-says what it is in its first 4 bytes (:func:`fqbroker.frontends.fq.wire.sniff`): command and data
-channels get a session each, HTTP goes to the HTTP front end, anything else is closed at
-once. The :class:`Broker` owns the router, the queues and the key registry; sessions
-call into it and it never calls into a socket.
+This is fqd's main plus the client and queue registry of fqd_config.c. The ports and the
+connections on them are :mod:`fqbroker.server.listeners`' business, opened for each front
+end of the table (:mod:`fqbroker.server.frontends`): fq's command and data channels and
+HTTP share the main port, told apart by their first 4 bytes. The :class:`Broker` owns the
+router, the queues and the key registry; sessions call into it and it never calls into
+a socket.
 
 Sessions are protocols on the connection's transport, not tasks: an idle client costs
 its two transports and two small objects, so a broker holds tens of thousands of them.
@@ -14,50 +15,41 @@ HTTP, rare and short, keeps its streams and a task per connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import Settings, resolve_node_id
 from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.program import RuleRegistry, default_registry
 from fqbroker.core.queue import Queue
 from fqbroker.core.router import Router
-from fqbroker.frontends.fq import wire
-from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
-from fqbroker.frontends.fq.data import DataSession
 from fqbroker.frontends.fq.peering import Peering
 from fqbroker.frontends.fq.registry import ClientRegistry
-from fqbroker.server.connections import peer_address
+from fqbroker.server.frontend import FrontEnd, LiveFrontEnd
+from fqbroker.server.frontends import FRONT_ENDS
 from fqbroker.server.heartbeats import HeartbeatClock
 from fqbroker.server.limits import Limits, install_exception_handler, raised_in_package
+from fqbroker.server.listeners import Listeners
 from fqbroker.storage.catalog import Catalog
 from fqbroker.storage.state import ConfigStore
+
+if TYPE_CHECKING:
+    from fqbroker.frontends.http.host import HttpHost
 
 __all__ = ["Broker"]
 
 log = logging.getLogger(__name__)
 
-STOP_SECONDS = 5.0  # how long stop() waits for connections to flush and close
-
-# The answer to an HTTP request over a connection limit (docs/limits.md).
-SERVICE_UNAVAILABLE = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"content-length: 34\r\nconnection: close\r\n\r\n"
-    b'{"error": "too many connections"}\n'
-)
-
-HttpHandler = Callable[
-    ["Broker", bytes, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]
-]
-
 
 class Broker:
-    """One fq broker: router, queues, clients and the listening socket."""
+    """One fq broker: router, queues, clients, and the front ends of the table."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        front_ends: Iterable[FrontEnd[Any]] = FRONT_ENDS,
+    ) -> None:
         self.settings = settings or Settings()
         self.node_id = resolve_node_id(self.settings.node_id)
         self.router = Router(self._rule_registry())
@@ -69,13 +61,8 @@ class Broker:
         self.limits = Limits(self.settings, self.queues)
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
         self.msgids = MsgIdCounter()
-        self.http_handler: HttpHandler | None = _serve_http
-        self._server: asyncio.Server | None = None
-        # Every open connection, to close at stop, with its source address when the
-        # per-address limit needs it; a dict is smaller than a set.
-        self._connections: dict[asyncio.Transport, str] = {}
-        self._http_tasks: set[asyncio.Task[None]] = set()
-        self._all_closed: asyncio.Event | None = None
+        # Every port and connection, for each front end of the table.
+        self.listeners = Listeners(self, self.settings, self.limits, front_ends)
         self._stopped = False
         self.heartbeats = HeartbeatClock()
         # Client keys to command sessions, and those sessions' host (docs/architecture.md).
@@ -104,20 +91,8 @@ class Broker:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         install_exception_handler(loop, self.limits, self._is_ours)
-        self._server = await loop.create_server(
-            lambda: _Sniffer(self),
-            host=self.settings.bind,
-            port=self.settings.port,
-            reuse_address=True,
-            backlog=128,
-        )
-        for sock in self._server.sockets:
-            # Accepted sockets inherit these (Linux): no per-connection call, and none of
-            # the socket objects uvloop would build and keep for it.
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self.listeners.start()
+        self.port = self.listeners.port
         log.info("Listening on port: %d", self.port)
         self.peering.start()
 
@@ -126,17 +101,7 @@ class Broker:
             return
         self._stopped = True
         await self.peering.stop()
-        if self._server is not None:
-            self._server.close()
-        for session in list(self.clients.values()):
-            session.close()
-        for task in list(self._http_tasks):
-            task.cancel()
-        if self._http_tasks:
-            await asyncio.wait(self._http_tasks, timeout=5)
-        await self._close_connections()
-        if self._server is not None:
-            await self._server.wait_closed()
+        await self.listeners.stop()
         self.heartbeats.close()
         self.catalog.close()
 
@@ -148,216 +113,40 @@ class Broker:
         await self.stop()
 
     async def serve_forever(self) -> None:
-        assert self._server is not None
-        await self._server.serve_forever()
+        await self.listeners.serve_forever()
 
     # --- connections ----------------------------------------------------------------------
 
-    def opened(self, transport: asyncio.Transport) -> str | None:
-        """Count a new connection; the limit it is over (docs/limits.md), or None."""
-        address = peer_address(transport)[0] if self.limits.max_per_address > 0 else ""
-        self._connections[transport] = address
-        return self.limits.connection_opened(address)
+    @property
+    def front_ends(self) -> Mapping[str, LiveFrontEnd]:
+        """Each front end of the table by name: its counters, connections and address."""
+        return self.listeners.front_ends
+
+    @property
+    def _http_tasks(self) -> set[asyncio.Task[None]]:
+        # The HTTP front end's tasks, under the name tests wait on.
+        live = self.listeners.front_ends.get("http")
+        return live.tasks if live is not None else set()
 
     def closed(self, transport: asyncio.Transport) -> None:
-        address = self._connections.pop(transport, None)
-        if address is not None:
-            self.limits.connection_closed(address)
-        if not self._connections and self._all_closed is not None:
-            self._all_closed.set()
+        """A connection of any front end ended: give back what the limits counted."""
+        self.listeners.closed(transport)
 
     def _is_ours(self, context: dict[str, Any]) -> bool:
         """Whether an error asyncio reports came from this broker's connections or code."""
         if getattr(context.get("protocol"), "broker", None) is self:
             return True
+        transport = context.get("transport")
+        if transport is not None and self.listeners.owns(transport):
+            return True
         sock = context.get("socket")
-        if sock is not None and self._server is not None:
-            with contextlib.suppress(OSError):
-                return sock.fileno() in {s.fileno() for s in self._server.sockets}
+        if sock is not None:
+            return self.listeners.listens_on(sock)
         exc = context.get("exception")
         return isinstance(exc, BaseException) and raised_in_package(exc)
 
-    async def _close_connections(self) -> None:
-        """Close every connection and wait for the sessions to end, before queues close.
 
-        A session still running when the catalog closes could publish into closed queues.
-        """
-        if not self._connections:
-            return
-        self._all_closed = asyncio.Event()
-        for transport in list(self._connections):
-            transport.close()
-        try:
-            async with asyncio.timeout(STOP_SECONDS):
-                await self._all_closed.wait()
-        except TimeoutError:
-            for transport in list(self._connections):
-                transport.abort()  # a client that does not read what is still queued
+if TYPE_CHECKING:
 
-    def serve_http(
-        self, transport: asyncio.Transport, first4: bytes, rest: bytes, handler: HttpHandler
-    ) -> None:
-        """Put the connection on streams, with what was read already, for the HTTP task."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(loop=loop)
-        protocol = _HttpProtocol(self, reader, loop=loop)
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        writer = asyncio.StreamWriter(transport, protocol, reader, loop)
-        if rest:
-            reader.feed_data(rest)
-        task = loop.create_task(self._http(handler, first4, reader, writer))
-        self._http_tasks.add(task)
-        task.add_done_callback(self._http_tasks.discard)
-
-    async def _http(
-        self,
-        handler: HttpHandler,
-        first4: bytes,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        try:
-            await handler(self, first4, reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
-            writer.close()
-        except asyncio.CancelledError:
-            # The broker is stopping. Ending quietly matters: whoever looks at this task's
-            # result would log a cancelled one as an error.
-            writer.close()
-        except Exception as exc:
-            self.limits.bug(exc, "HTTP connection")
-            writer.close()
-
-    async def linger_close(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Send what is queued, then close without a reset.
-
-        Closing with unread input makes the kernel send RST, which can destroy the error
-        frame before the client reads it (§1.8). So: flush, half-close, and discard input
-        for a moment so the client sees the frame and then a clean end of stream.
-        """
-        # OSError, not only ConnectionError: write_eof on a socket the peer reset
-        # fails with ENOTCONN.
-        with contextlib.suppress(OSError, TimeoutError):
-            await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-            async with asyncio.timeout(LINGER_SECONDS):
-                while await reader.read(65536):
-                    pass
-        writer.close()
-
-
-async def _serve_http(
-    broker: Broker, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    # h11 and the HTTP front end are loaded by the first HTTP request, not by every broker.
-    from fqbroker.frontends.http import endpoints
-
-    await endpoints.serve(broker, first4, reader, writer)
-
-
-class _Sniffer(asyncio.Protocol):
-    """A new connection until its first 4 bytes say what it is (§1.2)."""
-
-    __slots__ = ("broker", "buffer", "refused", "timer", "transport")
-
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
-        self.buffer: bytes | None = b""
-        self.refused: str | None = None  # the limit this connection is over
-        self.timer: asyncio.TimerHandle | None = None
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, only alike.
-        transport = cast(asyncio.Transport, transport)
-        self.transport = transport
-        self.refused = self.broker.opened(transport)
-        # One over a limit gets a moment to say what it is, for the right answer.
-        wait = LINGER_SECONDS if self.refused else self.broker.settings.idle_sniff_timeout
-        self.timer = asyncio.get_running_loop().call_later(wait, transport.close)
-
-    def data_received(self, data: bytes) -> None:
-        if self.buffer is None:
-            return  # refused: what follows is read and thrown away until the close
-        self.buffer += data
-        if len(self.buffer) < 4:
-            return
-        assert self.timer is not None and self.transport is not None
-        self.timer.cancel()
-        first4, rest = self.buffer[:4], self.buffer[4:]
-        if self.refused:
-            self.buffer = None
-            self.timer = _refuse(self.broker, self.transport, first4, self.refused)
-            return
-        _hand_over(self.broker, self.transport, first4, rest)
-
-    def eof_received(self) -> bool:
-        return False  # closed before saying what it is
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.transport is not None:
-            self.broker.closed(self.transport)
-
-
-def _refuse(
-    broker: Broker, transport: asyncio.Transport, first4: bytes, reason: str
-) -> asyncio.TimerHandle:
-    """Turn away a connection over a limit: a 503 for HTTP, a close for fq (§1.9's way
-    with unknown input). The HTTP answer lingers a moment so a reset cannot destroy it."""
-    address, port = peer_address(transport)
-    if wire.sniff(first4) == "http":
-        from fqbroker.frontends.http.stats import http_counters
-
-        http_counters(broker).responses[503] += 1
-        transport.write(SERVICE_UNAVAILABLE)
-        with contextlib.suppress(OSError):
-            transport.write_eof()
-    else:
-        transport.close()
-    broker.limits.refuse(reason, "refusing connection from %s:%d: over %s", address, port, reason)
-    return asyncio.get_running_loop().call_later(LINGER_SECONDS, transport.close)
-
-
-def _hand_over(broker: Broker, transport: asyncio.Transport, first4: bytes, rest: bytes) -> None:
-    mode = wire.sniff(first4)
-    session: CommandSession | DataSession
-    if mode is wire.Mode.CMD:
-        session = CommandSession(broker.registry, transport)
-    elif mode in (wire.Mode.DATA, wire.Mode.PEER, wire.Mode.OLD_PEER):
-        assert isinstance(mode, wire.Mode)
-        session = DataSession(broker, mode, transport)
-    elif mode == "http" and broker.http_handler is not None:
-        broker.serve_http(transport, first4, rest, broker.http_handler)
-        return
-    else:
-        broker.limits.bad("preamble", "closing connection with unknown preamble %s", first4.hex())
-        transport.close()
-        return
-    transport.set_protocol(session)
-    if rest:
-        session.data_received(rest)
-
-
-class _HttpProtocol(asyncio.StreamReaderProtocol):
-    def __init__(
-        self, broker: Broker, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop
-    ) -> None:
-        super().__init__(reader, loop=loop)
-        self.broker = broker  # what the exception handler asks a protocol for
-        self._conn: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._conn = cast(asyncio.Transport, transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)
-        if self._conn is not None:
-            self.broker.closed(self._conn)
-            self._conn = None
+    def _serves_http(broker: Broker) -> HttpHost:
+        return broker  # the Broker is the host the HTTP front end declares

@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 QUEUES_PER_USER_TEXT = "too many queues for this user"
 DISK_QUEUE_RATE_TEXT = "disk queue creation rate exceeded, try again later"
 
-PACKAGE_DIR = str(Path(__file__).resolve().parent)
+# The whole package (this module is in fqbroker/server/): a bug in any of its modules is ours.
+PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
 
 
 class LogLimiter:

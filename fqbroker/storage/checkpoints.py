@@ -10,14 +10,12 @@ failure is a :class:`CheckpointError` with fqd's text.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
+from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueKind
 from fqbroker.errors import FqError
-
-if TYPE_CHECKING:
-    from fqbroker.core.queue import Queue
-    from fqbroker.server.broker import Broker
 
 __all__ = [
     "RESERVED",
@@ -29,6 +27,13 @@ __all__ = [
 
 RESERVED = "fq"  # the broker's own reader
 _POSITION = re.compile(r"([0-9]*):([0-9]*)")
+
+
+class QueueSource(Protocol):
+    """What the checkpoints need of the broker: its queues by name."""
+
+    @property
+    def queues(self) -> Mapping[bytes, Queue]: ...
 
 
 class CheckpointError(FqError):
@@ -51,7 +56,7 @@ def format_position(seq: int) -> str:
     return f"{seq >> 32}:{seq & 0xFFFFFFFF}"
 
 
-def _disk_queue(broker: Broker, cpname: str, qname: str) -> Queue:
+def _disk_queue(broker: QueueSource, cpname: str, qname: str) -> Queue:
     if cpname == RESERVED:
         raise CheckpointError("'fq' is a reserved name, cannot be used for a checkpoint name")
     queue = broker.queues.get(qname.encode())
@@ -64,7 +69,7 @@ def _disk_queue(broker: Broker, cpname: str, qname: str) -> Queue:
     return queue
 
 
-def add_checkpoint(broker: Broker, cpname: str, qname: str, chkptid: str) -> str:
+def add_checkpoint(broker: QueueSource, cpname: str, qname: str, chkptid: str) -> str:
     queue = _disk_queue(broker, cpname, qname)
     seq = parse_position(chkptid)
     log = queue.disk_log()
@@ -80,7 +85,7 @@ def add_checkpoint(broker: Broker, cpname: str, qname: str, chkptid: str) -> str
     return "Checkpoint added"
 
 
-def remove_checkpoint(broker: Broker, cpname: str, qname: str) -> str:
+def remove_checkpoint(broker: QueueSource, cpname: str, qname: str) -> str:
     queue = _disk_queue(broker, cpname, qname)
     log = queue.disk_log()
     if cpname not in log.checkpoints:
@@ -89,7 +94,7 @@ def remove_checkpoint(broker: Broker, cpname: str, qname: str) -> str:
     return "Checkpoint removed"
 
 
-def reset_to_checkpoint(broker: Broker, cpname: str, qname: str) -> str:
+def reset_to_checkpoint(broker: QueueSource, cpname: str, qname: str) -> str:
     queue = _disk_queue(broker, cpname, qname)
     log = queue.disk_log()
     if cpname not in log.checkpoints:

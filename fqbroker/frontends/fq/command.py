@@ -275,7 +275,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         self.transport.close()
 
     def _linger(self) -> None:
-        """Close without a reset once the error frame is out (as Broker.linger_close).
+        """Close without a reset once the error frame is out (as the HTTP front end's linger_close).
 
         Closing with unread input makes the kernel send RST, which can destroy the error
         frame before the client reads it (§1.8). So: half-close after what is queued,

@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-Every connection starts with 4 big-endian bytes that say what it is (:func:`sniff`):
+Every connection starts with 4 big-endian bytes that say what it is (:class:`Mode`; the
+table of front ends, :mod:`fqbroker.server.frontends`, hands it on by them):
 ``0xcc50cafe`` command, ``0xcc50face`` data, ``0xcc50feed`` peer data (4-byte peer id
 follows), ``0xcc50fade`` old peer data (no peer id), or the first 4 bytes of an HTTP
 request. What follows the magic is decoded by one of the decoders here:
@@ -30,14 +31,13 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Final, Literal
+from typing import Final
 
 from fqbroker.core.message import MAX_HOPS
 from fqbroker.errors import AuthError, FrameTooLarge, ProtocolError
 
 __all__ = [
     "BIND_ILLEGAL",
-    "HTTP_METHODS",
     "KEY_LEN",
     "MAX_HOPS",
     "MAX_MESSAGE_SIZE",
@@ -67,7 +67,6 @@ __all__ = [
     "UnbindRequest",
     "UnbindResponse",
     "encode",
-    "sniff",
 ]
 
 
@@ -116,7 +115,6 @@ MAX_QUEUE_FIELD: Final = 1023
 MAX_PASSWORD: Final = 10240
 MAX_MESSAGE_SIZE: Final = 1 << 28
 BIND_ILLEGAL: Final = 0xFFFFFFFF
-HTTP_METHODS: Final = frozenset({b"GET ", b"PUT ", b"POST", b"HEAD"})
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -128,18 +126,6 @@ _U64 = struct.Struct(">Q")
 NO_PEER: Final = bytes(4)  # the peer id of a data channel that is no peer
 CONFIRM_STATUS_KEY: Final = "confirm"
 CONFIRM_VERSION: Final = 1
-
-
-def sniff(first4: bytes) -> Mode | Literal["http"] | None:
-    """What a connection is, from its first 4 bytes; ``None`` means close it."""
-    if first4 in HTTP_METHODS:
-        return "http"
-    if len(first4) != 4:
-        return None
-    try:
-        return Mode(_U32.unpack(first4)[0])
-    except ValueError:
-        return None
 
 
 # --- frames -------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ docs/http.md. Limits keep a bad client from hurting anyone else: headers are bou
 (431), bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
 
 Admin endpoints (/submit, checkpoints, /shutdown) need the configured ``admin_token``
-when there is one; /stats.json, /metrics, the replay reads of replay.py and the static
-files stay open.
+when there is one; /stats.json, /frontends.json, /metrics, the replay reads of replay.py
+and the static files stay open. The broker is reached through the narrow Protocols of
+:mod:`fqbroker.frontends.http.host`, never imported.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import logging
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import h11
@@ -34,17 +34,16 @@ import h11
 from fqbroker.core.message import Message
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http import replay
-from fqbroker.frontends.http.stats import http_counters, render_stats_json
+from fqbroker.frontends.http.host import HttpHost
+from fqbroker.frontends.http.stats import http_counters, render_front_ends_json, render_stats_json
 from fqbroker.storage import checkpoints
-
-if TYPE_CHECKING:
-    from fqbroker.server.broker import Broker
 
 __all__ = ["serve"]
 
 log = logging.getLogger(__name__)
 
 READ_SIZE = 65536
+LINGER_SECONDS = 1.0  # how long a close waits for the client to read the last reply
 MAX_HEADER_BYTES = 32 * 1024  # request line plus headers
 MAX_OTHER_BODY = 64 * 1024  # bodies nobody reads (GET with a body, checkpoints, ...)
 PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
@@ -103,7 +102,7 @@ NOT_FOUND = Reply(404, content_type="text/html")
 
 
 async def serve(
-    broker: Broker, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    broker: HttpHost, first4: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
     """Serve HTTP requests on a connection until the client or an error ends it."""
     counters = http_counters(broker)
@@ -119,7 +118,7 @@ async def serve(
 class _Connection:
     def __init__(
         self,
-        broker: Broker,
+        broker: HttpHost,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         first4: bytes,
@@ -234,7 +233,7 @@ class _Connection:
     async def _close(self) -> None:
         # Unread input at close() makes the kernel send RST, which can destroy the reply
         # before the client reads it; linger_close flushes and drains first.
-        await self.broker.linger_close(self.reader, self.writer)
+        await linger_close(self.reader, self.writer)
 
     # --- endpoints ------------------------------------------------------------------------
 
@@ -259,6 +258,8 @@ class _Connection:
         if reply is None:
             if path == "/stats.json":
                 reply = Reply(200, render_stats_json(self.broker))
+            elif path == "/frontends.json":
+                reply = Reply(200, render_front_ends_json(self.broker))
             elif path == "/metrics":
                 # prometheus_client is 2 MB of a broker's memory: loaded when scraped.
                 from fqbroker.frontends.http.metrics import render_metrics
@@ -399,6 +400,25 @@ class _Connection:
             return NOT_FOUND
         body, content_type = found
         return Reply(200, body, content_type, headers=[(b"cache-control", b"no-cache")])
+
+
+async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Send what is queued, then close without a reset.
+
+    Closing with unread input makes the kernel send RST, which can destroy the error
+    frame before the client reads it (§1.8). So: flush, half-close, and discard input
+    for a moment so the client sees the frame and then a clean end of stream.
+    """
+    # OSError, not only ConnectionError: write_eof on a socket the peer reset
+    # fails with ENOTCONN.
+    with contextlib.suppress(OSError, TimeoutError):
+        await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(LINGER_SECONDS):
+            while await reader.read(65536):
+                pass
+    writer.close()
 
 
 def _header_problem(sender: bytes, route: bytes | None, exchange: bytes | None) -> str | None:

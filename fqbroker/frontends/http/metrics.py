@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -32,11 +31,9 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from fqbroker.core.message import hop_addresses
+from fqbroker.frontends.http.host import StatsSource
 from fqbroker.frontends.http.stats import ClientSnapshot, Snapshot, take_snapshot
 from fqbroker.version import __version__
-
-if TYPE_CHECKING:
-    from fqbroker.server.broker import Broker
 
 __all__ = ["BrokerCollector", "registry_for", "render_metrics"]
 
@@ -50,7 +47,7 @@ def _label(name: bytes) -> str:
 class BrokerCollector(Collector):
     """Every broker counter as a metric family, read when Prometheus scrapes."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: StatsSource) -> None:
         # A weak reference: the registry lives in a map keyed by the broker and must not
         # keep it alive.
         self._broker = weakref.ref(broker)
@@ -78,6 +75,7 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     yield from _queues(snap)
     yield from _clients(snap)
     yield from _connections(snap)
+    yield from _front_ends(snap)
     yield from _peers(snap)
     yield from _limits(snap)
     yield from _memory(snap)
@@ -309,6 +307,43 @@ def _connections(snap: Snapshot) -> Iterator[Metric]:
     yield responses
 
 
+def _front_ends(snap: Snapshot) -> Iterator[Metric]:
+    """Every front end of the table alike, whatever protocol it speaks."""
+    labels = ["frontend"]
+    info = InfoMetricFamily("fq_frontend", "How a front end is reached, and where.", labels=labels)
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+        "open": GaugeMetricFamily(
+            "fq_frontend_connections", "Connections the front end has open.", labels=labels
+        ),
+        "accepted": CounterMetricFamily(
+            "fq_frontend_accepted", "Connections the front end was given.", labels=labels
+        ),
+        "refused": CounterMetricFamily(
+            "fq_frontend_refused",
+            "Connections to the front end refused by a connection limit.",
+            labels=labels,
+        ),
+        "bytes_in": CounterMetricFamily(
+            "fq_frontend_received_bytes", "Bytes the front end read.", labels=labels
+        ),
+        "bytes_out": CounterMetricFamily(
+            "fq_frontend_sent_bytes", "Bytes the front end wrote.", labels=labels
+        ),
+        "datagrams": CounterMetricFamily(
+            "fq_frontend_datagrams", "Datagrams the front end received.", labels=labels
+        ),
+    }
+    for fe in snap.front_ends:
+        address = "" if fe.host is None else f"{fe.host}:{fe.port}"
+        info.add_metric([fe.name], {"transport": fe.transport, "address": address})
+        for key, family in families.items():
+            value = getattr(fe.counters, key)
+            if value is not None:  # a counter the front end does not keep is no sample
+                family.add_metric([fe.name], value)
+    yield info
+    yield from (m for m in families.values() if m.samples)
+
+
 def _limits(snap: Snapshot) -> Iterator[Metric]:
     bad = CounterMetricFamily(
         "fq_bad_input",
@@ -361,10 +396,10 @@ def _peers(snap: Snapshot) -> Iterator[Metric]:
     yield from (up, reconnects, received, looped, duplicates, bindings)
 
 
-_registries: weakref.WeakKeyDictionary[Broker, CollectorRegistry] = weakref.WeakKeyDictionary()
+_registries: weakref.WeakKeyDictionary[StatsSource, CollectorRegistry] = weakref.WeakKeyDictionary()
 
 
-def registry_for(broker: Broker) -> CollectorRegistry:
+def registry_for(broker: StatsSource) -> CollectorRegistry:
     """The broker's own registry: its collector plus this process's standard metrics."""
     registry = _registries.get(broker)
     if registry is None:
@@ -376,7 +411,7 @@ def registry_for(broker: Broker) -> CollectorRegistry:
     return registry
 
 
-def render_metrics(broker: Broker, accept: str = "") -> tuple[bytes, str]:
+def render_metrics(broker: StatsSource, accept: str = "") -> tuple[bytes, str]:
     """The /metrics body and its content type, in the format the scraper asked for."""
     encoder, content_type = choose_encoder(accept)
     return encoder(registry_for(broker)), content_type

@@ -25,16 +25,13 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from fqbroker.core.message import Message, place_seq
 from fqbroker.core.queuespec import QueueKind
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+from fqbroker.frontends.http.host import QueueSource
 from fqbroker.storage.store import DiskStore, split_record
-
-if TYPE_CHECKING:
-    from fqbroker.server.broker import Broker
 
 __all__ = ["CONTENT_TYPE", "PATHS", "Entry", "decode_entries", "encode_entry", "respond"]
 
@@ -64,7 +61,7 @@ class _Refused(Exception):
         self.extra = extra
 
 
-def respond(broker: Broker, path: str, query: str) -> Answer:
+def respond(broker: QueueSource, path: str, query: str) -> Answer:
     params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
     try:
         name = params.get("queue")
@@ -92,7 +89,7 @@ def respond(broker: Broker, path: str, query: str) -> Answer:
         return exc.status, body, "application/json", []
 
 
-def _disk_store(broker: Broker, name: str) -> DiskStore:
+def _disk_store(broker: QueueSource, name: str) -> DiskStore:
     queue = broker.queues.get(name.encode())
     if queue is None:
         raise _Refused(404, f"Cannot find registered queue '{name}'")

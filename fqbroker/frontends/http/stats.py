@@ -6,7 +6,10 @@ so the JSON and the Prometheus metrics (:mod:`fqbroker.frontends.http.metrics`) 
 
 * :func:`stats_json` builds fqd's ``/stats.json`` object with its exact key names and
   order (§4.2);
-* :class:`fqbroker.frontends.http.metrics.BrokerCollector` turns it into metric families.
+* :class:`fqbroker.frontends.http.metrics.BrokerCollector` turns it into metric families;
+* :func:`front_ends_json` builds ``/frontends.json``, an fqbroker extension that lists
+  the front ends of the table, their counters and connections, whatever protocol each
+  speaks (fq's keys in /stats.json never see it).
 
 Names stay ``bytes`` in the snapshot; each renderer decides how to show them as text.
 The hot path never touches this module: routing bumps plain ints, and a snapshot is
@@ -20,28 +23,28 @@ import json
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import UNLIMITED_BYTES
 from fqbroker.core.router import AggregateStats, ClientStats
+from fqbroker.frontends.http.host import FqClientView, PeerLinkView, StatsSource
+from fqbroker.server.frontend import ConnectionView, FrontEndCounters, LiveFrontEnd
 from fqbroker.version import FQ_COMPAT_VERSION
-
-if TYPE_CHECKING:
-    from fqbroker.core.queue import Queue
-    from fqbroker.frontends.fq.command import CommandSession
-    from fqbroker.frontends.fq.peering import PeerLink
-    from fqbroker.server.broker import Broker
 
 __all__ = [
     "ClientSnapshot",
     "ExchangeSnapshot",
+    "FrontEndSnapshot",
     "HttpCounters",
     "MemorySnapshot",
     "PeerSnapshot",
     "QueueSnapshot",
     "RouteSnapshot",
     "Snapshot",
+    "front_ends_json",
     "http_counters",
+    "render_front_ends_json",
     "render_stats_json",
     "stats_json",
     "take_snapshot",
@@ -129,6 +132,22 @@ class PeerSnapshot:
     stats: ClientStats
 
 
+@dataclass(frozen=True, slots=True)
+class FrontEndSnapshot:
+    """A front end of the table: how it is reached, where, and what it counted.
+
+    ``connections`` is filled only for /frontends.json: a scrape needs the counts only.
+    """
+
+    name: str
+    transport: str  # "main" (the shared port), "tcp", "tls" or "udp"
+    host: str | None
+    port: int | None
+    summary: str
+    counters: FrontEndCounters
+    connections: tuple[ConnectionView, ...] | None = None
+
+
 @dataclass(slots=True)
 class HttpCounters:
     """What the HTTP front end counts for one broker (it owns no state of its own)."""
@@ -154,6 +173,7 @@ class Snapshot:
     bad_input: tuple[tuple[str, int], ...] = ()
     refused: tuple[tuple[str, int], ...] = ()
     memory: MemorySnapshot | None = None  # the broker-wide budget (docs/memory.md)
+    front_ends: tuple[FrontEndSnapshot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,10 +184,10 @@ class MemorySnapshot:
     waiting: int  # publishers waiting now
 
 
-_http: weakref.WeakKeyDictionary[Broker, HttpCounters] = weakref.WeakKeyDictionary()
+_http: weakref.WeakKeyDictionary[StatsSource, HttpCounters] = weakref.WeakKeyDictionary()
 
 
-def http_counters(broker: Broker) -> HttpCounters:
+def http_counters(broker: StatsSource) -> HttpCounters:
     """The HTTP counters of ``broker``, created on first use and gone with the broker."""
     counters = _http.get(broker)
     if counters is None:
@@ -175,7 +195,7 @@ def http_counters(broker: Broker) -> HttpCounters:
     return counters
 
 
-def take_snapshot(broker: Broker) -> Snapshot:
+def take_snapshot(broker: StatsSource) -> Snapshot:
     exchanges = tuple(
         ExchangeSnapshot(
             name=ex.name,
@@ -224,10 +244,30 @@ def take_snapshot(broker: Broker) -> Snapshot:
         memory=MemorySnapshot(
             broker.budget.used, broker.budget.limit, broker.budget.paused, broker.budget.waiting
         ),
+        front_ends=front_end_snapshots(broker),
     )
 
 
-def _peer_snapshot(link: PeerLink) -> PeerSnapshot:
+def front_end_snapshots(
+    broker: StatsSource, *, connections: bool = False
+) -> tuple[FrontEndSnapshot, ...]:
+    return tuple(_front_end_snapshot(live, connections) for live in broker.front_ends.values())
+
+
+def _front_end_snapshot(live: LiveFrontEnd, connections: bool) -> FrontEndSnapshot:
+    host, port = live.address if live.address is not None else (None, None)
+    return FrontEndSnapshot(
+        name=live.name,
+        transport=live.transport,
+        host=host,
+        port=port,
+        summary=live.spec.summary,
+        counters=dataclasses.replace(live.counters),
+        connections=tuple(live.views()) if connections else None,
+    )
+
+
+def _peer_snapshot(link: PeerLinkView) -> PeerSnapshot:
     return PeerSnapshot(
         host=link.address.host,
         port=link.address.port,
@@ -284,7 +324,7 @@ def _optional_float(obj: object, name: str) -> float | None:
 
 
 def _client_snapshot(client: object, queue: bytes) -> ClientSnapshot:
-    session: CommandSession = client  # type: ignore[assignment]  # Queue.clients is list[object]
+    session: FqClientView = client  # type: ignore[assignment]  # Queue.clients is list[object]
     data = session.data
     mode = None if data is None else ("peer" if data.is_peer else "client")
     return ClientSnapshot(
@@ -399,7 +439,43 @@ def _client_json(c: ClientSnapshot) -> dict[str, str]:
     return out
 
 
-def render_stats_json(broker: Broker) -> bytes:
+def render_stats_json(broker: StatsSource) -> bytes:
     """The /stats.json body: UTF-8 JSON, non-ASCII kept as is (fqd writes raw bytes)."""
     body = json.dumps(stats_json(take_snapshot(broker)), ensure_ascii=False)
+    return body.encode("utf-8") + b"\n"
+
+
+# --- /frontends.json -------------------------------------------------------------------------
+
+_FRONT_END_COUNTERS = tuple(f.name for f in dataclasses.fields(FrontEndCounters))
+
+
+def front_ends_json(front_ends: tuple[FrontEndSnapshot, ...]) -> dict[str, Any]:
+    """``{"frontends": [...]}``: each front end of the table, in the table's order.
+
+    Counters a front end does not keep (None) are left out rather than shown as 0.
+    """
+    out = []
+    for fe in front_ends:
+        entry: dict[str, Any] = {
+            "name": fe.name,
+            "transport": fe.transport,
+            "host": fe.host,
+            "port": fe.port,
+            "summary": fe.summary,
+        }
+        for key in _FRONT_END_COUNTERS:
+            value = getattr(fe.counters, key)
+            if value is not None:
+                entry[key] = value
+        entry["connections"] = [
+            {"remote_addr": c.remote_addr, "remote_port": c.remote_port, **dict(c.facts)}
+            for c in fe.connections or ()
+        ]
+        out.append(entry)
+    return {"frontends": out}
+
+
+def render_front_ends_json(broker: StatsSource) -> bytes:
+    body = json.dumps(front_ends_json(front_end_snapshots(broker, connections=True)))
     return body.encode("utf-8") + b"\n"

@@ -1,15 +1,18 @@
 // fq broker web UI.
 //
-// Polls /stats.json once a second (as fqd's own UI does), turns counter deltas into
-// msg/s rates, keeps the last minute of each rate for the sparklines, and keeps one card
-// per exchange, per queue and per upstream peer, updated in place so nothing jumps while
-// you read it. No libraries: the broker serves this file and nothing else is fetched.
+// Polls /stats.json once a second (as fqd's own UI does), with /frontends.json beside it,
+// turns counter deltas into msg/s rates, keeps the last minute of each rate for the
+// sparklines, and keeps one card per exchange, per queue, per upstream peer and per front
+// end, updated in place so nothing jumps while you read it. No libraries: the broker
+// serves this file and nothing else is fetched.
 //
 // Stable hooks for tests and scripts: every exchange card has data-exchange=<name>, every
 // queue card data-queue=<name>, every upstream card data-peer=<host:port>,
-// data-source=<source> and data-state=<state>; rates are elements with data-field="rate"
+// data-source=<source> and data-state=<state>, every front-end card data-frontend=<name>
+// and data-transport=<main|tcp|tls|udp>; rates are elements with data-field="rate"
 // (exchanges, upstreams), "rate-in"/"rate-out" (queues), each with the raw number in
-// data-value.
+// data-value; a front end's counters are elements with data-field=<counter> and the raw
+// number in data-value, its connections the rows of its table.
 (function () {
   "use strict";
 
@@ -480,6 +483,112 @@
     summary.className = "summary " + (up === peers.length ? "ok" : "warn");
   }
 
+  // --- front ends -----------------------------------------------------------------------
+
+  // Every front end of the broker's table alike: name, how it is reached, its counters,
+  // and a row per connection with whatever facts the front end gives for it.
+  const frontendCards = new Map();
+  const MAX_ROWS = 50; // connections listed per front end; the count says how many more
+  const FRONTEND_COUNTERS = [
+    ["open", "open"],
+    ["accepted", "accepted"],
+    ["refused", "refused"],
+    ["datagrams", "datagrams"],
+    ["bytes_in", "bytes in"],
+    ["bytes_out", "bytes out"],
+  ];
+  const TRANSPORTS = { main: "main port", tcp: "tcp", tls: "tls", udp: "udp" };
+
+  function createFrontend(name) {
+    const card = h("article", { class: "card frontend" });
+    card.dataset.frontend = name;
+    const f = {};
+    f.transport = h("span", { class: "badge" });
+    f.address = h("span", { class: "address" });
+    f.summary = h("div", { class: "summary" });
+    f.stats = h("dl", { class: "stats" });
+    f.counters = {};
+    for (const [key, label] of FRONTEND_COUNTERS) {
+      const [wrap, dd] = stat(label);
+      dd.dataset.field = key;
+      dd.dataset.value = "0";
+      f.counters[key] = [wrap, dd];
+    }
+    f.head = h("tr");
+    f.rows = h("tbody");
+    f.table = h("table", { class: "connections" }, h("thead", {}, f.head), f.rows);
+    f.more = h("div", { class: "more" });
+    card.append(
+      h("div", { class: "card-head" }, h("h3", { text: name, title: name }), f.transport, f.address),
+      f.summary,
+      f.stats,
+      f.table,
+      f.more,
+    );
+    card.fields = f;
+    return card;
+  }
+
+  function updateFrontend(card, fe) {
+    const f = card.fields;
+    card.dataset.transport = fe.transport;
+    setText(f.transport, TRANSPORTS[fe.transport] || fe.transport);
+    setText(f.address, fe.host == null ? "off" : `${fe.host}:${fe.port}`);
+    setText(f.summary, fe.summary || "");
+    // Only the counters this front end keeps: a missing one is not a zero.
+    const shown = FRONTEND_COUNTERS.filter(([key]) => fe[key] !== undefined);
+    f.stats.replaceChildren(...shown.map(([key]) => f.counters[key][0]));
+    for (const [key] of shown) {
+      const dd = f.counters[key][1];
+      const value = num(fe[key]);
+      dd.dataset.value = String(value);
+      setText(dd, key.startsWith("bytes") ? fmtBytes(value) : fmtInt(value));
+      dd.className = key === "refused" && value ? "warn" : "";
+    }
+    const conns = fe.connections || [];
+    const facts = [];
+    for (const c of conns.slice(0, MAX_ROWS)) {
+      for (const key of Object.keys(c)) {
+        if (key !== "remote_addr" && key !== "remote_port" && !facts.includes(key)) facts.push(key);
+      }
+    }
+    const headKey = facts.join("\u0000");
+    if (f.headKey !== headKey) {
+      f.headKey = headKey;
+      f.head.replaceChildren(h("th", { text: "address" }), ...facts.map((k) => h("th", { text: k })));
+    }
+    f.table.hidden = conns.length === 0;
+    f.rows.replaceChildren(
+      ...conns.slice(0, MAX_ROWS).map((c) =>
+        h(
+          "tr",
+          {},
+          h("td", { class: "code muted", text: `${c.remote_addr}:${c.remote_port}` }),
+          ...facts.map((k) => h("td", { class: "code", text: c[k] === undefined ? "–" : String(c[k]) })),
+        ),
+      ),
+    );
+    f.more.hidden = conns.length <= MAX_ROWS;
+    setText(f.more, `and ${fmtInt(conns.length - MAX_ROWS)} more`);
+  }
+
+  function renderFrontends(frontends) {
+    const panel = document.getElementById("frontends-panel");
+    panel.hidden = frontends === null;
+    if (frontends === null) return; // a broker without /frontends.json
+    // The table's order is the broker's: keep it (syncCards sorts by key).
+    syncCards(
+      document.getElementById("frontends"),
+      frontendCards,
+      frontends.map((fe, i) => [String(i).padStart(4, "0") + fe.name, fe]),
+      (key) => createFrontend(key.slice(4)),
+      (card, fe) => updateFrontend(card, fe),
+    );
+    setText(document.getElementById("frontend-count"), String(frontends.length));
+    const open = frontends.reduce((n, fe) => n + num(fe.open), 0);
+    setText(document.getElementById("frontend-summary"), `${fmtInt(open)} connections open`);
+  }
+
   // --- one poll -------------------------------------------------------------------------
 
   // Flattens the counters that get a rate into one map, so rates() treats them alike.
@@ -558,10 +667,17 @@
   async function poll() {
     const started = performance.now();
     try {
-      const response = await fetch("stats.json", { cache: "no-store" });
+      // Both at once, rendered together: one poll is one picture.
+      const [response, frontends] = await Promise.all([
+        fetch("stats.json", { cache: "no-store" }),
+        fetch("frontends.json", { cache: "no-store" })
+          .then((r) => (r.ok ? r.json() : null))
+          .catch(() => null),
+      ]);
       if (!response.ok) throw new Error("HTTP " + response.status);
       const stats = await response.json();
       render(stats, rates(counters(stats), performance.now()));
+      renderFrontends(frontends && Array.isArray(frontends.frontends) ? frontends.frontends : null);
       setStatus("live", "live · " + new Date().toLocaleTimeString());
     } catch (err) {
       // Keep the last picture; the next poll may find the broker back.

@@ -1,0 +1,80 @@
+"""fq's two front ends on the main port: the command channel, and the data channel
+(publisher and peer modes), each claimed by its 4-byte magic (§1.2, :class:`wire.Mode`).
+
+The sessions are built here and handed the transport; they tell the broker when they
+end (``closed(transport)``), which keeps the connection accounting right.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fqbroker.frontends.fq import wire
+from fqbroker.frontends.fq.command import CommandSession
+from fqbroker.frontends.fq.data import DataSession
+from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, Sniffed
+
+__all__ = ["COMMAND", "DATA"]
+
+Facts = tuple[tuple[str, str | int], ...]
+
+
+def _preamble(mode: wire.Mode) -> bytes:
+    return int(mode).to_bytes(4, "big")
+
+
+# The sessions declare the host they need (today the Broker itself); the table only
+# passes it through.
+def _open_command(
+    host: Any, live: LiveFrontEnd, transport: asyncio.Transport, first4: bytes
+) -> asyncio.BaseProtocol:
+    return CommandSession(host.registry, transport)
+
+
+def _open_data(
+    host: Any, live: LiveFrontEnd, transport: asyncio.Transport, first4: bytes
+) -> asyncio.BaseProtocol:
+    return DataSession(host, wire.Mode(int.from_bytes(first4, "big")), transport)
+
+
+def _describe_command(protocol: asyncio.BaseProtocol) -> Facts:
+    if not isinstance(protocol, CommandSession):
+        return ()
+    queue = protocol.queue.name.decode(errors="replace") if protocol.queue else ""
+    return (("user", protocol.user.decode(errors="replace")), ("queue", queue))
+
+
+def _describe_data(protocol: asyncio.BaseProtocol) -> Facts:
+    if not isinstance(protocol, DataSession):
+        return ()
+    mode = "peer" if protocol.is_peer else "client"
+    owner = protocol.owner
+    user = owner.user.decode(errors="replace") if owner is not None else ""
+    return (("mode", mode), ("user", user))
+
+
+def _close_clients(host: Any) -> None:
+    # Each command session ends its data channel and leaves its queue as a client's
+    # close would, before the broker closes what is left.
+    for session in list(host.clients.values()):
+        session.close()
+
+
+COMMAND: FrontEnd[Any] = FrontEnd(
+    name="fq-command",
+    reach=Sniffed(frozenset({_preamble(wire.Mode.CMD)}), _open_command),
+    describe=_describe_command,
+    stop=_close_clients,
+    summary="fq command channel: auth, bindings, heartbeats, status",
+)
+
+DATA: FrontEnd[Any] = FrontEnd(
+    name="fq-data",
+    reach=Sniffed(
+        frozenset(_preamble(m) for m in (wire.Mode.DATA, wire.Mode.PEER, wire.Mode.OLD_PEER)),
+        _open_data,
+    ),
+    describe=_describe_data,
+    summary="fq data channel: messages in and out, publisher or peer mode",
+)

@@ -1,0 +1,137 @@
+"""What the HTTP front end reads of its host: narrow Protocols the Broker satisfies.
+
+The HTTP modules never import the broker (not even for types): the broker imports the
+front ends, through the table in :mod:`fqbroker.server.frontends`, and never the other
+way round. Each Protocol lists what one part reads, read-only, so a plain attribute of
+the broker satisfies it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from fqbroker.config import Settings
+from fqbroker.core.budget import MemoryBudget
+from fqbroker.core.message import MsgIdCounter
+from fqbroker.core.queue import Queue
+from fqbroker.core.router import ClientStats, Router
+from fqbroker.server.frontend import LiveFrontEnd
+from fqbroker.server.limits import Limits
+from fqbroker.storage.catalog import Catalog
+
+__all__ = [
+    "DataChannelView",
+    "FqClientView",
+    "HttpHost",
+    "PeerLinkView",
+    "PeeringView",
+    "QueueSource",
+    "StatsSource",
+]
+
+
+class QueueSource(Protocol):
+    """The queues by name: what the replay reads and the checkpoints look up."""
+
+    @property
+    def queues(self) -> Mapping[bytes, Queue]: ...
+
+
+class DataChannelView(Protocol):
+    @property
+    def is_peer(self) -> bool: ...
+
+
+class FqClientView(Protocol):
+    """An fq command session as /stats.json shows it (a client of a queue)."""
+
+    @property
+    def user(self) -> bytes: ...
+    @property
+    def remote_addr(self) -> str: ...
+    @property
+    def remote_port(self) -> int: ...
+    @property
+    def stats(self) -> ClientStats: ...
+    @property
+    def data(self) -> DataChannelView | None: ...
+
+
+class PeerAddressView(Protocol):
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def source(self) -> str: ...
+
+
+class PeerBindingView(Protocol):
+    @property
+    def exchange(self) -> bytes: ...
+    @property
+    def program(self) -> bytes: ...
+    @property
+    def permanent(self) -> bool: ...
+
+
+class PeerLinkView(Protocol):
+    """An upstream this broker pulls from (§5), as stats.json shows it."""
+
+    @property
+    def address(self) -> PeerAddressView: ...
+    @property
+    def state(self) -> object: ...
+    @property
+    def reconnects(self) -> int: ...
+    @property
+    def looped(self) -> int: ...
+    @property
+    def duplicates(self) -> int: ...
+    @property
+    def wanted(self) -> Iterable[PeerBindingView]: ...
+    @property
+    def bound(self) -> Mapping[Any, int]: ...
+    @property
+    def stats(self) -> ClientStats: ...
+
+
+class PeeringView(Protocol):
+    @property
+    def links(self) -> Mapping[Any, PeerLinkView]: ...
+
+
+class StatsSource(QueueSource, Protocol):
+    """Everything a snapshot (/stats.json, /metrics, /frontends.json) reads."""
+
+    @property
+    def node_id(self) -> bytes: ...
+    @property
+    def router(self) -> Router: ...
+    @property
+    def clients(self) -> Mapping[bytes, FqClientView]: ...
+    @property
+    def peering(self) -> PeeringView: ...
+    @property
+    def limits(self) -> Limits: ...
+    @property
+    def budget(self) -> MemoryBudget: ...
+    @property
+    def front_ends(self) -> Mapping[str, LiveFrontEnd]: ...
+
+
+class HttpHost(StatsSource, Protocol):
+    """What an HTTP connection uses of the broker."""
+
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def msgids(self) -> MsgIdCounter: ...
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def shutdown_requested(self) -> asyncio.Event: ...
+
+    def closed(self, transport: asyncio.Transport) -> None: ...

@@ -1,0 +1,199 @@
+"""What a front end is: a name, how connections reach it, and what it counts.
+
+A front end is one protocol that publishes into the routing core (fq's command and data
+channels, HTTP, and later Lumberjack, Figg, fyrehose, OpenCluster). Its module declares
+one :class:`FrontEnd`, and :mod:`fqbroker.server.frontends` lists it; the broker starts,
+counts, limits and stops every front end from that table (:mod:`fqbroker.server.listeners`),
+so adding one touches no server code.
+
+Three ways in, one per kind of :attr:`FrontEnd.reach`:
+
+* :class:`Sniffed`: on the broker's main port, where a connection's first 4 bytes say
+  which front end it is for (§1.2);
+* :class:`OwnPort`: a TCP port of its own, TLS when the front end gives an
+  ``ssl.SSLContext``;
+* :class:`Datagrams`: a UDP port of its own.
+
+A stream front end's ``open`` gets the transport after the connection limits let it in,
+and returns the protocol that takes it over (no ``connection_made`` follows: the
+transport is given, as a session of fq's takes it). That protocol tells the broker when
+the connection ends, through ``closed(transport)`` on its host, as fq's sessions do.
+
+Counters are per read or per connection, never per message: the hot path stays where
+each front end's sessions keep it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from fqbroker.config import Settings
+from fqbroker.server.connections import peer_address
+
+__all__ = [
+    "ConnectionView",
+    "Datagrams",
+    "FrontEnd",
+    "FrontEndCounters",
+    "LiveFrontEnd",
+    "OwnPort",
+    "Sniffed",
+    "StreamOpener",
+    "preambles",
+]
+
+H = TypeVar("H")
+
+Address = tuple[str, int]
+
+
+@dataclass(slots=True)
+class FrontEndCounters:
+    """What a front end counts, for one broker.
+
+    ``bytes_in`` and ``bytes_out`` stay None for a front end that does not count them
+    (fq's sessions count wire bytes per client already, in their status counters).
+    """
+
+    open: int = 0  # connections now
+    accepted: int = 0
+    refused: int = 0  # turned away by a connection limit (docs/limits.md)
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+    datagrams: int | None = None  # datagrams received, for UDP front ends
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionView:
+    """One connection as a front end tells it: who, and what it wants shown of it."""
+
+    remote_addr: str
+    remote_port: int
+    facts: tuple[tuple[str, str | int], ...] = ()
+
+
+class LiveFrontEnd:
+    """A front end running in one broker: its counters, connections and address.
+
+    ``connections`` maps each transport the front end owns to its source address when a
+    per-address limit needs it (else ""): a connection is in exactly one such map (or
+    in its listener's while it is not yet claimed), so the accounting costs what the
+    broker's one map cost before.
+    """
+
+    __slots__ = ("address", "connections", "counters", "spec", "tasks")
+
+    def __init__(self, spec: FrontEnd[Any]) -> None:
+        self.spec = spec
+        self.counters = FrontEndCounters()
+        if isinstance(spec.reach, Datagrams):
+            self.counters.datagrams = 0
+        self.connections: dict[asyncio.Transport, str] = {}
+        # Tasks the front end runs for its connections (HTTP's, one per request stream);
+        # the broker cancels them when it stops.
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.address: Address | None = None  # where it listens, once started
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def transport(self) -> Literal["main", "tcp", "tls", "udp"]:
+        """How it is reached: the main port, or a TCP, TLS or UDP port of its own."""
+        reach = self.spec.reach
+        if isinstance(reach, Sniffed):
+            return "main"
+        if isinstance(reach, Datagrams):
+            return "udp"
+        return "tls" if reach.tls is not None else "tcp"
+
+    def track(self, task: asyncio.Task[None]) -> None:
+        """Keep ``task`` until it ends, and cancel it if the broker stops first."""
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def views(self) -> list[ConnectionView]:
+        describe = self.spec.describe
+        out = []
+        for transport in list(self.connections):
+            addr, port = peer_address(transport)
+            facts = describe(transport.get_protocol()) if describe is not None else ()
+            out.append(ConnectionView(addr, port, facts))
+        return out
+
+
+# Given the host (the broker, typed by each front end as the narrow Protocol it uses),
+# the front end's live state, the transport and the bytes that claimed it (the 4-byte
+# preamble on the main port, b"" on a port of its own): the protocol that takes over.
+StreamOpener = Callable[[H, LiveFrontEnd, asyncio.Transport, bytes], asyncio.BaseProtocol]
+
+
+@dataclass(frozen=True, slots=True)
+class Sniffed(Generic[H]):
+    """Reached on the main port: a connection whose first 4 bytes are one of
+    ``preambles`` is this front end's."""
+
+    preambles: frozenset[bytes]
+    open: StreamOpener[H]
+
+
+@dataclass(frozen=True, slots=True)
+class OwnPort(Generic[H]):
+    """A TCP port of its own. ``address`` reads it from the settings (None: the front
+    end is off); ``tls``, when given, makes it a TLS port with the context it returns."""
+
+    address: Callable[[Settings], Address | None]
+    open: StreamOpener[H]
+    tls: Callable[[Settings], ssl.SSLContext | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Datagrams(Generic[H]):
+    """A UDP port of its own: one endpoint, no connections."""
+
+    address: Callable[[Settings], Address | None]
+    open: Callable[[H, LiveFrontEnd], asyncio.DatagramProtocol]
+
+
+@dataclass(frozen=True, slots=True)
+class FrontEnd(Generic[H]):
+    """One protocol the broker serves, as the table lists it.
+
+    ``refusal``: what a connection over a limit is told before it is closed (HTTP's
+    503), or None to close it without a word. ``describe``: what to show of one of its
+    connections, given the protocol serving it. ``stop``: called when the broker stops,
+    before the connections are closed, to end them gracefully.
+    """
+
+    name: str
+    reach: Sniffed[H] | OwnPort[H] | Datagrams[H]
+    refusal: Callable[[H], bytes] | None = None
+    describe: Callable[[asyncio.BaseProtocol], tuple[tuple[str, str | int], ...]] | None = None
+    stop: Callable[[H], None] | None = None
+    # Shown in /frontends.json and the web UI: which protocol this is, in a few words.
+    summary: str = ""
+
+
+def preambles(front_ends: Iterable[FrontEnd[Any]]) -> dict[bytes, FrontEnd[Any]]:
+    """Which front end each 4-byte preamble of the main port claims a connection for.
+
+    Raises ValueError when two front ends share a name or a preamble, or a preamble is
+    not 4 bytes: the table must say one thing for each.
+    """
+    names: set[str] = set()
+    claims: dict[bytes, FrontEnd[Any]] = {}
+    for spec in front_ends:
+        if spec.name in names:
+            raise ValueError(f"two front ends are named {spec.name!r}")
+        names.add(spec.name)
+        if isinstance(spec.reach, Sniffed):
+            for preamble in spec.reach.preambles:
+                if len(preamble) != 4 or preamble in claims:
+                    raise ValueError(f"{spec.name}: preamble {preamble!r} taken or not 4 bytes")
+                claims[preamble] = spec
+    return claims

@@ -1,0 +1,42 @@
+"""The table of front ends: every protocol the broker serves, registered here once.
+
+The broker opens, counts, limits and stops each of them from this tuple
+(:mod:`fqbroker.server.listeners`); /frontends.json, /metrics and the web UI list them
+from it. Adding a front end:
+
+1. a package under ``fqbroker/frontends/`` whose ``frontend.py`` declares one
+   :class:`~fqbroker.server.frontend.FrontEnd`: its name, how it is reached
+   (``Sniffed`` preambles on the main port, or ``OwnPort``/``Datagrams`` with the
+   address read from the settings, None while not configured), and ``open``, which
+   returns the protocol that takes the connection over and calls ``closed(transport)``
+   on its host when it ends (see :mod:`fqbroker.frontends.http.frontend`, and
+   tests/test_frontends.py for TCP, TLS and UDP ones);
+2. one line below;
+3. a fuzz entry of the same name in bench/frontends.py (tests/test_frontends.py asks).
+
+The settings a port of its own needs (port, TLS files) go to :mod:`fqbroker.config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fqbroker.frontends.fq import frontend as fq
+from fqbroker.frontends.http import frontend as http
+from fqbroker.server.frontend import FrontEnd, preambles
+
+__all__ = ["FRONT_ENDS", "sniff"]
+
+FRONT_ENDS: tuple[FrontEnd[Any], ...] = (
+    fq.COMMAND,
+    fq.DATA,
+    http.HTTP,
+)
+
+_CLAIMS = preambles(FRONT_ENDS)
+
+
+def sniff(first4: bytes) -> FrontEnd[Any] | None:
+    """The front end of the table a main-port connection opening with ``first4`` is
+    for (§1.2), or None: such a connection is closed."""
+    return _CLAIMS.get(first4)
