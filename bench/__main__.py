@@ -3,7 +3,7 @@
     python -m bench [--runs N] [--scale F] [--no-peers] [--baseline TREE] [SCENARIO ...]
 
 Scenarios: 1to1-100 1to1-4k 1to1-128k fanout fanin disk latency memory idle (the table),
-and two in-process micro benchmarks outside it: routing, disk-inproc.
+and in-process micro benchmarks outside it: routing, disk-inproc, file-reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .suite import SCENARIOS, Config, run
 
-MICRO = {"routing": "bench.routing", "disk-inproc": "bench.disk"}
+MICRO = {"routing": "bench.routing", "disk-inproc": "bench.disk", "file-reads": "bench.filereads"}
 
 
 def main(argv: list[str]) -> int:
