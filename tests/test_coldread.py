@@ -34,6 +34,9 @@ async def test_reads_ahead_once_per_window_and_leaves_no_file_open(tmp_path: Pat
     ahead.after_read((path, WINDOW // 2 + 1))  # half the window used: read on
     assert ahead._task is not None
     await ahead._task
+    ahead.after_read((path, 0))  # back before the window (a rewind): read there again
+    assert ahead._task is not None
+    await ahead._task
     ahead.after_read((tmp_path / "gone", 0))  # a trimmed segment: nothing raised
     await asyncio.sleep(0.05)
     assert _open_fds() == fds

@@ -5,19 +5,19 @@ consumer that keeps up never reads the file. One further behind, and the replay 
 ``/queue/read``, read the segment file back with :meth:`SegmentLog.read`, in the event
 loop: the log is not thread-safe, and it checks every record's crc as it goes. While the
 pages are in the page cache (the usual case: written recently) that costs the loop about
-1.5 ms per MiB, nearly all of it the checks; when they are not, the loop would also wait
-for the disk, about 2.7 ms more per MiB on the bench machine (bench/RESULTS.md,
-``python -m bench file-reads``).
+1.7 ms per MiB, nearly all of it the checks; when they are not, the loop also waits for
+the disk: on the bench machine, 3.5 ms per MiB for a reader going forward when the
+kernel's own readahead does not cover it (bench/RESULTS.md, ``python -m bench
+file-reads``).
 
 So after each read from the file, :class:`ReadAhead` reads the next stretch of the same
 segment in a worker thread (aiofiles) and drops the bytes: the page cache keeps them, and
-the log's next read (still in the loop, still checking) copies them from there. The read
-is one call in the thread, open to close (``aiofiles.os.wrap``), not aiofiles's file
-object: that takes a hand-off per open, seek, read and close, and a read cancelled (its
-store closed) between two of them leaves the file open.
-The loop never waits for the disk on a sequential read, at the cost of one read of each
-stretch in a thread; readers that keep up never start one. One read at a time per store,
-and only while a reader is behind: no task when nobody is.
+the log's next read (still in the loop, still checking) copies them from there, at the
+warm cost. The read is one call in the thread, open to close (``aiofiles.os.wrap``), not
+aiofiles's file object: that takes a hand-off per open, seek, read and close, and a read
+cancelled (its store closed) between two of them leaves the file open. The price is one
+more read of each stretch, in a thread; readers that keep up never start one. One read at
+a time per reader, and only while it is behind: no task when nobody is.
 """
 
 from __future__ import annotations
@@ -46,21 +46,22 @@ class ReadAhead:
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None
         self._path: Path | None = None
-        self._end = 0  # read ahead in _path up to here
+        self._start = self._end = 0  # what was read ahead in _path: [_start, _end)
 
     def after_read(self, position: tuple[Path, int] | None) -> None:
         """A read from the file ended at ``position`` (segment file, offset); None: unknown."""
         if position is None or self._task is not None:
             return
         path, offset = position
-        if path == self._path and offset + WINDOW // 2 < self._end:
+        covered = path == self._path and self._start <= offset < self._end
+        if covered and offset + WINDOW // 2 < self._end:
             return  # still well ahead of the reader
-        start = self._end if path == self._path and self._end > offset else offset
+        start = self._end if covered else offset
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # used outside a loop (tools, tests): reads just wait
             return
-        self._path, self._end = path, offset + WINDOW
+        self._path, self._start, self._end = path, offset, offset + WINDOW
         self._task = loop.create_task(_read_into_cache(path, start, self._end - start))
         self._task.add_done_callback(self._done)
 
