@@ -276,10 +276,14 @@ def scenario_disk(cfg: Config, table: Table) -> None:
         tail = f"then one more message: delivered in {r['tail_ms']:.1f} ms"
         row = [flow.label, _rate(r["rate"]), f"{r['us']:.2f}"]
         before = res.get(BASELINE)
-        if before is not None:  # its own columns; the tail note names both
-            row += [_rate(before["rate"]), f"{before['us']:.2f}"]
+        if before is None:
+            row.append(tail)
+        else:  # its own columns and ratio; the tail note names both
             tail += f" ({BASELINE}: {before['tail_ms']:.1f} ms)"
-        table.add([*row, tail], target)
+            row += [_rate(before["rate"]), f"{before['us']:.2f}", tail]
+            vs_before = len(table.head) - 1 - len(table.peers) + table.peers.index(BASELINE)
+            row += [""] * (vs_before - len(row)) + [_ratio(r["rate"], before["rate"])]
+        table.add(row, target)
 
 
 def latency_run(system: System, run: int, cfg: Config) -> list[int]:
