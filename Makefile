@@ -9,7 +9,7 @@ PORT   ?= 8765
 VARDIR ?= var
 LINTED := fqbroker tests bench pyspark_fqbroker examples/spark
 
-.PHONY: install run test lint fmt check bench bench-peers clean node chromium spark java
+.PHONY: install run test lint types fmt check bench bench-peers clean node chromium spark java
 .PHONY: fuzz soak storm
 
 install: $(STAMP)
@@ -61,11 +61,22 @@ lint: install
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/mypy
 
+types: install
+	$(VENV)/bin/mypy
+
 fmt: install
 	$(VENV)/bin/ruff format $(LINTED)
 	$(VENV)/bin/ruff check --fix $(LINTED)
 
-check: lint test
+# What CI runs (.ci/run): lint, types and every test. Each part runs even when one before
+# it failed, so one run shows every problem; the target fails if any part did.
+check: install
+	@failed=""; \
+	$(VENV)/bin/ruff format --check $(LINTED) || failed="$$failed ruff-format"; \
+	$(VENV)/bin/ruff check $(LINTED) || failed="$$failed ruff-check"; \
+	$(VENV)/bin/mypy || failed="$$failed mypy"; \
+	$(MAKE) --no-print-directory test || failed="$$failed test"; \
+	if [ -n "$$failed" ]; then echo "make check failed:$$failed" >&2; exit 1; fi
 
 # The whole table, or some scenarios: make bench BENCH="1to1-100 latency" (see bench/__main__.py).
 bench: install

@@ -1,9 +1,9 @@
 """Run the suite and print one table, or only the scenarios named.
 
-    python -m bench [--runs N] [--scale F] [--no-peers] [SCENARIO ...]
+    python -m bench [--runs N] [--scale F] [--no-peers] [--baseline TREE] [SCENARIO ...]
 
 Scenarios: 1to1-100 1to1-4k 1to1-128k fanout fanin disk latency memory idle (the table),
-and two in-process micro benchmarks outside it: routing, disk-inproc.
+and in-process micro benchmarks outside it: routing, disk-inproc, file-reads.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 from .suite import SCENARIOS, Config, run
 
-MICRO = {"routing": "bench.routing", "disk-inproc": "bench.disk"}
+MICRO = {"routing": "bench.routing", "disk-inproc": "bench.disk", "file-reads": "bench.filereads"}
 
 
 def main(argv: list[str]) -> int:
@@ -23,7 +24,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runs", type=int, default=3, help="interleaved runs per figure (median)")
     p.add_argument("--scale", type=float, default=1.0, help="scale message counts (smoke: 0.01)")
     p.add_argument("--no-peers", action="store_true", help="fqbroker and the relay only")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        metavar="TREE",
+        help="another fqbroker checkout (e.g. a git worktree of the commit before a change),"
+        " measured in the same interleaved runs as the column 'before'",
+    )
     args = p.parse_args(argv)
+    if args.baseline is not None and not (args.baseline / "fqbroker" / "__main__.py").is_file():
+        print(f"--baseline {args.baseline}: no fqbroker package there", file=sys.stderr)
+        return 2
     names = args.names or SCENARIOS
     for name in names:
         if name not in SCENARIOS and name not in MICRO:
@@ -37,7 +48,12 @@ def main(argv: list[str]) -> int:
             module.main()
     table = [n for n in names if n in SCENARIOS]
     if table:
-        cfg = Config(runs=args.runs, scale=args.scale, peers=not args.no_peers)
+        cfg = Config(
+            runs=args.runs,
+            scale=args.scale,
+            peers=not args.no_peers,
+            baseline=args.baseline.resolve() if args.baseline else None,
+        )
         print()
         print(run(table, cfg))
     return 0

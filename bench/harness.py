@@ -24,7 +24,17 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
+def env_for(tree: Path) -> dict[str, str]:
+    """The environment of a process that imports fqbroker from ``tree``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+ENV = env_for(ROOT)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -79,6 +89,9 @@ class System:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def environment(self) -> dict[str, str]:
+        return ENV
+
     def start(self) -> None:
         self.workdir = Path(
             tempfile.mkdtemp(prefix=f"bench-{self.name.replace('/', '-')}-", dir=_var())
@@ -87,7 +100,7 @@ class System:
         self.proc = subprocess.Popen(
             self.command(),
             cwd=self.workdir,
-            env=ENV,
+            env=self.environment(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             preexec_fn=_raise_nofile,
@@ -121,9 +134,18 @@ class System:
 
 
 class FqBroker(System):
-    def __init__(self, fsync: str = "interval") -> None:
-        super().__init__("fqbroker", "fq")
+    """fqbroker from this tree, or with ``tree`` from another checkout (``--baseline``):
+    the broker process imports that tree's package; load generators stay this tree's."""
+
+    def __init__(
+        self, fsync: str = "interval", *, tree: Path | None = None, name: str = "fqbroker"
+    ) -> None:
+        super().__init__(name, "fq")
         self.fsync = fsync
+        self.tree = tree
+
+    def environment(self) -> dict[str, str]:
+        return ENV if self.tree is None else env_for(self.tree)
 
     def command(self) -> list[str]:
         assert self.workdir is not None

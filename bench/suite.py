@@ -18,6 +18,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .harness import (
@@ -69,14 +70,28 @@ class Config:
     backlog: int = 1_000_000
     idle_clients: int = 5_000
     idle_seconds: float = 5.0
+    # Another fqbroker tree (e.g. a worktree of the commit before a change), run as the
+    # first peer column, BASELINE, in the same interleaved runs.
+    baseline: Path | None = None
+
+
+BASELINE = "before"
 
 
 Row = list[str]
 
 
+def brokers(cfg: Config, fsync: str = "interval") -> list[FqBroker]:
+    """This tree's broker and, with a baseline, the baseline tree's."""
+    ours = [FqBroker(fsync)]
+    if cfg.baseline is not None:
+        ours.append(FqBroker(fsync, tree=cfg.baseline, name=BASELINE))
+    return ours
+
+
 def peers_of(cfg: Config) -> tuple[list[System], list[Row]]:
     """The peer systems that can run here, and table rows for those that cannot."""
-    systems: list[System] = [Relay("uvloop")]
+    systems: list[System] = [*brokers(cfg)[1:], Relay("uvloop")]
     notes: list[Row] = []
     if cfg.peers:
         for peer in (Redis(), Nats()):
@@ -252,14 +267,23 @@ def scenario_disk(cfg: Config, table: Table) -> None:
     for policy in DISK_POLICIES:
         flow = Flow(1, 1, 100, 300_000, f"disk queue, fsync={policy}", "disk:backlog=4000000")
         res = interleaved(
-            [FqBroker(fsync=policy)],
+            brokers(cfg, policy),
             cfg.runs,
             lambda s, run, flow=flow: flow_run(s, flow, run, cfg.scale, tail=True),
         )
         r = res["fqbroker"]
         target = ">=150k, last <=20 ms" if policy == "interval" else ""
         tail = f"then one more message: delivered in {r['tail_ms']:.1f} ms"
-        table.add([flow.label, _rate(r["rate"]), f"{r['us']:.2f}", tail], target)
+        row = [flow.label, _rate(r["rate"]), f"{r['us']:.2f}"]
+        before = res.get(BASELINE)
+        if before is None:
+            row.append(tail)
+        else:  # its own columns and ratio; the tail note names both
+            tail += f" ({BASELINE}: {before['tail_ms']:.1f} ms)"
+            row += [_rate(before["rate"]), f"{before['us']:.2f}", tail]
+            vs_before = len(table.head) - 1 - len(table.peers) + table.peers.index(BASELINE)
+            row += [""] * (vs_before - len(row)) + [_ratio(r["rate"], before["rate"])]
+        table.add(row, target)
 
 
 def latency_run(system: System, run: int, cfg: Config) -> list[int]:
@@ -322,8 +346,16 @@ def _backlog(port: int, queue: str) -> int:
 
 
 def scenario_memory(cfg: Config, table: Table) -> None:
+    for broker in brokers(cfg):
+        memory_row(broker, cfg, table)
+
+
+def _labelled(label: str, broker: System) -> str:
+    return label if broker.name == "fqbroker" else f"{label} ({broker.name})"
+
+
+def memory_row(broker: FqBroker, cfg: Config, table: Table) -> None:
     """RSS growth per message with a backlog of ``cfg.backlog`` 100-byte messages."""
-    broker = FqBroker()
     broker.start()
     n = max(1000, int(cfg.backlog * min(1.0, cfg.scale * 10)))
     try:
@@ -347,7 +379,7 @@ def scenario_memory(cfg: Config, table: Table) -> None:
     per = (after - before) / n
     table.add(
         [
-            f"memory, {n:,} queued 100 B msgs",
+            _labelled(f"memory, {n:,} queued 100 B msgs", broker),
             f"{per:.0f} B/msg",
             "",
             f"RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB",
@@ -361,7 +393,11 @@ def _ms(ns: int | None) -> str:
 
 
 def scenario_idle(cfg: Config, table: Table) -> None:
-    broker = FqBroker()
+    for broker in brokers(cfg):
+        idle_row(broker, cfg, table)
+
+
+def idle_row(broker: FqBroker, cfg: Config, table: Table) -> None:
     broker.start()
     clients = max(10, int(cfg.idle_clients * min(1.0, cfg.scale * 10)))
     try:
@@ -381,7 +417,7 @@ def scenario_idle(cfg: Config, table: Table) -> None:
     late = res["max_late_ns"]
     table.add(
         [
-            f"idle: {res['connections']:,} connections, heartbeat 1 s",
+            _labelled(f"idle: {res['connections']:,} connections, heartbeat 1 s", broker),
             f"RSS {loaded / 2**20:.1f} MiB",
             "",
             f"(empty {base / 2**20:.1f} MiB; {(loaded - base) / res['connections'] / 1024:.1f}"
@@ -404,6 +440,8 @@ def run(names: Sequence[str], cfg: Config) -> str:
         + ", ".join(f"{p.name} {version(p)}".strip() for p in peers),
         flush=True,
     )
+    if cfg.baseline is not None:
+        notes.append([BASELINE, f"fqbroker from {cfg.baseline}, in the same runs"])
     for name in names:
         if name in FLOWS:
             scenario_flow(name, cfg, table)

@@ -5,6 +5,7 @@ Speed itself is measured only by `make bench`, never asserted here.
 
 from __future__ import annotations
 
+from bench.harness import ROOT
 from bench.suite import Config, run
 
 
@@ -23,3 +24,13 @@ def test_bench_suite_runs_every_scenario_tiny() -> None:
     for label in ("1 to 1, 100 B", "fsync=interval", "latency", "memory", "idle"):
         assert any(label in line for line in lines), (label, table)
     assert "no data" not in table
+
+
+def test_bench_baseline_is_a_column_of_the_same_table() -> None:
+    # This tree as its own baseline: the column and the ratio appear, figures for both.
+    cfg = Config(runs=1, scale=0.001, peers=False, baseline=ROOT)
+    table = run(["1to1-100"], cfg)
+    head, _, row = table.splitlines()[:3]
+    assert "| before " in head and "vs before" in head, table
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[0] == "1 to 1, 100 B" and cells[3] not in ("", "-"), table

@@ -359,6 +359,12 @@ class SegmentLog:
         self._remember(seq, seg, off)
         return out
 
+    def position(self, seq: int) -> tuple[Path, int] | None:
+        """Where a read from ``seq`` starts (segment file, offset) when the last read ended
+        there, else None: what reading ahead of that reader needs (coldread)."""
+        hit = self._cursors.get(seq)
+        return None if hit is None else (hit[0].path, hit[1])
+
     def _skip_damage(
         self, seg: Segment, off: int, seq: int, reason: str
     ) -> tuple[Segment, int, int]:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fqbroker.core.message import frame_length, frame_seq, place_seq
+from fqbroker.storage.coldread import ReadAhead
 from fqbroker.storage.segmentlog import SegmentLog
 
 if TYPE_CHECKING:
@@ -161,6 +162,9 @@ class DiskStore:
         self.fsync_errors = 0
         self._retry = 0.0  # the next wait before repairing a failed log; 0 while healthy
         self._repair_failed = False
+        # Readers behind the memory read the file: the consumers' cursor, and replay reads.
+        self.read_ahead = ReadAhead()
+        self.replay_ahead = ReadAhead()
 
     # --- sizes ----------------------------------------------------------------------------
 
@@ -322,6 +326,7 @@ class DiskStore:
                 return []
             out = [_delivered(seq, record) for seq, record in records]
             cursor, last = records[0][0], records[-1][0]
+            self.read_ahead.after_read(self.log.position(last + 1))
         self._cursor = last + 1
         self._in_flight.append([cursor, last, 0])
         return out
@@ -398,6 +403,8 @@ class DiskStore:
     # --- lifetime -------------------------------------------------------------------------
 
     def close(self, *, destroy: bool) -> None:
+        self.read_ahead.close()
+        self.replay_ahead.close()
         if self._budget is not None:
             self._budget.release(self._recent_bytes)
             self._budget = None

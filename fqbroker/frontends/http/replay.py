@@ -110,7 +110,9 @@ def _number(params: dict[str, str], key: str, default: int | None) -> int:
 
 def _read(store: DiskStore, start: int, stop: int, limit: int) -> bytes:
     # In the event loop, as the store's own reads: the segment log is not thread-safe, and
-    # a bounded read of recently written segments is served from the page cache.
+    # it checks every record. What a reader asks next (the range after this one) is read
+    # into the page cache meanwhile by a worker thread (storage/coldread.py), so the loop
+    # does not wait for the disk on it.
     parts: list[bytes] = []
     seq, size = start, 0
     while seq < stop and size < limit:
@@ -125,6 +127,7 @@ def _read(store: DiskStore, start: int, stop: int, limit: int) -> bytes:
             parts.append(entry)
             size += len(entry)
         seq = records[-1][0] + 1
+    store.replay_ahead.after_read(store.log.position(seq))
     return b"".join(parts)
 
 
