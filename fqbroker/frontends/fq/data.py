@@ -41,6 +41,7 @@ from fqbroker.core.message import (
     ipv4_bytes,
     runs_of,
 )
+from fqbroker.core.publisher import Publisher
 from fqbroker.errors import ProtocolError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.largeframe import LARGE_FRAME
@@ -49,10 +50,8 @@ from fqbroker.server.connections import RemotePeer
 
 if TYPE_CHECKING:
     from fqbroker.core.queue import Notify
-    from fqbroker.core.router import Target
     from fqbroker.frontends.fq.command import CommandSession
     from fqbroker.server.broker import Broker
-    from fqbroker.storage.store import DiskStore
 
 __all__ = ["DataSession", "Phase"]
 
@@ -77,31 +76,25 @@ class DataSession(RemotePeer, asyncio.Protocol):
         "_decoder",
         "_draining",
         "_eof",
-        "_first",
-        "_octets",
         "_out",
         "_out_held",
         "_out_pos",
         "_paused",
-        "_progress",
         "_ready",
         "_reserved",
         "_reserved_at",
         "_room",
         "_stamp",
-        "_stamp_size",
         "_unacked",
         "broker",
-        "failed_from",
-        "handled",
         "hello",
         "is_peer",
         "mode",
         "owner",
         "peer_id",
         "phase",
+        "publisher",
         "transport",
-        "written",
     )
 
     def __init__(self, broker: Broker, mode: wire.Mode, transport: asyncio.Transport) -> None:
@@ -115,13 +108,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self.owner: CommandSession | None = None
         self._decoder: MessageDecoder | None = None  # made when the first bytes come
         self._stamp = b""  # the hops a publisher's messages get: our node id, its address
-        self._stamp_size = 0  # what sender and hops add to each of its frames
         self._draining = False
         self._eof = False
-        # Input waiting for room in a block-policy queue: the task, and where it stands.
+        # Input waiting for room in a block-policy queue, or for budget.
         self._room: asyncio.Task[None] | None = None
-        self._first = 0
-        self._octets = 0
         self._reserved = 0  # bytes of the memory budget this channel's input holds
         self._reserved_at = 0  # messages handled when it was made
         # Output: the queue's wake-up while it is empty, the write side's pause, and the
@@ -134,13 +124,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self._out_pos = 0
         # Budget it holds until the batch's frames are let go, not just handed on.
         self._out_held = 0
-        # Publisher confirms (docs/confirms.md): messages handled so far on this channel,
-        # the disk stores they went to with the last seq written, and the number of the
-        # first message a disk write failed for.
-        self.handled = 0
-        self.written: dict[DiskStore, int] | None = None  # made by the first disk write
-        self.failed_from: int | None = None
-        self._progress: asyncio.Event | None = None  # made by the first confirm to wait
+        # Made with the decoder, or by the first confirm: most consumers never publish.
+        self.publisher: Publisher | None = None
 
     def _name(self) -> str:
         return self.owner.pretty if self.owner else f"{self.remote_addr}:{self.remote_port}"
@@ -215,8 +200,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
 
     def _end(self) -> None:
         self.phase = Phase.CLOSED
-        if self._progress is not None:
-            self._progress.set()  # confirms still waiting learn the channel is gone
+        if self.publisher is not None:
+            self.publisher.close()  # confirms still waiting learn the channel is gone
         if self._ready is not None:
             self._ready.cancel()
             self._ready = None
@@ -265,7 +250,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         if not self.is_peer:
             assert self.owner is not None
             self._stamp = self.broker.node_id + ipv4_bytes(self.remote_addr)
-            self._stamp_size = 2 + len(self.owner.user) + len(self._stamp)
+            self._publisher().stamp_size = 2 + len(self.owner.user) + len(self._stamp)
         # A message the whole budget could never hold is refused (skipped, size_dropped)
         # rather than waited for forever; the margin covers its head and our stamp.
         budget = self.broker.budget.limit // (PEER_COPIES if self.is_peer else 1) - 1024
@@ -274,15 +259,26 @@ class DataSession(RemotePeer, asyncio.Protocol):
             max_payload=min(self.broker.settings.max_message_size, budget),
         )
 
+    def _publisher(self) -> Publisher:
+        publisher = self.publisher
+        if publisher is None:
+            assert self.owner is not None
+            broker = self.broker
+            publisher = Publisher(broker.router, broker.catalog.flush_dirty, self.owner.stats)
+            publisher.closed = self.phase is Phase.CLOSED
+            self.publisher = publisher
+        return publisher
+
     def _route_buffered(self) -> None:
         """Route every whole frame buffered, unless a full block-policy queue stops it."""
         decoder = self._decoder
         assert decoder is not None
+        publisher = self._publisher()
         try:
             while True:
-                self._first = self.handled + 1
-                runs = self._decode(decoder)
-                if not self._publish(runs, 0):
+                runs, octets = self._decode(decoder, publisher)
+                if not publisher.publish(runs, octets):
+                    self._hold()
                     return  # _wait_for_room carries on
                 self._batch_done(decoder)
                 if not decoder.error_pending:
@@ -292,8 +288,9 @@ class DataSession(RemotePeer, asyncio.Protocol):
             self.broker.limits.bad("data", "closing data channel of %s: %s", self._name(), exc)
             self.close()
 
-    def _decode(self, decoder: MessageDecoder) -> list[Run]:
-        """Every whole frame buffered, as runs; sets ``_octets`` to those not counted yet.
+    def _decode(self, decoder: MessageDecoder, publisher: Publisher) -> tuple[list[Run], int]:
+        """Every whole frame buffered, as runs, and their bytes as read when they are
+        counted as they are published (-1: counted already).
 
         A publisher's are decoded into runs of peer frames stamped with sender and hops
         (§1.11). A peer's are decoded into messages first and counted as read, looped
@@ -303,71 +300,41 @@ class DataSession(RemotePeer, asyncio.Protocol):
         assert owner is not None
         if not self.is_peer:
             runs = decoder.runs(owner.user, self._stamp)
-            self._octets, decoder.octets = decoder.octets, 0
-            return runs
+            octets, decoder.octets = decoder.octets, 0
+            return runs, octets
         msgs = decoder.messages()
-        stats = owner.stats
-        self.handled += len(msgs)
-        stats.msgs_in += len(msgs)
-        stats.octets_in += decoder.octets
-        decoder.octets = self._octets = 0
+        publisher.received(len(msgs), decoder.octets)
+        decoder.octets = 0
         node_id = self.broker.node_id
-        return runs_of([m for m in msgs if _accept(m, node_id)])
+        return runs_of([m for m in msgs if _accept(m, node_id)]), -1
 
-    def _publish(self, runs: list[Run], i: int) -> bool:
-        """Publish ``runs[i:]``; False when a full block-policy queue made it wait."""
-        assert self.owner is not None
-        stats = self.owner.stats
-        publish_runs = self.broker.router.publish_runs
-        while i < len(runs):
-            i, done, blocked = publish_runs(runs, i, stats)
-            if not self.is_peer:  # a peer's were counted as read
-                self.handled += done
-                stats.msgs_in += done
-            if blocked:
-                if not self.is_peer:
-                    # What went out so far counts now: a publisher frame is its peer
-                    # frame less the stamp.
-                    stamp = self._stamp_size
-                    left = sum(sum(map(len, r[2])) - len(r[2]) * stamp for r in runs[i:])
-                    stats.octets_in += self._octets - left
-                    self._octets = left
-                self._hold(blocked, runs, i)
-                return False
-        stats.octets_in += self._octets
-        self._octets = 0
-        return True
-
-    def _hold(self, blocked: list[Target], runs: list[Run], i: int) -> None:
+    def _hold(self) -> None:
         """Block policy: hold this publisher, and only it, until there is room."""
-        self._flush(self._first)
-        self._first = self.handled + 1
         self.transport.pause_reading()
-        self._room = asyncio.ensure_future(self._wait_for_room(blocked, runs, i))
+        self._room = asyncio.ensure_future(self._wait_for_room())
 
     def _batch_done(self, decoder: MessageDecoder) -> None:
         if decoder.oversized:
-            assert self.owner is not None
-            # Counted as size_dropped below; the line shares the bad-input rate limit, so a
+            # Counted as size_dropped; the line shares the bad-input rate limit, so a
             # publisher of oversized messages cannot flood the log.
             self.broker.limits.log.log(
                 logging.INFO, "data", "dropped %d message(s) from %s over the size limit of %d",
                 decoder.oversized, self._name(), decoder.max_payload,
             )  # fmt: skip
-            self.owner.stats.size_dropped += decoder.oversized
-            self.broker.router.aggregate.size_dropped += decoder.oversized
+            self._publisher().size_dropped(decoder.oversized)
             decoder.oversized = 0
-        self._flush(self._first)
 
-    async def _wait_for_room(self, blocked: list[Target], runs: list[Run], i: int) -> None:
-        for queue in blocked:
-            await queue.wait_not_full()
+    async def _wait_for_room(self) -> None:
+        publisher = self._publisher()
+        await publisher.wait_for_room()
         self._room = None
         decoder = self._decoder
         assert decoder is not None
-        if self._publish(runs, i):
-            self._batch_done(decoder)
-            self._route_buffered()
+        if not publisher.carry_on():
+            self._hold()
+            return
+        self._batch_done(decoder)
+        self._route_buffered()
         if self._room is not None or self.phase is Phase.CLOSED:
             return
         if self._eof:
@@ -386,9 +353,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
         if self.is_peer:
             need *= PEER_COPIES
         budget = self.broker.budget
-        if self.handled != self._reserved_at:
+        handled = self._publisher().handled
+        if handled != self._reserved_at:
             # The message reserved for is in a queue now, which counts it.
-            self._reserved_at = self.handled
+            self._reserved_at = handled
             if self._reserved:
                 budget.release(self._reserved)
                 self._reserved = 0
@@ -422,36 +390,9 @@ class DataSession(RemotePeer, asyncio.Protocol):
         else:
             self.transport.resume_reading()
 
-    def _flush(self, first: int) -> None:
-        """Write what this publisher appended to disk queues, before it next waits."""
-        assert self.owner is not None
-        flushed, lost = self.broker.catalog.flush_dirty(self.owner.stats)
-        for store in flushed:
-            if self.written is None:
-                self.written = {}
-            self.written[store] = store.written_seq
-        if lost and self.failed_from is None:
-            self.failed_from = first
-        if self._progress is not None:
-            self._progress.set()
-            self._progress = None
-
     async def confirm(self, count: int) -> str | None:
         """Wait until the first ``count`` messages are routed and durable; None, or why not."""
-        while self.handled < count:
-            if self.phase is Phase.CLOSED:
-                return "data channel closed"
-            if self._progress is None:
-                self._progress = asyncio.Event()
-            await self._progress.wait()
-        if self.failed_from is not None and self.failed_from <= count:
-            return "disk queue write failed"
-        for store, seq in list((self.written or {}).items()):
-            if not await store.wait_durable(seq):
-                return "disk queue write failed"  # an fsync failed
-            if self.written is not None and self.written.get(store) == seq:
-                del self.written[store]
-        return None
+        return await self._publisher().confirm(count)
 
     # --- out: take and write --------------------------------------------------------------
 

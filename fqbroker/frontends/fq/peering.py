@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 from fqbroker.config import Upstream
 from fqbroker.core.message import ZERO_MSGID, Message, accept_from_peer, runs_of
-from fqbroker.core.router import ClientStats
+from fqbroker.core.publisher import Publisher
 from fqbroker.errors import FqError
 from fqbroker.frontends.fq import wire
 
@@ -126,7 +126,9 @@ class PeerLink:
         self.wanted: set[PeerBinding] = set()
         self.bound: dict[PeerBinding, int] = {}  # binding -> route id it got upstream
         self.refused: set[PeerBinding] = set()  # bad programs: not asked again until changed
-        self.stats = ClientStats()  # what it published into our router
+        # What it publishes into our router goes through its publisher, which counts it.
+        self.publisher = Publisher(broker.router, broker.catalog.flush_dirty)
+        self.stats = self.publisher.stats
         self.looped = 0
         self.duplicates = 0
         self._dedupe = dedupe
@@ -258,23 +260,11 @@ class PeerLink:
                 log.info("peer %s: bound %r %r", self.address, binding.exchange, binding.program)
 
     async def _forward(self, client: Client) -> None:
-        publish_runs = self.broker.router.publish_runs
-        flush_dirty = self.broker.catalog.flush_dirty
-        stats = self.stats
+        publisher = self.publisher
         while True:
             batch = await client.receive_many(BATCH)
-            stats.msgs_in += len(batch)
-            stats.octets_in += sum(msg.peer_octets for msg in batch)
-            runs = runs_of([msg for msg in batch if self._admit(msg)])
-            i = 0
-            while i < len(runs):
-                i, _, blocked = publish_runs(runs, i, stats)
-                if not blocked:
-                    break
-                flush_dirty(stats)
-                for queue in blocked:
-                    await queue.wait_not_full()
-            flush_dirty(stats)
+            publisher.received(len(batch), sum(msg.peer_octets for msg in batch))
+            await publisher.publish_all(runs_of([msg for msg in batch if self._admit(msg)]))
 
     def _admit(self, msg: Message) -> bool:
         """Whether a received message goes on into our exchange (§5.2), counting why not."""
