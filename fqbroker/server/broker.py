@@ -24,9 +24,10 @@ from typing import Any, cast
 from fqbroker.config import Settings, resolve_node_id
 from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.program import RuleRegistry, default_registry
+from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
-from fqbroker.core.router import Router
+from fqbroker.core.router import ClientStats, Router
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
 from fqbroker.frontends.fq.data import DataSession
@@ -81,7 +82,9 @@ class Broker:
         self._stopped = False
         self.heartbeats = HeartbeatClock()
         self.port = 0
-        self.peering = Peering(self)
+        self.peering = Peering(
+            self.settings, self.node_id, self.catalog.config.upstreams, self.make_publisher
+        )
         # Set by HTTP /shutdown; whoever runs the broker (fqd's main) waits on it and stops.
         self.shutdown_requested = asyncio.Event()
 
@@ -272,6 +275,10 @@ class Broker:
             client.data.drain_then_close(LINGER_SECONDS)
         if client.queue is not None:
             self.catalog.detach(client.queue, client)
+
+    def make_publisher(self, stats: ClientStats | None = None) -> Publisher:
+        """A publisher into this broker's router, for one connection or link."""
+        return Publisher(self.router, self.catalog.flush_dirty, stats)
 
     def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int:
         return self.catalog.bind(exchange, program, queue, flags)

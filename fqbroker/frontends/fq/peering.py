@@ -29,19 +29,20 @@ import collections
 import contextlib
 import logging
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from fqbroker.config import Upstream
 from fqbroker.core.message import ZERO_MSGID, Message, accept_from_peer, runs_of
-from fqbroker.core.publisher import Publisher
 from fqbroker.errors import FqError
 from fqbroker.frontends.fq import wire
 
 if TYPE_CHECKING:
     from fqbroker.clients.client import Client
-    from fqbroker.server.broker import Broker
+    from fqbroker.config import Settings
+    from fqbroker.core.publisher import Publisher
 
 __all__ = ["PeerAddress", "PeerLink", "PeerState", "Peering", "RecentIds"]
 
@@ -120,14 +121,16 @@ class RecentIds:
 class PeerLink:
     """One connection to an upstream broker and the exchanges pulled through it."""
 
-    def __init__(self, broker: Broker, address: PeerAddress, dedupe: RecentIds | None) -> None:
-        self.broker = broker
+    def __init__(
+        self, node_id: bytes, publisher: Publisher, address: PeerAddress, dedupe: RecentIds | None
+    ) -> None:
+        self.node_id = node_id
         self.address = address
         self.wanted: set[PeerBinding] = set()
         self.bound: dict[PeerBinding, int] = {}  # binding -> route id it got upstream
         self.refused: set[PeerBinding] = set()  # bad programs: not asked again until changed
         # What it publishes into our router goes through its publisher, which counts it.
-        self.publisher = Publisher(broker.router, broker.catalog.flush_dirty)
+        self.publisher = publisher
         self.stats = self.publisher.stats
         self.looped = 0
         self.duplicates = 0
@@ -205,7 +208,7 @@ class PeerLink:
                 self.address.source,
                 self.address.password,
                 heartbeat_ms=HEARTBEAT_MS,
-                peer_id=self.broker.node_id,
+                peer_id=self.node_id,
                 connect_timeout=5.0,
             )
             try:
@@ -268,7 +271,7 @@ class PeerLink:
 
     def _admit(self, msg: Message) -> bool:
         """Whether a received message goes on into our exchange (§5.2), counting why not."""
-        if not accept_from_peer(msg, self.broker.node_id):
+        if not accept_from_peer(msg, self.node_id):
             self.looped += 1
             log.debug("peer %s: received looped message %r", self.address, msg)
             return False
@@ -281,10 +284,21 @@ class PeerLink:
 class Peering:
     """Every upstream this broker pulls from, kept in step with the configuration."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        settings: Settings,
+        node_id: bytes,
+        stored_upstreams: Callable[[], Iterable[Upstream]],
+        make_publisher: Callable[[], Publisher],
+    ) -> None:
+        """``stored_upstreams``: the rows of the sqlite ``upstream`` table, read again at
+        each poll; ``make_publisher``: a publisher into our router, one per link."""
+        self.settings = settings
+        self.node_id = node_id
+        self._stored_upstreams = stored_upstreams
+        self._make_publisher = make_publisher
         self.links: dict[PeerAddress, PeerLink] = {}
-        size = broker.settings.peer_dedupe
+        size = settings.peer_dedupe
         self.dedupe = RecentIds(size) if size > 0 else None
         self._task: asyncio.Task[None] | None = None
 
@@ -293,7 +307,7 @@ class Peering:
         self._task = asyncio.get_running_loop().create_task(self._poll())
 
     def wanted_rows(self) -> list[Upstream]:
-        return [*self.broker.settings.upstream, *self.broker.catalog.config.upstreams()]
+        return [*self.settings.upstream, *self._stored_upstreams()]
 
     def refresh(self) -> list[PeerAddress]:
         """Apply the configuration now; returns the links that are no longer wanted."""
@@ -301,14 +315,15 @@ class Peering:
         for address, bindings in wanted.items():
             link = self.links.get(address)
             if link is None:
-                link = self.links[address] = PeerLink(self.broker, address, self.dedupe)
+                link = PeerLink(self.node_id, self._make_publisher(), address, self.dedupe)
+                self.links[address] = link
                 link.start()
                 log.info("peer %s: added", address)
             link.want(bindings)
         return [address for address in self.links if address not in wanted]
 
     async def _poll(self) -> None:
-        interval = self.broker.settings.peer_poll_seconds
+        interval = self.settings.peer_poll_seconds
         while True:
             await asyncio.sleep(interval)
             try:
