@@ -79,23 +79,45 @@ class DataHost(Protocol):
     def make_publisher(self, stats: ClientStats | None = None) -> Publisher: ...
 
 
+class _Input:
+    """The publishing side of a session, made when it first sends or confirms: most
+    consumers never do, and ten thousand idle ones should not carry it."""
+
+    __slots__ = ("eof", "publisher", "reserved", "reserved_at", "waiting")
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+        # Waiting for room in a block-policy queue, or for budget; reading is paused.
+        self.waiting: asyncio.Task[None] | None = None
+        self.eof = False  # the client hung up while it waited: close once it is done
+        self.reserved = 0  # bytes of the memory budget its input holds
+        self.reserved_at = 0  # messages handled when it was made
+
+
+class _LargeBatch:
+    """A batch larger than OUT_CHUNK, handed to the transport a chunk at a time as it
+    drains; it holds its size of the budget until its frames are let go, not just handed
+    on."""
+
+    __slots__ = ("held", "pos", "view")
+
+    def __init__(self, view: memoryview) -> None:
+        self.view: memoryview | None = view  # None once it is all written
+        self.pos = 0
+        self.held = len(view)
+
+
 class DataSession(RemotePeer, asyncio.Protocol):
     __slots__ = (
         "_draining",
-        "_eof",
+        "_in",
         "_out",
-        "_out_held",
-        "_out_pos",
         "_paused",
         "_ready",
-        "_reserved",
-        "_reserved_at",
-        "_room",
         "_unacked",
         "broker",
         "channel",
         "owner",
-        "publisher",
         "transport",
     )
 
@@ -105,25 +127,14 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self.transport = transport
         self.channel = DataChannel(mode)
         self.owner: CommandSession | None = None
-        # Made when the first bytes come, or by the first confirm: most consumers never
-        # publish.
-        self.publisher: Publisher | None = None
+        self._in: _Input | None = None
         self._draining = False
-        self._eof = False
-        # Input waiting for room in a block-policy queue, or for budget.
-        self._room: asyncio.Task[None] | None = None
-        self._reserved = 0  # bytes of the memory budget this channel's input holds
-        self._reserved_at = 0  # messages handled when it was made
         # Output: the queue's wake-up while it is empty, the write side's pause, and the
         # last batch written while the transport said pause (acked once it takes more).
         self._ready: Notify | None = None
         self._paused = False
         self._unacked: list[bytes] | None = None
-        # A large batch being written as the transport drains, and how far it got.
-        self._out: memoryview | None = None
-        self._out_pos = 0
-        # Budget it holds until the batch's frames are let go, not just handed on.
-        self._out_held = 0
+        self._out: _LargeBatch | None = None
 
     @property
     def phase(self) -> Phase:
@@ -144,17 +155,19 @@ class DataSession(RemotePeer, asyncio.Protocol):
             if not channel.reading:
                 self._start_reading()
             channel.receive_data(data)
-            if self._room is None:
+            input_ = self._input()
+            if input_.waiting is None:
                 self._pump()
-                if self._room is None and channel.phase is Phase.STREAMING:
+                if input_.waiting is None and channel.phase is Phase.STREAMING:
                     self._reserve()
         elif channel.phase is Phase.AWAIT_KEY:
             channel.receive_data(data)
             self._pump()
 
     def eof_received(self) -> bool:
-        if self._room is not None:
-            self._eof = True  # what is buffered is routed first
+        input_ = self._in
+        if input_ is not None and input_.waiting is not None:
+            input_.eof = True  # what is buffered is routed first
             return True
         self.close()
         return False
@@ -170,7 +183,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._out is not None and not self._write_out():
+        if self._out is not None and self._out.view is not None and not self._write_out():
             return  # paused again, or gone
         taken, self._unacked = self._unacked, None
         if taken and self.phase is Phase.STREAMING and not self._draining:
@@ -201,17 +214,18 @@ class DataSession(RemotePeer, asyncio.Protocol):
 
     def _end(self) -> None:
         self.channel.close()
-        if self.publisher is not None:
-            self.publisher.close()  # confirms still waiting learn the channel is gone
+        input_ = self._in
+        if input_ is not None:
+            input_.publisher.close()  # confirms still waiting learn the channel is gone
+            if input_.waiting is not None:
+                input_.waiting.cancel()
+                input_.waiting = None
+            if input_.reserved:
+                self.broker.budget.release(input_.reserved)
+                input_.reserved = 0
         if self._ready is not None:
             self._ready.cancel()
             self._ready = None
-        if self._room is not None:
-            self._room.cancel()
-            self._room = None
-        if self._reserved:
-            self.broker.budget.release(self._reserved)
-            self._reserved = 0
         self._unacked = None
         self._drop_out()
         if self.owner is not None and self.owner.data is self:
@@ -246,15 +260,16 @@ class DataSession(RemotePeer, asyncio.Protocol):
         max_payload = min(host.settings.max_message_size, budget)
         channel = self.channel
         channel.start_reading(host.node_id, self.remote_addr, max_payload)
-        self._publisher().stamp_size = channel.stamp_size
+        self._input().publisher.stamp_size = channel.stamp_size
 
-    def _publisher(self) -> Publisher:
-        publisher = self.publisher
-        if publisher is None:
+    def _input(self) -> _Input:
+        input_ = self._in
+        if input_ is None:
             assert self.owner is not None
-            publisher = self.publisher = self.broker.make_publisher(self.owner.stats)
+            publisher = self.broker.make_publisher(self.owner.stats)
             publisher.closed = self.phase is Phase.CLOSED
-        return publisher
+            input_ = self._in = _Input(publisher)
+        return input_
 
     def _pump(self) -> None:
         """Handle the channel's events until it has none, or a full block-policy queue
@@ -262,7 +277,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         channel = self.channel
         while (event := channel.next_event()) is not None:
             if isinstance(event, Batch):
-                publisher = self._publisher()
+                publisher = self._input().publisher
                 if event.octets < 0:
                     publisher.received(event.read, event.read_octets)
                 if not publisher.publish(event.runs, event.octets):
@@ -275,7 +290,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
                     logging.INFO, "data", "dropped %d message(s) from %s over the size limit of %d",
                     event.count, self._name(), event.limit,
                 )  # fmt: skip
-                self._publisher().size_dropped(event.count)
+                self._input().publisher.size_dropped(event.count)
             elif isinstance(event, Hello):
                 self._pair(event)
                 return
@@ -290,19 +305,20 @@ class DataSession(RemotePeer, asyncio.Protocol):
     def _hold(self) -> None:
         """Block policy: hold this publisher, and only it, until there is room."""
         self.transport.pause_reading()
-        self._room = asyncio.ensure_future(self._wait_for_room())
+        self._input().waiting = asyncio.ensure_future(self._wait_for_room())
 
     async def _wait_for_room(self) -> None:
-        publisher = self._publisher()
+        input_ = self._input()
+        publisher = input_.publisher
         await publisher.wait_for_room()
-        self._room = None
+        input_.waiting = None
         if not publisher.carry_on():
             self._hold()
             return
         self._pump()
-        if self._room is not None or self.phase is Phase.CLOSED:
+        if input_.waiting is not None or self.phase is Phase.CLOSED:
             return
-        if self._eof:
+        if input_.eof:
             self.close()
         elif self._reserve():
             self.transport.resume_reading()
@@ -316,17 +332,18 @@ class DataSession(RemotePeer, asyncio.Protocol):
         """
         need = self.channel.in_flight
         budget = self.broker.budget
-        handled = self._publisher().handled
-        if handled != self._reserved_at:
+        input_ = self._input()
+        handled = input_.publisher.handled
+        if handled != input_.reserved_at:
             # The message reserved for is in a queue now, which counts it.
-            self._reserved_at = handled
-            if self._reserved:
-                budget.release(self._reserved)
-                self._reserved = 0
-        grow = need - self._reserved
+            input_.reserved_at = handled
+            if input_.reserved:
+                budget.release(input_.reserved)
+                input_.reserved = 0
+        grow = need - input_.reserved
         if grow <= 0:
             if grow:
-                self._reserved = need
+                input_.reserved = need
                 budget.release(-grow)
             if need or budget.used <= budget.limit:
                 return True
@@ -334,28 +351,29 @@ class DataSession(RemotePeer, asyncio.Protocol):
         elif budget.fits(grow) and (grow < LARGE_FRAME or not budget.waiting):
             # A large message queues behind those waiting before it; small ones may pass.
             budget.used += grow
-            self._reserved = need
+            input_.reserved = need
             return True
         self.transport.pause_reading()
-        self._room = asyncio.ensure_future(self._wait_for_budget(grow))
+        input_.waiting = asyncio.ensure_future(self._wait_for_budget(grow))
         return False
 
     async def _wait_for_budget(self, grow: int) -> None:
         budget = self.broker.budget
         await budget.acquire(grow)
-        self._room = None
+        input_ = self._input()
+        input_.waiting = None
         if self.phase is Phase.CLOSED:
             budget.release(grow)  # closed between its wake-up and now
             return
-        self._reserved += grow
-        if self._eof:
+        input_.reserved += grow
+        if input_.eof:
             self.close()
         else:
             self.transport.resume_reading()
 
     async def confirm(self, count: int) -> str | None:
         """Wait until the first ``count`` messages are routed and durable; None, or why not."""
-        return await self._publisher().confirm(count)
+        return await self._input().publisher.confirm(count)
 
     # --- out: take and write --------------------------------------------------------------
 
@@ -384,9 +402,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
             stats.msgs_out += len(batch)
             stats.octets_out += len(data)
             if len(data) > OUT_CHUNK:
-                self._out = memoryview(data)
-                self._out_pos = 0
-                self._out_held = len(data)
+                self._out = _LargeBatch(memoryview(data))
                 self.broker.budget.used += len(data)
                 self._unacked = taken
                 del batch, data
@@ -409,20 +425,19 @@ class DataSession(RemotePeer, asyncio.Protocol):
         """Hand the large batch on a chunk at a time while the transport takes more; True
         once it is all written and the transport has room for more."""
         out = self._out
-        assert out is not None
-        pos, transport = self._out_pos, self.transport
-        while pos < len(out):
+        assert out is not None and out.view is not None
+        view, pos, transport = out.view, out.pos, self.transport
+        while pos < len(view):
             if self._paused or transport.is_closing():
-                self._out_pos = pos
+                out.pos = pos
                 return False
-            transport.write(out[pos : pos + OUT_CHUNK])
+            transport.write(view[pos : pos + OUT_CHUNK])
             pos += OUT_CHUNK
-        self._out = None
+        out.view = None
         return not self._paused
 
     def _drop_out(self) -> None:
         """Give back what a large batch held of the budget (written, or never to be)."""
-        self._out = None
-        if self._out_held:
-            self.broker.budget.release(self._out_held)
-            self._out_held = 0
+        out, self._out = self._out, None
+        if out is not None:
+            self.broker.budget.release(out.held)
