@@ -174,7 +174,7 @@ class Publisher:
 
     def size_dropped(self, count: int) -> None:
         """Messages refused for their size before they were routed."""
-        self._router.count_size_dropped(self.stats, count)
+        self._router.count(self.stats, size_dropped=count)
 
     # --- durability and confirms ----------------------------------------------------------
 

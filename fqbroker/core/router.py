@@ -95,12 +95,14 @@ class Target(Protocol):
 
 
 class Counts(Protocol):
-    """The outcome counters a publish adds to besides the aggregate (§1.6)."""
+    """The outcome counters a publish adds to besides the aggregate (§1.6): a
+    publisher's :class:`ClientStats`, or the :class:`PublishResult` of one message."""
 
     no_exchange: int
     no_route: int
     routed: int
     dropped: int
+    size_dropped: int
 
 
 @dataclass(slots=True)
@@ -246,6 +248,7 @@ class PublishResult:
     dropped: int = 0
     no_route: int = 0
     no_exchange: int = 0
+    size_dropped: int = 0  # never, for a message already decoded; there for Counts
     # Block-policy targets now full: the publisher should wait on them before sending more.
     blocked: Sequence[Target] = ()
 
@@ -359,8 +362,9 @@ class Router:
         gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
         i = start
+        end = len(runs)  # runs[i] may be replaced by its rest, never added to
         try:
-            while i < len(runs):
+            while i < end:
                 exchange, route, frames, head = runs[i]
                 n = len(frames)
                 ex = exchanges.get(exchange)
@@ -388,7 +392,7 @@ class Router:
                         no_route += n
                         continue
                     run_dropped = 0
-                    if not gathered and i == len(runs):
+                    if not gathered and i == end:
                         # Nothing gathered and nothing after it: offered as it is.
                         for binding in hits:
                             binding.invocations += n
@@ -456,9 +460,11 @@ class Router:
         no_route: int = 0,
         routed: int = 0,
         dropped: int = 0,
+        size_dropped: int = 0,
     ) -> None:
         """Add outcomes to the aggregate and to the publisher's counters: the one place
-        they join, for routing and for what is lost after it (a failed disk write)."""
+        they join, for routing and for what is lost before it (too large to take) or
+        after it (a failed disk write). Once per batch, never per message."""
         agg = self.aggregate
         agg.messages += messages
         agg.octets += octets
@@ -475,11 +481,9 @@ class Router:
             if no_exchange:
                 agg.no_exchange += no_exchange
                 client.no_exchange += no_exchange
-
-    def count_size_dropped(self, client: ClientStats, count: int) -> None:
-        """Messages refused for their size before they could be routed (§1.6)."""
-        self.aggregate.size_dropped += count
-        client.size_dropped += count
+        if size_dropped:
+            agg.size_dropped += size_dropped
+            client.size_dropped += size_dropped
 
     @staticmethod
     def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:
@@ -531,7 +535,7 @@ class Router:
             client.dropped - before[1],
             client.no_route - before[2],
             client.no_exchange - before[3],
-            blocked,
+            blocked=blocked,
         )
 
 
