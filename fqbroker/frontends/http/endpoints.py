@@ -32,7 +32,6 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import h11
 
 from fqbroker.core.message import Message, runs_of
-from fqbroker.core.publisher import Publisher
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http import replay
 from fqbroker.frontends.http.stats import http_counters, render_stats_json
@@ -349,7 +348,7 @@ class _Connection:
         assert route is not None and exchange is not None
         # One hop, the node id: fqd sends none, which the npm client rejects (§9.6).
         msg = Message(exchange, route, payload, broker.msgids.next(), sender, broker.node_id)
-        publisher = Publisher(broker.router, broker.catalog.flush_dirty)
+        publisher = broker.make_publisher()
         room = publisher.publish(runs_of([msg]), len(payload))
         # Written and durable under each disk queue's fsync policy before we say "routed":
         # a 200 is as good as a publisher confirm.
