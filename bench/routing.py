@@ -5,6 +5,11 @@ message matches exactly one binding, so the work per message is the lookup, one 
 and one offer. Two prefix shapes are measured: same-length prefixes (one probe) and
 prefixes of many lengths (one probe per distinct length, at most 128).
 Prints the median over several runs and the ratio to the 1-binding figure.
+
+Each shape is measured twice: one message at a time through ``Router.publish`` (what a
+caller with a single message does), and as the data path does, reads of ``READ``
+messages decoded into runs and published with ``Router.publish_runs`` (no two messages
+in a row share a route here, so each run is one message: the data path's worst case).
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ from __future__ import annotations
 import statistics
 import time
 
-from fqbroker.core.message import Message
-from fqbroker.core.router import Router
+from fqbroker.core.message import Message, runs_of
+from fqbroker.core.router import ClientStats, Router
 
 MESSAGES = 20_000
 RUNS = 7
+READ = 64  # messages per read on the data path
 
 
 class Sink:
@@ -48,7 +54,7 @@ def _prefixes(n: int, varied: bool) -> list[bytes]:
     return [(b"p%d." % i) + b"x" * (i % 50) for i in range(n)]
 
 
-def ns_per_message(bindings: int, varied: bool) -> float:
+def ns_per_message(bindings: int, varied: bool, reads: bool = False) -> float:
     router = Router()
     prefixes = _prefixes(bindings, varied)
     for prefix in prefixes:
@@ -59,24 +65,38 @@ def ns_per_message(bindings: int, varied: bool) -> float:
         for i in range(MESSAGES)
     ]
     publish = router.publish
+    publish_runs = router.publish_runs
+    client = ClientStats()
+    batches = [runs_of(messages[i : i + READ]) for i in range(0, MESSAGES, READ)]
     samples = []
     for _ in range(RUNS):
-        start = time.perf_counter_ns()
-        for msg in messages:
-            publish(msg)
+        if reads:
+            # The decoder makes new runs for each read; copying the list stands for that.
+            start = time.perf_counter_ns()
+            for runs in batches:
+                publish_runs(list(runs), 0, client)
+        else:
+            start = time.perf_counter_ns()
+            for msg in messages:
+                publish(msg)
         samples.append((time.perf_counter_ns() - start) / MESSAGES)
     assert router.aggregate.no_route == 0
     return statistics.median(samples)
 
 
 def main() -> None:
-    for varied in (False, True):
-        shape = "prefixes of many lengths" if varied else "same-length prefixes"
-        base = None
-        for n in (1, 100, 10_000):
-            ns = ns_per_message(n, varied)
-            base = base or ns
-            print(f"  {shape:26} {n:>6} bindings: {ns:8.0f} ns/message  ({ns / base:4.2f}x)")
+    for reads in (False, True):
+        how = f"reads of {READ}" if reads else "one at a time"
+        for varied in (False, True):
+            shape = "prefixes of many lengths" if varied else "same-length prefixes"
+            base = None
+            for n in (1, 100, 10_000):
+                ns = ns_per_message(n, varied, reads)
+                base = base or ns
+                print(
+                    f"  {how:13} {shape:26} {n:>6} bindings: {ns:8.0f} ns/message"
+                    f"  ({ns / base:4.2f}x)"
+                )
 
 
 if __name__ == "__main__":

@@ -18,14 +18,16 @@ exchange, no route, routed (per target, even when then dropped) and dropped, kep
 exchange, in the aggregate and for the publishing client (§1.6, §2.6).
 
 Targets are anything with the small :class:`Target` protocol, so the router knows
-nothing of storage, sockets or any wire protocol; every front end publishes through
-:meth:`Router.publish` the same way.
+nothing of storage, sockets or any wire protocol. There is one way in,
+:meth:`Router.publish_runs`, and one place counters move, :meth:`Router.count`: every
+front end publishes through a :class:`~fqbroker.core.publisher.Publisher`, which calls
+them; :meth:`Router.publish` is one message as a run of one.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,6 +42,7 @@ __all__ = [
     "AggregateStats",
     "Binding",
     "ClientStats",
+    "Counts",
     "Exchange",
     "PublishResult",
     "Router",
@@ -48,6 +51,10 @@ __all__ = [
 
 # avg_ns is a moving average with alpha 1/128, as in fqd (§2.3).
 _AVG_SHIFT = 7
+
+# The bindings a route reaches, and whether any of their queues blocks.
+Reach = tuple[list["Binding"], bool]
+_UNKNOWN: Reach = ([], False)  # a route not looked up yet
 
 
 class Target(Protocol):
@@ -85,6 +92,17 @@ class Target(Protocol):
     def wait_not_full(self) -> Awaitable[None]:
         """Resolves once the target has room again."""
         ...
+
+
+class Counts(Protocol):
+    """The outcome counters a publish adds to besides the aggregate (§1.6): a
+    publisher's :class:`ClientStats`, or the :class:`PublishResult` of one message."""
+
+    no_exchange: int
+    no_route: int
+    routed: int
+    dropped: int
+    size_dropped: int
 
 
 @dataclass(slots=True)
@@ -147,9 +165,10 @@ class Exchange:
     _by_owner: dict[tuple[int, bytes], Binding] = field(default_factory=dict)
     _by_exact: dict[bytes, list[Binding]] = field(default_factory=dict)
     _by_prefix: PrefixIndex[Binding] = field(default_factory=PrefixIndex)
-    # route -> the bindings a message on it reaches, when no program looks past the route
-    # (None when one does); cleared whenever a binding comes or goes.
-    _hits: dict[bytes, list[Binding] | None] = field(default_factory=dict)
+    # route -> the bindings a message on it reaches and whether one of them blocks, when
+    # no program looks past the route (None when one does); cleared whenever a binding
+    # comes or goes.
+    _hits: dict[bytes, Reach | None] = field(default_factory=dict)
 
     def add(self, binding: Binding) -> None:
         self._hits.clear()
@@ -177,12 +196,13 @@ class Exchange:
     def find(self, queue: Target, text: bytes) -> Binding | None:
         return self._by_owner.get((id(queue), text))
 
-    def hits(self, route: bytes) -> list[Binding] | None:
+    def hits(self, route: bytes) -> Reach | None:
         """The bindings ``route`` reaches when that depends on the route alone, else None.
 
         Memoised per route: with only ``prefix:``/``exact:`` rules (``always_true``
         programs) the answer is the first binding of each distinct queue among the
-        candidates, exactly what :meth:`Router.route` would pick one by one.
+        candidates, exactly what routing by programs would pick one by one, and whether
+        any of their queues blocks (a queue's policy never changes).
         """
         try:
             return self._hits[route]
@@ -201,8 +221,9 @@ class Exchange:
                 break
         if len(self._hits) >= 65536:
             self._hits.clear()
-        self._hits[route] = found
-        return found
+        reach = None if found is None else (found, any(b.queue.blocks for b in found))
+        self._hits[route] = reach
+        return reach
 
     def candidates(self, route: bytes) -> list[list[Binding]]:
         """Bindings whose prefix or exact route matches ``route``; programs not yet run."""
@@ -213,21 +234,12 @@ class Exchange:
         return found
 
 
-def _gather_into(gathered: dict[Target, list[Any]], hits: list[Binding] | None) -> bool:
-    """Give each target of ``hits`` its slot; False if the run cannot be gathered.
-
-    A run can be when its targets follow from its route alone and none of them blocks
-    (a block-policy queue stops its publisher at an exact message).
-    """
-    if hits is None:
-        return False
+def _gather_into(gathered: dict[Target, list[Any]], hits: list[Binding]) -> None:
+    """Give each target of ``hits`` (none of which blocks) its slot."""
     for binding in hits:
         queue = binding.queue
         if queue not in gathered:
-            if queue.blocks:
-                return False
             gathered[queue] = [queue.room, queue.room_bytes, [], 0]
-    return True
 
 
 @dataclass(slots=True)
@@ -236,8 +248,9 @@ class PublishResult:
     dropped: int = 0
     no_route: int = 0
     no_exchange: int = 0
+    size_dropped: int = 0  # never, for a message already decoded; there for Counts
     # Block-policy targets now full: the publisher should wait on them before sending more.
-    blocked: list[Target] = field(default_factory=list)
+    blocked: Sequence[Target] = ()
 
 
 class Router:
@@ -313,31 +326,6 @@ class Router:
 
     # --- routing --------------------------------------------------------------------------
 
-    def route(self, msg: Message) -> list[Target]:
-        """The queues ``msg`` goes to, each once; counts messages, octets and misses."""
-        agg = self.aggregate
-        agg.messages += 1
-        agg.octets += len(msg.payload)
-        ex = self.exchanges.get(msg.exchange)
-        if ex is None:
-            agg.no_exchange += 1
-            agg.no_route += 1
-            return []
-        ex.messages += 1
-        ex.octets += len(msg.payload)
-        hits = ex.hits(msg.route)
-        if hits is not None:
-            targets: list[Target] = []
-            for binding in hits:
-                binding.invocations += 1
-                targets.append(binding.queue)
-        else:
-            targets = self._route_by_programs(ex, msg)
-        if not targets:
-            ex.no_route += 1
-            agg.no_route += 1
-        return targets
-
     @staticmethod
     def _route_by_programs(ex: Exchange, msg: Message) -> list[Target]:
         targets: list[Target] = []
@@ -353,90 +341,149 @@ class Router:
         return targets
 
     def publish_runs(
-        self, runs: list[Run], start: int, client: ClientStats
+        self, runs: list[Run], start: int, client: Counts
     ) -> tuple[int, int, list[Target]]:
-        """Publish ``runs[start:]``: the data path, a read's (or a batch's) worth at a time.
+        """Publish ``runs[start:]``: every front end's way in, a read's (or a batch's) worth
+        at a time (:class:`~fqbroker.core.publisher.Publisher` calls it).
 
         Each run is routed once. What drop-policy queues get is gathered per queue and
         offered in one call at the end, their room counted while gathering, so the same
         messages are dropped as one by one. A run that reaches a block-policy queue, or
-        needs programs run, goes through :meth:`_publish_run` after what was gathered.
+        needs programs run, is published exactly after what was gathered, and stops after
+        the message that leaves a block-policy queue full.
+
         Returns the index to go on from, the messages published and the block-policy
         targets now full (publish again after waiting on them); when a run was published
-        in part, ``runs[index]`` is replaced by its rest.
+        in part, ``runs[index]`` is replaced by its rest. Counters move here only: each
+        run's on its exchange, the batch's in the aggregate and on ``client`` at the end.
         """
         exchanges = self.exchanges
         # queue -> [room left, bytes left, frames, their bytes]
         gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
-        published = 0
         i = start
+        end = len(runs)  # runs[i] may be replaced by its rest, never added to
         try:
-            while i < len(runs):
+            while i < end:
                 exchange, route, frames, head = runs[i]
                 n = len(frames)
                 ex = exchanges.get(exchange)
-                hits = None if ex is None else ex.hits(route)
-                if ex is not None and not _gather_into(gathered, hits):
-                    # Exactly as one by one, so everything gathered goes first.
-                    self._offer_gathered(gathered)
-                    gathered = {}
-                    done, blocked = self._publish_run(ex, hits, frames, head, client)
-                    published += done
-                    if done < n:
-                        runs[i] = (exchange, route, frames[done:], head)
-                    else:
-                        i += 1
-                    if blocked:
-                        return i, published, blocked
-                    continue
-                i += 1
-                published += n
-                raw = sum(map(len, frames)) if n > 1 else len(frames[0])
-                size = raw - n * head
-                messages += n
-                octets += size
                 if ex is None:
+                    i += 1
+                    messages += n
+                    octets += (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
                     no_exchange += n
                     no_route += n
                     continue
+                reach = ex._hits.get(route, _UNKNOWN)
+                if reach is _UNKNOWN:
+                    reach = ex.hits(route)
+                if reach is not None and not reach[1]:
+                    hits = reach[0]
+                    i += 1
+                    raw = sum(map(len, frames)) if n > 1 else len(frames[0])
+                    size = raw - n * head
+                    ex.messages += n
+                    ex.octets += size
+                    messages += n
+                    octets += size
+                    if not hits:
+                        ex.no_route += n
+                        no_route += n
+                        continue
+                    run_dropped = 0
+                    if not gathered and i == end:
+                        # Nothing gathered and nothing after it: offered as it is.
+                        for binding in hits:
+                            binding.invocations += n
+                            run_dropped += n - binding.queue.offer(frames, raw)
+                    else:
+                        _gather_into(gathered, hits)
+                        for binding in hits:
+                            binding.invocations += n
+                            slot = gathered[binding.queue]
+                            slot[2] += frames
+                            slot[3] += raw
+                            room = slot[0]
+                            slot[0] = room - n
+                            room_bytes = slot[1]
+                            slot[1] = room_bytes - raw
+                            if room < n or room_bytes < raw:
+                                run_dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
+                    run_routed = n * len(hits)
+                    ex.routed += run_routed
+                    routed += run_routed
+                    if run_dropped:
+                        ex.dropped += run_dropped
+                        dropped += run_dropped
+                    continue
+                # Exactly as one by one, so everything gathered goes first.
+                self._offer_gathered(gathered)
+                gathered = {}
+                if reach is None:
+                    n, size, run_routed, run_dropped, run_no_route, blocked = self._publish_each(
+                        ex, frames, head
+                    )
+                else:
+                    n, size, run_routed, run_dropped, blocked = _publish_exactly(
+                        reach[0], frames, head
+                    )
+                    run_no_route = 0
+                if n < len(frames):
+                    runs[i] = (exchange, route, frames[n:], head)
+                else:
+                    i += 1
                 ex.messages += n
                 ex.octets += size
-                if not hits:
-                    ex.no_route += n
-                    no_route += n
-                    continue
-                lost = 0
-                for binding in hits:
-                    binding.invocations += n
-                    slot = gathered[binding.queue]
-                    slot[2] += frames
-                    slot[3] += raw
-                    room = slot[0]
-                    slot[0] = room - n
-                    room_bytes = slot[1]
-                    slot[1] = room_bytes - raw
-                    if room < n or room_bytes < raw:
-                        lost += n - max(min(room, fitting(frames, room_bytes)), 0)
-                ex.routed += n * len(hits)
-                routed += n * len(hits)
-                if lost:
-                    ex.dropped += lost
-                    dropped += lost
-            return i, published, []
+                messages += n
+                octets += size
+                ex.routed += run_routed
+                routed += run_routed
+                ex.dropped += run_dropped
+                dropped += run_dropped
+                ex.no_route += run_no_route
+                no_route += run_no_route
+                if blocked:
+                    return i, messages, blocked
+            return i, messages, []
         finally:
-            self._offer_gathered(gathered)
-            agg = self.aggregate
-            agg.messages += messages
-            agg.octets += octets
-            agg.no_exchange += no_exchange
-            agg.no_route += no_route
+            if gathered:
+                self._offer_gathered(gathered)
+            self.count(client, messages, octets, no_exchange, no_route, routed, dropped)
+
+    def count(
+        self,
+        client: Counts,
+        messages: int = 0,
+        octets: int = 0,
+        no_exchange: int = 0,
+        no_route: int = 0,
+        routed: int = 0,
+        dropped: int = 0,
+        size_dropped: int = 0,
+    ) -> None:
+        """Add outcomes to the aggregate and to the publisher's counters: the one place
+        they join, for routing and for what is lost before it (too large to take) or
+        after it (a failed disk write). Once per batch, never per message."""
+        agg = self.aggregate
+        agg.messages += messages
+        agg.octets += octets
+        # Most batches move few of these: a test is cheaper than adding nothing.
+        if routed:
             agg.routed += routed
-            agg.dropped += dropped
-            client.no_exchange += no_exchange
-            client.no_route += no_route
             client.routed += routed
+        if dropped:
+            agg.dropped += dropped
             client.dropped += dropped
+        if no_route:
+            agg.no_route += no_route
+            client.no_route += no_route
+            if no_exchange:
+                agg.no_exchange += no_exchange
+                client.no_exchange += no_exchange
+        if size_dropped:
+            agg.size_dropped += size_dropped
+            client.size_dropped += size_dropped
 
     @staticmethod
     def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:
@@ -444,87 +491,75 @@ class Router:
             if frames:
                 queue.offer(frames, size)
 
-    def _publish_run(
-        self,
-        ex: Exchange,
-        hits: list[Binding] | None,
-        frames: list[bytes],
-        head: int,
-        client: ClientStats,
-    ) -> tuple[int, list[Target]]:
-        """A run with programs to run or a block-policy target, published exactly.
+    def _publish_each(
+        self, ex: Exchange, frames: list[bytes], head: int
+    ) -> tuple[int, int, int, int, int, list[Target]]:
+        """A run whose targets depend on more than its route: one message at a time.
 
-        Stops after the first message that leaves a block-policy target full: returns
-        how many frames were published and those targets, for the publisher to wait on.
+        Stops after the first message that leaves a block-policy target full. Returns the
+        frames published, their payload bytes, routed, dropped, no_route and those targets.
         """
-        if hits is None:
-            return self._publish_each(frames, client)
-        n = len(frames)
-        for binding in hits:
-            queue = binding.queue
-            if queue.blocks:
-                n = min(n, queue.takes(frames))  # it takes the message that fills it
-        batch = frames if n == len(frames) else frames[:n]
-        octets = sum(map(len, batch)) - n * head
-        agg = self.aggregate
-        agg.messages += n
-        agg.octets += octets
-        ex.messages += n
-        ex.octets += octets
-        dropped = 0
+        routed = dropped = no_route = 0
         blocked: list[Target] = []
-        for binding in hits:
-            binding.invocations += n
-            queue = binding.queue
-            dropped += n - queue.offer(batch)
-            if queue.is_full:
-                blocked.append(queue)
-        routed = n * len(hits)
-        ex.routed += routed
-        agg.routed += routed
-        client.routed += routed
-        if dropped:
-            ex.dropped += dropped
-            agg.dropped += dropped
-            client.dropped += dropped
-        return n, blocked
-
-    def _publish_each(self, frames: list[bytes], client: ClientStats) -> tuple[int, list[Target]]:
-        """A run whose targets depend on more than its route: one message at a time."""
-        for i, frame in enumerate(frames, 1):
-            result = self._offer(message_from_frame(frame), frame, client)
-            if result.blocked:
-                return i, result.blocked
-        return len(frames), []
+        n = 0
+        for frame in frames:
+            n += 1
+            targets = self._route_by_programs(ex, message_from_frame(frame))
+            if not targets:
+                no_route += 1
+                continue
+            one = [frame]
+            for queue in targets:
+                if not queue.offer(one):
+                    dropped += 1
+                elif queue.is_full:
+                    blocked.append(queue)
+            routed += len(targets)
+            if blocked:
+                break
+        size = sum(map(len, frames[:n] if n < len(frames) else frames)) - n * head
+        return n, size, routed, dropped, no_route, blocked
 
     def publish(self, msg: Message, client: ClientStats | None = None) -> PublishResult:
-        """Route ``msg`` and offer it to every target, keeping every counter of §1.6/§2.6."""
-        return self._offer(msg, msg.peer_frame(), client)
+        """Publish one message, as a run of one, and say what became of it (§1.6/§2.6)."""
+        frame = msg.peer_frame()
+        runs: list[Run] = [(msg.exchange, msg.route, [frame], len(frame) - len(msg.payload))]
+        if client is None:
+            result = PublishResult()
+            result.blocked = self.publish_runs(runs, 0, result)[2]
+            return result
+        before = (client.routed, client.dropped, client.no_route, client.no_exchange)
+        blocked = self.publish_runs(runs, 0, client)[2]
+        return PublishResult(
+            client.routed - before[0],
+            client.dropped - before[1],
+            client.no_route - before[2],
+            client.no_exchange - before[3],
+            blocked=blocked,
+        )
 
-    def _offer(self, msg: Message, frame: bytes, client: ClientStats | None) -> PublishResult:
-        targets = self.route(msg)
-        result = PublishResult()
-        if not targets:
-            result.no_route = 1
-            if msg.exchange not in self.exchanges:
-                result.no_exchange = 1
-        one = [frame]
-        for queue in targets:
-            if not queue.offer(one):
-                result.dropped += 1
-            elif queue.is_full:
-                result.blocked.append(queue)
-        result.routed = len(targets)
-        agg = self.aggregate
-        agg.routed += result.routed
-        agg.dropped += result.dropped
-        ex = self.exchanges.get(msg.exchange)
-        if ex is not None:
-            ex.routed += result.routed
-            ex.dropped += result.dropped
-        if client is not None:
-            client.no_exchange += result.no_exchange
-            client.no_route += result.no_route
-            client.routed += result.routed
-            client.dropped += result.dropped
-        return result
+
+def _publish_exactly(
+    hits: list[Binding], frames: list[bytes], head: int
+) -> tuple[int, int, int, int, list[Target]]:
+    """A run with a block-policy target, whose targets follow from its route.
+
+    Stops after the first message that leaves a block-policy target full. Returns the
+    frames published, their payload bytes, routed, dropped and those targets.
+    """
+    n = len(frames)
+    for binding in hits:
+        queue = binding.queue
+        if queue.blocks:
+            n = min(n, queue.takes(frames))  # it takes the message that fills it
+    batch = frames if n == len(frames) else frames[:n]
+    size = sum(map(len, batch)) - n * head
+    dropped = 0
+    blocked: list[Target] = []
+    for binding in hits:
+        binding.invocations += n
+        queue = binding.queue
+        dropped += n - queue.offer(batch)
+        if queue.is_full:
+            blocked.append(queue)
+    return n, size, n * len(hits), dropped, blocked

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 from fqbroker.config import Settings, resolve_node_id
 from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.program import RuleRegistry, default_registry
+from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
-from fqbroker.core.router import Router
+from fqbroker.core.router import ClientStats, Router
 from fqbroker.frontends.fq.peering import Peering
 from fqbroker.frontends.fq.registry import ClientRegistry
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd
@@ -71,7 +72,9 @@ class Broker:
         )
         self.clients = self.registry.clients
         self.port = 0
-        self.peering = Peering(self)
+        self.peering = Peering(
+            self.settings, self.node_id, self.catalog.config.upstreams, self.make_publisher
+        )
         # Set by HTTP /shutdown; whoever runs the broker (fqd's main) waits on it and stops.
         self.shutdown_requested = asyncio.Event()
 
@@ -131,6 +134,10 @@ class Broker:
     def closed(self, transport: asyncio.Transport) -> None:
         """A connection of any front end ended: give back what the limits counted."""
         self.listeners.closed(transport)
+
+    def make_publisher(self, stats: ClientStats | None = None) -> Publisher:
+        """A publisher into this broker's router, for one connection or link."""
+        return Publisher(self.router, self.catalog.flush_dirty, stats)
 
     def _is_ours(self, context: dict[str, Any]) -> bool:
         """Whether an error asyncio reports came from this broker's connections or code."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from fqbroker.core.budget import MemoryBudget
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import UNLIMITED_BYTES, QueueKind, QueueSpec
-from fqbroker.core.router import Binding, ClientStats, Router
+from fqbroker.core.router import Binding, Router
 from fqbroker.errors import FqError, ProgramError, QueueError
 from fqbroker.frontends.fq.wire import BIND_ILLEGAL, BindFlags
 from fqbroker.storage.segmentlog import LogFormatError
@@ -129,12 +129,12 @@ class Catalog:
         self.router.unbind_queue(queue)
         queue.close(destroy=True)
 
-    def flush_dirty(self, client: ClientStats | None = None) -> tuple[list[DiskStore], int]:
+    def flush_dirty(self) -> tuple[list[DiskStore], int]:
         """Write every disk store's appended messages: (stores written, messages lost).
 
-        Every publisher calls this before it next awaits, so what it finds is its own: the
-        lost messages count as drops, in the aggregate and for ``client``, so status shows
-        them to any fq client.
+        Every publisher calls this before it next awaits, so what it finds is its own:
+        its :class:`~fqbroker.core.publisher.Publisher` counts the lost messages as drops,
+        in the aggregate and for itself, so status shows them to any fq client.
         """
         written: list[DiskStore] = []
         lost = 0
@@ -153,10 +153,6 @@ class Catalog:
                 lost += pending
             else:
                 written.append(store)
-        if lost:
-            self.router.aggregate.dropped += lost
-            if client is not None:
-                client.dropped += lost
         return written, lost
 
     def close(self) -> None:

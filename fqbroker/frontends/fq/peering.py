@@ -29,19 +29,20 @@ import collections
 import contextlib
 import logging
 import random
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from fqbroker.config import Upstream
 from fqbroker.core.message import ZERO_MSGID, Message, accept_from_peer, runs_of
-from fqbroker.core.router import ClientStats
 from fqbroker.errors import FqError
 from fqbroker.frontends.fq import wire
 
 if TYPE_CHECKING:
     from fqbroker.clients.client import Client
-    from fqbroker.server.broker import Broker
+    from fqbroker.config import Settings
+    from fqbroker.core.publisher import Publisher
 
 __all__ = ["PeerAddress", "PeerLink", "PeerState", "Peering", "RecentIds"]
 
@@ -120,13 +121,17 @@ class RecentIds:
 class PeerLink:
     """One connection to an upstream broker and the exchanges pulled through it."""
 
-    def __init__(self, broker: Broker, address: PeerAddress, dedupe: RecentIds | None) -> None:
-        self.broker = broker
+    def __init__(
+        self, node_id: bytes, publisher: Publisher, address: PeerAddress, dedupe: RecentIds | None
+    ) -> None:
+        self.node_id = node_id
         self.address = address
         self.wanted: set[PeerBinding] = set()
         self.bound: dict[PeerBinding, int] = {}  # binding -> route id it got upstream
         self.refused: set[PeerBinding] = set()  # bad programs: not asked again until changed
-        self.stats = ClientStats()  # what it published into our router
+        # What it publishes into our router goes through its publisher, which counts it.
+        self.publisher = publisher
+        self.stats = self.publisher.stats
         self.looped = 0
         self.duplicates = 0
         self._dedupe = dedupe
@@ -203,7 +208,7 @@ class PeerLink:
                 self.address.source,
                 self.address.password,
                 heartbeat_ms=HEARTBEAT_MS,
-                peer_id=self.broker.node_id,
+                peer_id=self.node_id,
                 connect_timeout=5.0,
             )
             try:
@@ -258,27 +263,15 @@ class PeerLink:
                 log.info("peer %s: bound %r %r", self.address, binding.exchange, binding.program)
 
     async def _forward(self, client: Client) -> None:
-        publish_runs = self.broker.router.publish_runs
-        flush_dirty = self.broker.catalog.flush_dirty
-        stats = self.stats
+        publisher = self.publisher
         while True:
             batch = await client.receive_many(BATCH)
-            stats.msgs_in += len(batch)
-            stats.octets_in += sum(msg.peer_octets for msg in batch)
-            runs = runs_of([msg for msg in batch if self._admit(msg)])
-            i = 0
-            while i < len(runs):
-                i, _, blocked = publish_runs(runs, i, stats)
-                if not blocked:
-                    break
-                flush_dirty(stats)
-                for queue in blocked:
-                    await queue.wait_not_full()
-            flush_dirty(stats)
+            publisher.received(len(batch), sum(msg.peer_octets for msg in batch))
+            await publisher.publish_all(runs_of([msg for msg in batch if self._admit(msg)]))
 
     def _admit(self, msg: Message) -> bool:
         """Whether a received message goes on into our exchange (§5.2), counting why not."""
-        if not accept_from_peer(msg, self.broker.node_id):
+        if not accept_from_peer(msg, self.node_id):
             self.looped += 1
             log.debug("peer %s: received looped message %r", self.address, msg)
             return False
@@ -291,10 +284,21 @@ class PeerLink:
 class Peering:
     """Every upstream this broker pulls from, kept in step with the configuration."""
 
-    def __init__(self, broker: Broker) -> None:
-        self.broker = broker
+    def __init__(
+        self,
+        settings: Settings,
+        node_id: bytes,
+        stored_upstreams: Callable[[], Iterable[Upstream]],
+        make_publisher: Callable[[], Publisher],
+    ) -> None:
+        """``stored_upstreams``: the rows of the sqlite ``upstream`` table, read again at
+        each poll; ``make_publisher``: a publisher into our router, one per link."""
+        self.settings = settings
+        self.node_id = node_id
+        self._stored_upstreams = stored_upstreams
+        self._make_publisher = make_publisher
         self.links: dict[PeerAddress, PeerLink] = {}
-        size = broker.settings.peer_dedupe
+        size = settings.peer_dedupe
         self.dedupe = RecentIds(size) if size > 0 else None
         self._task: asyncio.Task[None] | None = None
 
@@ -303,7 +307,7 @@ class Peering:
         self._task = asyncio.get_running_loop().create_task(self._poll())
 
     def wanted_rows(self) -> list[Upstream]:
-        return [*self.broker.settings.upstream, *self.broker.catalog.config.upstreams()]
+        return [*self.settings.upstream, *self._stored_upstreams()]
 
     def refresh(self) -> list[PeerAddress]:
         """Apply the configuration now; returns the links that are no longer wanted."""
@@ -311,14 +315,15 @@ class Peering:
         for address, bindings in wanted.items():
             link = self.links.get(address)
             if link is None:
-                link = self.links[address] = PeerLink(self.broker, address, self.dedupe)
+                link = PeerLink(self.node_id, self._make_publisher(), address, self.dedupe)
+                self.links[address] = link
                 link.start()
                 log.info("peer %s: added", address)
             link.want(bindings)
         return [address for address in self.links if address not in wanted]
 
     async def _poll(self) -> None:
-        interval = self.broker.settings.peer_poll_seconds
+        interval = self.settings.peer_poll_seconds
         while True:
             await asyncio.sleep(interval)
             try:

@@ -32,7 +32,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import aiofiles.os
 import h11
 
-from fqbroker.core.message import Message
+from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http import replay
 from fqbroker.frontends.http.host import HttpHost
@@ -350,16 +350,15 @@ class _Connection:
         assert route is not None and exchange is not None
         # One hop, the node id: fqd sends none, which the npm client rejects (§9.6).
         msg = Message(exchange, route, payload, broker.msgids.next(), sender, broker.node_id)
-        result = broker.router.publish(msg)
+        publisher = broker.make_publisher()
+        room = publisher.publish(runs_of([msg]), len(payload))
         # Written and durable under each disk queue's fsync policy before we say "routed":
         # a 200 is as good as a publisher confirm.
-        written, lost = broker.catalog.flush_dirty()
-        result.dropped += lost
-        for store in written:
-            if not await store.wait_durable(store.written_seq):
-                return _submit_error("disk queue write failed")  # an fsync failed, as a confirm
-        for queue in result.blocked:
-            await queue.wait_not_full()  # block policy: the reply waits for room
+        if not await publisher.durable():
+            return _submit_error("disk queue write failed")  # an fsync failed, as a confirm
+        if not room:
+            await publisher.wait_for_room()  # block policy: the reply waits for room
+        result = publisher.stats  # this message's outcome, disk writes lost counted dropped
         body = (
             f'{{"routed":{result.routed},"dropped":{result.dropped},'
             f'"no_route":{result.no_route},"no_exchange":{result.no_exchange}}}\n'

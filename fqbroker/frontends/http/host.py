@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from fqbroker.config import Settings
 from fqbroker.core.budget import MemoryBudget
 from fqbroker.core.message import MsgIdCounter
+from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.router import ClientStats, Router
 from fqbroker.server.frontend import LiveFrontEnd
@@ -135,3 +136,5 @@ class HttpHost(StatsSource, Protocol):
     def shutdown_requested(self) -> asyncio.Event: ...
 
     def closed(self, transport: asyncio.Transport) -> None: ...
+
+    def make_publisher(self, stats: ClientStats | None = None) -> Publisher: ...

@@ -1,0 +1,225 @@
+"""One publisher's way into the router: a connection's or a link's, whatever its protocol.
+
+Every front end that takes messages in (the fq data socket, each peering link, HTTP
+/submit, and those to come) makes one :class:`Publisher` and hands it runs of peer
+frames. It publishes them through :meth:`Router.publish_runs`, the router's one way in,
+and keeps what the front end would otherwise have to copy:
+
+* its counters (a :class:`~fqbroker.core.router.ClientStats`; the router adds routing
+  outcomes to it, and size drops and lost disk writes go through :meth:`Router.count`
+  like every other outcome);
+* where a batch stopped when a block-policy queue filled up: :meth:`publish` returns
+  False and keeps the rest, the shell awaits :meth:`wait_for_room` and calls
+  :meth:`carry_on`. How the shell waits is its own business: the data socket pauses
+  reading, a peering link simply awaits;
+* durability: the disk stores it appended to are written (``flush_dirty``) before it
+  waits and after each batch, and it records per store the last seq written and the
+  number of the first message a disk write failed for;
+* publisher confirms (docs/confirms.md): :meth:`confirm` answers once the first ``count``
+  messages are handled and durable, or says why not.
+
+It is sans I/O: it owns no task and no socket. The only awaiting is in the coroutines a
+shell calls by name (:meth:`wait_for_room`, :meth:`publish_all`, :meth:`durable`,
+:meth:`confirm`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from fqbroker.core.message import Run
+from fqbroker.core.router import ClientStats, Router, Target
+
+__all__ = ["DurableStore", "FlushDirty", "Publisher"]
+
+
+class DurableStore(Protocol):
+    """A disk store as a publisher sees it: what it wrote last, and when that is safe."""
+
+    @property
+    def written_seq(self) -> int: ...
+
+    async def wait_durable(self, seq: int) -> bool:
+        """True once ``seq`` is durable under the store's fsync policy; False if an fsync
+        failed."""
+        ...
+
+
+# Writes every disk store's appended messages: (the stores written, messages lost). It
+# is the catalog's; every publisher calls it before it next awaits, so what it finds is
+# its own.
+FlushDirty = Callable[[], tuple[Sequence[DurableStore], int]]
+
+
+class Publisher:
+    """The publishing side of one connection or link."""
+
+    __slots__ = (
+        "_first",
+        "_flush_dirty",
+        "_next",
+        "_octets",
+        "_progress",
+        "_router",
+        "_runs",
+        "blocked",
+        "closed",
+        "failed_from",
+        "handled",
+        "stamp_size",
+        "stats",
+        "written",
+    )
+
+    def __init__(
+        self,
+        router: Router,
+        flush_dirty: FlushDirty,
+        stats: ClientStats | None = None,
+        *,
+        stamp_size: int = 0,
+    ) -> None:
+        self._router = router
+        self._flush_dirty = flush_dirty
+        self.stats = ClientStats() if stats is None else stats
+        # What the front end added to each frame beyond the bytes it read (sender and
+        # hops): taken off again when a batch's read bytes are counted in part.
+        self.stamp_size = stamp_size
+        # Messages handled so far; the number of the first message since the last flush.
+        self.handled = 0
+        self._first = 1
+        # The batch being published: its runs, where it stands, its read bytes not yet
+        # counted (-1: counted by received()), and the full queues it waits for.
+        self._runs: list[Run] = []
+        self._next = 0
+        self._octets = -1
+        self.blocked: list[Target] = []
+        # Confirms: the last seq written per disk store, the first message a write
+        # failed for, and the event confirms wait on (made by the first that waits).
+        self.written: dict[DurableStore, int] | None = None
+        self.failed_from: int | None = None
+        self._progress: asyncio.Event | None = None
+        self.closed = False
+
+    # --- publishing -----------------------------------------------------------------------
+
+    def received(self, messages: int, octets: int) -> None:
+        """Count messages as handled when read, before any is published (a peer's: those
+        that looped are handled too, and never published)."""
+        self.handled += messages
+        stats = self.stats
+        stats.msgs_in += messages
+        stats.octets_in += octets
+
+    def publish(self, runs: list[Run], octets: int = -1) -> bool:
+        """Publish a batch; False when a full block-policy queue stopped it.
+
+        ``octets``: the bytes the batch was read as, to count its messages as handled as
+        they are published; -1 when :meth:`received` counted them. After False, await
+        :meth:`wait_for_room` and call :meth:`carry_on`.
+        """
+        self._runs = runs
+        self._next = 0
+        self._octets = octets
+        return self.carry_on()
+
+    def carry_on(self) -> bool:
+        """Publish what is left of the batch; False when it has to wait again."""
+        runs = self._runs
+        i = self._next
+        stats = self.stats
+        counting = self._octets >= 0
+        publish_runs = self._router.publish_runs
+        while i < len(runs):
+            i, done, blocked = publish_runs(runs, i, stats)
+            if counting:
+                self.handled += done
+                stats.msgs_in += done
+            if blocked:
+                if counting:
+                    # What went out so far counts now: a frame less the stamp is what
+                    # was read for it.
+                    stamp = self.stamp_size
+                    left = sum(sum(map(len, r[2])) - len(r[2]) * stamp for r in runs[i:])
+                    stats.octets_in += self._octets - left
+                    self._octets = left
+                self._next = i
+                self.blocked = blocked
+                self.flush()
+                return False
+        if counting:
+            stats.octets_in += self._octets
+        self._runs = []
+        self._next = 0
+        self._octets = -1
+        self.blocked = []
+        self.flush()
+        return True
+
+    async def wait_for_room(self) -> None:
+        """Wait until every queue that stopped the batch has room again."""
+        for queue in self.blocked:
+            await queue.wait_not_full()
+
+    async def publish_all(self, runs: list[Run], octets: int = -1) -> None:
+        """Publish a batch, waiting for room as often as it has to."""
+        if self.publish(runs, octets):
+            return
+        while True:
+            await self.wait_for_room()
+            if self.carry_on():
+                return
+
+    def size_dropped(self, count: int) -> None:
+        """Messages refused for their size before they were routed."""
+        self._router.count(self.stats, size_dropped=count)
+
+    # --- durability and confirms ----------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write what was appended to disk stores; lost messages count as drops."""
+        written, lost = self._flush_dirty()
+        if written:
+            if self.written is None:
+                self.written = {}
+            for store in written:
+                self.written[store] = store.written_seq
+        if lost:
+            self._router.count(self.stats, dropped=lost)
+            if self.failed_from is None:
+                self.failed_from = self._first
+        self._first = self.handled + 1
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
+
+    def close(self) -> None:
+        """The connection is gone: confirms still waiting learn it."""
+        self.closed = True
+        if self._progress is not None:
+            self._progress.set()
+
+    async def durable(self) -> bool:
+        """Wait until what it wrote to disk stores is durable; False if an fsync failed."""
+        for store, seq in list((self.written or {}).items()):
+            if not await store.wait_durable(seq):
+                return False
+            if self.written is not None and self.written.get(store) == seq:
+                del self.written[store]
+        return True
+
+    async def confirm(self, count: int) -> str | None:
+        """Wait until the first ``count`` messages are routed and durable; None, or why not."""
+        while self.handled < count:
+            if self.closed:
+                return "data channel closed"
+            if self._progress is None:
+                self._progress = asyncio.Event()
+            await self._progress.wait()
+        if self.failed_from is not None and self.failed_from <= count:
+            return "disk queue write failed"
+        if not await self.durable():
+            return "disk queue write failed"  # an fsync failed
+        return None
