@@ -32,15 +32,8 @@ import logging
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from fqbroker.core.message import (
-    Message,
-    Run,
-    accept_from_peer,
-    frame_hops,
-    has_hop,
-    ipv4_bytes,
-    runs_of,
-)
+from fqbroker.core.frames import frame_hops
+from fqbroker.core.message import Message, Run, accept_from_peer, has_hop, ipv4_bytes, runs_of
 from fqbroker.errors import ProtocolError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.largeframe import LARGE_FRAME

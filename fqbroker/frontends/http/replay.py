@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
-from fqbroker.core.message import Message, place_seq
+from fqbroker.core.frames import place_seq
+from fqbroker.core.message import Message
 from fqbroker.core.queuespec import QueueKind
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 from fqbroker.storage.store import DiskStore, split_record
