@@ -30,7 +30,7 @@ from socket import AF_INET
 from typing import Generic, Self, TypeVar
 
 from fqbroker.core.message import Message, MsgIdCounter
-from fqbroker.errors import FqError, ProtocolError
+from fqbroker.errors import ClientClosed, ClientError, FqError, ProtocolError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 
@@ -50,18 +50,6 @@ GOODBYE_SECONDS = 2.0
 T = TypeVar("T")
 # One counter per process, as libfq has: ids stay unique across clients (§1.11).
 _MSGIDS = MsgIdCounter()
-
-
-class ClientError(FqError):
-    """The broker refused us; ``text`` is its exact error text (§1.8)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-
-class ClientClosed(ClientError, ConnectionError):
-    """The client is closed (or lost its connection with ``reconnect=False``)."""
 
 
 def parse_source(source: str) -> tuple[bytes, bytes]:

@@ -13,7 +13,7 @@ import re
 from typing import TYPE_CHECKING
 
 from fqbroker.core.queuespec import QueueKind
-from fqbroker.errors import FqError
+from fqbroker.errors import CheckpointError
 
 if TYPE_CHECKING:
     from fqbroker.core.queue import Queue
@@ -29,12 +29,6 @@ __all__ = [
 
 RESERVED = "fq"  # the broker's own reader
 _POSITION = re.compile(r"([0-9]*):([0-9]*)")
-
-
-class CheckpointError(FqError):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 def parse_position(text: str) -> int:

@@ -51,9 +51,9 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
 
+from fqbroker.errors import LogFormatError
 from fqbroker.storage.segcheckpoints import CheckpointFile
 from fqbroker.storage.segformat import (
-    LogFormatError,
     check_format,
     known_gaps,
     note_gap,
