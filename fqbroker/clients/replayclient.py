@@ -3,8 +3,8 @@
 Spark runs the fq source's code in plain Python processes with no event loop, one call at
 a time, so this client is synchronous: ``http.client`` for the replay endpoints of
 :mod:`fqbroker.frontends.http.replay` and the checkpoint endpoints, and the sans-IO
-:class:`~fqbroker.clients.client.CommandChannel` over a blocking socket to create a queue and bind
-it. It keeps no connection between calls, so objects holding it stay picklable.
+:class:`~fqbroker.clients.channel.CommandChannel` over a blocking socket to create a queue
+and bind it. It keeps no connection between calls, so objects holding it stay picklable.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-from fqbroker.clients.client import Authenticated, CommandChannel, Refused, Reply
+from fqbroker.clients.channel import Authenticated, CommandChannel, Refused, Reply
 from fqbroker.errors import BrokerError, DataLost, ProtocolError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http.replay import CONTENT_TYPE, DEFAULT_READ_BYTES, Entry, decode_entries
