@@ -17,7 +17,7 @@ message's position in bytes 8-15 of its id (:func:`place_seq`).
 
 This module is the one place that knows that layout: it builds frames, stamps them,
 reads lengths, ids and hops out of them, and holds the decoding loops of the data path.
-It builds no object of its own: the value types (:class:`~fqbroker.core.message.Message`,
+It defines no type of its own: the value types (:class:`~fqbroker.core.message.Message`,
 the ``Run`` tuple) live in :mod:`fqbroker.core.message`, which uses it, and the decoders
 of a socket's bytes (:mod:`fqbroker.frontends.fq.msgdecoder`) call it. The per-message
 loops here are the broker's hottest code: each reads a whole buffer with local names and
