@@ -90,6 +90,11 @@ def stamp(sender: bytes, hops: bytes) -> bytes:
 # messages, so each is built once (and the caches are emptied when names keep changing).
 _heads: dict[tuple[bytes, bytes], bytes] = {}
 _stamps: dict[tuple[bytes, bytes], bytes] = {}
+# Bound once: encode_peer runs once per message a broker builds from fields, and these
+# save it the lookups that its being a function of its own (not a method) costs.
+_head_of = _heads.get
+_stamp_of = _stamps.get
+_pack_u32 = _U32.pack
 
 
 def _cached(
@@ -105,15 +110,13 @@ def encode_peer(
     exchange: bytes, route: bytes, msgid: bytes, sender: bytes, hops: bytes, payload: bytes
 ) -> bytes:
     """The peer frame of a message's fields."""
-    key = (exchange, route)
-    head = _heads.get(key)
+    head = _head_of((exchange, route))
     if head is None:
-        head = _cached(_heads, key, _name_pair(exchange, route))
-    key = (sender, hops)
-    after_id = _stamps.get(key)
+        head = _cached(_heads, (exchange, route), _name_pair(exchange, route))
+    after_id = _stamp_of((sender, hops))
     if after_id is None:
-        after_id = _cached(_stamps, key, stamp(sender, hops))
-    return b"".join((head, msgid, after_id, _U32.pack(len(payload)), payload))
+        after_id = _cached(_stamps, (sender, hops), stamp(sender, hops))
+    return b"".join((head, msgid, after_id, _pack_u32(len(payload)), payload))
 
 
 def encode_publish(exchange: bytes, route: bytes, msgid: bytes, payload: bytes) -> bytes:
@@ -125,7 +128,7 @@ def encode_publish(exchange: bytes, route: bytes, msgid: bytes, payload: bytes) 
             bytes((len(route),)),
             route,
             msgid,
-            _U32.pack(len(payload)),
+            _pack_u32(len(payload)),
             payload,
         )
     )
