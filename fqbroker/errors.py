@@ -1,27 +1,55 @@
-"""Exceptions raised by fqbroker.
+"""Exceptions raised by fqbroker: one tree, every public exception of the package in it.
 
 ::
 
     FqError
     ├── ProtocolError        malformed bytes, or a frame illegal in this phase
-    │   ├── FrameTooLarge    a length field over its limit (.size, .limit)
+    │   ├── FrameTooLarge    a length field over its limit (.field, .size, .limit)
     │   └── AuthError        the auth request is refused; .text is fq's exact error text
     ├── ProgramError         a route program does not compile (answered as BIND_ILLEGAL)
     ├── QueueError           a queue cannot be created or attached; .text is fq's error text
-    └── PeerError            a peer link failure (retried with backoff)
+    ├── CheckpointError      a checkpoint request is refused; .message is fqd's text
+    ├── LogFormatError       a disk queue's directory holds no segment log this version reads
+    ├── ClientError          a broker refused the client; .text is its exact error text
+    │   └── ClientClosed     the client is closed (also a ConnectionError)
+    ├── BrokerError          a replay request was refused or found no broker; .text
+    │   └── DataLost         records asked for are no longer stored; .first is the oldest
+    └── DataLossError        Spark: offsets a query needs are gone (also a RuntimeError)
 
-Sans-IO code raises these; each session's ``run()`` is the one place that maps them to an
-error frame and a close. Traffic outcomes (no exchange, no route, dropped) are counters,
+Sans-IO code raises these and never writes a reply itself; the asyncio shell that fed it
+the bytes maps them to the wire. On fq's command channel an ``AuthError`` or
+``QueueError`` becomes an error frame carrying its ``.text``, then a close; any other
+``ProtocolError`` (there, or on a data channel) closes the connection and is counted as
+bad input (:mod:`fqbroker.server.limits`). A ``ProgramError`` answers a bind with
+BIND_ILLEGAL; the HTTP endpoints answer ``CheckpointError`` and bad requests with fqd's
+JSON error. Whatever escapes a session reaches the event loop's exception handler
+(``limits.install_exception_handler``), which counts an ``FqError`` as bad input and logs
+anything else as a bug. Traffic outcomes (no exchange, no route, dropped) are counters,
 never exceptions.
+
+The client-side ones are defined here and importable from where their users meet them
+(``fqbroker.clients.client``, ``fqbroker.clients.replayclient``, ``fqbroker.spark``).
+Three internal signals stay outside the tree because they never reach a user as
+themselves: ``frontends.decoding.NeedData`` (a decode step ran out of bytes; its decoder
+catches it), ``storage.segrecords.Damaged`` (bytes that are no valid record: an
+``OSError`` with EIO, which is what reads and ``repair()`` raise, and which the exception
+handler must keep counting as an OS failure rather than bad input) and
+``storage.segcheckpoints.Unreadable`` (caught where checkpoints are opened).
 """
 
 from __future__ import annotations
 
 __all__ = [
     "AuthError",
+    "BrokerError",
+    "CheckpointError",
+    "ClientClosed",
+    "ClientError",
+    "DataLossError",
+    "DataLost",
     "FqError",
     "FrameTooLarge",
-    "PeerError",
+    "LogFormatError",
     "ProgramError",
     "ProtocolError",
     "QueueError",
@@ -30,6 +58,9 @@ __all__ = [
 
 class FqError(Exception):
     """Root of every fqbroker exception."""
+
+
+# --- the broker's: what a peer's input or a request can cause ------------------------------
 
 
 class ProtocolError(FqError):
@@ -72,5 +103,48 @@ class QueueError(FqError):
         self.text = text
 
 
-class PeerError(FqError):
-    """A peer link failed."""
+class CheckpointError(FqError):
+    """A checkpoint request is refused; ``message`` is fqd's text for it."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class LogFormatError(FqError):
+    """The directory holds a log of an unknown format version, or is not a segment log."""
+
+
+# --- the clients': what a broker's answer can cause ----------------------------------------
+
+
+class ClientError(FqError):
+    """The broker refused us; ``text`` is its exact error text (§1.8)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class ClientClosed(ClientError, ConnectionError):
+    """The client is closed (or lost its connection with ``reconnect=False``)."""
+
+
+class BrokerError(FqError):
+    """The broker refused a request, or could not be reached; ``text`` says why."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
+class DataLost(BrokerError):
+    """Records asked for are no longer stored (trimmed, or lost in a crash)."""
+
+    def __init__(self, text: str, first: int) -> None:
+        super().__init__(text)
+        self.first = first
+
+
+class DataLossError(FqError, RuntimeError):
+    """Offsets the query needs are no longer stored, and ``failOnDataLoss`` is true."""

@@ -12,7 +12,8 @@ import pytest
 
 from fqbroker.clients.client import Client, ClientError
 from fqbroker.config import Settings
-from fqbroker.core.message import Message, frame_seq
+from fqbroker.core.frames import frame_seq
+from fqbroker.core.message import Message
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 from fqbroker.server.broker import Broker

@@ -2,11 +2,10 @@
 
 Two layers, as elsewhere in fqbroker:
 
-* :class:`CommandChannel` is the sans-IO client side of one command connection. It builds
-  the auth request, pairs each reply with its request first in, first out (fq answers in
-  request order however many are pipelined, §1.5) and answers every server heartbeat
-  with one of its own, which is what keeps a libfq client alive (§1.7).
-* :class:`Client` is the asyncio shell: sockets, tasks, timers and reconnects.
+* :class:`~fqbroker.clients.channel.CommandChannel` (importable from here too) is the
+  sans-IO client side of one command connection: the auth request, replies paired with
+  requests, heartbeat answers.
+* :class:`Client`, here, is the asyncio shell: sockets, tasks, timers and reconnects.
 
 Reconnects follow libfq: a backoff from 16 ms doubling to 1 s with a few ms of jitter, then
 a new auth (so a new key) and a new data socket. libfq leaves re-binding to the auth
@@ -21,16 +20,23 @@ import contextlib
 import logging
 import random
 import time
-import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import Enum
 from socket import AF_INET
-from typing import Generic, Self, TypeVar
+from typing import Self
 
+from fqbroker.clients.channel import (
+    Authenticated,
+    CommandChannel,
+    Refused,
+    Reply,
+    Request,
+    parse_source,
+)
 from fqbroker.core.message import Message, MsgIdCounter
-from fqbroker.errors import FqError, ProtocolError
+from fqbroker.errors import ClientClosed, ClientError, FqError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 
@@ -47,137 +53,8 @@ JITTER = 0.004
 READ_SIZE = 256 * 1024
 GOODBYE_SECONDS = 2.0
 
-T = TypeVar("T")
 # One counter per process, as libfq has: ids stay unique across clients (§1.11).
 _MSGIDS = MsgIdCounter()
-
-
-class ClientError(FqError):
-    """The broker refused us; ``text`` is its exact error text (§1.8)."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-
-class ClientClosed(ClientError, ConnectionError):
-    """The client is closed (or lost its connection with ``reconnect=False``)."""
-
-
-def parse_source(source: str) -> tuple[bytes, bytes]:
-    """``USER[/QUEUE[/TYPE_AND_PARAMS]]`` to (user, queue field), as fq_client_creds does.
-
-    A missing or empty queue gets a fresh ``q-<uuid>`` name; a missing type is ``mem``, but
-    an empty one stays empty (fqd reads ``name\\0`` as ``mem`` too). libfq cuts queue and
-    type to 127 bytes each; the user is sent whole, so fqd can refuse it with its own text.
-    """
-    user, _, rest = source.encode().partition(b"/")
-    queue, has_type, kind = rest.partition(b"/")
-    if not queue:
-        queue = f"q-{uuid.uuid4()}".encode()
-    if not has_type:
-        kind = b"mem"
-    return user, queue[: wire.MAX_RK_LEN] + b"\0" + kind[: wire.MAX_RK_LEN]
-
-
-# --- sans-IO core -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Authenticated:
-    key: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Reply(Generic[T]):
-    token: T
-    frame: wire.BindResponse | wire.UnbindResponse | wire.Status | ConfirmReply
-
-
-ConfirmReply = wire.Confirmed | wire.ConfirmFailed
-Request = wire.BindRequest | wire.UnbindRequest | wire.StatusRequest | wire.ConfirmRequest
-_REPLY_TYPE: dict[type, type | tuple[type, ...]] = {
-    wire.BindRequest: wire.BindResponse,
-    wire.UnbindRequest: wire.UnbindResponse,
-    wire.StatusRequest: wire.Status,
-    wire.ConfirmRequest: (wire.Confirmed, wire.ConfirmFailed),
-}
-
-
-class CommandChannel(Generic[T]):
-    """The client's side of one command connection, without I/O.
-
-    ``hello()`` and ``request()`` return bytes to write; ``receive_data()`` buffers what was
-    read and ``next_event()`` returns the next event or ``None``. A ``token`` rides along
-    with each request and comes back on its :class:`Reply`. Server heartbeats are not
-    events: each one queues an answer for ``data_to_send()``. Anything out of order (a reply
-    nobody asked for, an error frame after auth) raises ``ProtocolError``; libfq treats both
-    as a protocol violation and reconnects.
-    """
-
-    def __init__(self) -> None:
-        self._decoder = wire.ClientCommandDecoder()
-        self._waiting: deque[tuple[type | tuple[type, ...], T]] = deque()
-        self._outbox = bytearray()
-        self.key: bytes | None = None
-
-    def hello(self, user: bytes, queue_field: bytes, password: bytes) -> bytes:
-        auth = wire.encode(wire.AuthPlain(user, queue_field, password))
-        return wire.Mode.CMD.to_bytes(4, "big") + auth
-
-    def request(self, frame: Request, token: T) -> bytes:
-        self._waiting.append((_REPLY_TYPE[type(frame)], token))
-        return wire.encode(frame)
-
-    def receive_data(self, data: bytes) -> None:
-        self._decoder.feed(data)
-
-    def next_event(self) -> Authenticated | Refused | Reply[T] | None:
-        while (frame := self._decoder.next_frame()) is not None:
-            if self.key is None:
-                if isinstance(frame, wire.AuthResponse):
-                    self.key = frame.key
-                    return Authenticated(frame.key)
-                if isinstance(frame, wire.ErrorReply):
-                    return Refused(frame.text)
-            elif isinstance(frame, wire.Heartbeat):
-                self._outbox += wire.encode(frame)
-                continue
-            elif (
-                isinstance(
-                    frame,
-                    wire.BindResponse
-                    | wire.UnbindResponse
-                    | wire.Status
-                    | wire.Confirmed
-                    | wire.ConfirmFailed,
-                )
-                and self._waiting
-                and isinstance(frame, self._waiting[0][0])
-            ):
-                return Reply(self._waiting.popleft()[1], frame)
-            raise ProtocolError(f"unexpected {frame!r} from the broker")
-        return None
-
-    def data_to_send(self) -> bytes:
-        """Bytes the protocol itself wants written (heartbeat answers)."""
-        out = bytes(self._outbox)
-        self._outbox.clear()
-        return out
-
-    def abandon(self) -> list[T]:
-        """The tokens of every unanswered request; the connection is gone."""
-        tokens = [token for _, token in self._waiting]
-        self._waiting.clear()
-        return tokens
-
-
-# --- asyncio shell ------------------------------------------------------------------------
 
 
 class _State(Enum):

@@ -3,8 +3,8 @@
 Spark runs the fq source's code in plain Python processes with no event loop, one call at
 a time, so this client is synchronous: ``http.client`` for the replay endpoints of
 :mod:`fqbroker.frontends.http.replay` and the checkpoint endpoints, and the sans-IO
-:class:`~fqbroker.clients.client.CommandChannel` over a blocking socket to create a queue and bind
-it. It keeps no connection between calls, so objects holding it stay picklable.
+:class:`~fqbroker.clients.channel.CommandChannel` over a blocking socket to create a queue
+and bind it. It keeps no connection between calls, so objects holding it stay picklable.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-from fqbroker.clients.client import Authenticated, CommandChannel, Refused, Reply
-from fqbroker.errors import FqError, ProtocolError
+from fqbroker.clients.channel import Authenticated, CommandChannel, Refused, Reply
+from fqbroker.errors import BrokerError, DataLost, ProtocolError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http.replay import CONTENT_TYPE, DEFAULT_READ_BYTES, Entry, decode_entries
 from fqbroker.storage.checkpoints import format_position
@@ -31,22 +31,6 @@ IN_USE = "requested queue is private and in use"
 SETUP_PATIENCE = 10.0  # seconds to wait for another setup holding a private queue
 RETRY_FIRST = 0.1  # seconds before the first retry of a request that found no broker
 RETRY_MAX = 2.0  # the most between retries
-
-
-class BrokerError(FqError):
-    """The broker refused a request, or could not be reached; ``text`` says why."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(text)
-        self.text = text
-
-
-class DataLost(BrokerError):
-    """Records asked for are no longer stored (trimmed, or lost in a crash)."""
-
-    def __init__(self, text: str, first: int) -> None:
-        super().__init__(text)
-        self.first = first
 
 
 @dataclass(frozen=True, slots=True)

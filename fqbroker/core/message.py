@@ -3,7 +3,8 @@
 A message carries the exchange and route it was published on, a 16-byte opaque id, the
 sender's name, its hops (IPv4 addresses, 4 raw bytes each, nearest broker first) and the
 payload. Everything is ``bytes`` because that is what the wire carries; names become text
-only at the edges (stats, logs).
+only at the edges (stats, logs). How a message is laid out in a frame is
+:mod:`fqbroker.core.frames`'s business; a message builds its frames through it.
 """
 
 from __future__ import annotations
@@ -12,27 +13,29 @@ import ipaddress
 import itertools
 import struct
 
+from fqbroker.core.frames import (
+    MAX_HOPS,
+    PEER_OVERHEAD,
+    PUBLISH_OVERHEAD,
+    encode_peer,
+    encode_publish,
+    peer_fields,
+)
+
 __all__ = [
-    "MAX_HOPS",
     "ZERO_MSGID",
     "Message",
     "MsgIdCounter",
     "Run",
     "accept_from_peer",
-    "frame_hops",
-    "frame_length",
-    "frame_seq",
     "has_hop",
     "hop_addresses",
     "ipv4_bytes",
     "message_from_frame",
-    "place_seq",
     "runs_of",
 ]
 
-MAX_HOPS = 32  # FQ_MAX_HOPS: older hops fall off the end
 ZERO_MSGID = bytes(16)
-_U32 = struct.Struct(">I")
 _LE4 = struct.Struct("<IIII")
 
 
@@ -45,27 +48,6 @@ def ipv4_bytes(address: str) -> bytes:
     if isinstance(ip, ipaddress.IPv6Address):
         ip = ip.ipv4_mapped or ipaddress.IPv4Address(0)
     return ip.packed
-
-
-# (exchange, route) -> its frame head; (sender, hops) -> the part after the id.
-_heads: dict[tuple[bytes, bytes], bytes] = {}
-_stamps: dict[tuple[bytes, bytes], bytes] = {}
-
-
-def _name_pair(first: bytes, second: bytes, count: int = -1) -> bytes:
-    """u8 length + first, u8 length (or ``count``) + second."""
-    return b"".join(
-        (bytes((len(first),)), first, bytes((len(second) if count < 0 else count,)), second)
-    )
-
-
-def _cached(
-    cache: dict[tuple[bytes, bytes], bytes], key: tuple[bytes, bytes], value: bytes
-) -> bytes:
-    if len(cache) >= 4096:
-        cache.clear()
-    cache[key] = value
-    return value
 
 
 def hop_addresses(hops: bytes) -> list[str]:
@@ -118,18 +100,9 @@ class Message:
         """
         frame = self._frame
         if frame is None:
-            # The parts before and after the id repeat across messages: built once each.
-            key = (self.exchange, self.route)
-            head = _heads.get(key)
-            if head is None:
-                head = _cached(_heads, key, _name_pair(*key))
-            key = (self.sender, self.hops)
-            stamp = _stamps.get(key)
-            if stamp is None:
-                stamp = _cached(_stamps, key, _name_pair(key[0], key[1], len(key[1]) // 4))
-            payload = self.payload
-            frame = b"".join((head, self.msgid, stamp, _U32.pack(len(payload)), payload))
-            self._frame = frame
+            frame = self._frame = encode_peer(
+                self.exchange, self.route, self.msgid, self.sender, self.hops, self.payload
+            )
         return frame
 
     def preset_frame(self, frame: bytes) -> None:
@@ -138,18 +111,7 @@ class Message:
 
     def publish_frame(self) -> bytes:
         """The publisher-format frame a client sends on a plain data channel (§1.10)."""
-        ex, rt = self.exchange, self.route
-        return b"".join(
-            (
-                bytes((len(ex),)),
-                ex,
-                bytes((len(rt),)),
-                rt,
-                self.msgid,
-                _U32.pack(len(self.payload)),
-                self.payload,
-            )
-        )
+        return encode_publish(self.exchange, self.route, self.msgid, self.payload)
 
     def stamp(self, sender: bytes, hops: bytes) -> None:
         self.sender = sender
@@ -159,13 +121,13 @@ class Message:
     @property
     def publish_octets(self) -> int:
         """Wire size in publisher format: what ``octets_in`` counts for a data client."""
-        return 22 + len(self.exchange) + len(self.route) + len(self.payload)
+        return PUBLISH_OVERHEAD + len(self.exchange) + len(self.route) + len(self.payload)
 
     @property
     def peer_octets(self) -> int:
         """Wire size in peer format: what ``octets_out`` counts."""
         return (
-            24
+            PEER_OVERHEAD
             + len(self.exchange)
             + len(self.route)
             + len(self.sender)
@@ -200,50 +162,11 @@ class Message:
 # in. A publisher sending on one route routes once per read, not once per message.
 Run = tuple[bytes, bytes, list[bytes], int]
 
-_SEQ = struct.Struct(">Q")
-
-
-def _id_offset(frame: bytes) -> int:
-    """Where the 16-byte message id starts in a peer (or publisher) frame."""
-    return 2 + frame[0] + frame[1 + frame[0]]
-
-
-def frame_hops(frame: bytes) -> bytes:
-    """The raw hop list of a peer frame."""
-    at = _id_offset(frame) + 16
-    at += 1 + frame[at]
-    return frame[at + 1 : at + 1 + 4 * frame[at]]
-
-
-def frame_length(data: bytes | bytearray, pos: int = 0, *, peer: bool = True) -> int:
-    """The length the frame at ``pos`` says it has, read from its length fields.
-
-    ``peer``: the peer format, with sender and hops; else the publisher format. Raises
-    IndexError or struct.error when ``data`` is too short to say.
-    """
-    at = pos + 1 + data[pos]
-    at += 1 + data[at] + 16
-    if peer:
-        at += 1 + data[at]
-        at += 1 + 4 * data[at]
-    size: int = _U32.unpack_from(data, at)[0]
-    return at + 4 + size - pos
-
 
 def message_from_frame(frame: bytes) -> Message:
     """The :class:`Message` of a whole peer frame (for rule programs and peers)."""
-    at = 1 + frame[0]
-    exchange = frame[1:at]
-    end = at + 1 + frame[at]
-    route = frame[at + 1 : end]
-    msgid = frame[end : end + 16]
-    at = end + 16
-    end = at + 1 + frame[at]
-    sender = frame[at + 1 : end]
-    at = end + 1 + 4 * frame[end]
-    hops = frame[end + 1 : at]
-    msg = Message(exchange, route, frame[at + 4 :], msgid, sender, hops)
-    msg.preset_frame(frame)
+    msg = Message(*peer_fields(frame))
+    msg._frame = frame
     return msg
 
 
@@ -260,18 +183,6 @@ def runs_of(msgs: list[Message]) -> list[Run]:
             last = (msg.exchange, msg.route, [frame], head)
             runs.append(last)
     return runs
-
-
-def place_seq(frame: bytes, seq: int) -> bytes:
-    """``frame`` with ``seq`` in bytes 8-15 of its message id (a disk queue's position)."""
-    at = _id_offset(frame) + 8
-    return frame[:at] + _SEQ.pack(seq) + frame[at + 8 :]
-
-
-def frame_seq(frame: bytes) -> int:
-    """The position :func:`place_seq` put in ``frame``."""
-    seq: int = _SEQ.unpack_from(frame, _id_offset(frame) + 8)[0]
-    return seq
 
 
 class MsgIdCounter:

@@ -31,12 +31,12 @@ from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
 from fqbroker.core.budget import fitting
 from fqbroker.core.message import Message, Run, message_from_frame
 from fqbroker.core.prefixes import PrefixIndex
 from fqbroker.core.program import Program, RuleRegistry, compile_program
 from fqbroker.errors import ProgramError
-from fqbroker.frontends.fq.wire import BIND_ILLEGAL, BindFlags
 
 __all__ = [
     "AggregateStats",

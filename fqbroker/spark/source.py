@@ -26,7 +26,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from fqbroker.clients.replayclient import BrokerError, DataLost, QueueInfo
+from fqbroker.clients.replayclient import QueueInfo
+from fqbroker.errors import BrokerError, DataLossError, DataLost
 
 from .options import SourceOptions
 from .schema import record_batch
@@ -34,10 +35,6 @@ from .schema import record_batch
 __all__ = ["DataLossError", "FqBatchReader", "FqRange", "FqStreamReader"]
 
 log = logging.getLogger(__name__)
-
-
-class DataLossError(RuntimeError):
-    """Offsets the query needs are no longer stored, and ``failOnDataLoss`` is true."""
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ import dataclasses
 import logging
 from typing import TYPE_CHECKING
 
+from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
 from fqbroker.core.budget import MemoryBudget
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import UNLIMITED_BYTES, QueueKind, QueueSpec
 from fqbroker.core.router import Binding, Router
 from fqbroker.errors import FqError, ProgramError, QueueError
-from fqbroker.frontends.fq.wire import BIND_ILLEGAL, BindFlags
 from fqbroker.storage.segmentlog import LogFormatError
 from fqbroker.storage.state import ConfigStore, StoredBinding
 from fqbroker.storage.store import DiskStore, open_disk_store

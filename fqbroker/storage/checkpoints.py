@@ -15,7 +15,7 @@ from typing import Protocol
 
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueKind
-from fqbroker.errors import FqError
+from fqbroker.errors import CheckpointError
 
 __all__ = [
     "RESERVED",
@@ -34,12 +34,6 @@ class QueueSource(Protocol):
 
     @property
     def queues(self) -> Mapping[bytes, Queue]: ...
-
-
-class CheckpointError(FqError):
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
 
 
 def parse_position(text: str) -> int:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from fqbroker.errors import FqError
+from fqbroker.errors import LogFormatError
 from fqbroker.storage.segcheckpoints import CheckpointFile, Unreadable, encode_points
 from fqbroker.storage.segrecords import (
     FORMAT_GAPS,
@@ -28,7 +28,7 @@ from fqbroker.storage.segrecords import (
     write_file,
 )
 
-__all__ = ["LogFormatError", "check_format", "known_gaps", "note_gap", "open_checkpoints"]
+__all__ = ["check_format", "known_gaps", "note_gap", "open_checkpoints"]
 
 logger = logging.getLogger("fqbroker.storage.segmentlog")  # one logger for everything a log says
 
@@ -39,10 +39,6 @@ _FORMAT_WORDS = re.compile(r"fqbroker-segmentlog (\d+)")
 
 # (file, offset, reason, bytes dropped): a problem reported as an error
 Report = Callable[[str, int, str, int], None]
-
-
-class LogFormatError(FqError):
-    """The directory holds a log of an unknown format version, or is not a segment log."""
 
 
 def check_format(directory: Path, error: Report) -> int | None:

@@ -9,7 +9,8 @@ crc covers everything after itself. Sequence numbers start at 1 and are dense in
 segment. The byte layout, the FORMAT file and the versioning rules are in
 ``docs/disk-format.md``.
 
-Opening a log recovers it (``segrecovery``): every record of every segment is checked
+Reads, and what they do on damage, are the log's other half (``segreads``). Opening a log
+recovers it (``segrecovery``): every record of every segment is checked
 (length, crc, seq). Damage never deletes what reads back correctly: a damaged region is
 copied to ``damaged/``, the good records after it move to a segment of their own, and
 the skipped seqs become a gap between segments, which reads step over. Reads check every
@@ -51,15 +52,16 @@ from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
 
+from fqbroker.errors import LogFormatError
 from fqbroker.storage.segcheckpoints import CheckpointFile
 from fqbroker.storage.segformat import (
-    LogFormatError,
     check_format,
     known_gaps,
     note_gap,
     open_checkpoints,
     write_format,
 )
+from fqbroker.storage.segreads import SegmentReads
 from fqbroker.storage.segrecords import (
     FORMAT_GAPS,
     FORMAT_LINE,
@@ -74,8 +76,6 @@ from fqbroker.storage.segrecords import (
     CorruptionReport,
     Damaged,
     Segment,
-    copy_aside,
-    find_record,
     make_directory_durably,
     records,
     write_all,
@@ -87,9 +87,6 @@ __all__ = ["FORMAT_LINE", "HEADER_SIZE", "CorruptionReport", "LogFormatError", "
 
 logger = logging.getLogger(__name__)
 
-_MIN_CHUNK, _MAX_CHUNK = 4 << 10, 1 << 20
-_READ_FDS = 4  # open read descriptors kept per log, most recently used
-_CURSORS = 8  # remembered (seq -> segment, offset) positions, so sequential reads never scan
 # A drained log (every reader at the end) whose newest segment holds this much starts a
 # new, empty one, so the old one can go: a drained queue gives its disk back.
 _ROLL_DRAINED = 256 << 10
@@ -107,34 +104,31 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-class SegmentLog:
+class SegmentLog(SegmentReads):
     """A directory of segment files holding one queue's records, and its checkpoints."""
 
     def __init__(self, directory: Path, *, segment_bytes: int = 64 << 20) -> None:
         if segment_bytes <= HEADER_SIZE:
             raise ValueError(f"segment_bytes must be over {HEADER_SIZE}")
         self.directory = Path(directory)
-        self.recovery: list[CorruptionReport] = []
+        self.recovery = []
         self.next_seq = 1
         self.size_bytes = 0
         self._segment_bytes = segment_bytes
-        self._segments: list[Segment] = []
+        self._segments = []
         self._wfd = -1  # the last segment's, opened on the first append
-        self._rfds: dict[int, int] = {}  # segment first seq -> fd, least recently used first
-        self._cursors: dict[int, tuple[Segment, int]] = {}
+        self._rfds = {}
+        self._cursors = {}
         self._lock = threading.Lock()  # next_seq, _dirty, _dir_dirty: shared with sync()
         self._sync_lock = threading.Lock()  # one sync at a time, or one could return early
         self._dirty: set[Segment] = set()
         self._dir_dirty = False
         self._broken: OSError | None = None
         self._closed = False
-        # Damage found while running, until the next open moves it aside: where a reader
-        # that meets it goes on, by (segment, offset) of the damage, and each skipped range
-        # as (first seq, seq resumed at, segment, offset resumed at) for random reads.
-        self._holes: dict[tuple[int, int], tuple[Segment, int, int]] = {}
-        self._gaps: list[tuple[int, int, Segment, int]] = []
-        self._skipped: list[tuple[int, int]] = []  # every skipped range: [first, stop)
-        self.corrupt_records = 0  # seqs skipped over damage, since opened (with recovery's)
+        self._holes = {}  # the reads' state: segreads.SegmentReads says what each holds
+        self._gaps = []
+        self._skipped = []
+        self.corrupt_records = 0
         self.corrupt_bytes = 0
         self._format: int | None = None
         make_directory_durably(self.directory)
@@ -149,16 +143,8 @@ class SegmentLog:
     # --- properties -----------------------------------------------------------------------
 
     @property
-    def first_seq(self) -> int:
-        return self._segments[0].first
-
-    @property
     def checkpoints(self) -> Mapping[str, int]:
         return self._ckpt.view
-
-    def skipped_from(self, seq: int) -> int:
-        """How many seqs from ``seq`` on were skipped as damaged: no record has them."""
-        return sum(stop - max(lo, seq) for lo, stop in self._skipped if stop > seq)
 
     # --- writing --------------------------------------------------------------------------
 
@@ -316,136 +302,6 @@ class SegmentLog:
 
     # --- reading --------------------------------------------------------------------------
 
-    def read(
-        self, start_seq: int, max_records: int, max_bytes: int = 4 << 20
-    ) -> list[tuple[int, bytes]]:
-        """Records [start_seq, ...) in order, without consuming them; at least one if any.
-
-        Seqs recovery skipped, or damage found here, are stepped over: the seqs returned
-        may jump. Every record is checked (crc, seq) as it is read, so bytes that rotted
-        since the log was opened are never returned."""
-        self._check_open()
-        if start_seq < self.first_seq:
-            raise ValueError(f"seq {start_seq} is below the first stored seq {self.first_seq}")
-        out: list[tuple[int, bytes]] = []
-        if start_seq >= self.next_seq or max_records <= 0:
-            return out
-        seg, off, seq = self._locate(start_seq)
-        total = 0
-        while len(out) < max_records and seq < self.next_seq:
-            if seq >= seg.end:
-                seg, off, seq = self._locate(seq)
-                continue
-            chunk = self._chunk(seg, max_records - len(out), max_bytes - total)
-            try:
-                for roff, buf, pos, crc, n, rseq in records(
-                    self._reader(seg), off, seg.size, chunk
-                ):
-                    if out and total + n > max_bytes:
-                        max_records = len(out)
-                        break
-                    end = pos + HEADER_SIZE + n
-                    if rseq != seq or zlib.crc32(buf[pos + 4 : end]) != crc:
-                        raise Damaged(roff, "record changed on disk since it was checked")
-                    out.append((seq, buf[pos + HEADER_SIZE : end]))
-                    seq, total, off = seq + 1, total + n, roff + HEADER_SIZE + n
-                    if len(out) >= max_records:
-                        break
-                else:
-                    if seq < seg.end:  # the file ended before its records did
-                        raise Damaged(off, "segment file ends early")
-            except Damaged as exc:
-                seg, off, seq = self._skip_damage(seg, exc.offset, seq, exc.reason)
-        self._remember(seq, seg, off)
-        return out
-
-    def position(self, seq: int) -> tuple[Path, int] | None:
-        """Where a read from ``seq`` starts (segment file, offset) when the last read ended
-        there, else None: what reading ahead of that reader needs (coldread)."""
-        hit = self._cursors.get(seq)
-        return None if hit is None else (hit[0].path, hit[1])
-
-    def _skip_damage(
-        self, seg: Segment, off: int, seq: int, reason: str
-    ) -> tuple[Segment, int, int]:
-        """Where a reader goes on after damage at ``off`` in ``seg``, where it expected
-        ``seq``: the next record that checks out. The first reader to meet it copies the
-        bytes aside, counts and logs it; the next open cuts it out of the segment."""
-        known = self._holes.get((seg.first, off))
-        if known is not None:
-            return known
-        fd = self._reader(seg)
-        found = find_record(fd, off, seg.size, seq, seg.end)
-        end, resume = found if found is not None else (seg.size, seg.end)
-        try:
-            moved = copy_aside(self.directory, fd, seg.path.name, off, end)
-        except OSError as exc:  # a full disk: the bytes stay where they are until reopened
-            moved = f"not copied ({exc.strerror})"
-        self._holes[(seg.first, off)] = (seg, end, resume)
-        self._gaps.append((seq, resume, seg, end))
-        if resume > seq:
-            self._skipped.append((seq, resume))
-        self._cursors.clear()
-        self._problem(Problem(seg.path.name, off, reason, end - off, resume - seq, moved, False))
-        return seg, end, resume
-
-    def _find(self, seq: int) -> Segment:
-        return self._segments[bisect_right(self._segments, seq, key=_first) - 1]
-
-    def _locate(self, seq: int) -> tuple[Segment, int, int]:
-        """(segment, offset, seq) of the first record at or after ``seq``."""
-        hit = self._cursors.pop(seq, None)
-        if hit is not None:
-            return (*hit, seq)
-        seg = self._find(seq)
-        if seq >= seg.end:  # in a gap between segments (the caller knows seq < next_seq)
-            seg = self._segments[bisect_right(self._segments, seq, key=_first)]
-            return seg, 0, seg.first
-        mark = (seq - seg.first) >> MARK_SHIFT
-        at, off = seg.first + (mark << MARK_SHIFT), seg.marks[mark]
-        for lo, resume, gseg, goff in self._gaps:
-            if gseg is seg and lo <= seq < resume:
-                return seg, goff, resume
-            if gseg is seg and at < resume <= seq:
-                at, off = resume, goff  # walk from past the damage, never through it
-        # Walk from the mark, checking each record as a read would: a damaged length must
-        # not send the walk astray, past good records.
-        while at < seq:
-            chunk = self._chunk(seg, seq - at, _MAX_CHUNK)
-            try:
-                for roff, buf, pos, crc, n, rseq in records(
-                    self._reader(seg), off, seg.size, chunk
-                ):
-                    if rseq != at or zlib.crc32(buf[pos + 4 : pos + HEADER_SIZE + n]) != crc:
-                        raise Damaged(roff, "record changed on disk since it was checked")
-                    at, off = at + 1, off + HEADER_SIZE + n
-                    if at == seq:
-                        break
-                break  # at seq, or at the end of the file (which the read then finds)
-            except Damaged as exc:  # each skip moves ``off`` forward: the loop ends
-                seg, off, at = self._skip_damage(seg, exc.offset, at, exc.reason)
-        return seg, off, at
-
-    def _chunk(self, seg: Segment, records: int, max_bytes: int) -> int:
-        """How much to read for ``records`` records: no more than they likely take."""
-        average = seg.size // max(1, seg.end - seg.first)
-        guess = min(records * average, max(0, max_bytes) + records * HEADER_SIZE)
-        return max(_MIN_CHUNK, min(guess, _MAX_CHUNK))
-
-    def _remember(self, seq: int, seg: Segment, off: int) -> None:
-        if len(self._cursors) >= _CURSORS:
-            del self._cursors[next(iter(self._cursors))]
-        self._cursors[seq] = (seg, off)
-
-    def _reader(self, seg: Segment) -> int:
-        fd = self._rfds.pop(seg.first, None)
-        if fd is None:
-            fd = os.open(seg.path, os.O_RDONLY)
-            if len(self._rfds) >= _READ_FDS:
-                os.close(self._rfds.pop(next(iter(self._rfds))))
-        self._rfds[seg.first] = fd
-        return fd
-
     def _writer(self) -> int:
         if self._wfd < 0:
             self._wfd = os.open(self._segments[-1].path, os.O_WRONLY)
@@ -547,10 +403,6 @@ class SegmentLog:
 
             shutil.rmtree(self.directory)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"segment log {self.directory} is closed")
-
     def _check_writable(self) -> None:
         self._check_open()
         if self._broken is not None:  # reads still work: what is stored was checked
@@ -636,17 +488,3 @@ class SegmentLog:
         self, segment: str, offset: int, reason: str, dropped: int, records: int, *, torn: bool
     ) -> None:
         self._problem(Problem(segment, offset, reason, dropped, records, "", torn))
-
-    def _problem(self, p: Problem) -> None:
-        report = CorruptionReport(
-            p.segment, p.offset, p.reason, p.dropped_bytes, p.records, p.moved_to
-        )
-        self.recovery.append(report)
-        if not p.torn and SEGMENT_NAME.fullmatch(p.segment):
-            self.corrupt_records += p.records
-            self.corrupt_bytes += p.dropped_bytes
-        log = logger.warning if p.torn else logger.error
-        aside = f"; the bytes are in {p.moved_to}" if p.moved_to else ""
-        log("%s: %s in %s at offset %d: skipped %d bytes, %d records%s",
-            self.directory, p.reason, p.segment, p.offset, p.dropped_bytes, p.records,
-            aside)  # fmt: skip

@@ -46,7 +46,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fqbroker.core.message import frame_length, frame_seq, place_seq
+from fqbroker.core.frames import frame_length, frame_seq, place_seq
 from fqbroker.storage.coldread import ReadAhead
 from fqbroker.storage.segmentlog import SegmentLog
 

@@ -28,11 +28,11 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 
+from fqbroker.core.frames import frame_hops
 from fqbroker.core.message import (
     Message,
     Run,
     accept_from_peer,
-    frame_hops,
     has_hop,
     ipv4_bytes,
     runs_of,

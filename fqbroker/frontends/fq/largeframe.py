@@ -16,12 +16,12 @@ import io
 import struct
 from typing import Final
 
-from fqbroker.core.message import Run, frame_length
+from fqbroker.core.frames import frame_length, publish_head
+from fqbroker.core.message import Run
 
 __all__ = ["LARGE_FRAME", "LargeFrame"]
 
 LARGE_FRAME: Final = 1 << 20  # frames from this size on are assembled in place
-_U32 = struct.Struct(">I")
 
 
 class LargeFrame:
@@ -47,21 +47,19 @@ class LargeFrame:
         have = len(data) - pos
         if length < LARGE_FRAME or length <= have:
             return None
-        p = pos + 1 + data[pos]  # route length
-        q = p + 1 + data[p] + 16  # payload length
-        if _U32.unpack_from(data, q)[0] > max_payload:
+        exchange, route, after_id, payload = publish_head(data, pos)
+        if payload > max_payload:
             return None
-        exchange, route = bytes(data[pos + 1 : p]), bytes(data[p + 1 : q - 16])
         size = length + len(stamp)
         buffer = io.BytesIO()
         buffer.seek(size - 1)
         buffer.write(b"\0")  # sized once: the frame never moves as it grows
         buffer.seek(0)
         with memoryview(data) as view:
-            buffer.write(view[pos:q])
+            buffer.write(view[pos:after_id])
             buffer.write(stamp)
-            buffer.write(view[q:])
-        run: Run = (exchange, route, [], q - pos + len(stamp) + 4)
+            buffer.write(view[after_id:])
+        run: Run = (exchange, route, [], after_id - pos + len(stamp) + 4)
         return cls(buffer, length - have, length, size, run)
 
     def feed(self, data: bytes) -> bytes | None:

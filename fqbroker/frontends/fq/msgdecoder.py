@@ -1,14 +1,14 @@
 """Message frames on a data channel, sans I/O (fq.h, fqd_dss.c, §1.10).
 
-After the data-channel hello (:class:`~fqbroker.frontends.fq.wire.DataHelloDecoder`) a connection
-carries message frames, in publisher format (u8 exchange, u8 route, 16-byte id, u32
-payload) or peer format (sender and hops between id and payload). :class:`MessageDecoder`
-reads them on the same terms as the command decoders of
-:mod:`fqbroker.frontends.fq.wire`: it buffers
-only what it is fed, any split of the input yields the same messages, bad input raises a
-:class:`~fqbroker.errors.ProtocolError` naming the field, and limits are checked on the
-length fields before the bytes arrive. Large publisher frames are assembled in place by
-:class:`~fqbroker.frontends.fq.largeframe.LargeFrame`.
+After the data-channel hello (:class:`~fqbroker.frontends.fq.wire.DataHelloDecoder`) a
+connection carries message frames, in publisher format or peer format
+(:mod:`fqbroker.core.frames` has their layout and the loops that read them).
+:class:`MessageDecoder` reads them on the same terms as the command decoders of
+:mod:`fqbroker.frontends.fq.wire`, on the base of :mod:`fqbroker.frontends.decoding`: it
+buffers only what it is fed, any split of the input yields the same messages, bad input
+raises a :class:`~fqbroker.errors.ProtocolError` naming the field, and limits are checked
+on the length fields before the bytes arrive. Large publisher frames are assembled in place
+by :class:`~fqbroker.frontends.fq.largeframe.LargeFrame`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ import struct
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fqbroker.core.message import MAX_HOPS, Message, Run, frame_length, runs_of
-from fqbroker.errors import FrameTooLarge, ProtocolError
+from fqbroker.core.frames import (
+    MAX_MESSAGE_SIZE,
+    frame_length,
+    read_head,
+    scan_messages,
+    scan_runs,
+    stamp,
+)
+from fqbroker.core.message import Message, Run, runs_of
+from fqbroker.errors import ProtocolError
+from fqbroker.frontends.decoding import Decoder, NeedData
 from fqbroker.frontends.fq.largeframe import LargeFrame
 
-# The incremental-reading base the command decoders use too; it stays with them.
-from fqbroker.frontends.fq.wire import MAX_MESSAGE_SIZE, MAX_RK_LEN, _Decoder, _NeedData
-
 __all__ = ["MessageDecoder"]
-
-_U32 = struct.Struct(">I")
 
 _Cache = TypeVar("_Cache", bound=dict[Any, Any])
 
@@ -38,7 +42,7 @@ def _bounded(cache: _Cache) -> _Cache:
     return cache
 
 
-class MessageDecoder(_Decoder):
+class MessageDecoder(Decoder):
     """Message frames on a data channel (§1.10).
 
     ``peer_format`` selects the frame with sender and hops. A payload over ``max_payload``
@@ -83,13 +87,13 @@ class MessageDecoder(_Decoder):
         self._large_stamp: bytes | None = None
 
     def feed(self, data: bytes) -> None:
-        stamp = self._large_stamp
-        if stamp is not None:
+        after_id = self._large_stamp
+        if after_id is not None:
             # Only now: more bytes coming means the reader has granted the frame's size.
             self._large_stamp = None
             buf = self._buf
             buf.feed(data)
-            self._large = LargeFrame.start(buf.data, buf.pos, stamp, self.max_payload)
+            self._large = LargeFrame.start(buf.data, buf.pos, after_id, self.max_payload)
             if self._large is not None:
                 buf.data = bytearray()
                 buf.pos = 0
@@ -138,26 +142,7 @@ class MessageDecoder(_Decoder):
         while True:
             start = buf.pos
             try:
-                n = buf.u8()
-                if n > MAX_RK_LEN:
-                    raise FrameTooLarge("exchange", n, MAX_RK_LEN)
-                exchange = buf.take(n)
-                n = buf.u8()
-                if n > MAX_RK_LEN:
-                    raise FrameTooLarge("route", n, MAX_RK_LEN)
-                route = buf.take(n)
-                msgid = buf.take(16)
-                sender = hops = b""
-                if self.peer_format:
-                    n = buf.u8()
-                    if n > MAX_RK_LEN:
-                        raise FrameTooLarge("sender", n, MAX_RK_LEN)
-                    sender = buf.take(n)
-                    n = buf.u8()
-                    if n > MAX_HOPS:
-                        raise FrameTooLarge("hops", n, MAX_HOPS)
-                    hops = buf.take(4 * n)
-                n = buf.u32()
+                exchange, route, msgid, sender, hops, n = read_head(buf, self.peer_format)
                 if n > self.max_payload:
                     self.oversized += 1
                     self._skipping = n - buf.skip(n)
@@ -165,7 +150,7 @@ class MessageDecoder(_Decoder):
                         return None
                     continue
                 payload = buf.take(n)
-            except _NeedData:
+            except NeedData:
                 buf.pos = start
                 return None
             return Message(exchange, route, payload, msgid, sender, hops)
@@ -182,7 +167,11 @@ class MessageDecoder(_Decoder):
         """
         self._raise_pending()
         out: list[Message] = []
-        self._decode_fast(lambda data: self._fast(data, out))
+        self._decode_fast(
+            lambda data: scan_messages(
+                data, out, Message, self.peer_format, _bounded(self._names), self.max_payload
+            )
+        )
         try:
             while (msg := self.next_message()) is not None:
                 self.octets += msg.peer_octets if self.peer_format else msg.publish_octets
@@ -211,8 +200,10 @@ class MessageDecoder(_Decoder):
             done, self._large_done = self._large_done, None
             out.append(done.run)
             self.octets += done.length
-        stamp = b"".join((bytes((len(sender),)), sender, bytes((len(hops) // 4,)), hops))
-        self._decode_fast(lambda data: self._fast_runs(data, out, stamp))
+        after_id = stamp(sender, hops)
+        self._decode_fast(
+            lambda data: scan_runs(data, out, after_id, _bounded(self._heads), self.max_payload)
+        )
         slow: list[Message] = []
         try:
             while (msg := self.next_message()) is not None:
@@ -232,7 +223,7 @@ class MessageDecoder(_Decoder):
             # The head is whole, so in_flight now announces the frame's true size, which the
             # reader reserves before it feeds more: only then may the frame be assembled. A
             # head still in pieces would be assembled at whatever size it turns out to say.
-            self._large_stamp = stamp
+            self._large_stamp = after_id
         return out + runs_of(slow) if slow else out
 
     def _raise_pending(self) -> None:
@@ -250,98 +241,7 @@ class MessageDecoder(_Decoder):
         buf.pos += pos
         self.octets += pos
 
-    def _fast_runs(self, data: bytes, out: list[Run], stamp: bytes) -> int:
-        names = _bounded(self._heads)
-        unpack = _U32.unpack_from
-        max_payload = self.max_payload
-        startswith = data.startswith
-        extra = 16 + len(stamp) + 4  # what a frame's head has past exchange and route
-        n = len(data)
-        pos = 0
-        head = b""  # u8 + exchange + u8 + route of the run being filled
-        frames: list[bytes] = []
-        append = frames.append
-        while pos < n:
-            if head and startswith(head, pos):
-                q = pos + len(head)
-            else:
-                size = data[pos]
-                p = pos + 1 + size  # route length
-                if size > MAX_RK_LEN or p >= n or data[p] > MAX_RK_LEN:
-                    break
-                q = p + 1 + data[p]
-                head = data[pos:q]
-                pair = names.get(head)
-                if pair is None:
-                    # One copy of each name however many messages and queues hold it.
-                    pair = names[head] = (data[pos + 1 : p], data[p + 1 : q])
-                frames = []
-                append = frames.append
-                out.append((pair[0], pair[1], frames, q - pos + extra))
-            q += 16  # the message id
-            if q + 4 > n:
-                break
-            size = unpack(data, q)[0]
-            end = q + 4 + size
-            if size > max_payload or end > n:
-                break
-            append(data[pos:q] + stamp + data[q:end])
-            pos = end
-        if out and not out[-1][2]:
-            out.pop()  # a run opened for a frame that is not whole
-        return pos
-
     @property
     def error_pending(self) -> bool:
         """A bad frame follows the messages last returned: the next call raises."""
         return self._error is not None
-
-    def _fast(self, data: bytes, out: list[Message]) -> int:
-        sender = hops = b""  # publisher format has none
-        intern = _bounded(self._names).setdefault
-        append = out.append
-        unpack = _U32.unpack_from
-        max_payload = self.max_payload
-        peer = self.peer_format
-        n = len(data)
-        pos = 0
-        while pos < n:
-            size = data[pos]
-            p = pos + 1 + size  # route length
-            if size > MAX_RK_LEN or p >= n:
-                break
-            size = data[p]
-            q = p + 1 + size  # message id
-            if size > MAX_RK_LEN:
-                break
-            exchange = data[pos + 1 : p]
-            route = data[p + 1 : q]
-            msgid = q
-            q += 16
-            if peer:
-                if q >= n or data[q] > MAX_RK_LEN:
-                    break
-                s = q + 1 + data[q]  # hop count
-                if s >= n or data[s] > MAX_HOPS:
-                    break
-                sender = data[q + 1 : s]
-                q = s + 1 + 4 * data[s]
-                hops = data[s + 1 : q]
-            if q + 4 > n:
-                break
-            size = unpack(data, q)[0]
-            end = q + 4 + size
-            if size > max_payload or end > n:
-                break
-            append(
-                Message(
-                    intern(exchange, exchange),
-                    intern(route, route),
-                    data[q + 4 : end],
-                    data[msgid : msgid + 16],
-                    sender,
-                    hops,
-                )
-            )
-            pos = end
-        return pos

@@ -12,18 +12,21 @@ request. What follows the magic is decoded by one of the decoders here:
   ``HeartbeatRequest``, ``StatusRequest``, ``BindRequest`` and ``UnbindRequest``.
 * :class:`ClientCommandDecoder`: the replies a client reads on its command socket.
 * :class:`DataHelloDecoder`: the key (and peer id) that pairs a data socket.
-* :class:`~fqbroker.frontends.fq.msgdecoder.MessageDecoder`, in its own module on the
-  same base: message frames, in publisher format (u8 exchange, u8 route, 16-byte id, u32
-  payload) or peer format (sender and hops between id and payload).
+* :class:`~fqbroker.frontends.fq.msgdecoder.MessageDecoder`, in its own module: message
+  frames, whose layout (publisher and peer format) is :mod:`fqbroker.core.frames`.
 
-Decoders only buffer what they are fed. ``next_*()`` returns a whole frame, or ``None``
-when more bytes are needed, and then consumes nothing: any split of the input yields the
-same frames. Bad input raises a :class:`~fqbroker.errors.ProtocolError` naming the field;
-on the auth frame it is an :class:`~fqbroker.errors.AuthError` whose text is fq's exact
-error text (§1.8). Limits are checked on the length field, before the bytes arrive, so a
-hostile length never makes us buffer.
+All of them read on the base of :mod:`fqbroker.frontends.decoding` and only buffer what
+they are fed. ``next_*()`` returns a whole frame, or ``None`` when more bytes are needed,
+and then consumes nothing: any split of the input yields the same frames. Bad input
+raises a :class:`~fqbroker.errors.ProtocolError` naming the field; on the auth frame it is
+an :class:`~fqbroker.errors.AuthError` whose text is fq's exact error text (§1.8). Limits
+are checked on the length field, before the bytes arrive, so a hostile length never makes
+us buffer.
 
-Encoders are pure functions returning bytes. All integers are big-endian.
+Encoders are pure functions returning bytes. All integers are big-endian. The limits of
+message frames (``MAX_RK_LEN``, ``MAX_HOPS``, ``MAX_MESSAGE_SIZE``) and the bind flags
+(``BindFlags``, ``BIND_ILLEGAL``) belong to the routing core; they are named here too
+because the command channel speaks them.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
-from fqbroker.core.message import MAX_HOPS
+from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
+from fqbroker.core.frames import MAX_HOPS, MAX_MESSAGE_SIZE, MAX_RK_LEN
 from fqbroker.errors import AuthError, FrameTooLarge, ProtocolError
+from fqbroker.frontends.decoding import Decoder, NeedData, ReceiveBuffer
 
 __all__ = [
     "BIND_ILLEGAL",
@@ -99,29 +104,17 @@ class Cmd(IntEnum):
     CONFIRM_FAILED = 0xC0F3
 
 
-class BindFlags:
-    """Bind flag bits (``FQ_BIND_*``); PERM and TRANS share bit 0x0100."""
-
-    PEER: Final = 0x0001
-    PERM: Final = 0x0110
-    TRANS: Final = 0x0100
-
-
 AUTH_PLAIN: Final = 0
-MAX_RK_LEN: Final = 127  # exchange, route, sender, user and queue name
 KEY_LEN: Final = 127
 MAX_KEY_LEN: Final = 127
 MAX_QUEUE_FIELD: Final = 1023
 MAX_PASSWORD: Final = 10240
-MAX_MESSAGE_SIZE: Final = 1 << 28
-BIND_ILLEGAL: Final = 0xFFFFFFFF
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U16U16 = struct.Struct(">HH")
 _U16U32 = struct.Struct(">HI")
 _U16U64 = struct.Struct(">HQ")
-_U64 = struct.Struct(">Q")
 # The status key that announces publisher confirms, and the extension's version.
 NO_PEER: Final = bytes(4)  # the peer id of a data channel that is no peer
 CONFIRM_STATUS_KEY: Final = "confirm"
@@ -313,113 +306,10 @@ def encode_hello(mode: Mode, key: bytes, peer_id: bytes = bytes(4)) -> bytes:
     return head + _short(key)
 
 
-# --- incremental reading ------------------------------------------------------------------
+# --- reading ------------------------------------------------------------------------------
 
 
-class _NeedData(Exception):
-    """Raised inside a decode step when the buffer runs out; the step is rolled back."""
-
-
-class _Buffer:
-    """A receive buffer read with a cursor; a failed step rolls back to its start."""
-
-    __slots__ = ("data", "pos")
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.pos = 0
-
-    def feed(self, chunk: bytes) -> None:
-        if self.pos:
-            # Compact only when there is something to drop: the buffer stays small, and a
-            # byte-at-a-time feed does not copy the whole tail each time.
-            if self.pos >= len(self.data):
-                self.data.clear()
-            else:
-                del self.data[: self.pos]
-            self.pos = 0
-        self.data += chunk
-
-    def __len__(self) -> int:
-        return len(self.data) - self.pos
-
-    def u8(self) -> int:
-        if self.pos >= len(self.data):
-            raise _NeedData
-        value = self.data[self.pos]
-        self.pos += 1
-        return value
-
-    def u16(self) -> int:
-        if self.pos + 2 > len(self.data):
-            raise _NeedData
-        value: int = _U16.unpack_from(self.data, self.pos)[0]
-        self.pos += 2
-        return value
-
-    def u32(self) -> int:
-        if self.pos + 4 > len(self.data):
-            raise _NeedData
-        value: int = _U32.unpack_from(self.data, self.pos)[0]
-        self.pos += 4
-        return value
-
-    def u64(self) -> int:
-        if self.pos + 8 > len(self.data):
-            raise _NeedData
-        value: int = _U64.unpack_from(self.data, self.pos)[0]
-        self.pos += 8
-        return value
-
-    def take(self, n: int) -> bytes:
-        end = self.pos + n
-        if end > len(self.data):
-            raise _NeedData
-        value = bytes(self.data[self.pos : end])
-        self.pos = end
-        return value
-
-    def skip(self, n: int) -> int:
-        """Drop up to ``n`` buffered bytes; returns how many were dropped."""
-        n = min(n, len(self.data) - self.pos)
-        self.pos += n
-        return n
-
-    def release_if_read(self) -> None:
-        """Drop the buffer once all of it is read: an idle session then holds none."""
-        if self.pos and self.pos >= len(self.data):
-            self.data = bytearray()
-            self.pos = 0
-
-    def rest(self) -> bytes:
-        value = bytes(self.data[self.pos :])
-        self.pos = len(self.data)
-        return value
-
-
-class _Decoder:
-    __slots__ = ("_buf", "_eof")
-
-    def __init__(self) -> None:
-        self._buf = _Buffer()
-        self._eof = False
-
-    def feed(self, data: bytes) -> None:
-        self._buf.feed(data)
-
-    def feed_eof(self) -> None:
-        self._eof = True
-
-    @property
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    def unconsumed(self) -> bytes:
-        """Bytes fed but not yet decoded (for handing a connection to another protocol)."""
-        return self._buf.rest()
-
-
-def _limited(buf: _Buffer, field: str, limit: int) -> bytes:
+def _limited(buf: ReceiveBuffer, field: str, limit: int) -> bytes:
     n = buf.u16()
     if n > limit:
         raise FrameTooLarge(field, n, limit)
@@ -429,7 +319,7 @@ def _limited(buf: _Buffer, field: str, limit: int) -> bytes:
 # --- command channel ----------------------------------------------------------------------
 
 
-class ServerCommandDecoder(_Decoder):
+class ServerCommandDecoder(Decoder):
     """Frames a client sends on its command socket, after the 4-byte magic.
 
     The first frame must be the plain-auth request; its failures raise ``AuthError`` with
@@ -457,7 +347,7 @@ class ServerCommandDecoder(_Decoder):
                 self._authed = True
                 return auth
             return self._command(buf)
-        except _NeedData:
+        except NeedData:
             buf.pos = start
             if self._eof and not self._authed and len(buf) < 4:
                 raise AuthError("auth method read failed") from None
@@ -465,7 +355,7 @@ class ServerCommandDecoder(_Decoder):
             return None
 
     @staticmethod
-    def _auth(buf: _Buffer) -> AuthPlain:
+    def _auth(buf: ReceiveBuffer) -> AuthPlain:
         if buf.u16() != Cmd.AUTH_CMD:
             raise AuthError("auth command expected")
         if buf.u16() != AUTH_PLAIN:
@@ -485,7 +375,7 @@ class ServerCommandDecoder(_Decoder):
         return AuthPlain(user, queue_field, buf.take(n))
 
     @staticmethod
-    def _command(buf: _Buffer) -> ClientRequest:
+    def _command(buf: ReceiveBuffer) -> ClientRequest:
         code = buf.u16()
         if code == Cmd.HB:
             return Heartbeat()
@@ -510,7 +400,7 @@ class ServerCommandDecoder(_Decoder):
         raise ProtocolError(f"unknown command 0x{code:04x}")
 
 
-class ClientCommandDecoder(_Decoder):
+class ClientCommandDecoder(Decoder):
     """Replies a broker sends on the command socket (the client's side of fq_client.c)."""
 
     __slots__ = ()
@@ -544,7 +434,7 @@ class ClientCommandDecoder(_Decoder):
                 count = buf.u64()
                 return ConfirmFailed(count, buf.take(buf.u16()).decode("latin-1"))
             raise ProtocolError(f"unknown reply 0x{code:04x}")
-        except _NeedData:
+        except NeedData:
             buf.pos = start
             return None
 
@@ -552,7 +442,7 @@ class ClientCommandDecoder(_Decoder):
 # --- data channel -------------------------------------------------------------------------
 
 
-class DataHelloDecoder(_Decoder):
+class DataHelloDecoder(Decoder):
     """The bytes after a data-channel magic: [4-byte peer id], u16 key length, key."""
 
     __slots__ = ("_with_peer_id",)
@@ -567,6 +457,6 @@ class DataHelloDecoder(_Decoder):
         try:
             peer_id = buf.take(4) if self._with_peer_id else NO_PEER
             return DataHello(_limited(buf, "key", MAX_KEY_LEN), peer_id)
-        except _NeedData:
+        except NeedData:
             buf.pos = start
             return None

@@ -27,7 +27,8 @@ import struct
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
-from fqbroker.core.message import Message, place_seq
+from fqbroker.core.frames import place_seq
+from fqbroker.core.message import Message
 from fqbroker.core.queuespec import QueueKind
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 from fqbroker.frontends.http.host import QueueSource
