@@ -31,6 +31,7 @@ from fqbroker.frontends.lumberjack.encoder import AckReader
 from fqbroker.server.broker import Broker
 
 from .conftest import NODE_ID, TIMEOUT, wait_for
+from .procs import Proc
 from .test_frontends import front_ends_json, self_signed
 from .test_http import get
 
@@ -546,3 +547,28 @@ def test_the_shipped_config_lists_every_lumberjack_setting() -> None:
     table = text[text.index("[lumberjack]") :]
     for f in fields(Lumberjack):
         assert f"\n{f.name} = " in table or f"\n# {f.name} = " in table, f.name
+
+
+async def test_fqd_says_where_it_listens_and_refuses_a_bad_template(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    fqd, port = await Proc.start_fqd(tmp_path, "--lumberjack", "127.0.0.1:0")
+    procs.append(fqd)
+    line = await fqd.wait_stderr("Lumberjack listening on port: ")
+    lj_port = int(line.rsplit(" ", 1)[1])
+    assert lj_port not in (0, port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", lj_port)
+    writer.write(encoder.batch(events(1)))
+    async with asyncio.timeout(TIMEOUT):
+        assert AckReader().feed(await reader.readexactly(6)) == [(2, 1)]
+    writer.close()
+    fqd.kill()
+
+    conf = tmp_path / "bad.toml"
+    conf.write_text('[fqd]\n\n[lumberjack]\nlisten = "127.0.0.1:0"\nroute = "{unclosed"\n')
+    state = ["-c", str(tmp_path / "b.sqlite"), "-q", str(tmp_path / "bq")]
+    bad = await Proc.start("-m", "fqbroker", "--config", str(conf), "-p", "0", *state)
+    procs.append(bad)
+    async with asyncio.timeout(TIMEOUT * 2):
+        status, _, err = await bad.finish()
+    assert status == 2 and "fqd: " in err and "Traceback" not in err, err
