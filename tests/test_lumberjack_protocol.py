@@ -198,6 +198,26 @@ def test_any_split_yields_the_same_answers(seed: int, cuts: list[int]) -> None:
     assert flat(decode(data, cuts)) == flat(whole)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 2**32),
+    flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=3),
+    cut=st.integers(0, 10**6),
+    cuts=st.lists(st.integers(0, 64), max_size=40),
+)
+def test_damaged_input_gives_the_same_answers_however_split(
+    seed: int, flips: list[tuple[int, int]], cut: int, cuts: list[int]
+) -> None:
+    data = bytearray(encoder.sample_frames(random.Random(seed)))
+    for at, value in flips:
+        if data:
+            data[at % len(data)] = value
+    damaged = bytes(data[: cut % (len(data) + 1)])
+    limits = Limits(max_window=100, max_frame=4096, max_decompressed=8192, max_fields=8)
+    whole = decode(damaged, limits=limits)
+    assert flat(decode(damaged, cuts, limits)) == flat(whole)
+
+
 def test_sample_frames_cover_every_frame_type() -> None:
     seen: set[bytes] = set()
     rng = random.Random(1)
