@@ -1,0 +1,363 @@
+"""The Lumberjack protocol (Elastic Beats, logstash-forwarder), reader side, sans I/O.
+
+A :class:`Receiver` is fed the bytes a shipper writes (``receive_data``) and hands back, one
+at a time (``next_event``), what they mean:
+
+- :class:`Window` for each ``W`` frame: the shipper is about to send that many events;
+- :class:`Events` for every whole data frame decoded since the previous answer (``D`` in
+  version 1, ``J`` in version 2, whether plain or inside a ``C`` frame), in wire order, all of
+  one version (a run of frames is cut where the version changes, and before each ``W``, so
+  the shell can tie a ``W`` to the events that follow it);
+- :class:`Violation` when the input breaks the protocol or one of the :class:`Limits`; it is
+  final: the receiver answers it again on every later call and ignores further input, and
+  the shell logs it, counts it and closes the connection;
+- ``None`` when it needs more bytes.
+
+Any split of the input gives the same answers: a frame that has not wholly arrived is left
+in the buffer untouched. ``encode_ack`` writes the one frame a reader sends, ``A``.
+
+Decisions (docs/lumberjack.md, "Wire format"):
+
+- ``D`` is a version-1 frame and ``J`` a version-2 frame; ``1J`` or ``2D`` is a Violation,
+  as is any version byte other than ``'1'``/``'2'`` and any type other than ``W D J C``
+  (``A`` included: only a reader sends it). The Violation names the byte.
+- A ``C`` frame holds zlib (RFC 1950) of whole data frames of its own version. Anything
+  else inside (``W``, another ``C``, a frame cut short, bytes after the zlib stream) is a
+  Violation: no real client does it, and refusing it keeps one inflate per ``C`` frame.
+- A ``J`` payload is kept as the bytes received and not parsed here: parsing costs more than
+  the rest of the decode, and only a route template that reads fields needs it
+  (:mod:`fqbroker.frontends.lumberjack.mapping`). A payload that is not a JSON object is
+  still published; its route falls back to the template's constant.
+- ``D`` strings are UTF-8; undecodable bytes become U+FFFD, as Logstash does, rather than
+  closing the connection of a shipper that tails a file with a stray Latin-1 line.
+- Limits are checked on the length fields, before the bytes they announce are waited for:
+  ``max_window`` on ``W``; ``max_frame`` on a ``J`` payload, a ``C`` frame's compressed
+  length and a whole ``D`` frame; ``max_fields`` on a ``D`` frame's pair count. Inflating is
+  bounded (``decompressobj().decompress(data, max_length)``), so a zip bomb stops at
+  ``max_decompressed`` bytes.
+
+Contract changes: none.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+__all__ = [
+    "Event",
+    "Events",
+    "Limits",
+    "Receiver",
+    "Violation",
+    "Window",
+    "encode_ack",
+]
+
+_U32 = struct.Struct(">I")
+_U32X2 = struct.Struct(">II")
+_u32_from = _U32.unpack_from
+_u32x2_from = _U32X2.unpack_from
+
+# Frame bytes as ints, for comparing with bytearray items.
+_V1 = 0x31  # '1'
+_V2 = 0x32  # '2'
+_W = 0x57
+_D = 0x44
+_J = 0x4A
+_C = 0x43
+_A = 0x41
+
+_HEADER = 2
+_DATA_OF = {_V1: _D, _V2: _J}  # the data frame type each version carries
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-connection bounds; exceeding one is a :class:`Violation`."""
+
+    max_window: int = 65536  # a W larger than this
+    max_frame: int = 16 << 20  # a J payload, a whole D frame or a C frame's compressed bytes
+    max_decompressed: int = 64 << 20  # bytes inflated out of one C frame (zip bomb)
+    max_fields: int = 1024  # pairs in one D frame
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A ``W`` frame: ``size`` events follow. ``version`` is 1 or 2."""
+
+    version: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One data frame.
+
+    ``payload`` is the JSON object's bytes: for v2 as received, for v1 the ``D`` pairs
+    re-encoded as a JSON object. ``fields`` is v1's pairs, ``None`` for v2.
+    """
+
+    seq: int
+    payload: bytes
+    fields: dict[str, str] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Events:
+    """Whole data frames decoded so far, in order, all of one ``version``."""
+
+    version: int
+    events: list[Event]
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """Malformed input or a limit exceeded; the connection must be closed."""
+
+    reason: str
+
+
+# Building a frozen dataclass through its __init__ costs an object.__setattr__ per field;
+# the decoder makes one Event per event, so it fills the slots through their descriptors.
+_new_event = Event.__new__
+_set_seq = Event.__dict__["seq"].__set__
+_set_payload = Event.__dict__["payload"].__set__
+_set_fields = Event.__dict__["fields"].__set__
+
+
+def _event(seq: int, payload: bytes, fields: dict[str, str] | None) -> Event:
+    e = _new_event(Event)
+    _set_seq(e, seq)
+    _set_payload(e, payload)
+    _set_fields(e, fields)
+    return e
+
+
+def _byte_name(b: int) -> str:
+    return f"0x{b:02x} ({chr(b)!r})" if 0x20 <= b < 0x7F else f"0x{b:02x}"
+
+
+class _Bad(Exception):
+    """Raised inside decoding with the Violation's reason."""
+
+
+def _check_header(version: int, kind: int) -> None:
+    """Raise _Bad for an unknown version or a type this version does not send."""
+    if version != _V1 and version != _V2:
+        raise _Bad(f"unknown protocol version byte {_byte_name(version)}")
+    if kind in (_W, _C) or kind == _DATA_OF[version]:
+        return
+    if kind == _A:
+        raise _Bad(f"ACK frame {_byte_name(kind)} from a writer (only readers send ACKs)")
+    if kind in (_D, _J):
+        raise _Bad(f"frame type {_byte_name(kind)} is not a version-{version - 0x30} frame")
+    raise _Bad(f"unknown frame type {_byte_name(kind)} (version {version - 0x30})")
+
+
+def _d_string(
+    buf: bytes | bytearray, p: int, end: int, start: int, max_frame: int
+) -> tuple[str, int]:
+    """One length-prefixed string at ``p`` of the D frame at ``start``, up to ``max_frame``."""
+    if p + 4 > end:
+        raise IndexError
+    n = _u32_from(buf, p)[0]
+    p += 4
+    if p + n - start > max_frame:
+        raise _Bad(f"D frame longer than {max_frame} bytes (the frame limit)")
+    if p + n > end:
+        raise IndexError
+    return bytes(buf[p : p + n]).decode("utf-8", "replace"), p + n
+
+
+def _decode_d(buf: bytes | bytearray, pos: int, end: int, limits: Limits) -> tuple[Event, int]:
+    """Decode a D frame whose 2-byte header is at ``pos``.
+
+    Returns the event and the position after it; raises IndexError when the frame runs past
+    ``end`` (more bytes needed, or a cut-short frame inside a C) and _Bad on a limit.
+    """
+    start = pos
+    p = pos + _HEADER
+    if p + 8 > end:
+        raise IndexError
+    seq, count = _u32x2_from(buf, p)
+    if count > limits.max_fields:
+        raise _Bad(f"D frame with {count} fields (limit {limits.max_fields})")
+    p += 8
+    fields: dict[str, str] = {}
+    max_frame = limits.max_frame
+    for _ in range(count):
+        key, p = _d_string(buf, p, end, start, max_frame)
+        fields[key], p = _d_string(buf, p, end, start, max_frame)
+    payload = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+    return _event(seq, payload, fields), p
+
+
+class Receiver:
+    """Decodes a shipper's byte stream into windows and events (see the module docstring)."""
+
+    __slots__ = ("_buf", "_limits", "_pos", "_violation")
+
+    def __init__(self, limits: Limits = Limits()) -> None:
+        self._limits = limits
+        self._buf = bytearray()
+        self._pos = 0
+        self._violation: Violation | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded (a partial frame), for the memory budget."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        if self._violation is not None:
+            return
+        if self._pos:
+            # Drop what was decoded only when new bytes come: a byte-at-a-time feed then
+            # moves the tail once per call, not once per frame.
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def next_event(self) -> Window | Events | Violation | None:
+        if self._violation is not None:
+            return self._violation
+        events: list[Event] = []
+        version = 0
+        try:
+            while True:
+                buf = self._buf
+                pos = self._pos
+                end = len(buf)
+                if end - pos < _HEADER:
+                    break
+                v = buf[pos]
+                kind = buf[pos + 1]
+                _check_header(v, kind)
+                if kind == _W:
+                    if events:
+                        break  # the W belongs to the events after it
+                    if end - pos < 6:
+                        break
+                    size = _u32_from(buf, pos + 2)[0]
+                    if size > self._limits.max_window:
+                        raise _Bad(f"window of {size} events (limit {self._limits.max_window})")
+                    self._pos = pos + 6
+                    return Window(v - 0x30, size)
+                if events and v != version:
+                    break  # one version per Events, so its ACK has one version byte
+                version = v
+                if kind == _J:
+                    if end - pos < 10:
+                        break
+                    seq, n = _u32x2_from(buf, pos + 2)
+                    if n > self._limits.max_frame:
+                        raise _Bad(f"J frame of {n} bytes (limit {self._limits.max_frame})")
+                    stop = pos + 10 + n
+                    if stop > end:
+                        break
+                    events.append(_event(seq, bytes(buf[pos + 10 : stop]), None))
+                    self._pos = stop
+                elif kind == _D:
+                    try:
+                        event, stop = _decode_d(buf, pos, end, self._limits)
+                    except IndexError:
+                        break
+                    events.append(event)
+                    self._pos = stop
+                else:  # C
+                    if end - pos < 6:
+                        break
+                    n = _u32_from(buf, pos + 2)[0]
+                    if n > self._limits.max_frame:
+                        raise _Bad(f"C frame of {n} bytes (limit {self._limits.max_frame})")
+                    stop = pos + 6 + n
+                    if stop > end:
+                        break
+                    inner = self._inflate(v, memoryview(buf)[pos + 6 : stop])
+                    events += inner
+                    self._pos = stop
+        except _Bad as e:
+            self._violation = Violation(str(e))
+            self._buf = bytearray()
+            self._pos = 0
+            if not events:
+                return self._violation
+            # The whole frames before the bad one are good: the shell may still publish
+            # and acknowledge them before it closes; the Violation comes next call.
+        if events:
+            return Events(version - 0x30, events)
+        return None
+
+    def _inflate(self, version: int, data: memoryview) -> list[Event]:
+        """The data frames of one C frame's zlib stream (all or a _Bad)."""
+        limit = self._limits.max_decompressed
+        z = zlib.decompressobj()
+        try:
+            # One byte past the limit tells "exactly the limit" from "more".
+            raw = z.decompress(data, limit + 1)
+        except zlib.error as e:
+            raise _Bad(f"C frame is not a zlib stream: {e}") from None
+        finally:
+            data.release()
+        if len(raw) > limit:
+            raise _Bad(f"C frame inflates past {limit} bytes")
+        if not z.eof:
+            raise _Bad("C frame's zlib stream is cut short")
+        if z.unused_data:
+            raise _Bad(f"{len(z.unused_data)} bytes after the zlib stream in a C frame")
+        return self._decode_inner(version, raw)
+
+    def _decode_inner(self, version: int, raw: bytes) -> list[Event]:
+        # The hot loop of Beats traffic: one pass over the inflated bytes, J frames read
+        # with one unpack each and sliced out; D frames take the general path.
+        events: list[Event] = []
+        append = events.append
+        max_frame = self._limits.max_frame
+        data_kind = _DATA_OF[version]
+        pos = 0
+        end = len(raw)
+        while pos < end:
+            if end - pos < _HEADER:
+                raise _Bad("C frame ends inside a frame header")
+            v = raw[pos]
+            kind = raw[pos + 1]
+            if v != version or kind != data_kind:
+                _check_header(v, kind)
+                if v != version:
+                    raise _Bad(
+                        f"version {v - 0x30} frame inside a version {version - 0x30} C frame"
+                    )
+                what = "C frame nested" if kind == _C else f"frame {_byte_name(kind)}"
+                raise _Bad(f"{what} inside a C frame (only data frames may be compressed)")
+            if kind == _J:
+                if end - pos < 10:
+                    raise _Bad("C frame ends inside a J frame")
+                seq, n = _u32x2_from(raw, pos + 2)
+                if n > max_frame:
+                    raise _Bad(f"J frame of {n} bytes (limit {max_frame})")
+                stop = pos + 10 + n
+                if stop > end:
+                    raise _Bad("C frame ends inside a J frame")
+                e = _new_event(Event)
+                _set_seq(e, seq)
+                _set_payload(e, raw[pos + 10 : stop])
+                _set_fields(e, None)
+                append(e)
+                pos = stop
+            else:
+                try:
+                    event, pos = _decode_d(raw, pos, end, self._limits)
+                except IndexError:
+                    raise _Bad("C frame ends inside a D frame") from None
+                append(event)
+        return events
+
+
+def encode_ack(version: int, seq: int) -> bytes:
+    """The ``A`` frame acknowledging every event up to ``seq``, in the batch's ``version``."""
+    if version not in (1, 2):
+        raise ValueError(f"Lumberjack version must be 1 or 2, not {version}")
+    return bytes((0x30 + version, _A)) + _U32.pack(seq)
