@@ -20,6 +20,12 @@ docs/confirms.md):
 * ``fq-data``: a data socket paired with a command socket, publisher-format messages;
 * ``fq-peer``: a data socket in peer mode (new or old magic), peer-format messages;
 * ``http``: HTTP/1.1 requests, pipelined on one connection.
+
+And on a port of its own, turned on by :func:`fqd_args`:
+
+* ``lumberjack``: Lumberjack v1 and v2 streams (windows, plain and zlib-compressed data
+  frames; fqbroker/frontends/lumberjack/encoder.py ``sample_frames``), published into the
+  ``logging`` exchange.
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ from dataclasses import dataclass, field
 from fqbroker.clients.client import Client, ClientError
 from fqbroker.core.message import Message
 from fqbroker.frontends.fq import wire
+from fqbroker.frontends.lumberjack import encoder as lumberjack
 
 from .child import http_reply
+from .harness import free_port
 
-__all__ = ["FRONT_ENDS", "Conn", "FrontEnd", "Target", "mutate_bytes"]
+__all__ = ["FRONT_ENDS", "Conn", "FrontEnd", "Target", "fqd_args", "mutate_bytes"]
 
 ROUND_TRIP_SECONDS = 20.0
 # What the round trips met that is a bug but not a failed round trip, counted by what.
@@ -464,6 +472,76 @@ async def round_trip_http(t: Target) -> None:
             await writer.wait_closed()
 
 
+# --- Lumberjack ---------------------------------------------------------------------------
+
+
+def fqd_args() -> list[str]:
+    """The flags that turn on the front ends of ports of their own, each on a fixed free
+    port so that a broker restarted after a crash listens where it did."""
+    return ["--lumberjack", f"127.0.0.1:{free_port()}"]
+
+
+def _lumberjack_port(t: Target) -> int:
+    return t.ports["lumberjack"]
+
+
+def lumberjack_frame(rng: random.Random) -> bytes:
+    """A valid stream: windows then their events, v1 or v2, plain or compressed."""
+    return lumberjack.sample_frames(rng)
+
+
+# What a mutation may put at a frame's start: every version and type byte, real or not.
+LJ_HEADERS = (b"1W", b"2W", b"1D", b"2J", b"1C", b"2C", b"2D", b"1J", b"2A", b"3W", b"\x00\x00")
+
+
+def mutate_lumberjack(rng: random.Random, frame: bytes) -> bytes:
+    roll = rng.random()
+    if roll < 0.15:
+        # A header with a length or count at the edges of the limits.
+        count = rng.choice((0, 1, 65536, 65537, 1 << 24, (16 << 20) + 1, 0xFFFFFFFF))
+        return rng.choice(LJ_HEADERS) + struct.pack(">I", count) + frame
+    if roll < 0.25:
+        # A compressed frame around whatever the stream was: a C of W frames, of C frames.
+        version = rng.choice((1, 2))
+        return lumberjack.compressed(version, frame, rng.choice((0, 9)))
+    return mutate_bytes(rng, frame)
+
+
+async def open_lumberjack(t: Target, rng: random.Random, mutate_opening: bool) -> Conn:
+    conn = await connect_tcp(t.host, _lumberjack_port(t))
+    if mutate_opening:
+        await conn.send(mutate_lumberjack(rng, lumberjack_frame(rng)))
+    return conn
+
+
+async def round_trip_lumberjack(t: Target) -> None:
+    """A v2 batch is acknowledged and reaches a consumer bound to its route."""
+    route = f"rt{random.getrandbits(48):x}"
+    async with Client(t.host, t.fq_port, source="rt/rtlj/mem:private", reconnect=False) as c:
+        if await c.bind(b"logging", f'exact:"{route}"'.encode()) == wire.BIND_ILLEGAL:
+            raise AssertionError("a valid bind was refused")
+        payloads = [
+            json.dumps({"@metadata": {"beat": route}, "message": f"line {i}"}).encode()
+            for i in range(3)
+        ]
+        reader, writer = await asyncio.open_connection(t.host, _lumberjack_port(t))
+        try:
+            writer.write(lumberjack.batch(payloads))
+            acks = lumberjack.AckReader()
+            got: list[tuple[int, int]] = []
+            while (2, 3) not in got:
+                data = await reader.read(4096)
+                if not data:
+                    raise AssertionError(f"closed before its ACK; ACKs so far {got}")
+                got += acks.feed(data)
+        finally:
+            writer.close()
+        for payload in payloads:
+            msg = await c.receive()
+            if msg.payload != payload:
+                raise AssertionError(f"received {msg.payload[:64]!r}, not {payload!r}")
+
+
 # --- the table ----------------------------------------------------------------------------
 
 
@@ -493,4 +571,8 @@ FRONT_ENDS: list[FrontEnd] = [
     FrontEnd("fq-data", "tcp", _fq_port, open_data, data_frame, mutate_bytes, round_trip_data),
     FrontEnd("fq-peer", "tcp", _fq_port, open_peer, peer_frame, mutate_bytes, round_trip_peer),
     FrontEnd("http", "tcp", _fq_port, open_http, http_frame, mutate_http, round_trip_http),
+    FrontEnd(
+        "lumberjack", "tcp", _lumberjack_port, open_lumberjack, lumberjack_frame,
+        mutate_lumberjack, round_trip_lumberjack,
+    ),
 ]  # fmt: skip

@@ -37,6 +37,11 @@ def _fqd_parser() -> argparse.ArgumentParser:
         help="accepted; fqd always runs in the foreground",
     )
     p.add_argument("-v", "--debug", help="debug flags: " + ",".join(DEBUG_FLAGS))
+    p.add_argument(
+        "--lumberjack",
+        metavar="ADDR:PORT",
+        help="serve Lumberjack/Beats log shippers here (off by default; port 0 picks one)",
+    )
     return p
 
 
@@ -53,6 +58,8 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
         "debug": args.debug,
     }
     settings = settings.updated(overrides)
+    if args.lumberjack is not None:
+        settings.lumberjack = settings.lumberjack.updated({"listen": args.lumberjack})
     if args.modules:
         settings.modules = [*settings.modules, *args.modules]
     return settings
@@ -75,6 +82,11 @@ async def _run(settings: Settings) -> None:
     )
     await broker.start()
     print(f"Listening on port: {broker.port}", file=sys.stderr, flush=True)
+    # Front ends on ports of their own say where they listen too, beside fq's line (port
+    # 0 picks one, and whoever started fqd reads it here).
+    lumberjack = broker.front_ends.get("lumberjack")
+    if lumberjack is not None and lumberjack.address is not None:
+        print(f"Lumberjack listening on port: {lumberjack.address[1]}", file=sys.stderr, flush=True)
     stop = broker.shutdown_requested
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

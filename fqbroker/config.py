@@ -13,9 +13,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_PORT", "Settings", "Upstream", "resolve_node_id"]
+__all__ = ["DEFAULT_PORT", "Lumberjack", "Settings", "Upstream", "resolve_node_id"]
 
 DEFAULT_PORT = 8765
+LUMBERJACK_PORT = 5044  # the Beats convention, for a ``listen`` that names a host only
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,84 @@ class Upstream:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Lumberjack:
+    """The ``[lumberjack]`` table: the Lumberjack/Beats listener (docs/lumberjack.md).
+
+    Off while ``listen`` is empty. The limits bear the names of the protocol's ``Limits``
+    (fqbroker/frontends/lumberjack/protocol.py) and its defaults; exceeding one closes that
+    connection only.
+    """
+
+    listen: str = ""  # "HOST:PORT", "[V6]:PORT" or "PORT" (on ``bind``); port 0 picks one
+    exchange: str = "logging"
+    route: str = ""  # the route template; empty: mapping.DEFAULT_ROUTE_TEMPLATE
+    max_window: int = 65536  # a W frame asking for more events
+    max_frame: int = 16 << 20  # a J payload or a C frame's compressed bytes
+    max_decompressed: int = 64 << 20  # bytes inflated out of one C frame (a zip bomb)
+    max_fields: int = 1024  # pairs in one v1 D frame
+    tls_cert: Path | None = None  # PEM certificate chain: TLS when given
+    tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
+    ack_idle_ms: float = 100.0  # input idle this long with events unacknowledged: ACK them
+    keepalive_seconds: float = 1.0  # ACK(0) to v2 clients this often while held back
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> Lumberjack:
+        """The ``[lumberjack]`` table of the TOML file; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        if unknown := set(table) - known:
+            raise ValueError(f"unknown lumberjack setting(s): {', '.join(sorted(unknown))}")
+        return cls().updated(table)
+
+    def updated(self, values: dict[str, Any]) -> Lumberjack:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key, value in values.items():
+            if value is None:
+                continue
+            if key in ("tls_cert", "tls_key"):
+                value = Path(value) if value != "" else None
+            out[key] = value
+        made = Lumberjack(**out)
+        made.check()
+        return made
+
+    def check(self) -> None:
+        """Raise ValueError for a setting the listener cannot work with."""
+        for name in ("max_window", "max_frame", "max_decompressed", "max_fields"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"lumberjack {name} must be a positive integer, not {value!r}")
+        exchange = self.exchange.encode()
+        if not 0 < len(exchange) <= 127:
+            raise ValueError("lumberjack exchange must be 1 to 127 bytes")
+        if self.ack_idle_ms <= 0 or self.keepalive_seconds <= 0:
+            raise ValueError("lumberjack ack_idle_ms and keepalive_seconds must be positive")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("lumberjack tls_key needs tls_cert")
+        if self.listen:
+            self.address("127.0.0.1")
+
+    def address(self, bind: str) -> tuple[str, int] | None:
+        """Where to listen, or None when off; a bare port listens on the broker's ``bind``."""
+        text = self.listen.strip()
+        if not text:
+            return None
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            host, port = "", text
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            raise ValueError(f"lumberjack listen {text!r}: write an IPv6 address as [ADDR]:PORT")
+        try:
+            number = int(port) if port else LUMBERJACK_PORT
+        except ValueError:
+            raise ValueError(f"lumberjack listen {text!r} is not HOST:PORT") from None
+        if not 0 <= number <= 65535:
+            raise ValueError(f"lumberjack listen {text!r}: port out of range")
+        return (host or bind, number)
+
+
 @dataclass(slots=True)
 class Settings:
     port: int = DEFAULT_PORT
@@ -83,14 +162,19 @@ class Settings:
     backlog_bytes: int = 64 << 20  # a memory queue's backlog in bytes, unless it says; 0: none
     memory_budget: int = 1 << 30  # bytes held by memory queues and reads in flight, broker-wide
     http_max_body: int = 16 << 20  # largest HTTP request body (/submit); larger gets 413
+    # --- P10 front ends of their own ports ---
+    lumberjack: Lumberjack = field(default_factory=Lumberjack)  # off until ``listen`` is set
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
         values = dict(data.get("fqd", data))
-        if "fqd" in data and "upstream" in data:
-            values["upstream"] = data["upstream"]
+        if "fqd" in data:
+            # Tables of their own beside [fqd].
+            for table in ("upstream", "lumberjack"):
+                if table in data:
+                    values[table] = data[table]
         return cls().updated(values)
 
     def updated(self, values: dict[str, Any]) -> Settings:
@@ -107,6 +191,8 @@ class Settings:
                 value = Path(value)
             elif name == "upstream":
                 value = [v if isinstance(v, Upstream) else Upstream.from_table(v) for v in value]
+            elif name == "lumberjack" and not isinstance(value, Lumberjack):
+                value = Lumberjack.from_table(value)
             setattr(out, name, value)
         return out
 

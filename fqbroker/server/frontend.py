@@ -85,7 +85,7 @@ class LiveFrontEnd:
     broker's one map cost before.
     """
 
-    __slots__ = ("address", "connections", "counters", "spec", "tasks")
+    __slots__ = ("address", "connections", "counters", "spec", "tasks", "tls")
 
     def __init__(self, spec: FrontEnd[Any]) -> None:
         self.spec = spec
@@ -97,6 +97,9 @@ class LiveFrontEnd:
         # the broker cancels them when it stops.
         self.tasks: set[asyncio.Task[None]] = set()
         self.address: Address | None = None  # where it listens, once started
+        # Whether its port speaks TLS: a front end that may (``OwnPort.tls``) does once
+        # the settings gave it a context; until it starts, whether it may.
+        self.tls: bool | None = None
 
     @property
     def name(self) -> str:
@@ -110,7 +113,8 @@ class LiveFrontEnd:
             return "main"
         if isinstance(reach, Datagrams):
             return "udp"
-        return "tls" if reach.tls is not None else "tcp"
+        tls = reach.tls is not None if self.tls is None else self.tls
+        return "tls" if tls else "tcp"
 
     def track(self, task: asyncio.Task[None]) -> None:
         """Keep ``task`` until it ends, and cancel it if the broker stops first."""

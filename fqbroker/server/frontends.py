@@ -23,6 +23,7 @@ from typing import Any
 
 from fqbroker.frontends.fq import frontend as fq
 from fqbroker.frontends.http import frontend as http
+from fqbroker.frontends.lumberjack import frontend as lumberjack
 from fqbroker.server.frontend import FrontEnd, preambles
 
 __all__ = ["FRONT_ENDS", "sniff"]
@@ -31,6 +32,7 @@ FRONT_ENDS: tuple[FrontEnd[Any], ...] = (
     fq.COMMAND,
     fq.DATA,
     http.HTTP,
+    lumberjack.LUMBERJACK,
 )
 
 _CLAIMS = preambles(FRONT_ENDS)

@@ -103,6 +103,7 @@ class Listeners:
             live.address = cast(tuple[str, int], endpoint.get_extra_info("sockname")[:2])
             return
         context = reach.tls(self.settings) if reach.tls is not None else None
+        live.tls = context is not None  # a front end may serve TLS only when configured so
         server = await self._listen(
             address[0], address[1], lambda: _Accept(self, live), ssl_context=context
         )

@@ -1,0 +1,82 @@
+"""The Lumberjack listener as a front end of the table: a port of its own, TLS when
+configured, off until ``[lumberjack] listen`` (or ``fqd --lumberjack``) names an address.
+
+The settings are read once per listener: the route template is parsed and the limits
+built when the broker starts (a bad template stops fqd with its message), and every
+connection shares them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from typing import Any
+
+from fqbroker.config import Lumberjack, Settings
+from fqbroker.frontends.lumberjack.mapping import DEFAULT_ROUTE_TEMPLATE, RouteTemplate
+from fqbroker.frontends.lumberjack.protocol import Limits
+from fqbroker.frontends.lumberjack.session import Config, LumberjackHost, LumberjackSession
+from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
+
+__all__ = ["LUMBERJACK", "config_of"]
+
+Facts = tuple[tuple[str, str | int], ...]
+
+
+@functools.lru_cache(maxsize=8)
+def config_of(settings: Lumberjack) -> Config:
+    """What the listener's connections share; ValueError for a template that will not do."""
+    return Config(
+        exchange=settings.exchange.encode(),
+        template=RouteTemplate(settings.route or DEFAULT_ROUTE_TEMPLATE),
+        limits=Limits(
+            max_window=settings.max_window,
+            max_frame=settings.max_frame,
+            max_decompressed=settings.max_decompressed,
+            max_fields=settings.max_fields,
+        ),
+        ack_idle=settings.ack_idle_ms / 1000.0,
+        keepalive=settings.keepalive_seconds,
+    )
+
+
+def _address(settings: Settings) -> tuple[str, int] | None:
+    address = settings.lumberjack.address(settings.bind)
+    if address is not None:
+        config_of(settings.lumberjack)  # the template is checked before the port opens
+    return address
+
+
+def _tls(settings: Settings) -> ssl.SSLContext | None:
+    lumberjack = settings.lumberjack
+    if lumberjack.tls_cert is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(lumberjack.tls_cert, lumberjack.tls_key)
+    return context
+
+
+def _open(
+    host: LumberjackHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
+) -> asyncio.BaseProtocol:
+    return LumberjackSession(host, live, transport, config_of(host.settings.lumberjack))
+
+
+def _describe(protocol: asyncio.BaseProtocol) -> Facts:
+    if not isinstance(protocol, LumberjackSession):
+        return ()
+    return (
+        ("version", protocol.version),
+        ("events", protocol.events),
+        ("acked", protocol.acked),
+        ("held", protocol.held),
+    )
+
+
+LUMBERJACK: FrontEnd[Any] = FrontEnd(
+    name="lumberjack",
+    reach=OwnPort(_address, _open, tls=_tls),
+    describe=_describe,
+    summary="Lumberjack v1/v2 (Elastic Beats, logstash-forwarder): log shippers publish",
+)
