@@ -22,8 +22,11 @@ var dropped = 0;
 var acks = 0;
 var lastAck = 0;
 var connects = 0;
+var finished = false;
 
 function finish(code, why) {
+  if (finished) return;  // close() below emits 'disconnect' again
+  finished = true;
   if (why) process.stderr.write('lumberjack-protocol: ' + why + '\n');
   clearTimeout(timer);
   process.stdout.write(JSON.stringify({acked: lastAck, dropped: dropped, acks: acks,
