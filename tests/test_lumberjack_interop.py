@@ -213,6 +213,41 @@ async def test_pylogbeat_reconnects_and_every_batch_arrives_once(fqd: Fqd) -> No
     assert sorted(got) == list(range(120))
 
 
+async def test_pylogbeat_waits_on_a_full_block_queue_kept_alive_by_ack_0(fqd: Fqd) -> None:
+    """Backpressure with the real client: a permanent block-policy queue of 20 with no
+    reader fills, so the batch's ACK waits. pylogbeat reads with a 2.5 s socket timeout and
+    the ACK is held for 4 s: it only survives because ACK(0) keepalives come every second
+    (without them it raises a timeout). Once a consumer drains the queue, send() returns,
+    and every event arrives once."""
+    source = "ljbp/ljblock/mem:permanent,block,backlog=20,public"
+    async with Client(port=fqd.port, source=source, reconnect=False) as setup:
+        await setup.bind(b"logging", b"prefix:", 0x0110)  # permanent: outlives the client
+    pylogbeat = require_module("pylogbeat", "pylogbeat is the PyPI Beats client under test")
+    events = [{"n": i, "message": f"held {i}"} for i in range(100)]
+
+    def send() -> None:
+        with pylogbeat.PyLogBeatClient("127.0.0.1", fqd.lj_port, timeout=2.5) as client:
+            client.send(events)
+
+    sending = asyncio.ensure_future(asyncio.to_thread(send))
+    try:
+        done, _ = await asyncio.wait([sending], timeout=4.0)
+        assert not done, f"the ACK came with the queue full: {sending.result()}"
+        async with Client(port=fqd.port, source=source, reconnect=False) as drain:
+            msgs = await receive_exactly(drain, len(events))
+            async with asyncio.timeout(TIMEOUT):
+                await sending  # the ACK, and no timeout in the client before it
+    finally:
+        if not sending.done():
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(TIMEOUT):
+                    await sending
+    got = by_number(msgs, lambda o: int(o["n"]))
+    assert sorted(got) == list(range(len(events)))
+    for n, m in got.items():
+        assert m.payload == json.dumps(events[n]).encode()
+
+
 # --- python-logstash-async ----------------------------------------------------------------
 
 
