@@ -26,6 +26,7 @@ route is the template's constants.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Final
 
@@ -57,36 +58,103 @@ def sender_for(remote_addr: str, remote_port: int) -> bytes:
 
 
 class _Field:
-    """One field path, with every way its dots can split into keys, longest key first."""
+    """One field path: its keys, every dotted run of them, and its first key's JSON text."""
 
-    __slots__ = ("parts", "path")
+    __slots__ = ("joined", "mark", "n", "path", "slash")
 
     def __init__(self, path: str) -> None:
         parts = path.split(".")
         if not path or any(p == "" for p in parts):
             raise ValueError(f"route template: empty key in field path {path!r}")
         self.path = path
-        self.parts = parts
+        self.n = len(parts)
+        # joined[i][j] is the key "parts[i]. ... .parts[j-1]", built once, not per event.
+        self.joined = [
+            {j: ".".join(parts[i:j]) for j in range(i + 1, self.n + 1)} for i in range(self.n)
+        ]
+        # Every top-level key this path can start with begins '"' and the first key (a
+        # longer dotted key starts the same way): the shortcut (top) looks for that text.
+        mark = '"' + parts[0]
+        # None for a key needing JSON escapes: its payloads are always parsed.
+        self.mark = mark if json.dumps(parts[0], ensure_ascii=False) == mark + '"' else None
+        self.slash = "/" in parts[0]
 
     def lookup(self, obj: Mapping[str, object]) -> object:
-        return _lookup(obj, self.parts, 0)
+        return self._lookup(obj, 0)
+
+    def _lookup(self, obj: Mapping[str, object], i: int) -> object:
+        # Longest key first: "a.b.c" tries obj["a.b.c"], obj["a.b"]["c"], obj["a"]["b.c"],
+        # obj["a"]["b"]["c"]; a value that cannot be rendered lets the next one try.
+        keys = self.joined[i]
+        for j in range(self.n, i, -1):
+            key = keys[j]
+            if key in obj:
+                value = obj[key]
+                if j == self.n:
+                    if _render(value) is not None:
+                        return value
+                elif isinstance(value, dict):
+                    found = self._lookup(value, j)
+                    if found is not None:
+                        return found
+        return None
+
+    def top(self, text: str) -> Mapping[str, object] | None:
+        """The payload's top-level pairs this path can read, without parsing the rest.
+
+        ``text`` is the payload decoded. Returns ``{}`` when it cannot hold the path,
+        ``{key: value}`` for the one top-level key that can, or None when that cannot be
+        told cheaply (the caller then parses the whole payload). The shortcut holds when
+        the key comes after only flat pairs (strings without escapes, numbers, literals)
+        and its first key's text occurs nowhere else: then it is the one candidate, at the
+        top level, and only its value is parsed.
+        """
+        mark = self.mark
+        if mark is None:
+            return None
+        k = text.find(mark)
+        # The only escapes that can spell a key without '"' or '\\' in it: \uXXXX, and \/
+        # for a '/'. Without them past ``k`` the mark's text is every spelling of the key.
+        at = max(k, 0)
+        escaped = text.find("\\u", at) >= 0 or (self.slash and text.find("\\/", at) >= 0)
+        if k < 0:
+            return None if escaped else _EMPTY
+        # Before it only '{' and flat pairs: no bracket or escape, and the quotes paired
+        # (so the mark's quote opens a string); after it no other candidate.
+        if (
+            text[0] != "{"
+            or _NOT_FLAT.search(text, 1, k) is not None
+            or text.count('"', 0, k) & 1
+            or text.find(mark, k + 1) >= 0
+            or escaped
+        ):
+            return None
+        start = k + 1
+        end = text.find('"', start)
+        if end < 0 or text.find("\\", start, end) >= 0:
+            return None
+        after = text[start + len(mark) - 1]
+        if after != '"' and after != ".":
+            return _EMPTY  # a longer key ("@metadatax"): the path's key is nowhere
+        m = _COLON.match(text, end + 1)
+        if m is None:
+            # A string value, not a key: being the one occurrence, the key is nowhere.
+            return _EMPTY if _AFTER_VALUE.match(text, end + 1) else None
+        try:
+            value = _DECODER.raw_decode(text, m.end())[0]
+        except (ValueError, RecursionError):
+            return None
+        return {text[start:end]: value}
 
 
-def _lookup(obj: Mapping[str, object], parts: list[str], i: int) -> object:
-    # Longest key first: "a.b.c" tries obj["a.b.c"], then obj["a.b"]["c"], then obj["a"][...].
-    n = len(parts)
-    for j in range(n, i, -1):
-        key = parts[i] if j == i + 1 else ".".join(parts[i:j])
-        if key in obj:
-            value = obj[key]
-            if j == n:
-                if _render(value) is not None:
-                    return value
-            elif isinstance(value, dict):
-                found = _lookup(value, parts, j)
-                if found is not None:
-                    return found
-    return None
+# A bracket, an escape or a control character: the text before the key is not flat pairs.
+_NOT_FLAT = re.compile("[][{}\\\\\x00-\x1f]")
+_COLON = re.compile("[ \t\n\r]*:[ \t\n\r]*")
+_AFTER_VALUE = re.compile("[ \t\n\r]*[,}]")
+
+
+_EMPTY: Mapping[str, object] = {}
+_DECODER = json.JSONDecoder()
 
 
 def _render(value: object) -> str | None:
@@ -170,7 +238,7 @@ def _parse_group(template: str, i: int) -> tuple[_Chain, int]:
 class RouteTemplate:
     """A parsed route template (syntax in the module docstring); ``route`` renders one."""
 
-    __slots__ = ("_constant", "_key_marks", "_pieces", "template")
+    __slots__ = ("_constant", "_pieces", "template")
 
     def __init__(self, template: str) -> None:
         self.template = template
@@ -183,12 +251,7 @@ class RouteTemplate:
             if isinstance(alt, _Field)
         ]
         # A template without fields renders the same for every event.
-        self._constant: bytes | None = None if fields else self._render({})
-        # What a payload must contain to hold one of the fields: the first key's JSON text
-        # without its closing quote (a longer dotted key starts the same way). A key written
-        # with escapes needs a backslash, so a payload with neither cannot match.
-        marks = {json.dumps(f.parts[0], ensure_ascii=False)[:-1].encode() for f in fields}
-        self._key_marks = (*sorted(marks), b"\\")
+        self._constant: bytes | None = None if fields else self._render_fields({})
 
     def __repr__(self) -> str:
         return f"RouteTemplate({self.template!r})"
@@ -198,20 +261,10 @@ class RouteTemplate:
             return self._constant
         fields = event.fields
         if fields is not None:
-            return self._render(fields)
-        return self._render(self._parse_payload(event.payload))
+            return self._render_fields(fields)
+        return self._render_payload(event.payload)
 
-    def _parse_payload(self, payload: bytes) -> dict[str, object]:
-        if not any(mark in payload for mark in self._key_marks):
-            return {}
-        try:
-            obj = json.loads(payload)
-        except (ValueError, RecursionError):
-            # Not JSON (or nested past the parser's depth): published as is, no fields.
-            return {}
-        return obj if isinstance(obj, dict) else {}
-
-    def _render(self, obj: Mapping[str, object]) -> bytes:
+    def _render_fields(self, obj: Mapping[str, object]) -> bytes:
         out: list[str] = []
         for piece in self._pieces:
             if isinstance(piece, str):
@@ -226,3 +279,46 @@ class RouteTemplate:
                     out.append(text)
                     break
         return cut_utf8("".join(out).encode())
+
+    def _render_payload(self, payload: bytes) -> bytes:
+        # Each field first tries its shortcut (_Field.top); the first one that cannot tell
+        # parses the whole payload, once, for itself and every field after it.
+        parsed: Mapping[str, object] | None = None
+        text = ""
+        if payload[:1] == b"{":
+            try:
+                text = payload.decode()
+            except UnicodeDecodeError:
+                parsed = _parse_object(payload)
+        else:  # leading space, a BOM, another encoding, not an object: json.loads decides
+            parsed = _parse_object(payload)
+        out: list[str] = []
+        for piece in self._pieces:
+            if isinstance(piece, str):
+                out.append(piece)
+                continue
+            for alt in piece:
+                if isinstance(alt, str):
+                    out.append(alt)
+                    break
+                if parsed is None:
+                    top = alt.top(text)
+                    if top is None:
+                        parsed = _parse_object(text)
+                        top = parsed
+                else:
+                    top = parsed
+                value = _render(alt.lookup(top))
+                if value is not None:
+                    out.append(value)
+                    break
+        return cut_utf8("".join(out).encode())
+
+
+def _parse_object(data: str | bytes) -> Mapping[str, object]:
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        # Not JSON (or nested past the parser's depth): published as is, no fields.
+        return _EMPTY
+    return obj if isinstance(obj, dict) else _EMPTY
