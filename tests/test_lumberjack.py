@@ -513,6 +513,8 @@ def test_off_by_default_and_on_by_flag_or_table(tmp_path: Path) -> None:
         ('listen = "70000"', "range"),
         ("max_window = 0", "max_window"),
         ('exchange = ""', "exchange"),
+        ("exchange = 5", "exchange"),
+        ('ack_idle_ms = "soon"', "ack_idle_ms"),
         ('tls_key = "k.pem"', "tls_cert"),
     ],
 )
