@@ -36,7 +36,9 @@ java:
 	  { echo "Java 17 could not be installed; the Spark tests will be skipped" >&2; \
 	    case "$${CI:-}" in ""|0|false|no) ;; *) exit 1;; esac; }
 
-# The npm fq client is the independent interop client for the wire tests.
+# The npm clients the interop tests drive (tests/interop/package.json): fq for the wire
+# tests, lumberjack-protocol and lumberjack-client for the Lumberjack listener. The Python
+# ones (pylogbeat, python-logstash-async, trustme) come with the dev extra in `install`.
 node: $(NODE_STAMP)
 
 $(NODE_STAMP): tests/interop/package.json

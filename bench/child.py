@@ -155,8 +155,18 @@ def run_main(
     return 1 if result["failures"] else 0
 
 
+def own_port_args() -> list[str]:
+    """The flags that turn on the front ends of ports of their own, which the runs reach
+    through bench/frontends.py like the others: each on a fixed free port, so that a broker
+    restarted after kill -9 listens where it did."""
+    return ["--lumberjack", f"127.0.0.1:{free_port()}"]
+
+
 def broker_from(args: argparse.Namespace, state: Path) -> Broker:
-    return Broker(state, dict(args.setting), list(args.fqd_arg), root=args.broker_root)
+    extra = list(args.fqd_arg)
+    if "--lumberjack" not in extra:
+        extra += own_port_args()
+    return Broker(state, dict(args.setting), extra, root=args.broker_root)
 
 
 def parse_setting(text: str) -> tuple[str, str]:

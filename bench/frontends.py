@@ -21,7 +21,8 @@ docs/confirms.md):
 * ``fq-peer``: a data socket in peer mode (new or old magic), peer-format messages;
 * ``http``: HTTP/1.1 requests, pipelined on one connection.
 
-And on a port of its own, turned on by :func:`fqd_args`:
+And on a port of its own, which every broker child turns on (bench/child.py
+``own_port_args``):
 
 * ``lumberjack``: Lumberjack v1 and v2 streams (windows, plain and zlib-compressed data
   frames; fqbroker/frontends/lumberjack/encoder.py ``sample_frames``), published into the
@@ -46,9 +47,8 @@ from fqbroker.frontends.fq import wire
 from fqbroker.frontends.lumberjack import encoder as lumberjack
 
 from .child import http_reply
-from .harness import free_port
 
-__all__ = ["FRONT_ENDS", "Conn", "FrontEnd", "Target", "fqd_args", "mutate_bytes"]
+__all__ = ["FRONT_ENDS", "Conn", "FrontEnd", "Target", "mutate_bytes"]
 
 ROUND_TRIP_SECONDS = 20.0
 # What the round trips met that is a bug but not a failed round trip, counted by what.
@@ -473,12 +473,6 @@ async def round_trip_http(t: Target) -> None:
 
 
 # --- Lumberjack ---------------------------------------------------------------------------
-
-
-def fqd_args() -> list[str]:
-    """The flags that turn on the front ends of ports of their own, each on a fixed free
-    port so that a broker restarted after a crash listens where it did."""
-    return ["--lumberjack", f"127.0.0.1:{free_port()}"]
 
 
 def _lumberjack_port(t: Target) -> int:

@@ -63,7 +63,7 @@ from .child import (
     run_parser,
     tcp_sockets,
 )
-from .frontends import FRONT_ENDS, NOTES, Conn, FrontEnd, Target, fqd_args
+from .frontends import FRONT_ENDS, NOTES, Conn, FrontEnd, Target
 from .harness import rss_bytes
 
 MiB = 1 << 20
@@ -302,7 +302,6 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     state = Path(args.state)
     shutil.rmtree(state, ignore_errors=True)
     broker = broker_from(args, state)
-    broker.extra_args += fqd_args()  # the front ends of ports of their own, on
     await asyncio.to_thread(broker.start)
     target = await Target.of("127.0.0.1", broker.port)
     chosen = [fe for fe in FRONT_ENDS if not args.front_end or fe.name in args.front_end]

@@ -61,6 +61,18 @@ def free_port() -> int:
         return port
 
 
+def _wait_port(port: int, system: System) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+            return
+        if system.proc is not None and system.proc.poll() is not None:
+            err = system.proc.stderr.read().decode() if system.proc.stderr else ""
+            raise RuntimeError(f"{system.name} exited: {err[-2000:]}")
+        time.sleep(0.05)
+    raise RuntimeError(f"{system.name} did not listen on {port}")
+
+
 def _raise_nofile() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -108,15 +120,7 @@ class System:
         self._wait_listening()
 
     def _wait_listening(self) -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
-                return
-            if self.proc is not None and self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                raise RuntimeError(f"{self.name} exited: {err[-2000:]}")
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not listen on {self.port}")
+        _wait_port(self.port, self)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -138,11 +142,25 @@ class FqBroker(System):
     the broker process imports that tree's package; load generators stay this tree's."""
 
     def __init__(
-        self, fsync: str = "interval", *, tree: Path | None = None, name: str = "fqbroker"
+        self,
+        fsync: str = "interval",
+        *,
+        tree: Path | None = None,
+        name: str = "fqbroker",
+        lumberjack: bool = False,
     ) -> None:
         super().__init__(name, "fq")
         self.fsync = fsync
         self.tree = tree
+        self.lumberjack = lumberjack  # also a Lumberjack listener, on ``lj_port``
+        self.lj_port = 0
+
+    def start(self) -> None:
+        if self.lumberjack:
+            self.lj_port = free_port()
+        super().start()
+        if self.lumberjack:
+            _wait_port(self.lj_port, self)
 
     def environment(self) -> dict[str, str]:
         return ENV if self.tree is None else env_for(self.tree)
@@ -153,7 +171,7 @@ class FqBroker(System):
             sys.executable, "-m", "fqbroker", "-p", str(self.port), "-n", "10.0.0.1",
             "-c", str(self.workdir / "db.sqlite"), "-q", str(self.workdir / "queues"),
             "--config", str(self._config()),
-        ]  # fmt: skip
+        ] + (["--lumberjack", f"127.0.0.1:{self.lj_port}"] if self.lumberjack else [])  # fmt: skip
 
     def _config(self) -> Path:
         assert self.workdir is not None
@@ -224,8 +242,10 @@ def version(system: System) -> str:
 class Client:
     """One load-generator process."""
 
-    def __init__(self, role: str, system: System, **options: Any) -> None:
-        args = [sys.executable, "-m", "bench.loadgen", role, "--proto", system.proto]
+    def __init__(
+        self, role: str, system: System, *, module: str = "bench.loadgen", **options: Any
+    ) -> None:
+        args = [sys.executable, "-m", module, role, "--proto", system.proto]
         args += ["--port", str(system.port)]
         for key, value in options.items():
             flag = f"--{key.replace('_', '-')}"

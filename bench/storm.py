@@ -188,7 +188,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     shutil.rmtree(state, ignore_errors=True)
     broker = broker_from(args, state)
     await asyncio.to_thread(broker.start)
-    storm = Storm(broker, Target("127.0.0.1", broker.port))
+    storm = Storm(broker, await Target.of("127.0.0.1", broker.port))  # own ports too
     try:
         await storm.round_trip_all("before")
         base = storm.sample("baseline")

@@ -429,7 +429,74 @@ def idle_row(broker: FqBroker, cfg: Config, table: Table) -> None:
     )
 
 
-SCENARIOS = [*FLOWS, "disk", "latency", "memory", "idle"]
+LJ_BATCH = 2048
+LJ_SIZE = 300
+LJ_EVENTS = 100 * LJ_BATCH  # per run, at scale 1: ~2 s at the target
+
+
+def lumberjack_run(broker: System, run: int, scale: float) -> dict[str, float]:
+    """One run: a Beats-like shipper (bench/ljload.py) sends compressed batches of 2,048
+    300-byte JSON events to the Lumberjack listener, two batches in flight; one fq
+    subscriber bound to the exchange ``logging`` counts the deliveries. Events/s is delivered
+    events over the time from the first send to the last receipt."""
+    assert isinstance(broker, FqBroker) and broker.lumberjack
+    batches = max(2, int(LJ_EVENTS * scale) // LJ_BATCH)
+    count = batches * LJ_BATCH
+    # Each run its own queue: the previous run's subscriber must not see this run's events.
+    sub = Client(
+        "sub", broker, topic="logging", count=count, size=LJ_SIZE, queue_type=QUEUE, slot=run
+    )
+    pub: Client | None = None
+    try:
+        sub.ready()
+        pub = Client(
+            "ljpub",
+            broker,
+            module="bench.ljload",
+            lj_port=broker.lj_port,
+            count=count,
+            size=LJ_SIZE,
+            batch=LJ_BATCH,
+        )
+        pub.ready()
+        cpu0 = cpu_seconds(broker.pid)
+        pub.go()
+        got = sub.collect()
+        cpu1 = cpu_seconds(broker.pid)
+        sent = pub.collect()
+    finally:
+        for c in [sub] + ([pub] if pub else []):
+            c.go()
+            c.finish()
+    delivered = got["received"]
+    if delivered != count or not got["whole"]:
+        print(f"  ! lumberjack: {delivered} of {count} delivered", flush=True)
+    return {
+        "rate": delivered / ((got["last_ns"] - sent["start_ns"]) / 1e9),
+        "us": (cpu1 - cpu0) * 1e6 / max(1, delivered),
+        "keepalives": sent["keepalives"],
+    }
+
+
+def scenario_lumberjack(cfg: Config, table: Table) -> None:
+    res = interleaved(
+        [FqBroker(lumberjack=True)],
+        cfg.runs,
+        lambda s, run: lumberjack_run(s, run, cfg.scale),
+    )
+    r = res["fqbroker"]
+    table.add(
+        [
+            "Lumberjack ingest, 300 B JSON, compressed batches of 2,048",
+            f"{_rate(r['rate'])} ev/s",
+            f"{r['us']:.2f}",
+            "events delivered to an fq consumer; us: broker CPU per event",
+        ],
+        ">=100k ev/s",
+    )
+
+
+SCENARIOS = [*FLOWS, "disk", "latency", "memory", "idle", "lumberjack"]
 
 
 def run(names: Sequence[str], cfg: Config) -> str:
@@ -453,6 +520,8 @@ def run(names: Sequence[str], cfg: Config) -> str:
             scenario_memory(cfg, table)
         elif name == "idle":
             scenario_idle(cfg, table)
+        elif name == "lumberjack":
+            scenario_lumberjack(cfg, table)
     table.notes += ["", *(f"{n}: {why}" for n, why in notes)]
     table.notes.append(
         "us/msg: server CPU (user+sys) per delivered message. vs X: fqbroker msg/s over X's."

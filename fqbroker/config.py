@@ -95,6 +95,13 @@ class Lumberjack:
 
     def check(self) -> None:
         """Raise ValueError for a setting the listener cannot work with."""
+        for name in ("listen", "exchange", "route"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"lumberjack {name} must be a string")
+        for name in ("ack_idle_ms", "keepalive_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ValueError(f"lumberjack {name} must be a number, not {value!r}")
         for name in ("max_window", "max_frame", "max_decompressed", "max_fields"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

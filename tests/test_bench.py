@@ -18,10 +18,10 @@ def test_bench_suite_runs_every_scenario_tiny() -> None:
         idle_clients=10,
         idle_seconds=2.2,
     )
-    table = run(["1to1-100", "disk", "latency", "memory", "idle"], cfg)
+    table = run(["1to1-100", "disk", "latency", "memory", "idle", "lumberjack"], cfg)
     lines = table.splitlines()
     assert lines[0].startswith("scenario")
-    for label in ("1 to 1, 100 B", "fsync=interval", "latency", "memory", "idle"):
+    for label in ("1 to 1, 100 B", "fsync=interval", "latency", "memory", "idle", "Lumberjack"):
         assert any(label in line for line in lines), (label, table)
     assert "no data" not in table
 

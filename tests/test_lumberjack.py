@@ -31,6 +31,7 @@ from fqbroker.frontends.lumberjack.encoder import AckReader
 from fqbroker.server.broker import Broker
 
 from .conftest import NODE_ID, TIMEOUT, wait_for
+from .procs import Proc
 from .test_frontends import front_ends_json, self_signed
 from .test_http import get
 
@@ -352,6 +353,8 @@ async def test_a_full_block_queue_holds_the_ack_and_keepalives_flow(settings: Se
         assert len(keepalives) >= 2 and set(keepalives) == {(2, 0)}
         (conn,) = (await front_ends_json(broker))["lumberjack"]["connections"]
         assert conn["held"] == "room" and conn["acked"] == 0
+        held = broker.budget.used  # the queue's 4 and the 6 waiting, in memory both
+        assert held >= sum(map(len, sent))
         # Another shipper's events wait in line too, nothing is dropped.
         other = await Shipper.open(broker)
         await other.send(encoder.batch(events(2, first=100)))
@@ -369,6 +372,7 @@ async def test_a_full_block_queue_holds_the_ack_and_keepalives_flow(settings: Se
         await shipper.close()
         await other.close()
         await c.close()
+        await wait_for(lambda: broker.budget.used == 0)
 
 
 async def test_v1_gets_no_keepalives_while_held(settings: Settings) -> None:
@@ -455,17 +459,24 @@ async def test_a_limit_closes_that_connection_only(settings: Settings, what: str
 
 
 async def test_a_zip_bomb_stops_at_the_limit(settings: Settings) -> None:
-    # 1 GiB of zeros would inflate from about a megabyte; the default limit is 64 MiB.
+    # Ten J frames of 8 MiB each (under max_frame) in under 100 KiB: inflating stops at
+    # the default max_decompressed of 64 MiB.
     async with running(with_lumberjack(settings)) as broker:
         bomb = zlib.compressobj(9)
-        body = bomb.compress(b"2J\x00\x00\x00\x01\x40\x00\x00\x00")
-        chunk = bomb.compress(bytes(1 << 20))
-        body += chunk * 100 + bomb.flush()
+        parts = []
+        for seq in range(1, 11):
+            parts.append(
+                bomb.compress(b"2J" + seq.to_bytes(4, "big") + (8 << 20).to_bytes(4, "big"))
+            )
+            parts += [bomb.compress(bytes(1 << 20)) for _ in range(8)]
+        body = b"".join(parts) + bomb.flush()
+        assert len(body) < 100 << 10
         shipper = await Shipper.open(broker)
         await shipper.send(encoder.window(2, 1) + b"2C" + len(body).to_bytes(4, "big") + body)
         await shipper.closed_by_broker()
         await shipper.close()
         assert broker.limits.bad_input["lumberjack"] == 1
+        assert broker.budget.used == 0  # nothing held for it
         fresh = await Shipper.open(broker)
         await fresh.send(encoder.batch(events(1)))
         assert await fresh.ack() == (2, 1)
@@ -502,6 +513,8 @@ def test_off_by_default_and_on_by_flag_or_table(tmp_path: Path) -> None:
         ('listen = "70000"', "range"),
         ("max_window = 0", "max_window"),
         ('exchange = ""', "exchange"),
+        ("exchange = 5", "exchange"),
+        ('ack_idle_ms = "soon"', "ack_idle_ms"),
         ('tls_key = "k.pem"', "tls_cert"),
     ],
 )
@@ -536,3 +549,28 @@ def test_the_shipped_config_lists_every_lumberjack_setting() -> None:
     table = text[text.index("[lumberjack]") :]
     for f in fields(Lumberjack):
         assert f"\n{f.name} = " in table or f"\n# {f.name} = " in table, f.name
+
+
+async def test_fqd_says_where_it_listens_and_refuses_a_bad_template(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    fqd, port = await Proc.start_fqd(tmp_path, "--lumberjack", "127.0.0.1:0")
+    procs.append(fqd)
+    line = await fqd.wait_stderr("Lumberjack listening on port: ")
+    lj_port = int(line.rsplit(" ", 1)[1])
+    assert lj_port not in (0, port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", lj_port)
+    writer.write(encoder.batch(events(1)))
+    async with asyncio.timeout(TIMEOUT):
+        assert AckReader().feed(await reader.readexactly(6)) == [(2, 1)]
+    writer.close()
+    fqd.kill()
+
+    conf = tmp_path / "bad.toml"
+    conf.write_text('[fqd]\n\n[lumberjack]\nlisten = "127.0.0.1:0"\nroute = "{unclosed"\n')
+    state = ["-c", str(tmp_path / "b.sqlite"), "-q", str(tmp_path / "bq")]
+    bad = await Proc.start("-m", "fqbroker", "--config", str(conf), "-p", "0", *state)
+    procs.append(bad)
+    async with asyncio.timeout(TIMEOUT * 2):
+        status, _, err = await bad.finish()
+    assert status == 2 and "fqd: " in err and "Traceback" not in err, err

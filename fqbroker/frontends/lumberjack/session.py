@@ -126,6 +126,7 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         "_sender",
         "_unmarked",
         "_version",
+        "_waiting_bytes",
         "_window",
         "acked",
         "broker",
@@ -170,6 +171,9 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         self._keepalive: asyncio.TimerHandle | None = None
         self._last_read = 0.0
         self._reserved = 0  # bytes of the memory budget the receiver's buffer holds
+        # Bytes of messages held while a full queue makes them wait, counted against the
+        # budget (they are in memory and in no queue yet) until they are published.
+        self._waiting_bytes = 0
         self._eof = False
         self.closing = False
         counters = live.counters
@@ -216,7 +220,9 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
                           self.receiver.buffered)  # fmt: skip
             self._mark()
             self._ack_ready()  # and close once nothing is owed
-        return True
+        # A TLS transport closes at EOF whatever we answer (and warns if told otherwise):
+        # the ACKs owed are lost with it, and the shipper sends those events again.
+        return self.transport.get_extra_info("ssl_object") is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end()
@@ -247,13 +253,13 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
             if task is not None:
                 task.cancel()
         self._room = self._durable = None
-        if self._reserved:
-            self.broker.budget.release(self._reserved)
-            self._reserved = 0
+        if self._reserved or self._waiting_bytes:
+            self.broker.budget.release(self._reserved + self._waiting_bytes)
+            self._reserved = self._waiting_bytes = 0
         self._marks.clear()
 
     def _name(self) -> str:
-        return self._sender.decode(errors="replace")
+        return "{}:{}".format(*peer_address(self.transport))
 
     # --- in: decode and publish -----------------------------------------------------------
 
@@ -274,10 +280,10 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
                 violation = event
                 break
         if runs and not self.publisher.publish(runs, octets):
-            self._wait_for_room()
+            self._wait_for_room(octets)
         if violation is not None:
             self.broker.limits.bad(
-                "lumberjack", "closing Lumberjack connection of %s: %s", self._name(),
+                "lumberjack", "closing Lumberjack connection from %s: %s", self._name(),
                 violation.reason,
             )  # fmt: skip
             self.close()
@@ -396,9 +402,13 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._keepalive = loop.call_later(self.config.keepalive, self._send_keepalive)
 
-    def _wait_for_room(self) -> None:
+    def _wait_for_room(self, octets: int) -> None:
         """Block policy: stop reading until every full queue has room, then go on."""
         self._hold(_ROOM)
+        # Already in memory, so taken from the budget without waiting (the read's whole
+        # size: what was published of it is in queues, which count it too, for a while).
+        self._waiting_bytes = octets
+        self.broker.budget.used += octets
         self._room = asyncio.ensure_future(self._room_then_carry_on())
 
     async def _room_then_carry_on(self) -> None:
@@ -408,6 +418,8 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
             if publisher.carry_on():
                 break
         self._room = None
+        self.broker.budget.release(self._waiting_bytes)
+        self._waiting_bytes = 0
         self._release(_ROOM)
         self._pump()  # what was read meanwhile (a read may have been under way)
 
@@ -475,7 +487,7 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         # Unacknowledged, so the shipper sends the events again: to this broker once its
         # disk works, or to another.
         self.broker.limits.log.log(
-            logging.WARNING, "lumberjack", "closing Lumberjack connection of %s: a disk queue "
+            logging.WARNING, "lumberjack", "closing Lumberjack connection from %s: a disk queue "
             "write failed; its events are not acknowledged", self._name(),
         )  # fmt: skip
         self.close()
