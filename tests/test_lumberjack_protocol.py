@@ -392,3 +392,20 @@ def test_decoding_a_compressed_batch_costs_microseconds_per_event() -> None:
         assert window == Window(2, 2048)
         assert isinstance(events, Events) and [e.payload for e in events.events] == payloads
     assert best / 2048 < 10e-6, f"{best / 2048 * 1e6:.2f} us per event"
+
+
+def test_a_d_frame_dripped_a_byte_at_a_time_costs_each_pair_once() -> None:
+    # 1,024 pairs (the default max_fields) of one-byte strings, about 10 KiB, fed one byte
+    # per call: decoding from the frame's start on every call would read ~2 million
+    # strings (seconds); resuming where the last call stopped reads each once.
+    pairs = {f"{i:x}": "v" for i in range(1024)}
+    data = encoder.data_frame(1, pairs)
+    receiver = Receiver()
+    start = time.perf_counter()
+    answers: list[Answer] = []
+    for i in range(len(data)):
+        receiver.receive_data(data[i : i + 1])
+        answers += drain(receiver)
+    elapsed = time.perf_counter() - start
+    assert answers == [Events(1, [Event(1, json.dumps(pairs).replace(" ", "").encode(), pairs)])]
+    assert elapsed < 0.5, f"{elapsed:.2f} s"

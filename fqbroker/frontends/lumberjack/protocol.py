@@ -195,16 +195,30 @@ def _decode_d(buf: bytes | bytearray, pos: int, end: int, limits: Limits) -> tup
     return _event(seq, payload, fields), p
 
 
+class _PartialD:
+    """Where the decode of a D frame that has not wholly arrived stopped."""
+
+    __slots__ = ("fields", "key", "left", "offset", "seq")
+
+    def __init__(self, seq: int, strings: int) -> None:
+        self.seq = seq
+        self.left = strings  # keys and values still to read
+        self.offset = 10  # from the frame's start: it moves in the buffer, not in the frame
+        self.fields: dict[str, str] = {}
+        self.key = ""
+
+
 class Receiver:
     """Decodes a shipper's byte stream into windows and events (see the module docstring)."""
 
-    __slots__ = ("_buf", "_limits", "_pos", "_violation")
+    __slots__ = ("_buf", "_d", "_limits", "_pos", "_violation")
 
     def __init__(self, limits: Limits = Limits()) -> None:
         self._limits = limits
         self._buf = bytearray()
         self._pos = 0
         self._violation: Violation | None = None
+        self._d: _PartialD | None = None
 
     @property
     def buffered(self) -> int:
@@ -261,12 +275,11 @@ class Receiver:
                     events.append(_event(seq, bytes(buf[pos + 10 : stop]), None))
                     self._pos = stop
                 elif kind == _D:
-                    try:
-                        event, stop = _decode_d(buf, pos, end, self._limits)
-                    except IndexError:
+                    done = self._resume_d(buf, pos, end)
+                    if done is None:
                         break
-                    events.append(event)
-                    self._pos = stop
+                    events.append(done[0])
+                    self._pos = done[1]
                 else:  # C
                     if end - pos < 6:
                         break
@@ -283,6 +296,7 @@ class Receiver:
             self._violation = Violation(str(e))
             self._buf = bytearray()
             self._pos = 0
+            self._d = None
             if not events:
                 return self._violation
             # The whole frames before the bad one are good: the shell may still publish
@@ -290,6 +304,48 @@ class Receiver:
         if events:
             return Events(version - 0x30, events)
         return None
+
+    def _resume_d(self, buf: bytearray, pos: int, end: int) -> tuple[Event, int] | None:
+        """Decode the D frame at ``pos`` as far as the bytes go; the event and its end once
+        whole, else None.
+
+        A D frame arriving in pieces is decoded where the last attempt stopped, not from
+        its start again: a shipper dripping a frame of many pairs costs each pair once.
+        """
+        d = self._d
+        if d is None:
+            if end - pos < 10:
+                return None
+            seq, count = _u32x2_from(buf, pos + 2)
+            if count > self._limits.max_fields:
+                raise _Bad(f"D frame with {count} fields (limit {self._limits.max_fields})")
+            d = self._d = _PartialD(seq, 2 * count)
+        max_frame = self._limits.max_frame
+        p = pos + d.offset
+        left = d.left
+        fields = d.fields
+        while left:
+            if p + 4 > end:
+                break
+            n = _u32_from(buf, p)[0]
+            if p + 4 + n - pos > max_frame:
+                raise _Bad(f"D frame longer than {max_frame} bytes (the frame limit)")
+            if p + 4 + n > end:
+                break
+            text = bytes(buf[p + 4 : p + 4 + n]).decode("utf-8", "replace")
+            p += 4 + n
+            if left & 1:
+                fields[d.key] = text
+            else:
+                d.key = text
+            left -= 1
+        d.offset = p - pos
+        d.left = left
+        if left:
+            return None
+        self._d = None
+        payload = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
+        return _event(d.seq, payload, fields), p
 
     def _inflate(self, version: int, data: memoryview) -> list[Event]:
         """The data frames of one C frame's zlib stream (all or a _Bad)."""
