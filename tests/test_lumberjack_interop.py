@@ -5,7 +5,10 @@ binds an fq consumer (our Client) to the exchange ``logging``, lets a real clien
 and checks that every event arrives exactly once with its JSON intact:
 
 * PyPI ``pylogbeat`` (v2 ``J`` frames in a ``C`` frame per batch, sequence cumulative over
-  the connection, blocks until the ACK equals it), plain TCP and TLS;
+  the connection, blocks until the ACK equals it), plain TCP and TLS, and with it the
+  issue's end-to-end promises seen from a real shipper: backpressure from a full
+  block-policy queue (its send() waits, kept alive by ACK(0)) and durability (what it was
+  acknowledged survives kill -9 of fqd);
 * PyPI ``python-logstash-async`` with its Beats transport (pylogbeat under a logging handler,
   LogstashFormatter events);
 * npm ``lumberjack-protocol`` (v1 ``D`` frames, TLS only, one ``W`` then a stream, flow
