@@ -352,6 +352,7 @@ HTTP_SIDE = [
     *sorted((ROOT / "fqbroker" / "frontends" / "http").glob("*.py")),
     ROOT / "fqbroker" / "storage" / "checkpoints.py",
     ROOT / "fqbroker" / "frontends" / "fq" / "frontend.py",
+    *sorted((ROOT / "fqbroker" / "frontends" / "lumberjack").glob("*.py")),
     ROOT / "fqbroker" / "server" / "frontend.py",
     ROOT / "fqbroker" / "server" / "listeners.py",
 ]

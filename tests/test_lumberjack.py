@@ -536,6 +536,7 @@ async def test_a_bad_route_template_stops_the_start(settings: Settings) -> None:
 async def test_off_means_no_port(broker: Broker) -> None:
     fe = (await front_ends_json(broker))["lumberjack"]
     assert fe["host"] is None and fe["port"] is None and fe["connections"] == []
+    assert fe["transport"] == "tcp"  # off: listed as a plain port
     assert broker.settings.lumberjack.listen == ""
 
 

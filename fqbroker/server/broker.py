@@ -37,6 +37,7 @@ from fqbroker.storage.state import ConfigStore
 
 if TYPE_CHECKING:
     from fqbroker.frontends.http.host import HttpHost
+    from fqbroker.frontends.lumberjack.session import LumberjackHost
 
 __all__ = ["Broker"]
 
@@ -157,3 +158,6 @@ if TYPE_CHECKING:
 
     def _serves_http(broker: Broker) -> HttpHost:
         return broker  # the Broker is the host the HTTP front end declares
+
+    def _serves_lumberjack(broker: Broker) -> LumberjackHost:
+        return broker  # and the Lumberjack listener's

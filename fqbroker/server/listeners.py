@@ -93,7 +93,8 @@ class Listeners:
             return
         address = reach.address(self.settings)
         if address is None:
-            return  # not configured: off
+            live.tls = False  # not configured: off, and listed as a plain port
+            return
         loop = asyncio.get_running_loop()
         if isinstance(reach, Datagrams):
             endpoint, _ = await loop.create_datagram_endpoint(
