@@ -248,6 +248,29 @@ async def test_pylogbeat_waits_on_a_full_block_queue_kept_alive_by_ack_0(fqd: Fq
         assert m.payload == json.dumps(events[n]).encode()
 
 
+async def test_pylogbeat_acknowledged_events_survive_kill_9(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    """What pylogbeat was told is delivered (its send() returned) is in a permanent disk
+    queue: kill -9 fqd at once, restart it on the same state, and a consumer gets every
+    event, once, in order."""
+    first = await _start_fqd(tmp_path, procs, "--lumberjack", "127.0.0.1:0")
+    source = "ljdur/ljdisk/disk:permanent,backlog=-1,public"
+    async with Client(port=first.port, source=source, reconnect=False) as setup:
+        await setup.bind(b"logging", b"prefix:", 0x0110)  # permanent: outlives fqd
+    batches = [[{"n": b * 100 + i, "message": "kept"} for i in range(100)] for b in range(3)]
+    async with asyncio.timeout(TIMEOUT):
+        await asyncio.to_thread(_pylogbeat_send, first.lj_port, batches)
+    first.proc.kill()  # SIGKILL, the moment the last ACK was read
+    await first.proc.proc.wait()
+
+    again = await _start_fqd(tmp_path, procs, "--lumberjack", "127.0.0.1:0")
+    async with Client(port=again.port, source=source, reconnect=False) as c:
+        await c.bind(b"logging", b"prefix:", 0x0110)
+        msgs = await receive_exactly(c, 300)
+    assert [json.loads(m.payload)["n"] for m in msgs] == list(range(300))
+
+
 # --- python-logstash-async ----------------------------------------------------------------
 
 
