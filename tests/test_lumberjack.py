@@ -29,8 +29,9 @@ from fqbroker.core.message import Message, hop_addresses
 from fqbroker.frontends.lumberjack import encoder
 from fqbroker.frontends.lumberjack.encoder import AckReader
 from fqbroker.server.broker import Broker
+from fqbroker.storage import segmentlog
 
-from .conftest import NODE_ID, TIMEOUT, wait_for
+from .conftest import NODE_ID, TIMEOUT, FailingFsync, wait_for
 from .procs import Proc
 from .test_frontends import front_ends_json, self_signed
 from .test_http import get
@@ -575,3 +576,27 @@ async def test_fqd_says_where_it_listens_and_refuses_a_bad_template(
     async with asyncio.timeout(TIMEOUT * 2):
         status, _, err = await bad.finish()
     assert status == 2 and "fqd: " in err and "Traceback" not in err, err
+
+
+async def test_no_ack_when_a_disk_queue_fsync_fails(
+    lj: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ACK means durable: events whose fsync failed are not acknowledged, and the
+    connection closes so the shipper sends them again; a memory queue's shipper is fine."""
+    async with Client(port=lj.port, source="c/ljdq/disk:permanent,fsync=always") as disk:
+        await disk.bind(EXCHANGE, b'prefix:"disk"')
+        c = await consumer(lj, program=b'prefix:"mem"')
+        safe = await Shipper.open(lj)
+        await safe.send(encoder.batch(events(1, beat="disk")))
+        assert await safe.ack() == (2, 1)  # while the disk works
+        monkeypatch.setattr(segmentlog, "os", FailingFsync())
+        shipper = await Shipper.open(lj)
+        await shipper.send(encoder.batch(events(2, beat="disk")))
+        await shipper.closed_by_broker()
+        assert shipper.got == [] and shipper.acks.feed(b"") == []
+        await shipper.close()
+        await safe.send(encoder.batch(events(1, beat="mem"), first_seq=2))
+        assert await safe.ack() == (2, 2)
+        assert (await receive(c, 1))[0].route == b"mem"
+        await safe.close()
+        await c.close()
