@@ -28,9 +28,11 @@ from fqbroker.config import Lumberjack, Settings
 from fqbroker.core.message import Message, hop_addresses
 from fqbroker.frontends.lumberjack import encoder
 from fqbroker.frontends.lumberjack.encoder import AckReader
+from fqbroker.frontends.lumberjack.session import LumberjackSession
 from fqbroker.server.broker import Broker
+from fqbroker.storage import segmentlog
 
-from .conftest import NODE_ID, TIMEOUT, wait_for
+from .conftest import NODE_ID, TIMEOUT, FailingFsync, wait_for
 from .procs import Proc
 from .test_frontends import front_ends_json, self_signed
 from .test_http import get
@@ -575,3 +577,59 @@ async def test_fqd_says_where_it_listens_and_refuses_a_bad_template(
     async with asyncio.timeout(TIMEOUT * 2):
         status, _, err = await bad.finish()
     assert status == 2 and "fqd: " in err and "Traceback" not in err, err
+
+
+async def test_no_ack_when_a_disk_queue_fsync_fails(
+    lj: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ACK means durable: events whose fsync failed are not acknowledged, and the
+    connection closes so the shipper sends them again; a memory queue's shipper is fine."""
+    async with Client(port=lj.port, source="c/ljdq/disk:permanent,fsync=always") as disk:
+        await disk.bind(EXCHANGE, b'prefix:"disk"')
+        c = await consumer(lj, program=b'prefix:"mem"')
+        safe = await Shipper.open(lj)
+        await safe.send(encoder.batch(events(1, beat="disk")))
+        assert await safe.ack() == (2, 1)  # while the disk works
+        monkeypatch.setattr(segmentlog, "os", FailingFsync())
+        shipper = await Shipper.open(lj)
+        await shipper.send(encoder.batch(events(2, beat="disk")))
+        await shipper.closed_by_broker()
+        assert shipper.got == [] and shipper.acks.feed(b"") == []
+        await shipper.close()
+        await safe.send(encoder.batch(events(1, beat="mem"), first_seq=2))
+        assert await safe.ack() == (2, 2)
+        assert (await receive(c, 1))[0].route == b"mem"
+        await safe.close()
+        await c.close()
+
+
+async def test_an_earlier_batch_is_acknowledged_while_a_later_one_waits(
+    settings: Settings,
+) -> None:
+    async with running(with_lumberjack(settings, keepalive_seconds=0.2)) as broker:
+        source = "c/bq2/mem:permanent,block,backlog=4,public"
+        await (await consumer(broker, source, flags=0x0110)).close()
+        shipper = await Shipper.open(broker)
+        first, second = events(3), events(5, first=3)
+        # Pipelined in one write: the first fits, the second fills the queue.
+        await shipper.send(encoder.batch(first) + encoder.batch(second))
+        assert await shipper.ack() == (2, 3)
+        assert set(await shipper.no_ack(0.5)) == {(2, 0)}  # the second's ACK waits
+        c = await consumer(broker, source, flags=0x0110)
+        assert [m.payload for m in await receive(c, 8)] == first + second
+        assert await shipper.ack() == (2, 5)
+        await shipper.close()
+        await c.close()
+
+
+async def test_an_idle_connection_holds_no_task_or_timer(lj: Broker) -> None:
+    shipper = await Shipper.open(lj)
+    await shipper.send(encoder.window(1, 100) + encoder.data_frame(1, {"a": "b"}))
+    assert await shipper.ack() == (1, 1)  # after the idle time
+    (transport,) = lj.front_ends["lumberjack"].connections
+    session = transport.get_protocol()
+    assert isinstance(session, LumberjackSession)
+    await wait_for(lambda: session._idle is None)
+    assert (session._room, session._durable, session._keepalive) == (None, None, None)
+    assert session.held == "" and lj.budget.used == 0
+    await shipper.close()
