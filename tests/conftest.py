@@ -8,6 +8,7 @@ import errno
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,8 @@ from fqbroker.config import Settings
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 from fqbroker.server.broker import Broker
+from fqbroker.server.frontend import FrontEnd
+from fqbroker.server.frontends import FRONT_ENDS
 
 from .procs import Proc
 
@@ -32,15 +35,23 @@ def settings(tmp_path: Path) -> Settings:
     )
 
 
-@pytest.fixture
-async def broker(settings: Settings) -> AsyncIterator[Broker]:
-    b = Broker(settings)
-    await b.start()
+@contextlib.asynccontextmanager
+async def running(settings: Settings, *extra: FrontEnd[Any]) -> AsyncIterator[Broker]:
+    """A broker started on ``settings``, with test-only front ends beside the table's, and
+    stopped at the end whatever happened."""
+    broker = Broker(settings, front_ends=(*FRONT_ENDS, *extra))
+    await broker.start()
     try:
-        yield b
+        yield broker
     finally:
         async with asyncio.timeout(TIMEOUT):
-            await b.stop()
+            await broker.stop()
+
+
+@pytest.fixture
+async def broker(settings: Settings) -> AsyncIterator[Broker]:
+    async with running(settings) as b:
+        yield b
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import contextlib
 import json
 import shutil
 import ssl
@@ -25,7 +24,7 @@ from fqbroker.server.frontends import FRONT_ENDS, sniff
 from fqbroker.server.limits import Limits
 from fqbroker.server.listeners import Listeners
 
-from .conftest import TIMEOUT, open_session, wait_for
+from .conftest import TIMEOUT, open_session, running, wait_for
 from .test_http import get
 from .vectors import SNIFF
 
@@ -109,17 +108,6 @@ async def front_ends_json(broker: Broker) -> dict[str, dict[str, Any]]:
     response, body = await get(broker.port, "/frontends.json")
     assert response.status_code == 200
     return {fe["name"]: fe for fe in json.loads(body)["frontends"]}
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings, *extra: FrontEnd[Any]) -> Any:
-    broker = Broker(settings, front_ends=(*FRONT_ENDS, *extra))
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        async with asyncio.timeout(TIMEOUT):
-            await broker.stop()
 
 
 async def echo_round_trip(port: int, data: bytes, **tls: Any) -> None:

@@ -32,7 +32,7 @@ from fqbroker.frontends.lumberjack.session import LumberjackSession
 from fqbroker.server.broker import Broker
 from fqbroker.storage import segmentlog
 
-from .conftest import NODE_ID, TIMEOUT, FailingFsync, wait_for
+from .conftest import NODE_ID, TIMEOUT, FailingFsync, running, wait_for
 from .procs import Proc
 from .test_frontends import front_ends_json, self_signed
 from .test_http import get
@@ -44,17 +44,6 @@ def with_lumberjack(settings: Settings, **values: Any) -> Settings:
     values = {"listen": "127.0.0.1:0", "ack_idle_ms": 50.0, **values}
     settings.lumberjack = Lumberjack().updated(values)
     return settings
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Broker]:
-    broker = Broker(settings)
-    await broker.start()
-    try:
-        yield broker
-    finally:
-        async with asyncio.timeout(TIMEOUT):
-            await broker.stop()
 
 
 @pytest.fixture
