@@ -98,6 +98,29 @@ def test_fitting_takes_the_message_that_crosses_the_limit() -> None:
     assert fitting(frames, 1000) == 5
 
 
+async def test_resize_grows_shrinks_and_says_what_to_wait_for() -> None:
+    budget = MemoryBudget(100)
+    assert budget.resize(0, 60) == (60, None)  # fits: held at once
+    assert budget.used == 60
+    assert budget.resize(60, 120) == (60, 60)  # 60 more do not fit: acquire them first
+    assert budget.used == 60
+    assert budget.resize(60, 20) == (20, None)  # shrinking gives back the rest
+    assert budget.used == 20
+    budget.used = 150  # spent by others
+    assert budget.resize(20, 0) == (0, 0)  # holding nothing, it waits until not spent
+    assert budget.used == 130
+    assert budget.resize(0, 0) == (0, 0)
+    budget.used = 0
+    waiter = asyncio.ensure_future(budget.acquire(200))  # more than the limit: waits
+    await asyncio.sleep(0)
+    assert budget.waiting == 1
+    assert budget.resize(0, 10) == (10, None)  # a small one may pass those waiting
+    assert budget.resize(10, 20, behind_waiters=True) == (10, 10)  # a large one queues
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+
+
 def test_backlog_bytes_is_a_queue_param_that_round_trips() -> None:
     spec = parse_queue_field(b"q\0mem:drop,backlog_bytes=8m")
     assert spec.backlog_bytes == 8 * MiB

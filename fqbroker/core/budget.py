@@ -57,6 +57,29 @@ class MemoryBudget:
             if not future.done():
                 future.set_result(None)
 
+    def resize(
+        self, held: int, need: int, *, behind_waiters: bool = False
+    ) -> tuple[int, int | None]:
+        """Move a reader's reservation from ``held`` to ``need`` bytes.
+
+        Returns the bytes held now and None, or the bytes held and how many more to
+        :meth:`acquire` before the reader reads on. Shrinking always succeeds; a reader
+        holding nothing waits while the budget is spent, so it adds nothing to it; growing
+        takes what fits, unless ``behind_waiters`` and others are waiting (a large message
+        queues behind those who came first; small ones may pass).
+        """
+        grow = need - held
+        if grow <= 0:
+            if grow:
+                self.release(-grow)
+            if need or self.used <= self.limit:
+                return need, None
+            return need, 0
+        if self.fits(grow) and not (behind_waiters and self._waiters):
+            self.used += grow
+            return need, None
+        return held, grow
+
     async def wait(self, n: int) -> None:
         """Return once ``n`` more bytes fit; :meth:`acquire` then holds them.
 

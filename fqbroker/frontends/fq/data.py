@@ -340,18 +340,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
             if input_.reserved:
                 budget.release(input_.reserved)
                 input_.reserved = 0
-        grow = need - input_.reserved
-        if grow <= 0:
-            if grow:
-                input_.reserved = need
-                budget.release(-grow)
-            if need or budget.used <= budget.limit:
-                return True
-            grow = 0  # holds nothing and the budget is spent: wait until it is not
-        elif budget.fits(grow) and (grow < LARGE_FRAME or not budget.waiting):
-            # A large message queues behind those waiting before it; small ones may pass.
-            budget.used += grow
-            input_.reserved = need
+        input_.reserved, grow = budget.resize(
+            input_.reserved, need, behind_waiters=need - input_.reserved >= LARGE_FRAME
+        )
+        if grow is None:
             return True
         self.transport.pause_reading()
         input_.waiting = asyncio.ensure_future(self._wait_for_budget(grow))

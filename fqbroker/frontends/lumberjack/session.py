@@ -425,19 +425,8 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
 
     def _reserve(self) -> None:
         """Hold budget for what the receiver buffers; pause reading while it cannot."""
-        budget = self.broker.budget
-        need = self.receiver.buffered
-        grow = need - self._reserved
-        if grow <= 0:
-            if grow:
-                budget.release(-grow)
-                self._reserved = need
-            if need or budget.used <= budget.limit:
-                return
-            grow = 0  # holds nothing and the budget is spent: wait until it is not
-        elif budget.fits(grow):
-            budget.used += grow
-            self._reserved = need
+        self._reserved, grow = self.broker.budget.resize(self._reserved, self.receiver.buffered)
+        if grow is None:
             return
         self._hold(_BUDGET)
         self._room = asyncio.ensure_future(self._wait_for_budget(grow))
