@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Protocol
 from fqbroker.core.frames import encode_peer
 from fqbroker.errors import FiggProtocolError
 from fqbroker.frontends.figg import wire
-from fqbroker.frontends.figg.subscription import Subscription, TopicView
+from fqbroker.frontends.figg.subscription import Subscription
 from fqbroker.server.connections import RemotePeer, peer_address
 
 if TYPE_CHECKING:
@@ -55,18 +55,13 @@ if TYPE_CHECKING:
     from fqbroker.core.router import ClientStats
     from fqbroker.server.frontend import LiveFrontEnd
     from fqbroker.server.limits import Limits as BrokerLimits
+    from fqbroker.storage.topics import Topics
 
-__all__ = ["Config", "FiggHost", "FiggSession", "TopicSet", "sender_for"]
+__all__ = ["Config", "FiggHost", "FiggSession", "sender_for"]
 
 log = logging.getLogger(__name__)
 
 _SENDER_PREFIX = b"figg/"
-
-
-class TopicSet(Protocol):
-    """What a session needs of the broker's topics (fqbroker.storage.topics.Topics)."""
-
-    def open(self, name: bytes) -> TopicView | None: ...
 
 
 class FiggHost(Protocol):
@@ -77,8 +72,7 @@ class FiggHost(Protocol):
     limits: BrokerLimits
     msgids: MsgIdCounter
 
-    @property
-    def topics(self) -> TopicSet | None: ...
+    topics: Topics | None
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 
@@ -105,6 +99,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
 
     __slots__ = (
         "_durable",
+        "_eof",
         "_holds",
         "_idle",
         "_last_read",
@@ -154,6 +149,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self._last_read = loop.time()
         self._idle = loop.call_later(config.idle, self._on_idle)
+        self._eof = False
         self.closing = False
         counters = live.counters
         if counters.bytes_in is None:
@@ -171,9 +167,20 @@ class FiggSession(RemotePeer, asyncio.Protocol):
             self._pump()
 
     def eof_received(self) -> bool:
-        # A client that half-closes may still wait for its ACKs and DATA: the transport
-        # stays open until it closes its side or we do.
+        # A client that half-closes may still wait for its ACKs: the connection closes
+        # once they are sent (_finish). Subscriptions end: no Figg client half-closes to
+        # go on reading.
+        self._eof = True
+        for sub in self.subscriptions.values():
+            sub.stop()
+        self.subscriptions.clear()
+        self._finish()
         return True
+
+    def _finish(self) -> None:
+        """After EOF: close once nothing is left to publish or acknowledge."""
+        if self._eof and not self.closing and not self._marks and self._room is None:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end()
@@ -224,7 +231,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         if not self._holds & why:
             return
         self._holds &= ~why
-        if not self._holds and not self.closing:
+        if not self._holds and not self.closing and not self._eof:
             self.transport.resume_reading()
 
     def _on_idle(self) -> None:
@@ -364,6 +371,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
                 self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
             else:
                 self._send(handled)
+        self._finish()
 
     async def _durable_then_ack(self, handled: int) -> None:
         ok = await self.publisher.durable()
