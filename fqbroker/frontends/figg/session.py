@@ -1,4 +1,4 @@
-"""The Figg listener's asyncio shell: one client's connection (docs/figg.md).
+"""The Figg listener's asyncio shell: one client's connection (docs/figg-protocol.md).
 
 The wire format is :mod:`fqbroker.frontends.figg.wire`; this module moves bytes into its
 decoder, publishes what clients publish, serves their subscriptions
@@ -25,7 +25,9 @@ without the ACK: the client sends those messages again.
 starts, and starts a :class:`~.subscription.Subscription` there; a second ATTACH of the
 same topic replaces the first. DETACH stops it and is answered by DETACHED, attached or
 not. While the client does not read what we write (``pause_writing``), subscriptions
-stop reading their topics and the session stops reading its input.
+stop reading their topics and the session stops reading its input. What the decoder
+buffers (up to a frame of ``max_frame``) is held against the broker's memory budget, and
+reading pauses while the budget is spent, as the Lumberjack session does.
 
 **Ending.** Bad input (:class:`~fqbroker.errors.FiggProtocolError`: a bad frame, a topic
 name empty or over 127 bytes) is logged, counted as bad input and closes the connection;
