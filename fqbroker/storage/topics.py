@@ -162,16 +162,21 @@ class Topic:
 
     def _read_file(self, start: int, n: int, max_bytes: int, last: int) -> list[tuple[int, bytes]]:
         store = self.store
-        records = store.log.read(start, n, max_bytes)
-        if not records:
-            return []
-        if records[-1][0] > last:  # stepped over damage, past what is durable
-            records = records[: bisect_right(records, last, key=_seq)]
-        if not records:
-            return []
-        store.replay_ahead.after_read(store.log.position(records[-1][0] + 1))
+        log = store.log
         # Every topic record has the arrival tag (topics are younger than it: store.py).
-        return [(seq, record[_TAG:]) for seq, record in records]
+        frames = log.read_run(start, n, max_bytes, _TAG)
+        if frames:
+            frames = _fit(frames, max_bytes)
+            out = list(zip(range(start, start + len(frames)), frames, strict=True))
+        else:  # a gap or damage where it starts: the careful read steps over it
+            records = log.read(start, n, max_bytes)
+            if records and records[-1][0] > last:  # stepped over damage, past the durable
+                records = records[: bisect_right(records, last, key=_seq)]
+            if not records:
+                return []
+            out = [(seq, record[_TAG:]) for seq, record in records]
+        store.replay_ahead.after_read(log.position(out[-1][0] + 1))
+        return out
 
     async def wait_beyond(self, offset: int) -> None:
         """Return once ``last_offset`` > ``offset``, or the topic is closing (``closed``)."""
