@@ -56,6 +56,7 @@ MAX_NAME = 127  # a topic is an fq route: 1 to 127 bytes
 # nothing drains it: it holds memory (counted in the budget) until the topic goes idle.
 RECENT_BYTES = 4 << 20
 RETENTION_PERIOD = 1.0  # seconds between retention passes
+RETRY_OPEN = 10.0  # seconds before a topic that could not be opened is tried again
 _TAG = 9  # a record's version byte and arrival time before the frame (store.py)
 
 
@@ -298,7 +299,9 @@ class Topics:
         self._dirty = dirty
         self._budget = budget
         self._topics: dict[bytes, Topic] = {}
-        self._unusable: set[bytes] = set()  # could not be opened: not tried on every message
+        # Could not be opened (a full disk, permissions): name -> when to try again, so a
+        # failing directory is not tried on every message, nor given up on for good.
+        self._unusable: dict[bytes, float] = {}
         self.dropped = 0  # messages for topics past max_topics or that cannot be opened
         self._warned_full = False
         self.sink = TopicSink(self)
@@ -326,9 +329,11 @@ class Topics:
                 name, self.directory / name.hex(), self.settings, self._dirty, self._budget
             )
         except (OSError, LogFormatError) as exc:
-            log.error("topic %r cannot be opened, its messages are dropped: %s", name, exc)
-            self._unusable.add(name)
+            if name not in self._unusable:
+                log.error("topic %r cannot be opened, its messages are dropped: %s", name, exc)
+            self._unusable[name] = time.monotonic() + RETRY_OPEN
             return None
+        self._unusable.pop(name, None)
         self._topics[name] = topic
         return topic
 
@@ -343,7 +348,10 @@ class Topics:
         topic = self._topics.get(name)
         if topic is not None or self.closed:
             return topic
-        if not 0 < len(name) <= MAX_NAME or name in self._unusable:
+        if not 0 < len(name) <= MAX_NAME:
+            return None
+        retry = self._unusable.get(name)
+        if retry is not None and time.monotonic() < retry:
             return None
         if len(self._topics) >= self.max_topics:
             if not self._warned_full:
@@ -409,7 +417,15 @@ class Topics:
                 self.enforce_retention()
             except OSError as exc:
                 log.error("topics: retention failed: %s", exc)
-            for topic in self._topics.values():
-                if not topic.appended and topic.store.held_bytes:
-                    topic.store.drop_recent()  # idle: its readers have what it holds
-                topic.appended = False
+            self.trim_caches()
+
+    def trim_caches(self) -> None:
+        """Give back the memory of idle topics' caches (their readers have what they hold),
+        and of every topic's while the broker's budget is over half spent: nothing drains a
+        topic's cache, and it only saves reading the file back (docs/memory.md)."""
+        budget = self._budget
+        tight = budget is not None and not budget.fits(budget.limit // 2)
+        for topic in self._topics.values():
+            if (tight or not topic.appended) and topic.store.held_bytes:
+                topic.store.drop_recent()
+            topic.appended = False
