@@ -448,3 +448,15 @@ async def test_caches_of_idle_topics_and_under_memory_pressure_are_given_back(
         h.budget.limit = h.budget.used  # over half spent: every cache goes
         h.topics.trim_caches()
         assert busy.store.held_bytes == 0 and h.budget.used == 0
+
+
+async def test_the_retention_timer_deletes_expired_segments_by_itself(tmp_path: Path) -> None:
+    async with harness(figg_settings(tmp_path, segment_bytes=SEGMENT)) as h:
+        topic = await h.publish_durably(b"t", [b"a" * 300] * 100)
+        segments = topic.store.log.segment_info()
+        old = time.time() - topic.retention_seconds - 60
+        os.utime(segments[0].path, (old, old))
+        async with asyncio.timeout(10):  # the timer passes every second
+            while topic.first_offset == 0:
+                await asyncio.sleep(0.05)
+        assert topic.store.log.segment_info() == segments[1:]
