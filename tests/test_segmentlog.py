@@ -1370,3 +1370,32 @@ def test_drop_before_moves_checkpoints_up_to_the_first_seq_left(tmp_path: Path) 
     log.drop_before(6)
     assert dict(log.checkpoints) == {"behind": 5, "ahead": 8}
     log.close()
+
+
+def test_read_run_reads_one_segment_fast_and_defers_the_rest_to_read(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=200)  # five 36-byte records per segment
+    log.append([p20(i) for i in range(1, 21)])
+    assert log.read_run(1, 100) == [p20(i) for i in range(1, 6)]  # to the segment's end
+    assert log.read_run(6, 100, skip=18) == [b"%02d" % i for i in range(6, 11)]
+    assert log.read_run(13, 2) == [p20(13), p20(14)]
+    # About max_bytes: it reads max_bytes and a header per record asked for (110 bytes).
+    assert log.read_run(11, 100, max_bytes=30) == [p20(11), p20(12), p20(13)]
+    assert log.read_run(20, 100) == [p20(20)]
+    assert log.read_run(21, 100) == [] and log.read_run(0, 100) == []
+    log.append([b"x" * 1000])  # bigger than any read it would plan
+    assert log.read_run(21, 100, max_bytes=10) == [b"x" * 1000]
+    # Damage: the run stops before it; read() steps over it.
+    path = tmp_path / f"{1:020d}.seg"
+    flip(path, 2 * 36 + HEADER_SIZE + 5)
+    assert log.read_run(1, 100) == [p20(1), p20(2)]
+    assert log.read_run(3, 100) == []
+    assert [s for s, _ in log.read(3, 100)][:3] == [4, 5, 6]
+    log.close()
+    # A gap (a segment gone): nothing at its start, the next segment as usual.
+    log = SegmentLog(tmp_path, segment_bytes=200)
+    (tmp_path / f"{11:020d}.seg").unlink()
+    log.close()
+    log = SegmentLog(tmp_path, segment_bytes=200)
+    assert log.read_run(11, 100) == []
+    assert log.read_run(16, 100) == [p20(i) for i in range(16, 21)]
+    log.close()

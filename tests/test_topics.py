@@ -19,6 +19,7 @@ from fqbroker.core.budget import MemoryBudget
 from fqbroker.core.frames import encode_peer, peer_fields
 from fqbroker.core.router import Router
 from fqbroker.frontends.http.stats import take_snapshot
+from fqbroker.storage import topics as topics_module
 from fqbroker.storage.store import DiskStore
 from fqbroker.storage.topics import Topic, Topics
 
@@ -404,3 +405,58 @@ async def test_stats_metrics_and_web_json_cope_with_the_sink(tmp_path: Path) -> 
         samples, _ = await scrape(broker)
         assert value(samples, "fq_route_invocations_total", exchange="figg",
                      route_id=next(iter(routes)), queue="(figg topics)") == 1  # fmt: skip
+
+
+async def test_a_topic_that_cannot_be_opened_drops_and_is_tried_again_later(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert topics_module.RETRY_OPEN > 1  # a failing directory is not tried on every message
+    async with harness(figg_settings(tmp_path)) as h:
+        h.publish(b"ok", [b"x"])  # makes topics/
+        blocker = h.settings.queue_dir / "topics" / b"bad".hex()
+        blocker.write_text("a file where its directory would be")
+        sink = h.topics.sink
+        assert sink.offer([frame(b"bad", b"1")]) == 0
+        assert sink.offer([frame(b"bad", b"2")]) == 0  # not tried again at once
+        assert h.topics.dropped == 2
+        assert caplog.text.count("cannot be opened") == 1
+        blocker.unlink()
+        assert sink.offer([frame(b"bad", b"3")]) == 0  # still waiting to try again
+        h.topics._unusable[b"bad"] = 0.0  # the wait is over
+        assert sink.offer([frame(b"bad", b"4")]) == 1
+        h.flush()
+        topic = await h.durable(b"bad")
+        assert payloads_of(topic.read(0)) == [b"4"]
+
+
+async def test_caches_of_idle_topics_and_under_memory_pressure_are_given_back(
+    tmp_path: Path,
+) -> None:
+    async with harness(figg_settings(tmp_path)) as h:
+        busy = await h.publish_durably(b"busy", [b"b" * 100] * 100)
+        idle = await h.publish_durably(b"idle", [b"i" * 100] * 100)
+        held = h.budget.used
+        assert held >= busy.store.held_bytes + idle.store.held_bytes > 0
+        h.topics.trim_caches()  # both were written since the last pass: both kept
+        assert busy.store.held_bytes and idle.store.held_bytes
+        h.publish(b"busy", [b"b"])
+        h.topics.trim_caches()
+        assert busy.store.held_bytes and not idle.store.held_bytes
+        assert h.budget.used == busy.store.held_bytes
+        assert payloads_of(idle.read(99)) == [b"i" * 100]  # from the file now
+        h.publish(b"busy", [b"b"])
+        h.budget.limit = h.budget.used  # over half spent: every cache goes
+        h.topics.trim_caches()
+        assert busy.store.held_bytes == 0 and h.budget.used == 0
+
+
+async def test_the_retention_timer_deletes_expired_segments_by_itself(tmp_path: Path) -> None:
+    async with harness(figg_settings(tmp_path, segment_bytes=SEGMENT)) as h:
+        topic = await h.publish_durably(b"t", [b"a" * 300] * 100)
+        segments = topic.store.log.segment_info()
+        old = time.time() - topic.retention_seconds - 60
+        os.utime(segments[0].path, (old, old))
+        async with asyncio.timeout(10):  # the timer passes every second
+            while topic.first_offset == 0:
+                await asyncio.sleep(0.05)
+        assert topic.store.log.segment_info() == segments[1:]
