@@ -18,8 +18,8 @@ from .conftest import QUERY_TIMEOUT, FqBroker, publish, run_query, start_fqd, st
 pytestmark = pytest.mark.spark
 
 FIGG = '[fqd]\nsegment_bytes = 16384\n[figg]\nlisten = "127.0.0.1:0"\n'
-# Segments of about 4 messages of 500 bytes, and at most 2 of them kept.
-TINY_RETENTION = '[figg]\nlisten = "127.0.0.1:0"\nsegment_bytes = 2048\nretention_bytes = 4096\n'
+# Segments of about 8 messages of 500 bytes (the smallest segments allowed), 2 of them kept.
+TINY_RETENTION = '[figg]\nlisten = "127.0.0.1:0"\nsegment_bytes = 4096\nretention_bytes = 8192\n'
 
 Row = tuple[Any, ...]
 
