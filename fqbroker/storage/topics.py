@@ -221,7 +221,7 @@ class TopicSink:
     have (past ``max_topics``, an empty name, a directory it cannot open)."""
 
     blocks = False
-    name = b""  # not a queue: stats show its bindings with no queue name
+    name = b"(figg topics)"  # not a queue: what stats and the web UI show for its binding
 
     def __init__(self, topics: Topics) -> None:
         self.topics = topics
