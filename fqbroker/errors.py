@@ -5,7 +5,8 @@
     FqError
     ├── ProtocolError        malformed bytes, or a frame illegal in this phase
     │   ├── FrameTooLarge    a length field over its limit (.field, .size, .limit)
-    │   └── AuthError        the auth request is refused; .text is fq's exact error text
+    │   ├── AuthError        the auth request is refused; .text is fq's exact error text
+    │   └── FiggProtocolError  a Figg frame that breaks the wire format (frontends/figg)
     ├── ProgramError         a route program does not compile (answered as BIND_ILLEGAL)
     ├── QueueError           a queue cannot be created or attached; .text is fq's error text
     ├── CheckpointError      a checkpoint request is refused; .message is fqd's text
@@ -47,6 +48,7 @@ __all__ = [
     "ClientError",
     "DataLossError",
     "DataLost",
+    "FiggProtocolError",
     "FqError",
     "FrameTooLarge",
     "LogFormatError",
@@ -83,6 +85,10 @@ class AuthError(ProtocolError):
     def __init__(self, text: str) -> None:
         super().__init__(text)
         self.text = text
+
+
+class FiggProtocolError(ProtocolError):
+    """A Figg peer sent a frame that breaks the wire format; the connection is closed."""
 
 
 class ProgramError(FqError):

@@ -94,6 +94,7 @@ def test_every_exception_of_the_tree_is_in_errors_py_and_its_drawing() -> None:
         ("fqbroker.storage.checkpoints", ["CheckpointError"]),
         ("fqbroker.storage.segmentlog", ["LogFormatError"]),
         ("fqbroker.spark", ["DataLossError"]),
+        ("fqbroker.frontends.figg.wire", ["FiggProtocolError"]),
     ],
 )
 def test_exceptions_stay_importable_where_users_import_them(module: str, names: list[str]) -> None:
@@ -110,3 +111,4 @@ def test_the_natural_base_classes_are_kept() -> None:
     assert issubclass(errors.ClientClosed, errors.ClientError)
     assert issubclass(errors.DataLost, errors.BrokerError)
     assert issubclass(errors.DataLossError, RuntimeError)
+    assert issubclass(errors.FiggProtocolError, errors.ProtocolError)
