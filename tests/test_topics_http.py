@@ -1,6 +1,7 @@
 """Retained topics over HTTP: /topic/info and /topic/read with their blocking client, and
 topics in /stats.json and /metrics, on a real broker whose topics are filled by fq
-publishes to the Figg exchange."""
+publishes to the Figg exchange, with real Figg subscribers (and, for a subscriber far
+behind, a reader registered in ``Topic.subscribers`` as a Figg session registers its own)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import http.client
 import json
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,10 +19,12 @@ from fqbroker.clients.client import Client
 from fqbroker.clients.replayclient import BrokerError, DataLost, ReplayClient
 from fqbroker.config import Figg, Settings
 from fqbroker.core.message import hop_addresses
+from fqbroker.frontends.figg.wire import Attach, Attached, Data
 from fqbroker.frontends.http import topics as topics_http
 from fqbroker.server.broker import Broker
 
-from .conftest import NODE_ID, running, wait_for
+from .conftest import NODE_ID, TIMEOUT, running, wait_for
+from .test_figg import conn
 
 
 def figg_settings(settings: Settings, **figg: object) -> Settings:
@@ -236,3 +240,51 @@ async def test_publish_rate_is_over_the_stats_interval(topic_settings: Settings)
         assert measured > 0
         await asyncio.sleep(1.1)
         assert await asyncio.to_thread(rate) == 0  # nothing published in the last window
+
+
+async def test_a_real_figg_subscriber_shows_in_stats_info_and_metrics(
+    topic_settings: Settings,
+) -> None:
+    async with running(topic_settings) as broker:
+        await publish(broker.port, "live", 5)
+        await durable(broker, "live", 5)
+        async with conn(broker) as sub:
+            await sub.send(Attach(b"live", 2))
+            assert await sub.next() == Attached(b"live", 2)
+            got = await sub.frames(3)
+            assert [(f.offset, f.data) for f in got if isinstance(f, Data)] == [
+                (3, b"m2."),
+                (4, b"m3."),
+                (5, b"m4."),
+            ]
+            local = sub.writer.get_extra_info("sockname")
+            remote = f"{local[0]}:{local[1]}"
+
+            def stats() -> dict[str, Any]:
+                doc: dict[str, Any] = json.loads(get(broker.port, "/stats.json")[2])
+                return doc["topics"]["live"]
+
+            # The session moves its reader's offset once the DATA frames are written.
+            deadline = asyncio.get_running_loop().time() + TIMEOUT
+            while (subs := (await asyncio.to_thread(stats))["subscribers"]) != [
+                {"remote": remote, "offset": 5, "behind": 0}
+            ]:
+                assert asyncio.get_running_loop().time() < deadline, subs
+                await asyncio.sleep(0.05)
+            info = await asyncio.to_thread(ReplayClient(port=broker.port).topic_info, "live")
+            assert info.subscribers == 1
+            text = (await asyncio.to_thread(get, broker.port, "/metrics"))[2].decode()
+            values = metric_values(text)
+            assert values[("fq_topic_subscribers", "live")] == 1
+            assert values[("fq_topic_subscriber_lag_messages", "live")] == 0
+
+            # Live: what fq publishes next reaches it, and the HTTP reader reads it too.
+            await publish(broker.port, "live", 1, start=5)
+            (frame,) = await sub.frames(1)
+            assert isinstance(frame, Data) and (frame.offset, frame.data) == (6, b"m5.")
+            entries = await asyncio.to_thread(
+                ReplayClient(port=broker.port).read_topic, "live", 5, 6
+            )
+            assert [(e.seq, e.message.payload) for e in entries] == [(5, b"m5.")]
+        await wait_for(lambda: not any(t.subscribers for t in broker.topics or ()))
+        assert (await asyncio.to_thread(stats))["subscribers"] == []

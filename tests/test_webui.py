@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from fqbroker.config import Figg, Settings, Upstream
+from fqbroker.frontends.figg.wire import Attach, Attached
 from fqbroker.server.broker import Broker
 
 from .conftest import TIMEOUT, Session, open_session, running
 from .prereqs import missing
+from .test_figg import conn as figg_conn
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = 'webui "live" ✓'
@@ -356,9 +358,11 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
                 f"(() => {{ const s = {FRONTENDS_STATE.strip()};"
                 " return s && s.length && s[0].open >= 2 ? s : null; })()"
             )
-            assert [f["name"] for f in fronts] == ["fq-command", "fq-data", "http", "lumberjack"]
-            off = fronts.pop()  # a port of its own, not configured
-            assert (off["transport"], off["open"], off["rows"]) == ("tcp", 0, [])
+            names = ["fq-command", "fq-data", "http", "lumberjack", "figg"]
+            assert [f["name"] for f in fronts] == names
+            for _ in range(2):  # Lumberjack and Figg: ports of their own, not configured
+                off = fronts.pop()
+                assert (off["transport"], off["open"], off["rows"]) == ("tcp", 0, [])
             assert {f["transport"] for f in fronts} == {"main"}
             assert {f["address"] for f in fronts} == {f"127.0.0.1:{broker.port}"}
             command, data, _ = fronts
@@ -605,25 +609,35 @@ async def test_web_ui_shows_topics(settings: Settings, tmp_path: Path) -> None:
                 assert broker.topics is not None
                 topic = broker.topics.get(TOPIC.encode())
                 assert topic is not None
-                # One reader far behind, one at the end (as a Figg session keeps them).
-                behind, live = Reader("10.1.1.1:4000", 0), Reader("10.1.1.2:4001", 0)
-                topic.subscribers.update((behind, live))
+                stop.set()
+                await asyncio.gather(*tasks)
+                await wait_durable(broker, topic)
+                end = topic.last_offset
+                # A real Figg subscriber from offset 0, caught up once it has read them all,
+                # and a reader far behind, registered as a Figg session registers its own.
+                behind = Reader("10.1.1.1:4000", 0)
+                topic.subscribers.add(behind)
                 try:
-                    stop.set()
-                    await asyncio.gather(*tasks)
-                    await wait_durable(broker, topic)
-                    live.offset = topic.last_offset
-                    end = topic.last_offset
-                    shown = await page.wait_for(
-                        until(TOPIC_STATE, f"s.chips.length === 2 && s.last === {end}")
-                    )
-                    assert shown["chips"] == [
-                        [f"10.1.1.1:4000 · {end:,}", end, True],
-                        ["10.1.1.2:4001 · 0", 0, False],
-                    ]
-                    await screenshot(page, "webui-topics")
+                    async with figg_conn(broker) as sub:
+                        await sub.send(Attach(TOPIC.encode(), 0))
+                        assert await sub.next() == Attached(TOPIC.encode(), 0)
+                        await sub.frames(end)
+                        host, port = sub.writer.get_extra_info("sockname")[:2]
+                        caught_up = f"{host}:{port} · 0"
+                        shown = await page.wait_for(
+                            until(
+                                TOPIC_STATE,
+                                f"s.last === {end} && s.chips.length === 2"
+                                f" && s.chips[1][0] === {json.dumps(caught_up)}",
+                            )
+                        )
+                        assert shown["chips"] == [
+                            [f"10.1.1.1:4000 · {end:,}", end, True],
+                            [caught_up, 0, False],
+                        ]
+                        await screenshot(page, "webui-topics")
                 finally:
-                    topic.subscribers.difference_update((behind, live))
+                    topic.subscribers.discard(behind)
                 assert page.errors() == []
         finally:
             await stop_traffic(stop, tasks, browser)
