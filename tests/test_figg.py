@@ -23,6 +23,8 @@ import pytest
 from fqbroker.clients.client import Client
 from fqbroker.config import Figg, Settings
 from fqbroker.frontends.figg import wire
+from fqbroker.frontends.figg.session import FiggSession
+from fqbroker.frontends.figg.subscription import BATCH_BYTES
 from fqbroker.frontends.figg.wire import (
     Ack,
     Attach,
@@ -39,6 +41,7 @@ from fqbroker.server.broker import Broker
 from fqbroker.storage import segmentlog
 
 from .conftest import TIMEOUT, FailingFsync, running, wait_for
+from .test_frontends import front_ends_json
 
 EXCHANGE = b"figg"
 
@@ -400,3 +403,64 @@ async def test_figg_publishes_reach_fq_consumers_and_fq_publishes_reach_figg(
             fq.publish(EXCHANGE, b"T", b"from fq")
             await fq.flush()
             assert await c.next() == Data(b"T", 2, b"from fq")
+
+
+async def test_a_block_policy_queue_holds_the_ack_until_it_has_room(settings: Settings) -> None:
+    """A full block-policy fq queue on the Figg exchange stops the batch: no ACK until a
+    consumer makes room, then every message is in the queue and in the topic."""
+    async with running(with_figg(settings)) as broker:
+        source = "c/figgbq/mem:permanent,block,backlog=4,public"
+        async with Client(port=broker.port, source=source, reconnect=False) as fq:
+            await fq.bind(EXCHANGE, b'exact:"T"')
+        async with conn(broker) as c:
+            await c.send(*(Publish(b"T", seq, b"b%d" % seq) for seq in range(10)))
+            await c.nothing(0.3)  # 4 fit; the batch waits for room
+            async with Client(port=broker.port, source=source, reconnect=False) as fq:
+                async with asyncio.timeout(TIMEOUT):
+                    got = [(await fq.receive()).payload for _ in range(10)]
+                assert got == [b"b%d" % seq for seq in range(10)]
+                await c.ack(9)
+            await c.send(Attach(b"T", 0))
+            assert await c.next() == Attached(b"T", 0)
+            assert [d for _, d in datas(await c.frames(10))] == got
+
+
+async def test_a_subscriber_that_does_not_read_costs_bounded_memory(fg: Broker) -> None:
+    """Replaying to a client that reads nothing stops at about one batch beyond the
+    transport's high-water mark; once it reads, it gets everything, in order."""
+    n = 20000
+    data = b"z" * 1000  # 20 MB of backlog: more than socket buffers hold
+    async with conn(fg) as pub:
+        for first in range(0, n, 500):
+            await publish(pub, b"T", [data] * 500, first_seq=first)
+    async with conn(fg) as sub:
+        sub.writer.transport.pause_reading()  # type: ignore[attr-defined]
+        await sub.send(Attach(b"T", 0))
+        connections = fg.front_ends["figg"].connections
+        await wait_for(lambda: len(connections) == 1)
+        (transport,) = connections
+        session = transport.get_protocol()
+        assert isinstance(session, FiggSession)
+        await wait_for(lambda: not session.writable.is_set())
+        await asyncio.sleep(0.3)  # it would go on if it did not stop
+        (sub_state,) = session.subscriptions.values()
+        assert session.delivered < n and sub_state.offset < n
+        assert transport.get_write_buffer_size() < 2 * BATCH_BYTES + 65536
+        sub.writer.transport.resume_reading()  # type: ignore[attr-defined]
+        assert await sub.next() == Attached(b"T", 0)
+        offsets = []
+        for _ in range(n):
+            frame = await sub.next()
+            assert isinstance(frame, Data) and frame.data == data
+            offsets.append(frame.offset)
+        assert offsets == list(range(1, n + 1))
+
+
+async def test_frontends_json_shows_each_connection_s_counters(fg: Broker) -> None:
+    async with conn(fg) as c:
+        await publish(c, b"T", payloads(3))
+        await c.send(Attach(b"T", 0))
+        await c.frames(4)
+        (shown,) = (await front_ends_json(fg))["figg"]["connections"]
+        assert (shown["published"], shown["acked"], shown["delivered"]) == (3, 2, 3)
+        assert shown["subscriptions"] == 1
