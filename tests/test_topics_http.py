@@ -288,3 +288,16 @@ async def test_a_real_figg_subscriber_shows_in_stats_info_and_metrics(
             assert [(e.seq, e.message.payload) for e in entries] == [(5, b"m5.")]
         await wait_for(lambda: not any(t.subscribers for t in broker.topics or ()))
         assert (await asyncio.to_thread(stats))["subscribers"] == []
+
+
+async def test_a_closing_topic_is_503_not_a_traceback(topic_settings: Settings) -> None:
+    async with running(topic_settings) as broker:
+        await publish(broker.port, "closing", 2)
+        assert broker.topics is not None
+        topic = broker.topics.get(b"closing")
+        assert topic is not None
+        topic.close()  # as the broker's stop does, while a request is on its way
+        for target in ("/topic/info?topic=closing", "/topic/read?topic=closing&from=0"):
+            status, _, body = await asyncio.to_thread(get, broker.port, target)
+            assert status == 503 and "is closing" in json.loads(body)["error"]
+        assert broker.limits.bad_input["internal"] == 0

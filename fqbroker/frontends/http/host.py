@@ -71,6 +71,8 @@ class TopicView(Protocol):
     def messages_in(self) -> int: ...
     @property
     def subscribers(self) -> Collection[TopicReaderView]: ...
+    @property
+    def closed(self) -> bool: ...  # the broker is stopping: its files are closing
 
 
 class TopicsView(Protocol):

@@ -91,6 +91,8 @@ def _topic(broker: TopicSource, name: str) -> TopicView:
     if topic is None:
         why = "" if topics is not None else " (the Figg listener is not configured)"
         raise _Refused(404, f"Cannot find topic '{name}'{why}", configured=int(topics is not None))
+    if topic.closed:  # a request racing the broker's stop: its files are going away
+        raise _Refused(503, f"topic '{name}' is closing: the broker is stopping")
     return topic
 
 
