@@ -1,5 +1,9 @@
 """A blocking client for replaying readers: queue setup, positions, range reads, checkpoints.
 
+Retained topics are read the same way (:meth:`ReplayClient.topic_info`,
+:meth:`ReplayClient.read_topic`, over :mod:`fqbroker.frontends.http.topics`), by 0-based
+message index; an entry's ``seq`` is then the message index.
+
 Spark runs the fq source's code in plain Python processes with no event loop, one call at
 a time, so this client is synchronous: ``http.client`` for the replay endpoints of
 :mod:`fqbroker.frontends.http.replay` and the checkpoint endpoints, and the sans-IO
@@ -25,7 +29,7 @@ from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http.replay import CONTENT_TYPE, DEFAULT_READ_BYTES, Entry, decode_entries
 from fqbroker.storage.checkpoints import format_position
 
-__all__ = ["BrokerError", "DataLost", "QueueInfo", "ReplayClient"]
+__all__ = ["BrokerError", "DataLost", "QueueInfo", "ReplayClient", "TopicInfo"]
 
 IN_USE = "requested queue is private and in use"
 SETUP_PATIENCE = 10.0  # seconds to wait for another setup holding a private queue
@@ -38,6 +42,14 @@ class QueueInfo:
     first: int  # the oldest stored seq
     next: int  # one past the newest readable seq
     checkpoints: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    first: int  # index of the oldest retained message
+    next: int  # index the next durable message will have
+    size_bytes: int = 0
+    subscribers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +152,52 @@ class ReplayClient:
                 raise DataLost(f"queue {queue!r}: seq {seq} is not stored", seq)
             yield entries
             seq = entries[-1].seq + 1
+
+    def topic_info(self, topic: str, *, missing_ok: bool = False) -> TopicInfo:
+        """The topic's retained index range; :class:`BrokerError` if there is no such topic
+        (with ``missing_ok``, an empty one: a topic is created by its first message) or the
+        broker keeps no topics."""
+        status, body, _ = self._get("/topic/info", {"topic": topic})
+        doc = _json(body)
+        if status == 404 and missing_ok and doc.get("configured") == 1:
+            return TopicInfo(0, 0)
+        if status != 200:
+            raise BrokerError(f"topic {topic!r}: {doc.get('error', status)}")
+        return TopicInfo(
+            int(doc["first"]), int(doc["next"]), int(doc["size_bytes"]), int(doc["subscribers"])
+        )
+
+    def read_topic(
+        self, topic: str, start: int, stop: int, max_bytes: int = DEFAULT_READ_BYTES
+    ) -> list[Entry]:
+        """Messages of index ``start`` on, before ``stop``: as many as fit in ``max_bytes``.
+
+        Each entry's ``seq`` is the message index. Raises :class:`DataLost` (with the
+        topic's first index) when retention deleted ``start``.
+        """
+        args = {"topic": topic, "from": start, "to": stop, "max_bytes": max_bytes}
+        status, body, content_type = self._get("/topic/read", args)
+        if status == 410:
+            doc = _json(body)
+            raise DataLost(f"topic {topic!r}: {doc['error']}", int(doc["first"]))
+        if status != 200 or content_type != CONTENT_TYPE:
+            raise BrokerError(f"topic {topic!r}: {_json(body).get('error', status)}")
+        return decode_entries(body)
+
+    def read_topic_range(self, topic: str, start: int, stop: int) -> Iterator[list[Entry]]:
+        """Every message of index ``[start, stop)``, a response at a time.
+
+        Raises :class:`DataLost` if some are not stored: deleted by retention (its
+        ``first`` is then past ``start``) or skipped as damaged.
+        """
+        index = start
+        while index < stop:
+            entries = self.read_topic(topic, index, stop)
+            if not entries or entries[0].seq != index:
+                found = entries[0].seq if entries else stop
+                raise DataLost(f"topic {topic!r}: index {index} is not stored", found)
+            yield entries
+            index = entries[-1].seq + 1
 
     def set_checkpoint(self, queue: str, name: str, seq: int) -> None:
         """Move the named checkpoint to ``seq`` (the next seq its reader needs)."""

@@ -4,6 +4,11 @@ Spark hands every option over as a string in a case-insensitive mapping. Parsing
 frozen dataclasses here means a typo fails the query at once with the option's name, not
 halfway through a task, and the readers and writers Spark pickles carry plain values.
 Names follow Spark's Kafka connector where the meaning is the same.
+
+The source reads either a disk queue (``queue``) or a retained topic (``topic``), never
+both. A topic's positions are 0-based message indexes (``{"T": 0}`` is its first message
+ever), a queue's are sequence numbers (from 1); a topic has no broker checkpoint, so
+``checkpointName``, ``exchange`` and ``program`` are refused with it.
 """
 
 from __future__ import annotations
@@ -78,7 +83,8 @@ class Offsets:
     seq: int  # EARLIEST, LATEST, or a sequence number
 
     @classmethod
-    def parse(cls, text: str, queue: str, key: str) -> Offsets:
+    def parse(cls, text: str, queue: str, key: str, *, least: int = 1) -> Offsets:
+        """``least``: the smallest position (1 for a queue's seqs, 0 for topic indexes)."""
         word = text.strip().lower()
         if word == "earliest":
             return cls(EARLIEST)
@@ -94,8 +100,9 @@ class Offsets:
                 f'{{"{queue}": 42}} (-2 earliest, -1 latest), not {text!r}'
             )
         seq = doc[queue]
-        if seq < EARLIEST or seq == 0:
-            raise ValueError(f"fq option {key!r}: {seq} is not a position (seqs start at 1)")
+        if seq < EARLIEST or 0 <= seq < least:
+            what = "seqs start at 1" if least else "indexes start at 0"
+            raise ValueError(f"fq option {key!r}: {seq} is not a position ({what})")
         return cls(seq)
 
     def resolve(self, first: int, end: int) -> int:
@@ -117,31 +124,64 @@ class SourceOptions:
     max_offsets: int | None  # per trigger
     fail_on_data_loss: bool
     partitions: int
-    checkpoint: str  # the broker checkpoint commit() moves
+    checkpoint: str  # the broker checkpoint commit() moves (queues only)
+    topic: str = ""  # a retained topic, read instead of a queue
+
+    @property
+    def name(self) -> str:
+        """What the offsets are keyed by: the topic or the queue."""
+        return self.topic or self.queue
+
+    @property
+    def label(self) -> str:
+        """``topic 'T'`` or ``queue 'Q'``, for messages."""
+        return f"topic {self.topic!r}" if self.topic else f"queue {self.queue!r}"
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
-        queue = _get(options, "queue")
-        if not queue:
-            raise ValueError("fq source: option 'queue' is required (a disk queue name)")
-        if len(queue.encode()) > 127:
-            raise ValueError("fq source: 'queue' is at most 127 bytes")
+        queue, topic = _get(options, "queue"), _get(options, "topic")
+        if queue and topic:
+            raise ValueError(
+                "fq source: set option 'queue' (a disk queue) or 'topic' (a retained topic), "
+                "not both"
+            )
+        if not (queue or topic):
+            raise ValueError(
+                "fq source: option 'queue' (a disk queue name) or 'topic' (a retained topic "
+                "name) is required"
+            )
+        key, name = ("topic", topic) if topic else ("queue", queue)
+        if len(name.encode()) > 127:
+            raise ValueError(f"fq source: {key!r} is at most 127 bytes")
+        if topic:
+            for other in ("exchange", "program", "checkpointName"):
+                if _get(options, other):
+                    raise ValueError(
+                        f"fq source: option {other!r} is for queues; a topic is read as it "
+                        "is (its messages arrive on the Figg exchange) and keeps no "
+                        "broker checkpoint"
+                    )
+        least = 0 if topic else 1
         limit = _get(options, "maxOffsetsPerTrigger")
         return cls(
             broker=BrokerOptions.parse(options),
+            topic=topic,
             queue=queue,
             exchange=_get(options, "exchange"),
             program=_get(options, "program", "prefix:"),
             starting=Offsets.parse(
                 _get(options, "startingOffsets", "latest" if streaming else "earliest"),
-                queue,
+                name,
                 "startingOffsets",
+                least=least,
             ),
-            ending=Offsets.parse(_get(options, "endingOffsets", "latest"), queue, "endingOffsets"),
+            ending=Offsets.parse(
+                _get(options, "endingOffsets", "latest"), name, "endingOffsets", least=least
+            ),
             max_offsets=_int(options, "maxOffsetsPerTrigger", 1, least=1) if limit else None,
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             partitions=_int(options, "numPartitions", 1, least=1),
-            checkpoint=_get(options, "checkpointName", f"spark-{queue}"),
+            checkpoint="" if topic else _get(options, "checkpointName", f"spark-{queue}"),
         )
 
 

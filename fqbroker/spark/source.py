@@ -14,6 +14,13 @@ Where each piece runs decides its shape (specs/spark.md §1.3):
 Offsets are ``{"<queue>": seq}``, the next sequence number to read. Spark's checkpoint is
 the truth; the broker checkpoint lags it by a batch (``commit`` comes late, and never for
 the last batch before a stop) and only bounds deletion.
+
+With ``option("topic", T)`` the same readers read a retained topic instead (``/topic/info``
+and ``/topic/read``): offsets are ``{"T": index}``, the 0-based index of the next message
+(a Figg offset, the position just past a message, is the same number). Nothing is
+created, bound or committed on the broker (``commit`` does nothing), so any number of
+queries read one topic independently; retention alone decides what is deleted, and
+``failOnDataLoss`` says what to do when it deleted what a query still needed.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from fqbroker.clients.replayclient import QueueInfo
+from fqbroker.clients.replayclient import QueueInfo, ReplayClient
 from fqbroker.errors import BrokerError, DataLossError, DataLost
 
 from .options import SourceOptions
@@ -39,26 +46,27 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FqRange(InputPartition):
-    """Sequence numbers ``[start, end)`` of one queue: one Spark task's share."""
+    """Positions ``[start, end)`` of one queue (seqs) or topic (indexes): one task's share."""
 
-    queue: str
+    queue: str  # the queue's or the topic's name
     start: int
     end: int
+    topic: bool = False
 
 
-def split(queue: str, start: int, end: int, parts: int) -> list[FqRange]:
+def split(queue: str, start: int, end: int, parts: int, *, topic: bool = False) -> list[FqRange]:
     """``[start, end)`` as up to ``parts`` contiguous ranges of near-equal size."""
     total = end - start
     n = max(1, min(parts, total)) if total > 0 else 0
     bounds = [start + total * i // n for i in range(n + 1)] if n else []
-    return [FqRange(queue, bounds[i], bounds[i + 1]) for i in range(n)]
+    return [FqRange(queue, bounds[i], bounds[i + 1], topic) for i in range(n)]
 
 
 def _loss(options: SourceOptions, start: int, first: int) -> int:
     """Where to go on when ``[start, first)`` is gone: ``first``, or raise if told to fail."""
     text = (
-        f"fq source: offsets {start} to {first - 1} of queue {options.queue!r} are no longer "
-        f"stored (the queue now starts at {first}); some data was lost."
+        f"fq source: offsets {start} to {first - 1} of {options.label} are no longer "
+        f"stored (it now starts at {first}); some data was lost."
     )
     if options.fail_on_data_loss:
         raise DataLossError(f"{text} Set failOnDataLoss=false to skip it and go on.")
@@ -74,7 +82,8 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
     start = part.start
     while start < part.end:
         try:
-            for entries in client.read_range(part.queue, start, part.end):
+            reads = client.read_topic_range if part.topic else client.read_range
+            for entries in reads(part.queue, start, part.end):
                 yield record_batch(part.queue, entries)
                 start = entries[-1].seq + 1
         except DataLost as exc:
@@ -90,6 +99,12 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
             start = _loss(options, start, exc.first)
 
 
+def _topic_info(client: ReplayClient, topic: str) -> QueueInfo:
+    # A topic appears with its first message: until then it reads as empty from index 0.
+    info = client.topic_info(topic, missing_ok=True)
+    return QueueInfo(info.first, info.next)
+
+
 class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
@@ -100,6 +115,10 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _info(self) -> QueueInfo:
         opts = self.options
         client = opts.broker.client()
+        if opts.topic:
+            info = _topic_info(client, opts.topic)
+            self._latest = info.next
+            return info
         if not self._ready and opts.exchange:
             client.ensure_queue(
                 opts.queue,
@@ -114,24 +133,24 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return info
 
     def _seq(self, offset: dict[str, int]) -> int:
-        queue = self.options.queue
-        if queue not in offset:
+        name = self.options.name
+        if name not in offset:
             raise ValueError(
-                f"fq source: the checkpoint's offsets {offset} are not for queue {queue!r}; "
-                "use a new checkpoint location for a different queue"
+                f"fq source: the checkpoint's offsets {offset} are not for "
+                f"{self.options.label}; use a new checkpoint location for another source"
             )
-        return int(offset[queue])
+        return int(offset[name])
 
     def initialOffset(self) -> dict[str, int]:
         opts = self.options
         info = self._info()
         start = opts.starting.resolve(info.first, info.next)
-        if opts.checkpoint not in info.checkpoints:
+        if not opts.topic and opts.checkpoint not in info.checkpoints:
             # Hold on to what this new query will read before its first commit.
             opts.broker.client().set_checkpoint(
                 opts.queue, opts.checkpoint, min(max(start, info.first), info.next)
             )
-        return {opts.queue: start}
+        return {opts.name: start}
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         info = self._info()
@@ -142,14 +161,14 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if begin > end:
             if self.options.fail_on_data_loss and begin > info.next:
                 raise DataLossError(
-                    f"fq source: queue {self.options.queue!r} ends at {info.next}, before "
+                    f"fq source: {self.options.label} ends at {info.next}, before "
                     f"the query's position {begin}: it was emptied or recreated. Set "
                     "failOnDataLoss=false to wait for new messages past that position."
                 )
             return start
         if isinstance(limit, ReadMaxRows):
             end = min(end, begin + limit.max_rows)
-        return {self.options.queue: end}
+        return {self.options.name: end}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets is None:
@@ -157,19 +176,24 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_offsets)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        return None if self._latest is None else {self.options.queue: self._latest}
+        return None if self._latest is None else {self.options.name: self._latest}
 
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._info().next
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[FqRange]:
-        return split(self.options.queue, self._seq(start), self._seq(end), self.options.partitions)
+        opts = self.options
+        return split(
+            opts.name, self._seq(start), self._seq(end), opts.partitions, topic=bool(opts.topic)
+        )
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(self.options, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         opts = self.options
+        if opts.topic:
+            return  # readers of a topic hold nothing on the broker: retention alone deletes
         try:
             opts.broker.client().set_checkpoint(opts.queue, opts.checkpoint, self._seq(end))
         except BrokerError as exc:
@@ -178,19 +202,21 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class FqBatchReader(DataSourceReader):
-    """``spark.read.format("fq")``: the queue between startingOffsets and endingOffsets."""
+    """``spark.read.format("fq")``: the queue or topic between startingOffsets and
+    endingOffsets."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
     def partitions(self) -> Sequence[FqRange]:
         opts = self.options
-        info = opts.broker.client().info(opts.queue)
+        client = opts.broker.client()
+        info = _topic_info(client, opts.topic) if opts.topic else client.info(opts.queue)
         start = opts.starting.resolve(info.first, info.next)
         end = min(opts.ending.resolve(info.first, info.next), info.next)
         if start < info.first:
             start = _loss(opts, start, info.first)
-        return split(opts.queue, start, end, opts.partitions)
+        return split(opts.name, start, end, opts.partitions, topic=bool(opts.topic))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(self.options, partition)

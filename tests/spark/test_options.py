@@ -55,6 +55,32 @@ def test_offsets_resolve() -> None:
     assert [Offsets(s).resolve(5, 9) for s in (EARLIEST, LATEST, 7)] == [5, 9, 7]
 
 
+def test_topic_source_options() -> None:
+    stream = SourceOptions.parse({"topic": "t", "startingOffsets": '{"t": 0}'}, streaming=True)
+    assert (stream.topic, stream.queue, stream.name, stream.label) == ("t", "", "t", "topic 't'")
+    assert stream.starting == Offsets(0) and stream.checkpoint == ""
+    batch = SourceOptions.parse({"topic": "t"}, streaming=False)
+    assert (batch.starting, batch.ending) == (Offsets(EARLIEST), Offsets(LATEST))
+
+
+@pytest.mark.parametrize(
+    ("given", "error"),
+    [
+        ({"topic": "t", "queue": "q"}, "not both"),
+        ({}, "'queue' .* or 'topic'"),
+        ({"topic": "t" * 128}, "'topic' is at most 127 bytes"),
+        ({"topic": "t", "exchange": "x"}, "'exchange' is for queues"),
+        ({"topic": "t", "checkpointName": "c"}, "'checkpointName' is for queues"),
+        ({"topic": "t", "startingOffsets": '{"t": -3}'}, "indexes start at 0"),
+        ({"topic": "t", "startingOffsets": '{"q": 3}'}, "startingOffsets"),
+        ({"queue": "q", "startingOffsets": '{"q": 0}'}, "seqs start at 1"),
+    ],
+)
+def test_bad_topic_source_options(given: dict[str, str], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        SourceOptions.parse(given, streaming=True)
+
+
 def test_sink_needs_a_destination_and_a_payload() -> None:
     cols = {"exchange": "string", "route": "string", "payload": "binary"}
     assert SinkOptions.parse({}, cols).exchange == ""
@@ -82,3 +108,7 @@ def test_split_is_contiguous_and_even(
     start: int, end: int, parts: int, ranges: list[tuple[int, int]]
 ) -> None:
     assert split("q", start, end, parts) == [FqRange("q", a, b) for a, b in ranges]
+
+
+def test_split_of_a_topic_starts_at_index_0() -> None:
+    assert split("t", 0, 3, 2, topic=True) == [FqRange("t", 0, 1, True), FqRange("t", 1, 3, True)]

@@ -180,7 +180,7 @@ def test_batch_read_between_offsets(spark: Any, fq: FqBroker) -> None:
 @pytest.mark.parametrize(
     ("options", "error"),
     [
-        ({}, "option 'queue' is required"),
+        ({}, "option 'queue' (a disk queue name) or 'topic'"),
         ({"queue": "q", "startingOffsets": "soon"}, "'startingOffsets' must be"),
         ({"queue": "q", "startingOffsets": '{"other": 3}'}, "'startingOffsets' must be"),
         ({"queue": "q", "maxOffsetsPerTrigger": "0"}, "'maxOffsetsPerTrigger' must be at least 1"),

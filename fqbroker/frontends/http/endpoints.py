@@ -13,7 +13,7 @@ docs/http.md. Limits keep a bad client from hurting anyone else: headers are bou
 
 Admin endpoints (/submit, checkpoints, /shutdown) need the configured ``admin_token``
 when there is one; /stats.json, /frontends.json, /metrics, the replay reads of replay.py
-and the static files stay open. The broker is reached through the narrow Protocols of
+and topics.py, and the static files stay open. The broker is reached through the narrow Protocols of
 :mod:`fqbroker.frontends.http.host`, never imported.
 """
 
@@ -34,7 +34,7 @@ import h11
 
 from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.fq import wire
-from fqbroker.frontends.http import replay
+from fqbroker.frontends.http import replay, topics
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.stats import http_counters, render_front_ends_json, render_stats_json
 from fqbroker.storage import checkpoints
@@ -273,6 +273,9 @@ class _Connection:
                 reply = self._checkpoint(path, query)
             elif path in replay.PATHS:
                 status, body, content_type, extra = replay.respond(self.broker, path, query)
+                reply = Reply(status, body, content_type, headers=extra)
+            elif path in topics.PATHS:
+                status, body, content_type, extra = topics.respond(self.broker, path, query)
                 reply = Reply(status, body, content_type, headers=extra)
             elif path == "/shutdown" and self.broker.settings.http_shutdown:
                 await self._send(

@@ -9,7 +9,7 @@ the broker satisfies it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from fqbroker.config import Settings
@@ -21,6 +21,7 @@ from fqbroker.core.router import ClientStats, Router
 from fqbroker.server.frontend import LiveFrontEnd
 from fqbroker.server.limits import Limits
 from fqbroker.storage.catalog import Catalog
+from fqbroker.storage.store import DiskStore
 
 __all__ = [
     "DataChannelView",
@@ -30,6 +31,10 @@ __all__ = [
     "PeeringView",
     "QueueSource",
     "StatsSource",
+    "TopicReaderView",
+    "TopicSource",
+    "TopicView",
+    "TopicsView",
 ]
 
 
@@ -38,6 +43,49 @@ class QueueSource(Protocol):
 
     @property
     def queues(self) -> Mapping[bytes, Queue]: ...
+
+
+class TopicReaderView(Protocol):
+    """A registered subscriber of a topic (a Figg session's attachment)."""
+
+    @property
+    def offset(self) -> int: ...  # the offset after the last message sent
+    @property
+    def remote(self) -> str: ...
+
+
+class TopicView(Protocol):
+    """A retained topic (fqbroker.storage.topics.Topic) as reads and stats see it."""
+
+    @property
+    def name(self) -> bytes: ...
+    @property
+    def store(self) -> DiskStore: ...
+    @property
+    def first_offset(self) -> int: ...
+    @property
+    def last_offset(self) -> int: ...
+    @property
+    def size_bytes(self) -> int: ...
+    @property
+    def messages_in(self) -> int: ...
+    @property
+    def subscribers(self) -> Collection[TopicReaderView]: ...
+    @property
+    def closed(self) -> bool: ...  # the broker is stopping: its files are closing
+
+
+class TopicsView(Protocol):
+    def get(self, name: bytes) -> TopicView | None: ...
+    def __iter__(self) -> Iterator[TopicView]: ...
+    def __len__(self) -> int: ...
+
+
+class TopicSource(Protocol):
+    """The retained topics, or None when the Figg listener is not configured."""
+
+    @property
+    def topics(self) -> TopicsView | None: ...
 
 
 class DataChannelView(Protocol):
@@ -104,7 +152,7 @@ class PeeringView(Protocol):
     def links(self) -> Mapping[Any, PeerLinkView]: ...
 
 
-class StatsSource(QueueSource, Protocol):
+class StatsSource(QueueSource, TopicSource, Protocol):
     """Everything a snapshot (/stats.json, /metrics, /frontends.json) reads."""
 
     @property

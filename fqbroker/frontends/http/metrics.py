@@ -79,6 +79,48 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     yield from _peers(snap)
     yield from _limits(snap)
     yield from _memory(snap)
+    yield from _topics(snap)
+
+
+def _topics(snap: Snapshot) -> Iterator[Metric]:
+    if snap.topics is None:
+        return  # no Figg listener: no topic families at all
+    labels = ["topic"]
+    size = GaugeMetricFamily("fq_topic_bytes", "Bytes the topic keeps on disk.", labels=labels)
+    first = GaugeMetricFamily(
+        "fq_topic_first_offset",
+        "Offset before the oldest retained message (retention moves it up).",
+        labels=labels,
+    )
+    last = GaugeMetricFamily(
+        "fq_topic_last_offset", "Offset after the newest durable message.", labels=labels
+    )
+    # The last offset counts every message ever appended, across restarts: a counter.
+    total = CounterMetricFamily(
+        "fq_topic_messages", "Messages appended to the topic (durable).", labels=labels
+    )
+    retained = GaugeMetricFamily(
+        "fq_topic_retained_messages", "Messages retention keeps.", labels=labels
+    )
+    subscribers = GaugeMetricFamily(
+        "fq_topic_subscribers", "Figg subscribers attached.", labels=labels
+    )
+    # One series per topic, not per subscriber: subscriber addresses come and go.
+    lag = GaugeMetricFamily(
+        "fq_topic_subscriber_lag_messages",
+        "Durable messages the furthest-behind subscriber has not been sent (0: none).",
+        labels=labels,
+    )
+    for t in snap.topics:
+        value = [_label(t.name)]
+        size.add_metric(value, t.size_bytes)
+        first.add_metric(value, t.first_offset)
+        last.add_metric(value, t.last_offset)
+        total.add_metric(value, t.last_offset)
+        retained.add_metric(value, t.messages)
+        subscribers.add_metric(value, len(t.subscribers))
+        lag.add_metric(value, t.max_behind)
+    yield from (size, first, last, total, retained, subscribers, lag)
 
 
 def _memory(snap: Snapshot) -> Iterator[Metric]:

@@ -29,6 +29,7 @@ from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import UNLIMITED_BYTES
 from fqbroker.core.router import AggregateStats, ClientStats
 from fqbroker.frontends.http.host import FqClientView, PeerLinkView, StatsSource
+from fqbroker.frontends.http.topicstats import TopicSnapshot, take_topics, topics_json
 from fqbroker.server.frontend import ConnectionView, FrontEndCounters, LiveFrontEnd
 from fqbroker.version import FQ_COMPAT_VERSION
 
@@ -174,6 +175,7 @@ class Snapshot:
     refused: tuple[tuple[str, int], ...] = ()
     memory: MemorySnapshot | None = None  # the broker-wide budget (docs/memory.md)
     front_ends: tuple[FrontEndSnapshot, ...] = ()
+    topics: tuple[TopicSnapshot, ...] | None = None  # None: the broker keeps no topics
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +247,7 @@ def take_snapshot(broker: StatsSource) -> Snapshot:
             broker.budget.used, broker.budget.limit, broker.budget.paused, broker.budget.waiting
         ),
         front_ends=front_end_snapshots(broker),
+        topics=take_topics(broker),
     )
 
 
@@ -400,6 +403,9 @@ def stats_json(snap: Snapshot) -> dict[str, Any]:
         # Not in fqd, which shows its upstreams nowhere; only present when there are some,
         # so a broker without peers answers exactly fqd's shape.
         out["peers"] = [_peer_json(p) for p in snap.peers]
+    if snap.topics is not None:
+        # An extension too (topicstats.py), present only on a broker that keeps topics.
+        out["topics"] = topics_json(snap.topics)
     return out
 
 

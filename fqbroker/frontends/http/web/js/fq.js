@@ -589,6 +589,58 @@
     setText(document.getElementById("frontend-summary"), `${fmtInt(open)} connections open`);
   }
 
+  // --- topics ---------------------------------------------------------------------------
+
+  // Retained topics ("topics" in stats.json, only on a broker that keeps them). The rate
+  // is this page's, from the last offset between polls, as for exchanges and queues.
+  const MAX_SUBSCRIBERS = 8;
+
+  function subscriberChips(subs) {
+    const shown = subs.slice(0, MAX_SUBSCRIBERS).map((s) => {
+      const chip = h("span", {
+        class: "sub-chip" + (s.behind > 0 ? " behind" : ""),
+        title: `${s.remote}: sent up to offset ${s.offset}, ${s.behind} behind`,
+        text: `${s.remote} · ${fmtInt(s.behind)}`,
+      });
+      chip.dataset.behind = String(s.behind);
+      return chip;
+    });
+    if (subs.length > MAX_SUBSCRIBERS) shown.push(`and ${fmtInt(subs.length - MAX_SUBSCRIBERS)} more`);
+    return shown.length ? shown : ["none"];
+  }
+
+  function renderTopics(topics, r) {
+    const panel = document.getElementById("topics-panel");
+    const entries = Object.entries(topics || {}).sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+    panel.hidden = entries.length === 0;
+    if (entries.length === 0) return;
+    document.getElementById("topic-rows").replaceChildren(
+      ...entries.map(([name, t]) => {
+        const rate = r.get("t:" + name) || 0;
+        const subs = t.subscribers || [];
+        const row = h(
+          "tr",
+          {},
+          h("td", { class: "name", text: name, title: name }),
+          h("td", { class: "n", "data-field": "size", text: fmtBytes(t.size_bytes) }),
+          h("td", { class: "n", "data-field": "first", text: String(t.first_offset) }),
+          h("td", { class: "n", "data-field": "last", text: String(t.last_offset) }),
+          h("td", { class: "n", "data-field": "messages", text: fmtInt(t.messages) }),
+          h("td", { class: "n rate", "data-field": "rate", "data-value": String(rate), text: fmtRate(rate) + "/s" }),
+          h("td", { "data-field": "subscribers" }, ...subscriberChips(subs)),
+        );
+        row.dataset.topic = name;
+        return row;
+      }),
+    );
+    setText(document.getElementById("topic-count"), String(entries.length));
+    const subs = entries.reduce((n, [, t]) => n + (t.subscribers || []).length, 0);
+    const behind = entries.reduce((m, [, t]) => Math.max(m, ...(t.subscribers || []).map((s) => s.behind)), 0);
+    const summary = document.getElementById("topic-summary");
+    setText(summary, `${fmtInt(subs)} subscribers` + (behind ? `, up to ${fmtInt(behind)} behind` : ", all caught up"));
+    summary.className = "summary " + (behind ? "warn" : "ok");
+  }
+
   // --- one poll -------------------------------------------------------------------------
 
   // Flattens the counters that get a rate into one map, so rates() treats them alike.
@@ -613,6 +665,7 @@
       values.set("qi:" + name, out + q.backlog + q.dropped_to);
     }
     for (const p of stats.peers || []) values.set("p:" + peerKey(p), num(p.msgs_in));
+    for (const [name, t] of Object.entries(stats.topics || {})) values.set("t:" + name, t.last_offset);
     return values;
   }
 
@@ -654,6 +707,7 @@
     setText(document.getElementById("agg-queues"), queues.length + (queues.length === 1 ? " queue" : " queues"));
 
     renderPeers(stats.peers || [], r);
+    renderTopics(stats.topics, r);
 
     document.title = `fq · ${fmtRate(r.get("a:messages"))} msg/s`;
   }
