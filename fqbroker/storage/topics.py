@@ -1,4 +1,4 @@
-"""Retained topics: never-consumed disk stores with offsets (Figg, seed 004; docs/figg.md).
+"""Retained topics: never-consumed disk stores with offsets (Figg, seed 004; docs/topics.md).
 
 Theory of operation
 -------------------
