@@ -154,10 +154,15 @@ async def test_read_across_segments_from_file_and_memory(tmp_path: Path) -> None
         topic = await h.publish_durably(b"t", sent)
         assert len(topic.store.log.segment_info()) > 10
         cached = read_all(topic, max_records=333)
+        # Windows from anywhere in the cache, walked into from either end.
+        starts = [*range(0, 2000, 37), 1999, 1998, 1000, 999]
+        windows = [topic.read(after, 50) for after in starts]
         topic.store.drop_recent()  # now every read goes to the files
         assert topic.store.held_bytes == 0
         from_file = read_all(topic, max_records=333)
         assert cached == from_file
+        for after, window in zip(starts, windows, strict=True):
+            assert window == from_file[after : after + 50]
         assert [o for o, _ in from_file] == list(range(1, 2001))
         assert payloads_of(from_file) == sent
         assert payloads_of(read_all(topic, 1500)) == sent[1500:]

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import time
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Iterator
 from itertools import accumulate, islice, repeat
 from pathlib import Path
@@ -154,8 +155,7 @@ class Topic:
             return []
         first_cached, recent = store.recent()
         if recent and start >= first_cached:
-            index = start - first_cached
-            frames = list(islice(recent, index, index + n))
+            frames = _slice(recent, start - first_cached, n)
             if frames:
                 frames = _fit(frames, max_bytes)
                 return list(zip(range(start, start + len(frames)), frames, strict=True))
@@ -206,6 +206,17 @@ class Topic:
 
 def _seq(record: tuple[int, bytes]) -> int:
     return record[0]
+
+
+def _slice(recent: deque[bytes], index: int, n: int) -> list[bytes]:
+    """``recent[index : index + n]``, walking in from the nearer end: live readers read
+    the newest frames, and a walk from the left would step over the whole cache each time."""
+    tail = len(recent) - index
+    if tail > index:
+        return list(islice(recent, index, index + n))
+    frames = list(islice(reversed(recent), max(0, tail - n), tail))
+    frames.reverse()
+    return frames
 
 
 def _fit(frames: list[bytes], max_bytes: int) -> list[bytes]:
