@@ -42,6 +42,11 @@ def _fqd_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         help="serve Lumberjack/Beats log shippers here (off by default; port 0 picks one)",
     )
+    p.add_argument(
+        "--figg",
+        metavar="ADDR:PORT",
+        help="serve retained topics to Figg clients here (off by default; port 0 picks one)",
+    )
     return p
 
 
@@ -60,6 +65,8 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
     settings = settings.updated(overrides)
     if args.lumberjack is not None:
         settings.lumberjack = settings.lumberjack.updated({"listen": args.lumberjack})
+    if args.figg is not None:
+        settings.figg = settings.figg.updated({"listen": args.figg})
     if args.modules:
         settings.modules = [*settings.modules, *args.modules]
     return settings
@@ -87,6 +94,9 @@ async def _run(settings: Settings) -> None:
     lumberjack = broker.front_ends.get("lumberjack")
     if lumberjack is not None and lumberjack.address is not None:
         print(f"Lumberjack listening on port: {lumberjack.address[1]}", file=sys.stderr, flush=True)
+    figg = broker.front_ends.get("figg")
+    if figg is not None and figg.address is not None:
+        print(f"Figg listening on port: {figg.address[1]}", file=sys.stderr, flush=True)
     stop = broker.shutdown_requested
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -9,14 +9,24 @@ from __future__ import annotations
 import ipaddress
 import socket
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_PORT", "Lumberjack", "Settings", "Upstream", "resolve_node_id"]
+__all__ = [
+    "DEFAULT_PORT",
+    "Figg",
+    "Lumberjack",
+    "Settings",
+    "TopicRetention",
+    "Upstream",
+    "resolve_node_id",
+]
 
 DEFAULT_PORT = 8765
 LUMBERJACK_PORT = 5044  # the Beats convention, for a ``listen`` that names a host only
+FIGG_PORT = 8119  # the Figg seed's, for a ``listen`` that names a host only
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,23 +128,140 @@ class Lumberjack:
 
     def address(self, bind: str) -> tuple[str, int] | None:
         """Where to listen, or None when off; a bare port listens on the broker's ``bind``."""
-        text = self.listen.strip()
-        if not text:
-            return None
-        host, sep, port = text.rpartition(":")
-        if not sep:
-            host, port = "", text
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        elif ":" in host:
-            raise ValueError(f"lumberjack listen {text!r}: write an IPv6 address as [ADDR]:PORT")
-        try:
-            number = int(port) if port else LUMBERJACK_PORT
-        except ValueError:
-            raise ValueError(f"lumberjack listen {text!r} is not HOST:PORT") from None
-        if not 0 <= number <= 65535:
-            raise ValueError(f"lumberjack listen {text!r}: port out of range")
-        return (host or bind, number)
+        return listen_address("lumberjack", self.listen, bind, LUMBERJACK_PORT)
+
+
+def listen_address(what: str, listen: str, bind: str, default_port: int) -> tuple[str, int] | None:
+    """(host, port) of a front end's ``listen`` setting, or None when it is empty (off)."""
+    text = listen.strip()
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "", text
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{what} listen {text!r}: write an IPv6 address as [ADDR]:PORT")
+    try:
+        number = int(port) if port else default_port
+    except ValueError:
+        raise ValueError(f"{what} listen {text!r} is not HOST:PORT") from None
+    if not 0 <= number <= 65535:
+        raise ValueError(f"{what} listen {text!r}: port out of range")
+    return (host or bind, number)
+
+
+def _positive(what: str, value: object, kind: type | tuple[type, ...] = int) -> None:
+    if not isinstance(value, kind) or isinstance(value, bool) or value <= 0:  # type: ignore[operator]
+        noun = "integer" if kind is int else "number"
+        raise ValueError(f"{what} must be a positive {noun}, not {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRetention:
+    """A ``[figg.topics."NAME"]`` table: one topic's retention, where it differs."""
+
+    retention_bytes: int | None = None  # None: the [figg] table's
+    retention_seconds: float | None = None
+
+    @classmethod
+    def from_table(cls, name: str, table: object) -> TopicRetention:
+        if not isinstance(table, dict):
+            raise ValueError(f"figg topic {name!r}: expected a table, not {table!r}")
+        known = {f.name for f in fields(cls)}
+        if unknown := set(table) - known:
+            raise ValueError(
+                f"unknown figg setting(s) for topic {name!r}: {', '.join(sorted(unknown))}"
+            )
+        made = cls(**table)
+        if made.retention_bytes is not None:
+            _positive(f"figg topic {name!r} retention_bytes", made.retention_bytes)
+        if made.retention_seconds is not None:
+            _positive(
+                f"figg topic {name!r} retention_seconds", made.retention_seconds, (int, float)
+            )
+        return made
+
+
+@dataclass(frozen=True, slots=True)
+class Figg:
+    """The ``[figg]`` table: retained topics and the Figg listener (docs/figg.md).
+
+    Off while ``listen`` is None (or empty in the TOML file). Retention deletes a topic's
+    oldest whole segments, never the one being written: while the topic holds more than
+    ``retention_bytes``, and once a segment's newest record is older than
+    ``retention_seconds``. ``topics`` overrides either for named topics.
+    """
+
+    listen: str | None = None  # "HOST:PORT", "[V6]:PORT" or "PORT" (on ``bind``); 0 picks one
+    exchange: str = "figg"  # the fq exchange topics share (route = topic name)
+    retention_bytes: int = 1 << 30  # per topic
+    retention_seconds: float = 7 * 86400
+    segment_bytes: int = 16 << 20  # a topic's segment files: the unit retention deletes
+    max_topics: int = 10_000  # past it, messages to new topics are dropped and counted
+    max_frame: int = 16 << 20  # a Figg frame's payload over this closes the connection
+    idle_seconds: float = 30.0  # a connection that sent nothing (not even PING) this long
+    topics: Mapping[str, TopicRetention] = field(default_factory=dict)
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> Figg:
+        """The ``[figg]`` table of the TOML file; unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        if unknown := set(table) - known:
+            raise ValueError(f"unknown figg setting(s): {', '.join(sorted(unknown))}")
+        return cls().updated(table)
+
+    def updated(self, values: Mapping[str, Any]) -> Figg:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key, value in values.items():
+            if key == "listen" and value == "":
+                value = None
+            elif key == "topics":
+                if not isinstance(value, Mapping):
+                    raise ValueError("figg topics must be a table of tables")
+                value = {
+                    str(name): t if isinstance(t, TopicRetention)
+                    else TopicRetention.from_table(str(name), t)
+                    for name, t in value.items()
+                }  # fmt: skip
+            out[key] = value
+        made = Figg(**out)
+        made.check()
+        return made
+
+    def check(self) -> None:
+        """Raise ValueError for a setting topics or the listener cannot work with."""
+        if self.listen is not None and not isinstance(self.listen, str):
+            raise ValueError("figg listen must be a string")
+        if not isinstance(self.exchange, str) or not 0 < len(self.exchange.encode()) <= 127:
+            raise ValueError("figg exchange must be a string of 1 to 127 bytes")
+        for name in ("retention_bytes", "max_topics", "max_frame"):
+            _positive(f"figg {name}", getattr(self, name))
+        for name in ("retention_seconds", "idle_seconds"):
+            _positive(f"figg {name}", getattr(self, name), (int, float))
+        _positive("figg segment_bytes", self.segment_bytes)
+        if self.segment_bytes < 4096:
+            raise ValueError(f"figg segment_bytes must be at least 4096, not {self.segment_bytes}")
+        for name in self.topics:
+            if not 0 < len(name.encode("utf-8", "surrogateescape")) <= 127:
+                raise ValueError(f"figg topic name {name!r} must be 1 to 127 bytes")
+        if self.listen:
+            self.address("127.0.0.1")
+
+    def address(self, bind: str) -> tuple[str, int] | None:
+        """Where to listen, or None when off; a bare port listens on the broker's ``bind``."""
+        return listen_address("figg", self.listen or "", bind, FIGG_PORT)
+
+    def retention(self, topic: bytes) -> tuple[int, float]:
+        """(bytes, seconds) a topic keeps: its own table's values, else the defaults."""
+        own = self.topics.get(topic.decode("utf-8", "surrogateescape")) if self.topics else None
+        if own is None:
+            return self.retention_bytes, self.retention_seconds
+        return (
+            self.retention_bytes if own.retention_bytes is None else own.retention_bytes,
+            self.retention_seconds if own.retention_seconds is None else own.retention_seconds,
+        )
 
 
 @dataclass(slots=True)
@@ -171,6 +298,8 @@ class Settings:
     http_max_body: int = 16 << 20  # largest HTTP request body (/submit); larger gets 413
     # --- P10 front ends of their own ports ---
     lumberjack: Lumberjack = field(default_factory=Lumberjack)  # off until ``listen`` is set
+    # --- P11 retained topics and the Figg listener (docs/figg.md) ---
+    figg: Figg = field(default_factory=Figg)  # off until ``listen`` is set
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:
@@ -179,7 +308,7 @@ class Settings:
         values = dict(data.get("fqd", data))
         if "fqd" in data:
             # Tables of their own beside [fqd].
-            for table in ("upstream", "lumberjack"):
+            for table in ("upstream", "lumberjack", "figg"):
                 if table in data:
                     values[table] = data[table]
         return cls().updated(values)
@@ -200,6 +329,10 @@ class Settings:
                 value = [v if isinstance(v, Upstream) else Upstream.from_table(v) for v in value]
             elif name == "lumberjack" and not isinstance(value, Lumberjack):
                 value = Lumberjack.from_table(value)
+            elif name == "figg" and not isinstance(value, Figg):
+                if not isinstance(value, dict):
+                    raise ValueError("figg must be a table")
+                value = Figg.from_table(value)
             setattr(out, name, value)
         return out
 

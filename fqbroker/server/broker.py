@@ -34,6 +34,7 @@ from fqbroker.server.limits import Limits, install_exception_handler, raised_in_
 from fqbroker.server.listeners import Listeners
 from fqbroker.storage.catalog import Catalog
 from fqbroker.storage.state import ConfigStore
+from fqbroker.storage.topics import Topics
 
 if TYPE_CHECKING:
     from fqbroker.frontends.http.host import HttpHost
@@ -60,6 +61,14 @@ class Broker:
         self.queues: dict[bytes, Queue] = self.catalog.queues
         self.budget = self.catalog.budget  # memory held for publishers (docs/memory.md)
         self.established = self.catalog.restore()
+        # Retained topics, when the Figg listener is configured (docs/figg.md): their
+        # appends share the catalog's dirty set and budget, so publishers' flush and
+        # durable() cover them as they cover disk queues.
+        self.topics: Topics | None = None
+        if self.settings.figg.listen is not None:
+            self.topics = Topics(
+                self.settings, self.router, self.catalog.dirty, self.catalog.budget
+            )
         self.limits = Limits(self.settings, self.queues)
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
         self.msgids = MsgIdCounter()
@@ -95,6 +104,8 @@ class Broker:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         install_exception_handler(loop, self.limits, self._is_ours)
+        if self.topics is not None:
+            self.topics.start()
         await self.listeners.start()
         self.port = self.listeners.port
         log.info("Listening on port: %d", self.port)
@@ -107,6 +118,8 @@ class Broker:
         await self.peering.stop()
         await self.listeners.stop()
         self.heartbeats.close()
+        if self.topics is not None:
+            await self.topics.close()
         self.catalog.close()
 
     async def __aenter__(self) -> Broker:

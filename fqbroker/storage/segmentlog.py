@@ -49,6 +49,7 @@ import zlib
 from array import array
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
 
@@ -83,7 +84,14 @@ from fqbroker.storage.segrecords import (
 )
 from fqbroker.storage.segrecovery import Problem, recover_segments
 
-__all__ = ["FORMAT_LINE", "HEADER_SIZE", "CorruptionReport", "LogFormatError", "SegmentLog"]
+__all__ = [
+    "FORMAT_LINE",
+    "HEADER_SIZE",
+    "CorruptionReport",
+    "LogFormatError",
+    "SegmentInfo",
+    "SegmentLog",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +110,23 @@ def _fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """One segment file, as :meth:`SegmentLog.segment_info` lists it."""
+
+    first: int  # seq of its first record (or where it starts, if empty)
+    end: int  # seq after its last record
+    size: int  # bytes
+    path: Path
+
+    def mtime(self) -> float | None:
+        """When it was last written (its newest record's arrival); None if it is gone."""
+        try:
+            return self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
 
 
 class SegmentLog(SegmentReads):
@@ -335,10 +360,26 @@ class SegmentLog(SegmentReads):
         points = self._ckpt.points
         if not points:
             return 0
-        low, freed = min(points.values()), 0
+        low = min(points.values())
         drained = low >= self.next_seq and self._broken is None
         if drained and self._segments[-1].size >= _ROLL_DRAINED:
             self._roll()
+        return self._drop_front(low, points)
+
+    def segment_info(self) -> list[SegmentInfo]:
+        """The segments, oldest first: what retention (topics) decides on."""
+        self._check_open()
+        return [SegmentInfo(seg.first, seg.end, seg.size, seg.path) for seg in self._segments]
+
+    def drop_before(self, seq: int) -> int:
+        """Delete the segments whose records all come before ``seq`` (retention: whoever
+        reads them), never the newest; return bytes freed. Checkpoints below the first seq
+        left move up to it."""
+        self._check_open()
+        return self._drop_front(seq, self._ckpt.points)
+
+    def _drop_front(self, low: int, points: Mapping[str, int]) -> int:
+        freed = 0
         while len(self._segments) > 1 and self._segments[0].end <= low:
             seg = self._segments[0]
             fd = self._rfds.pop(seg.first, None)
@@ -358,7 +399,7 @@ class SegmentLog(SegmentReads):
             self._gaps = [g for g in self._gaps if g[2].first in live]
             self._holes = {k: v for k, v in self._holes.items() if k[0] in live}
             self._skipped = [g for g in self._skipped if g[1] > first]
-            if low < first:  # in a gap before the first segment left: move to its end
+            if points and min(points.values()) < first:  # trimmed past them: to the first left
                 moved = {name: max(seq, first) for name, seq in points.items()}
                 self._ckpt.replace(moved, durable=False)
         return freed

@@ -144,6 +144,7 @@ class DiskStore:
         self._recent: collections.deque[bytes] = collections.deque()
         self._recent_seq = 0  # the seq of _recent[0]
         self._recent_bytes = 0
+        self.recent_limit = RECENT_BYTES  # the cache's bytes at most
         self._budget = budget  # counts the cache (docs/memory.md)
         self._cursor = segment_log.checkpoints.get(READER, segment_log.first_seq)
         # Batches handed to consumers and not yet acknowledged: [first, last, acked].
@@ -238,6 +239,16 @@ class DiskStore:
                 return False
             await self._durable_changed.wait()
         return True
+
+    async def wait_durable_change(self, seq: int) -> None:
+        """Return once ``durable_seq`` is past ``seq``, or at the next change or :meth:`wake`
+        (callers check again): what readers that never take (topics) wait on."""
+        if self._durable <= seq:
+            await self._durable_changed.wait()
+
+    def wake(self) -> None:
+        """Wake everyone waiting for durability to change (a reader that is closing)."""
+        self._wake_waiters()
 
     def _set_durable(self, seq: int) -> None:
         if seq > self._durable:
@@ -345,6 +356,18 @@ class DiskStore:
         if budget is not None:
             budget.used += self._recent_bytes - before
 
+    def recent(self) -> tuple[int, collections.deque[bytes]]:
+        """(seq of the first, frames): the newest written frames, still in memory. Readers
+        that never take (topics) read them in place; the deque is the store's own."""
+        return self._recent_seq, self._recent
+
+    def drop_recent(self) -> None:
+        """Give the cache's memory back (an idle topic's readers have what it holds)."""
+        self._recent.clear()
+        if self._budget is not None:
+            self._budget.release(self._recent_bytes)
+        self._recent_bytes = 0
+
     def _take_recent(self, cursor: int, n: int) -> list[bytes]:
         """Up to ``n`` frames from ``cursor`` on out of memory; none if not all there."""
         before = self._recent_bytes
@@ -359,7 +382,7 @@ class DiskStore:
             self._recent_seq = first
         recent.extend(frames)
         self._recent_bytes += sum(map(len, frames))
-        while self._recent_bytes > RECENT_BYTES and recent:
+        while self._recent_bytes > self.recent_limit and recent:
             self._recent_bytes -= len(recent.popleft())
             self._recent_seq += 1
 

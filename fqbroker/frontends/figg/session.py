@@ -1,0 +1,394 @@
+"""The Figg listener's asyncio shell: one client's connection (docs/figg.md).
+
+The wire format is :mod:`fqbroker.frontends.figg.wire`; this module moves bytes into its
+decoder, publishes what clients publish, serves their subscriptions
+(:mod:`.subscription`) and answers PING. It owns no task while a connection only
+publishes and pings: a task exists per subscription, while the session waits for room in
+a full queue, and while it waits for an fsync before an ACK.
+
+Theory of operation
+-------------------
+**Publishing.** Every PUBLISH frame of a read becomes one fq message on the Figg exchange
+with route = topic, sender ``figg/ip:port`` and our node id as its one hop, and the read's
+messages go to the connection's :class:`~fqbroker.core.publisher.Publisher` as runs in
+one call. The broker's topic sink on that exchange appends them to their topics (and fq
+queues bound there get them too). A block-policy queue that is full stops the batch:
+reading pauses until it has room.
+
+**ACK.** A read's batch is acknowledged with ACK(the highest seq in it) once all of it is
+routed and what went to disk (the topics' stores among it) is durable under the broker's
+fsync policy (``Publisher.durable``), strictly in order. ACK is cumulative for the client,
+so one per batch is all it needs. A failed disk write or fsync closes the connection
+without the ACK: the client sends those messages again.
+
+**Subscriptions.** ATTACH opens (creates) the topic, answers ATTACHED with where delivery
+starts, and starts a :class:`~.subscription.Subscription` there; a second ATTACH of the
+same topic replaces the first. DETACH stops it and is answered by DETACHED, attached or
+not. While the client does not read what we write (``pause_writing``), subscriptions
+stop reading their topics and the session stops reading its input.
+
+**Ending.** Bad input (:class:`~fqbroker.errors.FiggProtocolError`: a bad frame, a topic
+name empty or over 127 bytes) is logged, counted as bad input and closes the connection;
+so does a topic the broker cannot create (past ``max_topics``), and ``idle_seconds``
+without a byte from the client. Publishes decoded before bad input in the same read are
+not published: unacknowledged, the client sends them again anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from fqbroker.core.frames import encode_peer
+from fqbroker.errors import FiggProtocolError
+from fqbroker.frontends.figg import wire
+from fqbroker.frontends.figg.subscription import Subscription, TopicView
+from fqbroker.server.connections import RemotePeer, peer_address
+
+if TYPE_CHECKING:
+    from fqbroker.config import Settings
+    from fqbroker.core.message import MsgIdCounter, Run
+    from fqbroker.core.publisher import Publisher
+    from fqbroker.core.router import ClientStats
+    from fqbroker.server.frontend import LiveFrontEnd
+    from fqbroker.server.limits import Limits as BrokerLimits
+
+__all__ = ["Config", "FiggHost", "FiggSession", "TopicSet", "sender_for"]
+
+log = logging.getLogger(__name__)
+
+_SENDER_PREFIX = b"figg/"
+
+
+class TopicSet(Protocol):
+    """What a session needs of the broker's topics (fqbroker.storage.topics.Topics)."""
+
+    def open(self, name: bytes) -> TopicView | None: ...
+
+
+class FiggHost(Protocol):
+    """What a Figg session needs of the broker that accepted it."""
+
+    node_id: bytes
+    settings: Settings
+    limits: BrokerLimits
+    msgids: MsgIdCounter
+
+    @property
+    def topics(self) -> TopicSet | None: ...
+
+    def closed(self, transport: asyncio.Transport) -> None: ...
+
+    def make_publisher(self, stats: ClientStats | None = None) -> Publisher: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """What every connection of one listener shares, made once from the settings."""
+
+    exchange: bytes
+    max_frame: int
+    idle: float  # seconds without input before a connection is closed
+
+
+def sender_for(remote_addr: str, remote_port: int) -> bytes:
+    """``b"figg/ip:port"`` (IPv6 in brackets); at most 5 + 47 bytes, within fq's 127."""
+    host = f"[{remote_addr}]" if ":" in remote_addr else remote_addr
+    return _SENDER_PREFIX + f"{host}:{remote_port}".encode()
+
+
+class FiggSession(RemotePeer, asyncio.Protocol):
+    """One Figg client's connection: decode, publish and acknowledge, deliver, answer."""
+
+    __slots__ = (
+        "_durable",
+        "_holds",
+        "_idle",
+        "_last_read",
+        "_mapped",
+        "_marks",
+        "_room",
+        "_sender",
+        "acked",
+        "broker",
+        "closing",
+        "config",
+        "decoder",
+        "delivered",
+        "live",
+        "published",
+        "publisher",
+        "subscriptions",
+        "transport",
+        "writable",
+    )
+
+    def __init__(
+        self, host: FiggHost, live: LiveFrontEnd, transport: asyncio.Transport, config: Config
+    ) -> None:
+        # Named so because the loop's exception handler asks a protocol for its broker.
+        self.broker = host
+        self.live = live
+        self.transport = transport
+        self.config = config
+        self.decoder = wire.FrameDecoder(config.max_frame)
+        self.publisher = host.make_publisher()
+        self._sender = sender_for(*peer_address(transport))
+        self.subscriptions: dict[bytes, Subscription] = {}
+        self.writable = asyncio.Event()
+        self.writable.set()
+        # Counters for /frontends.json: messages published (routed), the last seq
+        # acknowledged (-1: none yet), DATA frames sent.
+        self.published = 0
+        self.acked = -1
+        self.delivered = 0
+        self._mapped = 0  # messages handed to the publisher so far
+        # ACKs owed, in order: (seq, messages up to it).
+        self._marks: deque[tuple[int, int]] = deque()
+        self._holds = 0  # 1: waiting for room in a full queue; 2: the client reads slowly
+        self._room: asyncio.Task[None] | None = None
+        self._durable: asyncio.Task[None] | None = None
+        loop = asyncio.get_running_loop()
+        self._last_read = loop.time()
+        self._idle = loop.call_later(config.idle, self._on_idle)
+        self.closing = False
+        counters = live.counters
+        if counters.bytes_in is None:
+            counters.bytes_in = counters.bytes_out = 0
+
+    # --- protocol -------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # set in __init__
+        self._last_read = asyncio.get_running_loop().time()
+        self.decoder.receive_data(data)
+        if self._room is None:
+            self._pump()
+
+    def eof_received(self) -> bool:
+        # A client that half-closes may still wait for its ACKs and DATA: the transport
+        # stays open until it closes its side or we do.
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+        self.broker.closed(self.transport)
+
+    def pause_writing(self) -> None:
+        # The client does not keep up with what we write: no more reading of topics or
+        # of its input until it does, so neither our buffer nor anything else grows.
+        self.writable.clear()
+        self._hold(2)
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+        self._release(2)
+
+    def close(self) -> None:
+        self._end()
+        self.transport.close()
+
+    def write(self, data: bytes) -> None:
+        self.live.counters.bytes_out += len(data)  # type: ignore[operator]  # set in __init__
+        self.transport.write(data)
+
+    def _end(self) -> None:
+        if self.closing:
+            return
+        self.closing = True
+        self.publisher.close()
+        self._idle.cancel()
+        for task in (self._room, self._durable):
+            if task is not None:
+                task.cancel()
+        self._room = self._durable = None
+        for sub in self.subscriptions.values():
+            sub.stop()
+        self.subscriptions.clear()
+        self._marks.clear()
+
+    def _name(self) -> str:
+        return "{}:{}".format(*peer_address(self.transport))
+
+    def _hold(self, why: int) -> None:
+        if not self._holds and not self.closing:
+            self.transport.pause_reading()
+        self._holds |= why
+
+    def _release(self, why: int) -> None:
+        if not self._holds & why:
+            return
+        self._holds &= ~why
+        if not self._holds and not self.closing:
+            self.transport.resume_reading()
+
+    def _on_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        wait = self._last_read + self.config.idle - loop.time()
+        if wait > 0.001 or self._holds:
+            # Input arrived meanwhile, or we are the ones not reading it.
+            self._idle = loop.call_later(max(wait, self.config.idle / 4), self._on_idle)
+            return
+        self.broker.limits.log.log(
+            logging.INFO, "figg", "closing Figg connection from %s: nothing received for %gs",
+            self._name(), self.config.idle,
+        )  # fmt: skip
+        self.close()
+
+    # --- in -------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Act on every whole frame the decoder holds: publish a read's PUBLISH frames in
+        one batch, answer the others in order."""
+        decoder = self.decoder
+        publishes: list[tuple[bytes, int, bytes]] = []
+        try:
+            while True:
+                if decoder.take_publishes(publishes):
+                    continue
+                frame = decoder.next_frame()
+                if frame is None:
+                    break
+                self._control(frame)
+                if self.closing:
+                    return
+        except FiggProtocolError as exc:
+            self.broker.limits.bad("figg", "closing Figg connection from %s: %s", self._name(), exc)
+            self.close()
+            return
+        if publishes:
+            self._publish(publishes)
+
+    def _control(self, frame: wire.Frame) -> None:
+        if isinstance(frame, wire.Ping):
+            self.write(wire.encode(wire.Pong(frame.timestamp)))
+        elif isinstance(frame, wire.Attach):
+            self._attach(frame.topic, frame.offset)
+        elif isinstance(frame, wire.Detach):
+            sub = self.subscriptions.pop(frame.topic, None)
+            if sub is not None:
+                sub.stop()
+            self.write(wire.encode(wire.Detached(frame.topic)))
+        else:
+            # A server's frame (ATTACHED, DATA, ...): well formed, but not for us to get.
+            self.broker.limits.bad(
+                "figg", "closing Figg connection from %s: it sent %s, a server's frame",
+                self._name(), type(frame).__name__.upper(),
+            )  # fmt: skip
+            self.close()
+
+    def _attach(self, name: bytes, offset: int | None) -> None:
+        topics = self.broker.topics
+        topic = topics.open(name) if topics is not None else None
+        if topic is None:
+            self.broker.limits.log.log(
+                logging.WARNING, "figg", "closing Figg connection from %s: topic %r cannot be "
+                "created (max_topics reached)", self._name(), name,
+            )  # fmt: skip
+            self.close()
+            return
+        old = self.subscriptions.pop(name, None)
+        if old is not None:
+            old.stop()
+        start = topic.start_offset(offset)
+        self.write(wire.encode(wire.Attached(name, start)))
+        remote = self._name()
+        self.subscriptions[name] = Subscription(topic, start, remote, self, self._failed)
+
+    def _failed(self, exc: BaseException) -> None:
+        """A subscription's task raised: a bug or a disk read error; this connection ends."""
+        if not self.closing:
+            self.broker.limits.bug(exc, f"Figg subscription of {self._name()}")
+            self.close()
+
+    def _publish(self, publishes: list[tuple[bytes, int, bytes]]) -> None:
+        exchange = self.config.exchange
+        next_id = self.broker.msgids.next
+        sender = self._sender
+        hops = self.broker.node_id
+        runs: list[Run] = []
+        route = b""
+        frames: list[bytes] = []
+        octets = 0
+        high = -1
+        for topic, seq, data in publishes:
+            frame = encode_peer(exchange, topic, next_id(), sender, hops, data)
+            octets += len(frame)
+            if seq > high:
+                high = seq
+            if topic != route:
+                route = topic
+                frames = [frame]
+                runs.append((exchange, topic, frames, len(frame) - len(data)))
+            else:
+                frames.append(frame)
+        n = len(publishes)
+        self._mapped += n
+        self._marks.append((high, self._mapped))
+        if not self.publisher.publish(runs, octets):
+            self._hold(1)
+            self._room = asyncio.ensure_future(self._room_then_carry_on())
+        self._ack_ready()
+
+    async def _room_then_carry_on(self) -> None:
+        publisher = self.publisher
+        while True:
+            await publisher.wait_for_room()
+            if publisher.carry_on():
+                break
+        self._room = None
+        self._release(1)
+        self._ack_ready()
+        self._pump()  # what was read meanwhile
+
+    # --- out: acknowledge -----------------------------------------------------------------
+
+    def _ack_ready(self) -> None:
+        """ACK the batches that are routed, once what went to disk is durable."""
+        if self._durable is not None or self.closing:
+            return
+        marks = self._marks
+        publisher = self.publisher
+        handled = publisher.handled
+        self.published = handled
+        if marks and marks[0][1] <= handled:
+            failed = publisher.failed_from
+            if failed is not None and failed <= marks[0][1]:
+                self._disk_failed()
+            elif publisher.written:
+                self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
+            else:
+                self._send(handled)
+
+    async def _durable_then_ack(self, handled: int) -> None:
+        ok = await self.publisher.durable()
+        self._durable = None
+        if self.closing:
+            return
+        if not ok:
+            self._disk_failed()
+            return
+        self._send(handled)
+        self._ack_ready()  # more may have been routed meanwhile
+
+    def _disk_failed(self) -> None:
+        self.broker.limits.log.log(
+            logging.WARNING, "figg", "closing Figg connection from %s: a disk write failed; "
+            "its publishes are not acknowledged", self._name(),
+        )  # fmt: skip
+        self.close()
+
+    def _send(self, handled: int) -> None:
+        """One ACK for the batches up to ``handled`` messages: the client's is cumulative."""
+        marks = self._marks
+        seq = -1
+        while marks and marks[0][1] <= handled:
+            seq = marks.popleft()[0]
+        if seq >= 0:
+            self.acked = seq
+            self.write(wire.encode_ack(seq))

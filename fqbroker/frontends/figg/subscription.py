@@ -1,0 +1,140 @@
+"""One ATTACH of one Figg connection: a cursor into a retained topic, fed to the socket.
+
+A :class:`Subscription` is a task that reads the topic after its cursor, writes what it
+read as DATA frames, and moves the cursor on; caught up, it awaits ``wait_beyond(cursor)``.
+Replay and live delivery are the same loop, so there is neither gap nor duplicate where
+one turns into the other, and only durable messages are ever sent (the topic's reads
+stop at its durable end).
+
+Why it costs little: each read is one bounded batch (``BATCH_RECORDS``/``BATCH_BYTES``)
+from the topic's store, written as one ``transport.write`` of one joined buffer, so a
+thousand subscribers replaying one topic hold a batch each, never the backlog. Each
+record's DATA frame is a prefix packed in one call (header, topic, offset) and the tail
+of the stored fq frame from its payload length on, which is byte for byte the tail of a
+DATA frame: no payload is copied out of its frame on its own. While the connection's
+write buffer is over its high-water mark (``pause_writing``) every subscription waits
+before its next read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Callable
+from typing import Protocol
+
+from fqbroker.core.frames import ID_SIZE
+from fqbroker.frontends.figg.wire import DATA, VERSION
+
+__all__ = ["BATCH_BYTES", "BATCH_RECORDS", "Subscription", "TopicReader", "TopicView"]
+
+BATCH_RECORDS = 4096
+BATCH_BYTES = 1 << 20
+
+
+class TopicReader(Protocol):
+    """What a topic shows of a reader in its stats."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def remote(self) -> str: ...
+
+
+class TopicView(Protocol):
+    """What a subscription needs of a retained topic (fqbroker.storage.topics.Topic)."""
+
+    @property
+    def name(self) -> bytes: ...
+
+    @property
+    def last_offset(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def subscribers(self) -> set[TopicReader]: ...
+
+    def start_offset(self, requested: int | None) -> int: ...
+
+    def read(
+        self, after: int, max_records: int = ..., max_bytes: int = ...
+    ) -> list[tuple[int, bytes]]: ...
+
+    async def wait_beyond(self, offset: int) -> None: ...
+
+
+class Writer(Protocol):
+    """The connection a subscription writes to."""
+
+    writable: asyncio.Event  # set while the write buffer is under its high-water mark
+    delivered: int
+
+    def write(self, data: bytes) -> None: ...
+
+
+class Subscription:
+    """A cursor into ``topic`` from ``offset``, delivering until cancelled."""
+
+    __slots__ = ("_head", "_task", "offset", "remote", "topic")
+
+    def __init__(
+        self,
+        topic: TopicView,
+        offset: int,
+        remote: str,
+        writer: Writer,
+        on_error: Callable[[BaseException], None],
+    ) -> None:
+        self.topic = topic
+        self.offset = offset  # the last offset sent (and where reading goes on after)
+        self.remote = remote
+        name = topic.name
+        # Header (type, version, payload length), topic length, topic, offset: all but
+        # the payload length and the payload, which the stored frame's tail supplies.
+        self._head = struct.Struct(f">HHII{len(name)}sQ")
+        topic.subscribers.add(self)
+        self._task = asyncio.ensure_future(self._run(writer))
+        self._task.add_done_callback(lambda task: _report(task, on_error))
+
+    def stop(self) -> None:
+        self._task.cancel()
+        self.topic.subscribers.discard(self)
+
+    async def _run(self, writer: Writer) -> None:
+        topic = self.topic
+        name = topic.name
+        t = len(name)
+        base = 16 + t
+        pack = self._head.pack
+        read = topic.read
+        writable = writer.writable
+        while not topic.closed:
+            if not writable.is_set():
+                await writable.wait()
+                continue
+            records = read(self.offset, BATCH_RECORDS, BATCH_BYTES)
+            if not records:
+                await topic.wait_beyond(self.offset)
+                continue
+            parts: list[bytes] = []
+            append = parts.append
+            for offset, frame in records:
+                # Where the payload length is: past the names, the id, sender and hops.
+                at = 2 + frame[0] + frame[1 + frame[0]] + ID_SIZE
+                at += 1 + frame[at]
+                at += 1 + 4 * frame[at]
+                append(pack(DATA, VERSION, base + len(frame) - at - 4, t, name, offset))
+                append(frame[at:])
+            self.offset = records[-1][0]
+            writer.delivered += len(records)
+            writer.write(b"".join(parts))
+            # Others (this connection's input, other subscribers) get their turn.
+            await asyncio.sleep(0)
+
+
+def _report(task: asyncio.Task[None], on_error: Callable[[BaseException], None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        on_error(exc)

@@ -1,0 +1,410 @@
+"""Retained topics: never-consumed disk stores with offsets (Figg, seed 004; docs/figg.md).
+
+Theory of operation
+-------------------
+A topic is a :class:`~fqbroker.storage.store.DiskStore` over a segment log of its own in
+``<queue_dir>/topics/<hex of name>/``. Its appends go through the catalog's ``dirty`` set and
+memory budget, so :meth:`Publisher.flush` and :meth:`Publisher.durable` cover them exactly as
+they cover disk queues, under the broker's fsync policy. Nothing ever takes from it: no
+checkpoint is set, so the store's trim never runs; retention (:mod:`.retention`) deletes
+whole segments, by size and by age.
+
+Offsets count messages: the message at log seq ``s`` has offset ``s``, the position just
+past it, and offset 0 is the start of a topic. Readers see durable messages only
+(seq <= ``durable_seq``, Kafka's high watermark), so an offset a reader saw is never given
+to another message after a crash.
+
+Reads serve the store's in-memory cache of the newest frames when the range is there
+(readers that keep up, live fan-out), else the segment files, checked as they are read;
+either way a batch costs a few C-level list operations, not Python work per message.
+
+Topics and the fq exchange ``settings.figg.exchange`` are one space: the
+:class:`TopicSink`, bound there with ``prefix:""`` straight on the router (never persisted),
+appends each message to the topic named by its route, creating it on first use, up to
+``max_topics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from bisect import bisect_right
+from collections.abc import Iterator
+from itertools import accumulate, islice, repeat
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from fqbroker.errors import LogFormatError
+from fqbroker.storage.retention import enforce
+from fqbroker.storage.segmentlog import SegmentLog
+from fqbroker.storage.store import DiskStore, FsyncPolicy
+
+if TYPE_CHECKING:
+    from fqbroker.config import Settings
+    from fqbroker.core.budget import MemoryBudget
+    from fqbroker.core.router import Router
+
+__all__ = ["TOPIC_PROGRAM", "Topic", "TopicReader", "TopicSink", "Topics"]
+
+log = logging.getLogger(__name__)
+
+TOPIC_PROGRAM = b'prefix:""'  # the sink's binding: every route of the exchange
+MAX_NAME = 127  # a topic is an fq route: 1 to 127 bytes
+# Per topic: live readers a little behind read from here. Less than a queue's cache, since
+# nothing drains it: it holds memory (counted in the budget) until the topic goes idle.
+RECENT_BYTES = 4 << 20
+RETENTION_PERIOD = 1.0  # seconds between retention passes
+_TAG = 9  # a record's version byte and arrival time before the frame (store.py)
+
+
+class TopicReader(Protocol):
+    """A subscriber, as stats see it: where it is and who it is."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def remote(self) -> str: ...
+
+
+class Topic:
+    """One retained topic."""
+
+    def __init__(
+        self,
+        name: bytes,
+        directory: Path,
+        settings: Settings,
+        dirty: set[DiskStore] | None = None,
+        budget: MemoryBudget | None = None,
+    ) -> None:
+        self.name = name
+        figg = settings.figg
+        self.store = DiskStore(
+            SegmentLog(directory, segment_bytes=figg.segment_bytes),
+            policy=FsyncPolicy(settings.fsync),
+            interval_ms=settings.fsync_interval_ms,
+            dirty=dirty,
+            budget=budget,
+        )
+        self.store.recent_limit = RECENT_BYTES
+        self.retention_bytes, self.retention_seconds = figg.retention(name)
+        self.messages_in = 0  # appended since open
+        self.segments_deleted = 0  # by retention, since open
+        self.subscribers: set[TopicReader] = set()
+        self.closed = False
+        self.appended = False  # since the last retention pass: not idle
+
+    def __repr__(self) -> str:
+        return f"<Topic {self.name!r} [{self.first_offset}, {self.last_offset}]>"
+
+    # --- positions ------------------------------------------------------------------------
+
+    @property
+    def first_offset(self) -> int:
+        """The offset before the oldest retained message."""
+        return min(self.store.log.first_seq - 1, self.store.durable_seq)
+
+    @property
+    def last_offset(self) -> int:
+        """The offset after the newest durable message."""
+        return self.store.durable_seq
+
+    @property
+    def size_bytes(self) -> int:
+        return self.store.size_bytes
+
+    def start_offset(self, requested: int | None) -> int:
+        """Where an ATTACH starts: None is the end (latest); an expired offset is the
+        oldest message kept; one past the end is the end."""
+        last = self.last_offset
+        if requested is None or requested >= last:
+            return last
+        return max(requested, self.first_offset)
+
+    # --- writing --------------------------------------------------------------------------
+
+    def append(self, frames: list[bytes]) -> None:
+        """Append peer frames; the publisher's flush writes them, its durable() syncs."""
+        self.store.extend(frames)
+        self.messages_in += len(frames)
+        self.appended = True
+
+    # --- reading --------------------------------------------------------------------------
+
+    def read(
+        self, after: int, max_records: int = 4096, max_bytes: int = 1 << 20
+    ) -> list[tuple[int, bytes]]:
+        """Durable messages with offset > ``after`` as (offset, peer frame), in order; []
+        when caught up. At least one when there is one, however large. From the oldest
+        kept if ``after`` expired; offsets jump over damaged records."""
+        if self.closed:
+            return []
+        store = self.store
+        last = store.durable_seq
+        start = after + 1
+        if start > last or max_records <= 0:
+            return []
+        start = max(start, store.log.first_seq)
+        n = min(max_records, last - start + 1)
+        if n <= 0:
+            return []
+        first_cached, recent = store.recent()
+        if recent and start >= first_cached:
+            index = start - first_cached
+            frames = list(islice(recent, index, index + n))
+            if frames:
+                frames = _fit(frames, max_bytes)
+                return list(zip(range(start, start + len(frames)), frames, strict=True))
+        return self._read_file(start, n, max_bytes, last)
+
+    def _read_file(self, start: int, n: int, max_bytes: int, last: int) -> list[tuple[int, bytes]]:
+        store = self.store
+        records = store.log.read(start, n, max_bytes)
+        if not records:
+            return []
+        if records[-1][0] > last:  # stepped over damage, past what is durable
+            records = records[: bisect_right(records, last, key=_seq)]
+        if not records:
+            return []
+        store.replay_ahead.after_read(store.log.position(records[-1][0] + 1))
+        # Every topic record has the arrival tag (topics are younger than it: store.py).
+        return [(seq, record[_TAG:]) for seq, record in records]
+
+    async def wait_beyond(self, offset: int) -> None:
+        """Return once ``last_offset`` > ``offset``, or the topic is closing (``closed``)."""
+        store = self.store
+        while not self.closed and store.durable_seq <= offset:
+            await store.wait_durable_change(offset)
+
+    def enforce_retention(self, now: float) -> int:
+        """Delete the oversize and expired oldest segments; how many went."""
+        if self.closed:
+            return 0
+        gone = enforce(self.store, self.retention_bytes, self.retention_seconds, now)
+        self.segments_deleted += gone
+        return gone
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Write and sync what was appended, close the files, wake every waiter."""
+        if self.closed:
+            return
+        self.closed = True
+        self.store.wake()
+        self.store.close(destroy=False)
+
+
+def _seq(record: tuple[int, bytes]) -> int:
+    return record[0]
+
+
+def _fit(frames: list[bytes], max_bytes: int) -> list[bytes]:
+    """The leading frames within ``max_bytes``; the first one whatever its size."""
+    if len(frames) > 1 and sum(map(len, frames)) > max_bytes:
+        keep = bisect_right(list(accumulate(map(len, frames))), max_bytes)
+        return frames[: max(1, keep)]
+    return frames
+
+
+def _route(frame: bytes) -> bytes:
+    at = 1 + frame[0]
+    return frame[at + 1 : at + 1 + frame[at]]
+
+
+class TopicSink:
+    """The router target that appends each message on the Figg exchange to the topic its
+    route names. Never full, never blocks; messages are dropped only for a topic it cannot
+    have (past ``max_topics``, an empty name, a directory it cannot open)."""
+
+    blocks = False
+    name = b""  # not a queue: stats show its bindings with no queue name
+
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
+
+    @property
+    def room(self) -> int:
+        return 1 << 62
+
+    @property
+    def room_bytes(self) -> int:
+        return 1 << 62
+
+    @property
+    def is_full(self) -> bool:
+        return False
+
+    def takes(self, frames: list[bytes]) -> int:
+        return len(frames)
+
+    async def wait_not_full(self) -> None:
+        return None
+
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
+        if not frames:
+            return 0
+        first = frames[0]
+        route = _route(first)
+        head = first[: 2 + first[0] + len(route)]  # exchange and route, length bytes too
+        n = len(frames)
+        if n == 1 or sum(map(bytes.startswith, frames, repeat(head))) == n:
+            return self._append(route, frames)
+        taken, i = 0, 0
+        while i < n:  # runs of one route, in order
+            route = _route(frames[i])
+            j = i + 1
+            while j < n and _route(frames[j]) == route:
+                j += 1
+            taken += self._append(route, frames[i:j])
+            i = j
+        return taken
+
+    def _append(self, route: bytes, frames: list[bytes]) -> int:
+        topics = self.topics
+        topic = topics.get(route) or topics.open(route)
+        if topic is None:
+            topics.dropped += len(frames)
+            return 0
+        topic.append(frames)
+        if topic.store.log.size_bytes > topic.retention_bytes:
+            topics.retention_soon(topic)
+        return len(frames)
+
+
+class Topics:
+    """Every retained topic of a broker (``broker.topics``), and their retention."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        router: Router,
+        dirty: set[DiskStore] | None = None,
+        budget: MemoryBudget | None = None,
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.directory = Path(settings.queue_dir) / "topics"
+        self.exchange = settings.figg.exchange.encode()
+        self.max_topics = settings.figg.max_topics
+        self._dirty = dirty
+        self._budget = budget
+        self._topics: dict[bytes, Topic] = {}
+        self._unusable: set[bytes] = set()  # could not be opened: not tried on every message
+        self.dropped = 0  # messages for topics past max_topics or that cannot be opened
+        self._warned_full = False
+        self.sink = TopicSink(self)
+        self._task: asyncio.Task[None] | None = None
+        self._soon: set[Topic] = set()
+        self.closed = False
+        self._recover()
+
+    def _recover(self) -> None:
+        if not self.directory.is_dir():
+            return
+        for entry in sorted(self.directory.iterdir()):
+            try:
+                name = bytes.fromhex(entry.name)
+            except ValueError:
+                name = b""
+            if not entry.is_dir() or not 0 < len(name) <= MAX_NAME or name.hex() != entry.name:
+                log.warning("topics: ignoring %s, not a topic's directory", entry)
+                continue
+            self._make(name)
+
+    def _make(self, name: bytes) -> Topic | None:
+        try:
+            topic = Topic(
+                name, self.directory / name.hex(), self.settings, self._dirty, self._budget
+            )
+        except (OSError, LogFormatError) as exc:
+            log.error("topic %r cannot be opened, its messages are dropped: %s", name, exc)
+            self._unusable.add(name)
+            return None
+        self._topics[name] = topic
+        return topic
+
+    # --- the set --------------------------------------------------------------------------
+
+    def get(self, name: bytes) -> Topic | None:
+        return self._topics.get(name)
+
+    def open(self, name: bytes) -> Topic | None:
+        """The topic, created if new; None past ``max_topics``, for a name that is empty
+        or over 127 bytes, or one whose directory cannot be opened."""
+        topic = self._topics.get(name)
+        if topic is not None or self.closed:
+            return topic
+        if not 0 < len(name) <= MAX_NAME or name in self._unusable:
+            return None
+        if len(self._topics) >= self.max_topics:
+            if not self._warned_full:
+                self._warned_full = True
+                log.warning(
+                    "topics: %d topics, the most figg max_topics allows; messages to new "
+                    "topics are dropped (first: %r)", len(self._topics), name,
+                )  # fmt: skip
+            return None
+        return self._make(name)
+
+    def __iter__(self) -> Iterator[Topic]:
+        return iter(list(self._topics.values()))
+
+    def __len__(self) -> int:
+        return len(self._topics)
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind the sink on the Figg exchange and start the retention timer."""
+        self.router.bind(self.exchange, TOPIC_PROGRAM, self.sink)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._retention_loop())
+
+    async def close(self) -> None:
+        """Unbind the sink, wake every waiter, write, sync and close every topic."""
+        if self.closed:
+            return
+        self.closed = True
+        self.router.unbind_queue(self.sink)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for topic in self._topics.values():
+            topic.close()
+
+    # --- retention ------------------------------------------------------------------------
+
+    def enforce_retention(self, now: float | None = None) -> int:
+        """Delete every topic's expired and oversize whole segments; how many went."""
+        when = time.time() if now is None else now
+        return sum(topic.enforce_retention(when) for topic in self._topics.values())
+
+    def retention_soon(self, topic: Topic) -> None:
+        """A topic grew past its size: check it once the publisher's write is done."""
+        if not self._soon and not self.closed:
+            with contextlib.suppress(RuntimeError):  # no loop: the timer's pass does it
+                asyncio.get_running_loop().call_soon(self._enforce_soon)
+        self._soon.add(topic)
+
+    def _enforce_soon(self) -> None:
+        soon, self._soon = self._soon, set()
+        now = time.time()
+        for topic in soon:
+            topic.enforce_retention(now)
+
+    async def _retention_loop(self) -> None:
+        while True:
+            await asyncio.sleep(RETENTION_PERIOD)
+            try:
+                self.enforce_retention()
+            except OSError as exc:
+                log.error("topics: retention failed: %s", exc)
+            for topic in self._topics.values():
+                if not topic.appended and topic.store.held_bytes:
+                    topic.store.drop_recent()  # idle: its readers have what it holds
+                topic.appended = False
