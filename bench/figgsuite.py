@@ -97,6 +97,8 @@ def fanout_run(broker: System, run: int, scale: float) -> dict[str, float]:
             count=count, size=SIZE,
         )  # fmt: skip
         pub.ready()
+        for sub in subs:
+            sub.go()  # they read from here on; the publisher starts the clock
         cpu0 = cpu_seconds(broker.pid)
         pub.go()
         got = [sub.collect() for sub in subs]
