@@ -108,6 +108,7 @@ def test_reconnect_resends_unacknowledged_in_order_after_the_attaches() -> None:
     expected = wire.encode(wire.Attach(b"a", None)) + wire.encode(wire.Attach(b"b", 7))
     expected += b"".join(wire.encode_publish(b"t", s, b"m%d" % s) for s in range(2, 6))
     assert m.data_to_send() == expected
+    assert m.resent == range(2, 6)
     assert m.publish(b"t", b"m6") == 6
     assert m.data_to_send() == wire.encode_publish(b"t", 6, b"m6")
 

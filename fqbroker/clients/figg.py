@@ -144,6 +144,14 @@ class FiggClient:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def local_address(self) -> tuple[str, int] | None:
+        """(host, port) of our end of the current connection; None while disconnected."""
+        if self._link is None:
+            return None
+        address: tuple[str, int] = self._link.writer.get_extra_info("sockname")
+        return address
+
     async def connect(self) -> None:
         """Open the first connection (``OSError``/``TimeoutError`` if that fails); later
         losses reconnect by themselves until ``close()``."""

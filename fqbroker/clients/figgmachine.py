@@ -120,6 +120,7 @@ class FiggMachine:
         self._outbox: list[bytes] = []
         self._unanswered = 0
         self._next_ping = 0.0
+        self.resent = range(0)  # the seqs the latest connection_made() queued again
 
     # --- publishing -------------------------------------------------------------------------
 
@@ -196,6 +197,8 @@ class FiggMachine:
         out = [wire.encode(wire.Attach(s.topic, s.position)) for s in self._subs.values()]
         out += [frame for _, frame in self._unacked]
         self._outbox = out
+        first = self._unacked[0][0] if self._unacked else self.next_seq
+        self.resent = range(first, first + len(self._unacked))
 
     def connection_lost(self) -> None:
         self.connected = False
