@@ -106,7 +106,11 @@ async def _run(settings: Settings) -> None:
 
 
 def fqd(argv: list[str] | None = None) -> int:
-    settings = settings_from_args(argv)
+    try:
+        settings = settings_from_args(argv)
+    except (ValueError, OSError) as exc:  # a bad setting, flag or file: one line, no traceback
+        print(f"fqd: {exc}", file=sys.stderr)
+        return 2
     _configure_logging(settings.debug)
     _raise_descriptor_limit()
     try:

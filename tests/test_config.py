@@ -73,3 +73,67 @@ def test_bad_upstream_table(tmp_path: Path, table: str, error: str) -> None:
     conf.write_text(f"[fqd]\n\n[[upstream]]\n{table}\n")
     with pytest.raises(ValueError, match=error):
         Settings.from_toml(conf)
+
+
+def test_figg_table_and_flag(tmp_path: Path) -> None:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text(
+        '[fqd]\nport = 1\n[figg]\nlisten = "0.0.0.0:9000"\nretention_bytes = 4096\n'
+        'idle_seconds = 5\n[figg.topics."audit"]\nretention_seconds = 60.5\n'
+        '[figg.topics."big"]\nretention_bytes = 1099511627776\n'
+    )
+    s = Settings.from_toml(conf)
+    figg = s.figg
+    assert (figg.listen, figg.retention_bytes, figg.idle_seconds) == ("0.0.0.0:9000", 4096, 5)
+    assert figg.address("127.0.0.1") == ("0.0.0.0", 9000)
+    assert figg.retention(b"audit") == (4096, 60.5)
+    assert figg.retention(b"big") == (1 << 40, figg.retention_seconds)
+    assert figg.retention(b"other") == (4096, 7 * 86400)
+    assert Settings().figg.listen is None and Settings().figg.address("h") is None
+    assert settings_from_args(["--figg", "7000"]).figg.address("10.0.0.1") == ("10.0.0.1", 7000)
+    assert settings_from_args(["--figg", "[::1]:0"]).figg.address("x") == ("::1", 0)
+    # The flag overrides the file's listen and keeps the rest of its table.
+    s = settings_from_args(["--config", str(conf), "--figg", "127.0.0.1:0"])
+    assert (s.figg.listen, s.figg.retention_bytes) == ("127.0.0.1:0", 4096)
+    empty = tmp_path / "empty.toml"
+    empty.write_text('[fqd]\n[figg]\nlisten = ""\n')
+    assert Settings.from_toml(empty).figg.listen is None  # empty: off
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("lisen = 1", "unknown figg setting.*lisen"),
+        ("retention_bytes = 0", "figg retention_bytes must be a positive integer"),
+        ("retention_seconds = -1", "figg retention_seconds must be a positive number"),
+        ('max_topics = "x"', "figg max_topics must be a positive integer"),
+        ("segment_bytes = 100", "figg segment_bytes must be at least 4096"),
+        ('exchange = ""', "figg exchange must be a string of 1 to 127 bytes"),
+        ('listen = "host:port"', "figg listen 'host:port' is not HOST:PORT"),
+        ('listen = "1:2:3"', "IPv6"),
+        ("topics = 3", "figg topics must be a table"),
+        ('[figg.topics."t"]\nretention = 1', "unknown figg setting.*topic 't'.*retention"),
+        ('[figg.topics."t"]\nretention_bytes = -5', "topic 't' retention_bytes"),
+        ('[figg.topics."t"]\nretention_seconds = true', "topic 't' retention_seconds"),
+    ],
+)
+def test_bad_figg_settings_are_clear_errors(tmp_path: Path, table: str, message: str) -> None:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text(f"[fqd]\n[figg]\n{table}\n")
+    with pytest.raises(ValueError, match=message):
+        Settings.from_toml(conf)
+
+
+def test_fqd_reports_a_bad_figg_setting_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from .procs import ENV
+
+    done = subprocess.run(
+        [sys.executable, "-m", "fqbroker", "--figg", "nope:x", "-q", str(tmp_path)],
+        env=ENV, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "figg listen 'nope:x' is not HOST:PORT" in done.stderr
+    assert "Traceback" not in done.stderr

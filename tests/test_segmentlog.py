@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -1321,3 +1322,80 @@ def test_a_new_log_directory_is_made_durably(
     log = SegmentLog(tmp_path / "queues" / "q")
     log.close()
     assert {str(tmp_path), str(tmp_path / "queues")} <= set(fsyncs.synced)
+
+
+def test_segment_info_lists_every_segment(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=100)
+    log.append([p20(i) for i in range(1, 10)])  # segments 1, 3, 5, 7 (two each), 9 (one)
+    info = log.segment_info()
+    assert [(s.first, s.end, s.size) for s in info] == [
+        (1, 3, 72), (3, 5, 72), (5, 7, 72), (7, 9, 72), (9, 10, 36)
+    ]  # fmt: skip
+    assert [s.path for s in info] == segments(tmp_path)
+    old = time.time() - 3600
+    os.utime(info[0].path, (old, old))
+    assert info[0].mtime() == pytest.approx(old)
+    assert info[1].mtime() == pytest.approx(info[1].path.stat().st_mtime)
+    info[0].path.unlink()
+    assert info[0].mtime() is None
+    log.close()
+
+
+def test_drop_before_deletes_whole_segments_never_the_newest(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=100)
+    log.append([p20(i) for i in range(1, 10)])
+    assert log.drop_before(1) == 0
+    assert log.drop_before(4) == 72  # segment 1 (seqs 1-2) only: 3 is in segment 3
+    assert (log.first_seq, log.size_bytes) == (3, 3 * 72 + 36)
+    assert contents(log) == [p20(i) for i in range(3, 10)]
+    assert log.read(3, 1) == [(3, p20(3))]  # a remembered position into a deleted one is gone
+    assert log.drop_before(10**9) == 3 * 72  # everything but the newest
+    assert [p.name[-8:-4] for p in segments(tmp_path)] == ["0009"]
+    assert (log.first_seq, log.next_seq) == (9, 10)
+    assert log.append([p20(10)]) == 10
+    log.close()
+    # No checkpoints, no gap: recovery finds nothing wrong, and seqs go on.
+    log = SegmentLog(tmp_path, segment_bytes=100)
+    assert log.recovery == []
+    assert (log.first_seq, log.next_seq) == (9, 11)
+    assert contents(log) == [p20(9), p20(10)]
+    log.close()
+
+
+def test_drop_before_moves_checkpoints_up_to_the_first_seq_left(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=100)
+    log.append([p20(i) for i in range(1, 10)])
+    log.set_checkpoint("behind", 2)
+    log.set_checkpoint("ahead", 8)
+    log.drop_before(6)
+    assert dict(log.checkpoints) == {"behind": 5, "ahead": 8}
+    log.close()
+
+
+def test_read_run_reads_one_segment_fast_and_defers_the_rest_to_read(tmp_path: Path) -> None:
+    log = SegmentLog(tmp_path, segment_bytes=200)  # five 36-byte records per segment
+    log.append([p20(i) for i in range(1, 21)])
+    assert log.read_run(1, 100) == [p20(i) for i in range(1, 6)]  # to the segment's end
+    assert log.read_run(6, 100, skip=18) == [b"%02d" % i for i in range(6, 11)]
+    assert log.read_run(13, 2) == [p20(13), p20(14)]
+    # About max_bytes: it reads max_bytes and a header per record asked for (110 bytes).
+    assert log.read_run(11, 100, max_bytes=30) == [p20(11), p20(12), p20(13)]
+    assert log.read_run(20, 100) == [p20(20)]
+    assert log.read_run(21, 100) == [] and log.read_run(0, 100) == []
+    log.append([b"x" * 1000])  # bigger than any read it would plan
+    assert log.read_run(21, 100, max_bytes=10) == [b"x" * 1000]
+    # Damage: the run stops before it; read() steps over it.
+    path = tmp_path / f"{1:020d}.seg"
+    flip(path, 2 * 36 + HEADER_SIZE + 5)
+    assert log.read_run(1, 100) == [p20(1), p20(2)]
+    assert log.read_run(3, 100) == []
+    assert [s for s, _ in log.read(3, 100)][:3] == [4, 5, 6]
+    log.close()
+    # A gap (a segment gone): nothing at its start, the next segment as usual.
+    log = SegmentLog(tmp_path, segment_bytes=200)
+    (tmp_path / f"{11:020d}.seg").unlink()
+    log.close()
+    log = SegmentLog(tmp_path, segment_bytes=200)
+    assert log.read_run(11, 100) == []
+    assert log.read_run(16, 100) == [p20(i) for i in range(16, 21)]
+    log.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fqbroker.frontends.figg import frontend as figg
 from fqbroker.frontends.fq import frontend as fq
 from fqbroker.frontends.http import frontend as http
 from fqbroker.frontends.lumberjack import frontend as lumberjack
@@ -33,6 +34,7 @@ FRONT_ENDS: tuple[FrontEnd[Any], ...] = (
     fq.DATA,
     http.HTTP,
     lumberjack.LUMBERJACK,
+    figg.FIGG,
 )
 
 _CLAIMS = preambles(FRONT_ENDS)

@@ -18,6 +18,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from fqbroker.storage.segrecords import (
+    HEADER,
     HEADER_SIZE,
     MARK_SHIFT,
     SEGMENT_NAME,
@@ -110,6 +111,48 @@ class SegmentReads:
             except Damaged as exc:
                 seg, off, seq = self._skip_damage(seg, exc.offset, seq, exc.reason)
         self._remember(seq, seg, off)
+        return out
+
+    def read_run(
+        self, start_seq: int, max_records: int, max_bytes: int = 4 << 20, skip: int = 0
+    ) -> list[bytes]:
+        """The payloads of records ``start_seq``, ``start_seq + 1``, ... in one segment,
+        each without its first ``skip`` bytes: the bulk reader of retained topics, which
+        :meth:`read` serves at twice the cost per record. [] whenever it cannot go the
+        fast way (no such record, a gap, damage): :meth:`read` then steps over what it
+        must. Every record is checked (crc, seq) all the same; stops before a bad one."""
+        self._check_open()
+        if not self.first_seq <= start_seq < self.next_seq or max_records <= 0:
+            return []
+        seg, off, seq = self._locate(start_seq)
+        if seq == start_seq and seq >= seg.end:  # remembered at the end of the one before
+            seg, off, seq = self._locate(seq)
+        if seq != start_seq or seq >= seg.end:
+            return []
+        n = min(max_records, seg.end - seq)
+        fd = self._reader(seg)
+        # Payloads of at most about max_bytes: the caller cuts the last few if it must.
+        buf = os.pread(fd, min(seg.size - off, max(max_bytes, 1) + n * HEADER_SIZE), off)
+        if len(buf) >= HEADER_SIZE:
+            first = HEADER.unpack_from(buf)[1] + HEADER_SIZE
+            if first > len(buf) and off + first <= seg.size:  # one record bigger than that
+                buf = os.pread(fd, first, off)
+        view = memoryview(buf)
+        unpack, crc32 = HEADER.unpack_from, zlib.crc32
+        out: list[bytes] = []
+        append = out.append
+        pos, size, stop, cut = 0, len(buf), seq + n, HEADER_SIZE + skip
+        try:
+            while pos + HEADER_SIZE <= size and seq < stop:
+                crc, length, rseq = unpack(buf, pos)
+                end = pos + HEADER_SIZE + length
+                if end > size or rseq != seq or crc32(view[pos + 4 : end]) != crc:
+                    break  # cut off (read on next time), or damage: read() steps over it
+                append(buf[pos + cut : end])
+                pos, seq = end, seq + 1
+        finally:
+            view.release()
+        self._remember(seq, seg, off + pos)
         return out
 
     def position(self, seq: int) -> tuple[Path, int] | None:

@@ -56,6 +56,7 @@ MAX_NAME = 127  # a topic is an fq route: 1 to 127 bytes
 # nothing drains it: it holds memory (counted in the budget) until the topic goes idle.
 RECENT_BYTES = 4 << 20
 RETENTION_PERIOD = 1.0  # seconds between retention passes
+RETRY_OPEN = 10.0  # seconds before a topic that could not be opened is tried again
 _TAG = 9  # a record's version byte and arrival time before the frame (store.py)
 
 
@@ -162,16 +163,21 @@ class Topic:
 
     def _read_file(self, start: int, n: int, max_bytes: int, last: int) -> list[tuple[int, bytes]]:
         store = self.store
-        records = store.log.read(start, n, max_bytes)
-        if not records:
-            return []
-        if records[-1][0] > last:  # stepped over damage, past what is durable
-            records = records[: bisect_right(records, last, key=_seq)]
-        if not records:
-            return []
-        store.replay_ahead.after_read(store.log.position(records[-1][0] + 1))
+        log = store.log
         # Every topic record has the arrival tag (topics are younger than it: store.py).
-        return [(seq, record[_TAG:]) for seq, record in records]
+        frames = log.read_run(start, n, max_bytes, _TAG)
+        if frames:
+            frames = _fit(frames, max_bytes)
+            out = list(zip(range(start, start + len(frames)), frames, strict=True))
+        else:  # a gap or damage where it starts: the careful read steps over it
+            records = log.read(start, n, max_bytes)
+            if records and records[-1][0] > last:  # stepped over damage, past the durable
+                records = records[: bisect_right(records, last, key=_seq)]
+            if not records:
+                return []
+            out = [(seq, record[_TAG:]) for seq, record in records]
+        store.replay_ahead.after_read(log.position(out[-1][0] + 1))
+        return out
 
     async def wait_beyond(self, offset: int) -> None:
         """Return once ``last_offset`` > ``offset``, or the topic is closing (``closed``)."""
@@ -221,7 +227,7 @@ class TopicSink:
     have (past ``max_topics``, an empty name, a directory it cannot open)."""
 
     blocks = False
-    name = b""  # not a queue: stats show its bindings with no queue name
+    name = b"(figg topics)"  # not a queue: what stats and the web UI show for its binding
 
     def __init__(self, topics: Topics) -> None:
         self.topics = topics
@@ -293,7 +299,9 @@ class Topics:
         self._dirty = dirty
         self._budget = budget
         self._topics: dict[bytes, Topic] = {}
-        self._unusable: set[bytes] = set()  # could not be opened: not tried on every message
+        # Could not be opened (a full disk, permissions): name -> when to try again, so a
+        # failing directory is not tried on every message, nor given up on for good.
+        self._unusable: dict[bytes, float] = {}
         self.dropped = 0  # messages for topics past max_topics or that cannot be opened
         self._warned_full = False
         self.sink = TopicSink(self)
@@ -321,9 +329,11 @@ class Topics:
                 name, self.directory / name.hex(), self.settings, self._dirty, self._budget
             )
         except (OSError, LogFormatError) as exc:
-            log.error("topic %r cannot be opened, its messages are dropped: %s", name, exc)
-            self._unusable.add(name)
+            if name not in self._unusable:
+                log.error("topic %r cannot be opened, its messages are dropped: %s", name, exc)
+            self._unusable[name] = time.monotonic() + RETRY_OPEN
             return None
+        self._unusable.pop(name, None)
         self._topics[name] = topic
         return topic
 
@@ -338,7 +348,10 @@ class Topics:
         topic = self._topics.get(name)
         if topic is not None or self.closed:
             return topic
-        if not 0 < len(name) <= MAX_NAME or name in self._unusable:
+        if not 0 < len(name) <= MAX_NAME:
+            return None
+        retry = self._unusable.get(name)
+        if retry is not None and time.monotonic() < retry:
             return None
         if len(self._topics) >= self.max_topics:
             if not self._warned_full:
@@ -404,7 +417,15 @@ class Topics:
                 self.enforce_retention()
             except OSError as exc:
                 log.error("topics: retention failed: %s", exc)
-            for topic in self._topics.values():
-                if not topic.appended and topic.store.held_bytes:
-                    topic.store.drop_recent()  # idle: its readers have what it holds
-                topic.appended = False
+            self.trim_caches()
+
+    def trim_caches(self) -> None:
+        """Give back the memory of idle topics' caches (their readers have what they hold),
+        and of every topic's while the broker's budget is over half spent: nothing drains a
+        topic's cache, and it only saves reading the file back (docs/memory.md)."""
+        budget = self._budget
+        tight = budget is not None and not budget.fits(budget.limit // 2)
+        for topic in self._topics.values():
+            if (tight or not topic.appended) and topic.store.held_bytes:
+                topic.store.drop_recent()
+            topic.appended = False

@@ -2,5 +2,5 @@
 
 :mod:`.wire` encodes and decodes the frames sans I/O (the client uses it too),
 :mod:`.session` serves one connection, :mod:`.frontend` is the front-end table's entry.
-See docs/figg.md.
+See docs/figg-protocol.md.
 """

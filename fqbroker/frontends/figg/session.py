@@ -1,4 +1,4 @@
-"""The Figg listener's asyncio shell: one client's connection (docs/figg.md).
+"""The Figg listener's asyncio shell: one client's connection (docs/figg-protocol.md).
 
 The wire format is :mod:`fqbroker.frontends.figg.wire`; this module moves bytes into its
 decoder, publishes what clients publish, serves their subscriptions
@@ -25,7 +25,9 @@ without the ACK: the client sends those messages again.
 starts, and starts a :class:`~.subscription.Subscription` there; a second ATTACH of the
 same topic replaces the first. DETACH stops it and is answered by DETACHED, attached or
 not. While the client does not read what we write (``pause_writing``), subscriptions
-stop reading their topics and the session stops reading its input.
+stop reading their topics and the session stops reading its input. What the decoder
+buffers (up to a frame of ``max_frame``) is held against the broker's memory budget, and
+reading pauses while the budget is spent, as the Lumberjack session does.
 
 **Ending.** Bad input (:class:`~fqbroker.errors.FiggProtocolError`: a bad frame, a topic
 name empty or over 127 bytes) is logged, counted as bad input and closes the connection;
@@ -45,28 +47,29 @@ from typing import TYPE_CHECKING, Protocol
 from fqbroker.core.frames import encode_peer
 from fqbroker.errors import FiggProtocolError
 from fqbroker.frontends.figg import wire
-from fqbroker.frontends.figg.subscription import Subscription, TopicView
+from fqbroker.frontends.figg.subscription import Subscription
 from fqbroker.server.connections import RemotePeer, peer_address
 
 if TYPE_CHECKING:
     from fqbroker.config import Settings
+    from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.message import MsgIdCounter, Run
     from fqbroker.core.publisher import Publisher
     from fqbroker.core.router import ClientStats
     from fqbroker.server.frontend import LiveFrontEnd
     from fqbroker.server.limits import Limits as BrokerLimits
+    from fqbroker.storage.topics import Topics
 
-__all__ = ["Config", "FiggHost", "FiggSession", "TopicSet", "sender_for"]
+__all__ = ["Config", "FiggHost", "FiggSession", "sender_for"]
 
 log = logging.getLogger(__name__)
 
+# Why reading is paused; reading resumes when none is left.
+_ROOM = 1  # a block-policy queue is full
+_BUDGET = 2  # the memory budget is spent
+_WRITE = 4  # the client does not read what we write
+
 _SENDER_PREFIX = b"figg/"
-
-
-class TopicSet(Protocol):
-    """What a session needs of the broker's topics (fqbroker.storage.topics.Topics)."""
-
-    def open(self, name: bytes) -> TopicView | None: ...
 
 
 class FiggHost(Protocol):
@@ -74,11 +77,11 @@ class FiggHost(Protocol):
 
     node_id: bytes
     settings: Settings
+    budget: MemoryBudget
     limits: BrokerLimits
     msgids: MsgIdCounter
 
-    @property
-    def topics(self) -> TopicSet | None: ...
+    topics: Topics | None
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 
@@ -105,11 +108,13 @@ class FiggSession(RemotePeer, asyncio.Protocol):
 
     __slots__ = (
         "_durable",
+        "_eof",
         "_holds",
         "_idle",
         "_last_read",
         "_mapped",
         "_marks",
+        "_reserved",
         "_room",
         "_sender",
         "acked",
@@ -148,12 +153,14 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         self._mapped = 0  # messages handed to the publisher so far
         # ACKs owed, in order: (seq, messages up to it).
         self._marks: deque[tuple[int, int]] = deque()
-        self._holds = 0  # 1: waiting for room in a full queue; 2: the client reads slowly
-        self._room: asyncio.Task[None] | None = None
+        self._holds = 0  # _ROOM, _BUDGET, _WRITE: why reading is paused
+        self._room: asyncio.Task[None] | None = None  # waiting for room or budget
+        self._reserved = 0  # bytes of the memory budget the decoder's buffer holds
         self._durable: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
         self._last_read = loop.time()
         self._idle = loop.call_later(config.idle, self._on_idle)
+        self._eof = False
         self.closing = False
         counters = live.counters
         if counters.bytes_in is None:
@@ -171,9 +178,20 @@ class FiggSession(RemotePeer, asyncio.Protocol):
             self._pump()
 
     def eof_received(self) -> bool:
-        # A client that half-closes may still wait for its ACKs and DATA: the transport
-        # stays open until it closes its side or we do.
+        # A client that half-closes may still wait for its ACKs: the connection closes
+        # once they are sent (_finish). Subscriptions end: no Figg client half-closes to
+        # go on reading.
+        self._eof = True
+        for sub in self.subscriptions.values():
+            sub.stop()
+        self.subscriptions.clear()
+        self._finish()
         return True
+
+    def _finish(self) -> None:
+        """After EOF: close once nothing is left to publish or acknowledge."""
+        if self._eof and not self.closing and not self._marks and self._room is None:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end()
@@ -183,11 +201,11 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         # The client does not keep up with what we write: no more reading of topics or
         # of its input until it does, so neither our buffer nor anything else grows.
         self.writable.clear()
-        self._hold(2)
+        self._hold(_WRITE)
 
     def resume_writing(self) -> None:
         self.writable.set()
-        self._release(2)
+        self._release(_WRITE)
 
     def close(self) -> None:
         self._end()
@@ -207,6 +225,9 @@ class FiggSession(RemotePeer, asyncio.Protocol):
             if task is not None:
                 task.cancel()
         self._room = self._durable = None
+        if self._reserved:
+            self.broker.budget.release(self._reserved)
+            self._reserved = 0
         for sub in self.subscriptions.values():
             sub.stop()
         self.subscriptions.clear()
@@ -224,7 +245,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         if not self._holds & why:
             return
         self._holds &= ~why
-        if not self._holds and not self.closing:
+        if not self._holds and not self.closing and not self._eof:
             self.transport.resume_reading()
 
     def _on_idle(self) -> None:
@@ -263,6 +284,8 @@ class FiggSession(RemotePeer, asyncio.Protocol):
             return
         if publishes:
             self._publish(publishes)
+        if self._room is None and not self.closing:
+            self._reserve()
 
     def _control(self, frame: wire.Frame) -> None:
         if isinstance(frame, wire.Ping):
@@ -331,7 +354,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         self._mapped += n
         self._marks.append((high, self._mapped))
         if not self.publisher.publish(runs, octets):
-            self._hold(1)
+            self._hold(_ROOM)
             self._room = asyncio.ensure_future(self._room_then_carry_on())
         self._ack_ready()
 
@@ -342,9 +365,28 @@ class FiggSession(RemotePeer, asyncio.Protocol):
             if publisher.carry_on():
                 break
         self._room = None
-        self._release(1)
+        self._release(_ROOM)
         self._ack_ready()
         self._pump()  # what was read meanwhile
+
+    def _reserve(self) -> None:
+        """Hold budget for what the decoder buffers (up to a frame of ``max_frame``);
+        pause reading while the budget cannot take it."""
+        self._reserved, grow = self.broker.budget.resize(self._reserved, self.decoder.buffered)
+        if grow is None:
+            return
+        self._hold(_BUDGET)
+        self._room = asyncio.ensure_future(self._wait_for_budget(grow))
+
+    async def _wait_for_budget(self, grow: int) -> None:
+        await self.broker.budget.acquire(grow)
+        self._room = None
+        if self.closing:
+            self.broker.budget.release(grow)  # closed between its wake-up and now
+            return
+        self._reserved += grow
+        self._release(_BUDGET)
+        self._pump()  # whatever arrived while reading was paused
 
     # --- out: acknowledge -----------------------------------------------------------------
 
@@ -364,6 +406,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
                 self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
             else:
                 self._send(handled)
+        self._finish()
 
     async def _durable_then_ack(self, handled: int) -> None:
         ok = await self.publisher.durable()

@@ -21,49 +21,18 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from fqbroker.core.frames import ID_SIZE
 from fqbroker.frontends.figg.wire import DATA, VERSION
 
-__all__ = ["BATCH_BYTES", "BATCH_RECORDS", "Subscription", "TopicReader", "TopicView"]
+if TYPE_CHECKING:
+    from fqbroker.storage.topics import Topic
+
+__all__ = ["BATCH_BYTES", "BATCH_RECORDS", "Subscription", "Writer"]
 
 BATCH_RECORDS = 4096
 BATCH_BYTES = 1 << 20
-
-
-class TopicReader(Protocol):
-    """What a topic shows of a reader in its stats."""
-
-    @property
-    def offset(self) -> int: ...
-
-    @property
-    def remote(self) -> str: ...
-
-
-class TopicView(Protocol):
-    """What a subscription needs of a retained topic (fqbroker.storage.topics.Topic)."""
-
-    @property
-    def name(self) -> bytes: ...
-
-    @property
-    def last_offset(self) -> int: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    @property
-    def subscribers(self) -> set[TopicReader]: ...
-
-    def start_offset(self, requested: int | None) -> int: ...
-
-    def read(
-        self, after: int, max_records: int = ..., max_bytes: int = ...
-    ) -> list[tuple[int, bytes]]: ...
-
-    async def wait_beyond(self, offset: int) -> None: ...
 
 
 class Writer(Protocol):
@@ -82,7 +51,7 @@ class Subscription:
 
     def __init__(
         self,
-        topic: TopicView,
+        topic: Topic,
         offset: int,
         remote: str,
         writer: Writer,

@@ -1,0 +1,56 @@
+"""The Figg listener as a front end of the table: a port of its own, off until ``[figg]
+listen`` (or ``fqd --figg``) names an address. Plain TCP: Figg's clients speak no TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any
+
+from fqbroker.config import Figg, Settings
+from fqbroker.frontends.figg.session import Config, FiggHost, FiggSession
+from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
+
+__all__ = ["FIGG", "config_of"]
+
+Facts = tuple[tuple[str, str | int], ...]
+
+
+def config_of(settings: Figg) -> Config:
+    """What the listener's connections share."""
+    return _config(settings.exchange, settings.max_frame, settings.idle_seconds)
+
+
+@functools.lru_cache(maxsize=8)
+def _config(exchange: str, max_frame: int, idle: float) -> Config:
+    # Keyed by the values: Figg itself is not hashable (its per-topic table is a dict).
+    return Config(exchange.encode(), max_frame, idle)
+
+
+def _address(settings: Settings) -> tuple[str, int] | None:
+    return settings.figg.address(settings.bind)
+
+
+def _open(
+    host: FiggHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
+) -> asyncio.BaseProtocol:
+    return FiggSession(host, live, transport, config_of(host.settings.figg))
+
+
+def _describe(protocol: asyncio.BaseProtocol) -> Facts:
+    if not isinstance(protocol, FiggSession):
+        return ()
+    return (
+        ("published", protocol.published),
+        ("acked", protocol.acked),
+        ("delivered", protocol.delivered),
+        ("subscriptions", len(protocol.subscriptions)),
+    )
+
+
+FIGG: FrontEnd[Any] = FrontEnd(
+    name="figg",
+    reach=OwnPort(_address, _open),
+    describe=_describe,
+    summary="Figg (seed 004): retained topics, publish with ACK, subscribe from an offset",
+)
