@@ -186,7 +186,7 @@ class TopicRetention:
 
 @dataclass(frozen=True, slots=True)
 class Figg:
-    """The ``[figg]`` table: retained topics and the Figg listener (docs/figg.md).
+    """The ``[figg]`` table: retained topics and the Figg listener (docs/topics.md).
 
     Off while ``listen`` is None (or empty in the TOML file). Retention deletes a topic's
     oldest whole segments, never the one being written: while the topic holds more than
@@ -298,7 +298,7 @@ class Settings:
     http_max_body: int = 16 << 20  # largest HTTP request body (/submit); larger gets 413
     # --- P10 front ends of their own ports ---
     lumberjack: Lumberjack = field(default_factory=Lumberjack)  # off until ``listen`` is set
-    # --- P11 retained topics and the Figg listener (docs/figg.md) ---
+    # --- P11 retained topics and the Figg listener (docs/topics.md) ---
     figg: Figg = field(default_factory=Figg)  # off until ``listen`` is set
 
     @classmethod

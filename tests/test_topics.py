@@ -154,10 +154,15 @@ async def test_read_across_segments_from_file_and_memory(tmp_path: Path) -> None
         topic = await h.publish_durably(b"t", sent)
         assert len(topic.store.log.segment_info()) > 10
         cached = read_all(topic, max_records=333)
+        # Windows from anywhere in the cache, walked into from either end.
+        starts = [*range(0, 2000, 37), 1999, 1998, 1000, 999]
+        windows = [topic.read(after, 50) for after in starts]
         topic.store.drop_recent()  # now every read goes to the files
         assert topic.store.held_bytes == 0
         from_file = read_all(topic, max_records=333)
         assert cached == from_file
+        for after, window in zip(starts, windows, strict=True):
+            assert window == from_file[after : after + 50]
         assert [o for o, _ in from_file] == list(range(1, 2001))
         assert payloads_of(from_file) == sent
         assert payloads_of(read_all(topic, 1500)) == sent[1500:]
@@ -460,3 +465,26 @@ async def test_the_retention_timer_deletes_expired_segments_by_itself(tmp_path: 
             while topic.first_offset == 0:
                 await asyncio.sleep(0.05)
         assert topic.store.log.segment_info() == segments[1:]
+
+
+async def test_reads_step_over_damage_and_nothing_trims_a_topic(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with harness(figg_settings(tmp_path, segment_bytes=SEGMENT)) as h:
+        sent = [b"%04d" % i + b"d" * 96 for i in range(1, 201)]
+        topic = await h.publish_durably(b"t", sent)
+        topic.store.drop_recent()
+        first = topic.store.log.segment_info()[0]
+        record = 16 + 9 + len(frame(b"t", sent[0]))  # header, arrival tag, frame
+        with first.path.open("r+b") as f:  # the 5th record's payload rots on disk
+            f.seek(4 * record + record - 3)
+            f.write(b"\xff")
+        got = read_all(topic, max_records=3)
+        assert [o for o, _ in got] == [o for o in range(1, 201) if o != 5]
+        assert payloads_of(got) == sent[:4] + sent[5:]
+        assert topic.store.corrupt_records == 1
+        assert "record changed on disk" in caplog.text
+        # Readers never move a checkpoint, so no trim deletes what they read.
+        assert dict(topic.store.log.checkpoints) == {}
+        assert topic.store.log.trim() == 0
+        assert topic.first_offset == 0

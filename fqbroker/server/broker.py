@@ -61,7 +61,7 @@ class Broker:
         self.queues: dict[bytes, Queue] = self.catalog.queues
         self.budget = self.catalog.budget  # memory held for publishers (docs/memory.md)
         self.established = self.catalog.restore()
-        # Retained topics, when the Figg listener is configured (docs/figg.md): their
+        # Retained topics, when the Figg listener is configured (docs/topics.md): their
         # appends share the catalog's dirty set and budget, so publishers' flush and
         # durable() cover them as they cover disk queues.
         self.topics: Topics | None = None

@@ -1,4 +1,4 @@
-"""Retention of a retained topic: whole segments go, oldest first (docs/figg.md).
+"""Retention of a retained topic: whole segments go, oldest first (docs/topics.md).
 
 A topic keeps its messages until retention deletes the segment holding them: while the
 topic holds more than its ``retention_bytes``, and once a segment's newest record is older

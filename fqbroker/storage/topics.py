@@ -1,8 +1,9 @@
-"""Retained topics: never-consumed disk stores with offsets (Figg, seed 004; docs/figg.md).
+"""Retained topics: never-consumed disk stores with offsets (Figg, seed 004; docs/topics.md).
 
 Theory of operation
 -------------------
-A topic is a :class:`~fqbroker.storage.store.DiskStore` over a segment log of its own in
+A topic (:class:`~fqbroker.storage.topic.Topic`, re-exported here) is a
+:class:`~fqbroker.storage.store.DiskStore` over a segment log of its own in
 ``<queue_dir>/topics/<hex of name>/``. Its appends go through the catalog's ``dirty`` set and
 memory budget, so :meth:`Publisher.flush` and :meth:`Publisher.durable` cover them exactly as
 they cover disk queues, under the broker's fsync policy. Nothing ever takes from it: no
@@ -13,10 +14,6 @@ Offsets count messages: the message at log seq ``s`` has offset ``s``, the posit
 past it, and offset 0 is the start of a topic. Readers see durable messages only
 (seq <= ``durable_seq``, Kafka's high watermark), so an offset a reader saw is never given
 to another message after a crash.
-
-Reads serve the store's in-memory cache of the newest frames when the range is there
-(readers that keep up, live fan-out), else the segment files, checked as they are read;
-either way a batch costs a few C-level list operations, not Python work per message.
 
 Topics and the fq exchange ``settings.figg.exchange`` are one space: the
 :class:`TopicSink`, bound there with ``prefix:""`` straight on the router (never persisted),
@@ -30,21 +27,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from bisect import bisect_right
 from collections.abc import Iterator
-from itertools import accumulate, islice, repeat
+from itertools import repeat
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from fqbroker.errors import LogFormatError
-from fqbroker.storage.retention import enforce
-from fqbroker.storage.segmentlog import SegmentLog
-from fqbroker.storage.store import DiskStore, FsyncPolicy
+from fqbroker.storage.topic import Topic, TopicReader
 
 if TYPE_CHECKING:
     from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.router import Router
+    from fqbroker.storage.store import DiskStore
 
 __all__ = ["TOPIC_PROGRAM", "Topic", "TopicReader", "TopicSink", "Topics"]
 
@@ -52,168 +47,8 @@ log = logging.getLogger(__name__)
 
 TOPIC_PROGRAM = b'prefix:""'  # the sink's binding: every route of the exchange
 MAX_NAME = 127  # a topic is an fq route: 1 to 127 bytes
-# Per topic: live readers a little behind read from here. Less than a queue's cache, since
-# nothing drains it: it holds memory (counted in the budget) until the topic goes idle.
-RECENT_BYTES = 4 << 20
 RETENTION_PERIOD = 1.0  # seconds between retention passes
 RETRY_OPEN = 10.0  # seconds before a topic that could not be opened is tried again
-_TAG = 9  # a record's version byte and arrival time before the frame (store.py)
-
-
-class TopicReader(Protocol):
-    """A subscriber, as stats see it: where it is and who it is."""
-
-    @property
-    def offset(self) -> int: ...
-
-    @property
-    def remote(self) -> str: ...
-
-
-class Topic:
-    """One retained topic."""
-
-    def __init__(
-        self,
-        name: bytes,
-        directory: Path,
-        settings: Settings,
-        dirty: set[DiskStore] | None = None,
-        budget: MemoryBudget | None = None,
-    ) -> None:
-        self.name = name
-        figg = settings.figg
-        self.store = DiskStore(
-            SegmentLog(directory, segment_bytes=figg.segment_bytes),
-            policy=FsyncPolicy(settings.fsync),
-            interval_ms=settings.fsync_interval_ms,
-            dirty=dirty,
-            budget=budget,
-        )
-        self.store.recent_limit = RECENT_BYTES
-        self.retention_bytes, self.retention_seconds = figg.retention(name)
-        self.messages_in = 0  # appended since open
-        self.segments_deleted = 0  # by retention, since open
-        self.subscribers: set[TopicReader] = set()
-        self.closed = False
-        self.appended = False  # since the last retention pass: not idle
-
-    def __repr__(self) -> str:
-        return f"<Topic {self.name!r} [{self.first_offset}, {self.last_offset}]>"
-
-    # --- positions ------------------------------------------------------------------------
-
-    @property
-    def first_offset(self) -> int:
-        """The offset before the oldest retained message."""
-        return min(self.store.log.first_seq - 1, self.store.durable_seq)
-
-    @property
-    def last_offset(self) -> int:
-        """The offset after the newest durable message."""
-        return self.store.durable_seq
-
-    @property
-    def size_bytes(self) -> int:
-        return self.store.size_bytes
-
-    def start_offset(self, requested: int | None) -> int:
-        """Where an ATTACH starts: None is the end (latest); an expired offset is the
-        oldest message kept; one past the end is the end."""
-        last = self.last_offset
-        if requested is None or requested >= last:
-            return last
-        return max(requested, self.first_offset)
-
-    # --- writing --------------------------------------------------------------------------
-
-    def append(self, frames: list[bytes]) -> None:
-        """Append peer frames; the publisher's flush writes them, its durable() syncs."""
-        self.store.extend(frames)
-        self.messages_in += len(frames)
-        self.appended = True
-
-    # --- reading --------------------------------------------------------------------------
-
-    def read(
-        self, after: int, max_records: int = 4096, max_bytes: int = 1 << 20
-    ) -> list[tuple[int, bytes]]:
-        """Durable messages with offset > ``after`` as (offset, peer frame), in order; []
-        when caught up. At least one when there is one, however large. From the oldest
-        kept if ``after`` expired; offsets jump over damaged records."""
-        if self.closed:
-            return []
-        store = self.store
-        last = store.durable_seq
-        start = after + 1
-        if start > last or max_records <= 0:
-            return []
-        start = max(start, store.log.first_seq)
-        n = min(max_records, last - start + 1)
-        if n <= 0:
-            return []
-        first_cached, recent = store.recent()
-        if recent and start >= first_cached:
-            index = start - first_cached
-            frames = list(islice(recent, index, index + n))
-            if frames:
-                frames = _fit(frames, max_bytes)
-                return list(zip(range(start, start + len(frames)), frames, strict=True))
-        return self._read_file(start, n, max_bytes, last)
-
-    def _read_file(self, start: int, n: int, max_bytes: int, last: int) -> list[tuple[int, bytes]]:
-        store = self.store
-        log = store.log
-        # Every topic record has the arrival tag (topics are younger than it: store.py).
-        frames = log.read_run(start, n, max_bytes, _TAG)
-        if frames:
-            frames = _fit(frames, max_bytes)
-            out = list(zip(range(start, start + len(frames)), frames, strict=True))
-        else:  # a gap or damage where it starts: the careful read steps over it
-            records = log.read(start, n, max_bytes)
-            if records and records[-1][0] > last:  # stepped over damage, past the durable
-                records = records[: bisect_right(records, last, key=_seq)]
-            if not records:
-                return []
-            out = [(seq, record[_TAG:]) for seq, record in records]
-        store.replay_ahead.after_read(log.position(out[-1][0] + 1))
-        return out
-
-    async def wait_beyond(self, offset: int) -> None:
-        """Return once ``last_offset`` > ``offset``, or the topic is closing (``closed``)."""
-        store = self.store
-        while not self.closed and store.durable_seq <= offset:
-            await store.wait_durable_change(offset)
-
-    def enforce_retention(self, now: float) -> int:
-        """Delete the oversize and expired oldest segments; how many went."""
-        if self.closed:
-            return 0
-        gone = enforce(self.store, self.retention_bytes, self.retention_seconds, now)
-        self.segments_deleted += gone
-        return gone
-
-    # --- lifetime -------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Write and sync what was appended, close the files, wake every waiter."""
-        if self.closed:
-            return
-        self.closed = True
-        self.store.wake()
-        self.store.close(destroy=False)
-
-
-def _seq(record: tuple[int, bytes]) -> int:
-    return record[0]
-
-
-def _fit(frames: list[bytes], max_bytes: int) -> list[bytes]:
-    """The leading frames within ``max_bytes``; the first one whatever its size."""
-    if len(frames) > 1 and sum(map(len, frames)) > max_bytes:
-        keep = bisect_right(list(accumulate(map(len, frames))), max_bytes)
-        return frames[: max(1, keep)]
-    return frames
 
 
 def _route(frame: bytes) -> bytes:
@@ -408,7 +243,10 @@ class Topics:
         soon, self._soon = self._soon, set()
         now = time.time()
         for topic in soon:
-            topic.enforce_retention(now)
+            try:
+                topic.enforce_retention(now)
+            except OSError as exc:  # the timer's pass tries again
+                log.error("topic %r: retention failed: %s", topic.name, exc)
 
     async def _retention_loop(self) -> None:
         while True:
