@@ -1,4 +1,4 @@
-"""An asyncio Figg client: publish with acknowledgements, subscribe with resume (docs/figg.md).
+"""An asyncio Figg client: publish with ACKs, subscribe with resume (docs/figg-client.md).
 
 Two layers, as :mod:`fqbroker.clients.client` has:
 

@@ -1,4 +1,4 @@
-"""The client's side of a Figg connection, sans I/O (docs/figg.md; the Go SDK's behaviour).
+"""The client's side of a Figg connection, sans I/O (docs/figg-client.md).
 
 :class:`FiggMachine` holds everything a Figg client must remember across connections, so a
 reconnect is only "new socket, ``connection_made()``, write ``data_to_send()``":
