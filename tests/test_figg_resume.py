@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from fqbroker.clients.figg import FiggClient, Message, Subscription
+from fqbroker.clients.figg import READ_SIZE, FiggClient, Message, Subscription
 from fqbroker.clients.figgmachine import Backoff
 from fqbroker.config import Figg, Settings
 from fqbroker.frontends.figg import wire
@@ -172,6 +172,26 @@ async def test_pings_keep_an_idle_client_connected(settings: Settings) -> None:
         await c.publish(b"idle", b"still here")
         await c.flush()
         assert [m.data for m in await take(sub, 1)] == [b"still here"]
+
+
+async def test_a_slow_consumer_stops_the_reading_not_the_connection(figg: Broker) -> None:
+    total, limit = 20_000, 100
+    async with client(figg) as pub:
+        for i in range(total):
+            await pub.publish(b"slow", b"%05d" % i + b"x" * 95)
+        await pub.flush()
+    async with client(figg, inbox_limit=limit, ping_interval=0.1) as c:
+        sub = c.subscribe(b"slow", 0)
+        first = await take(sub, 1)
+        # Ten ping intervals without reading: no PONG can come, and that is not the broker.
+        await asyncio.sleep(1.0)
+        held = sub.backlog
+        # What one read of the socket brings in at most, past the limit.
+        assert held < limit + READ_SIZE // 100, held
+        rest = await take(sub, total - 1)
+        assert c.connections == 1
+    assert [m.offset for m in first + rest] == list(range(1, total + 1))
+    assert [int(m.data[:5]) for m in first + rest] == list(range(total))
 
 
 class Silent:
