@@ -286,6 +286,7 @@ class FiggClient:
                 log.info("figg: reconnect to %s:%s failed: %r", self.host, self.port, exc)
                 continue
             log.info("figg: reconnected to %s:%s", self.host, self.port)
+            self.backoff.reset()  # the next loss starts from the shortest delay again
             return link
 
     async def _teardown(self, link: _Link) -> None:
