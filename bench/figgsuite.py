@@ -2,9 +2,9 @@
 
 Each run drives a broker with a Figg listener through bench/figgload.py processes:
 
-* publish: one connection keeps 256 PUBLISH frames unacknowledged (the Figg client's
-  window); msg/s is messages over the time from the first send to the last ACK, and an
-  ACK means appended and durable under the broker's fsync policy (``interval`` here).
+* publish: one connection (or four) keeps 256 PUBLISH frames unacknowledged (the Figg
+  client's window); msg/s is messages over the time from the first send to the last ACK,
+  and an ACK means appended and durable under the broker's fsync policy.
 * replay: a topic filled once with 1,000,000 100-byte messages (at scale 1) is read from
   offset 0 by one subscriber; msg/s is messages over the time from its ATTACH to the last.
 * fan-out: 8 subscribers attached from the latest, one publisher as above; deliveries/s
@@ -26,18 +26,33 @@ def _count(base: int, scale: float) -> int:
     return max(200, int(base * scale))
 
 
-def _publish(broker: FqBroker, topic: str, count: int) -> dict[str, float]:
-    pub = Client(
+def _publish(broker: FqBroker, topic: str, count: int, pubs: int = 1) -> dict[str, float]:
+    """``pubs`` connections publish ``count`` messages each to ``topic``, all at once: the
+    earliest start and the latest end."""
+    started: list[Client] = []
+    try:
+        for _ in range(pubs):
+            started.append(_publisher(broker, topic, count))
+        for pub in started:
+            pub.ready()
+        for pub in started:
+            pub.go()
+        results = [pub.collect() for pub in started]
+    finally:
+        for pub in started:
+            pub.go()
+            pub.finish()
+    return {
+        "start_ns": min(r["start_ns"] for r in results),
+        "end_ns": max(r["end_ns"] for r in results),
+    }
+
+
+def _publisher(broker: FqBroker, topic: str, count: int) -> Client:
+    return Client(
         "figgpub", broker, module="bench.figgload", figg_port=broker.figg_port, topic=topic,
         count=count, size=SIZE,
     )  # fmt: skip
-    try:
-        pub.ready()
-        pub.go()
-        return pub.collect()
-    finally:
-        pub.go()
-        pub.finish()
 
 
 def _subscriber(broker: FqBroker, topic: str, count: int, offset: int | None = None) -> Client:
@@ -48,16 +63,21 @@ def _subscriber(broker: FqBroker, topic: str, count: int, offset: int | None = N
     )  # fmt: skip
 
 
-def publish_run(broker: System, run: int, scale: float) -> dict[str, float]:
+def publish_run(broker: System, run: int, scale: float, pubs: int = 1) -> dict[str, float]:
     assert isinstance(broker, FqBroker) and broker.figg
-    count = _count(PUBLISH_COUNT, scale)
+    count = _count(PUBLISH_COUNT // pubs, scale)
     cpu0 = cpu_seconds(broker.pid)
-    res = _publish(broker, f"pub-{run}", count)
+    res = _publish(broker, f"pub-{run}", count, pubs)
     cpu1 = cpu_seconds(broker.pid)
     return {
-        "rate": count / ((res["end_ns"] - res["start_ns"]) / 1e9),
-        "us": (cpu1 - cpu0) * 1e6 / count,
+        "rate": count * pubs / ((res["end_ns"] - res["start_ns"]) / 1e9),
+        "us": (cpu1 - cpu0) * 1e6 / (count * pubs),
     }
+
+
+def publish_run_4(broker: System, run: int, scale: float) -> dict[str, float]:
+    """Four connections: each has its own window, so four fsync waits overlap."""
+    return publish_run(broker, run, scale, pubs=4)
 
 
 def replay_run(broker: System, run: int, scale: float) -> dict[str, float]:
@@ -92,10 +112,7 @@ def fanout_run(broker: System, run: int, scale: float) -> dict[str, float]:
     try:
         for sub in subs:
             sub.ready()
-        pub = Client(
-            "figgpub", broker, module="bench.figgload", figg_port=broker.figg_port, topic=topic,
-            count=count, size=SIZE,
-        )  # fmt: skip
+        pub = _publisher(broker, topic, count)
         pub.ready()
         for sub in subs:
             sub.go()  # they read from here on; the publisher starts the clock

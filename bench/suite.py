@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .figgsuite import FANOUT_SUBS, fanout_run, publish_run, replay_run
+from .figgsuite import FANOUT_SUBS, fanout_run, publish_run, publish_run_4, replay_run
 from .harness import (
     Client,
     FqBroker,
@@ -502,6 +502,7 @@ FIGG_ROWS = [
     # with fsync "never" shows what the broker's CPU allows (docs/figg-protocol.md).
     ("Figg publish with acknowledgements (window 256), 100 B", publish_run, "interval", ">=150k"),
     ("Figg publish, window 256, fsync=never", publish_run, "never", ""),
+    ("Figg publish, 4 connections of window 256", publish_run_4, "interval", ""),
     ("Figg replay of 1,000,000 retained 100-byte messages", replay_run, "interval", ">=400k"),
     (f"Figg live fan-out to {FANOUT_SUBS} subscribers, 100 B", fanout_run, "interval", ""),
 ]
