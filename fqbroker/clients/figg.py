@@ -312,7 +312,13 @@ class FiggClient:
     def _write_now(self) -> None:
         self._write_handle = None
         link = self._link
-        if link is not None and (out := self.machine.data_to_send()):
+        # A connection that is going (its teardown is on the way) gets nothing more:
+        # asyncio warns about writes to a lost socket, and a reconnect re-sends it all.
+        if (
+            link is not None
+            and not link.writer.is_closing()
+            and (out := self.machine.data_to_send())
+        ):
             link.writer.write(out)
 
     async def _read(self, link: _Link) -> None:
