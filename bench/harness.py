@@ -148,19 +148,26 @@ class FqBroker(System):
         tree: Path | None = None,
         name: str = "fqbroker",
         lumberjack: bool = False,
+        figg: bool = False,
     ) -> None:
         super().__init__(name, "fq")
         self.fsync = fsync
         self.tree = tree
         self.lumberjack = lumberjack  # also a Lumberjack listener, on ``lj_port``
         self.lj_port = 0
+        self.figg = figg  # also a Figg listener, on ``figg_port``
+        self.figg_port = 0
 
     def start(self) -> None:
         if self.lumberjack:
             self.lj_port = free_port()
+        if self.figg:
+            self.figg_port = free_port()
         super().start()
         if self.lumberjack:
             _wait_port(self.lj_port, self)
+        if self.figg:
+            _wait_port(self.figg_port, self)
 
     def environment(self) -> dict[str, str]:
         return ENV if self.tree is None else env_for(self.tree)
@@ -171,7 +178,9 @@ class FqBroker(System):
             sys.executable, "-m", "fqbroker", "-p", str(self.port), "-n", "10.0.0.1",
             "-c", str(self.workdir / "db.sqlite"), "-q", str(self.workdir / "queues"),
             "--config", str(self._config()),
-        ] + (["--lumberjack", f"127.0.0.1:{self.lj_port}"] if self.lumberjack else [])  # fmt: skip
+        ] + (["--lumberjack", f"127.0.0.1:{self.lj_port}"] if self.lumberjack else []) + (
+            ["--figg", f"127.0.0.1:{self.figg_port}"] if self.figg else []
+        )  # fmt: skip
 
     def _config(self) -> Path:
         assert self.workdir is not None

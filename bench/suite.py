@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .figgsuite import FANOUT_SUBS, fanout_run, publish_run, publish_run_4, replay_run
 from .harness import (
     Client,
     FqBroker,
@@ -496,7 +497,31 @@ def scenario_lumberjack(cfg: Config, table: Table) -> None:
     )
 
 
-SCENARIOS = [*FLOWS, "disk", "latency", "memory", "idle", "lumberjack"]
+FIGG_ROWS = [
+    # An ACK waits for the fsync: 256 messages per group commit (5 ms) at most; the row
+    # with fsync "never" shows what the broker's CPU allows (docs/figg-protocol.md).
+    ("Figg publish with acknowledgements (window 256), 100 B", publish_run, "interval", ">=150k"),
+    ("Figg publish, window 256, fsync=never", publish_run, "never", ""),
+    ("Figg publish, 4 connections of window 256", publish_run_4, "interval", ""),
+    ("Figg replay of 1,000,000 retained 100-byte messages", replay_run, "interval", ">=400k"),
+    (f"Figg live fan-out to {FANOUT_SUBS} subscribers, 100 B", fanout_run, "interval", ""),
+]
+
+
+def scenario_figg(cfg: Config, table: Table) -> None:
+    """The rows of bench/figgsuite.py, one broker with a Figg listener for each."""
+    for label, one, fsync, target in FIGG_ROWS:
+        res = interleaved(
+            [FqBroker(fsync, figg=True)],
+            cfg.runs,
+            lambda s, run, one=one: one(s, run, cfg.scale),
+        )
+        r = res["fqbroker"]
+        unit = "dlv/s" if one is fanout_run else "msg/s"
+        table.add([label, f"{_rate(r['rate'])} {unit}", f"{r['us']:.2f}"], target)
+
+
+SCENARIOS = [*FLOWS, "disk", "latency", "memory", "idle", "lumberjack", "figg"]
 
 
 def run(names: Sequence[str], cfg: Config) -> str:
@@ -522,6 +547,8 @@ def run(names: Sequence[str], cfg: Config) -> str:
             scenario_idle(cfg, table)
         elif name == "lumberjack":
             scenario_lumberjack(cfg, table)
+        elif name == "figg":
+            scenario_figg(cfg, table)
     table.notes += ["", *(f"{n}: {why}" for n, why in notes)]
     table.notes.append(
         "us/msg: server CPU (user+sys) per delivered message. vs X: fqbroker msg/s over X's."

@@ -5,6 +5,8 @@ Speed itself is measured only by `make bench`, never asserted here.
 
 from __future__ import annotations
 
+import pytest
+
 from bench.harness import ROOT
 from bench.suite import Config, run
 
@@ -34,3 +36,11 @@ def test_bench_baseline_is_a_column_of_the_same_table() -> None:
     assert "| before " in head and "vs before" in head, table
     cells = [c.strip() for c in row.split("|")]
     assert cells[0] == "1 to 1, 100 B" and cells[3] not in ("", "-"), table
+
+
+def test_bench_figg_rows_run_tiny(capsys: pytest.CaptureFixture[str]) -> None:
+    table = run(["figg"], Config(runs=1, scale=0.001, peers=False))
+    for label in ("Figg publish", "Figg replay", "Figg live fan-out"):
+        assert any(line.startswith(label) for line in table.splitlines()), (label, table)
+    # Every message delivered, in offset order, or the run says so with a "!" line.
+    assert "  ! figg" not in capsys.readouterr().out
