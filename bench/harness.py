@@ -185,7 +185,9 @@ class FqBroker(System):
     def _config(self) -> Path:
         assert self.workdir is not None
         path = self.workdir / "fqd.toml"
-        path.write_text(f'[fqd]\nfsync = "{self.fsync}"\n')
+        # Topics have a policy of their own; a row's names both.
+        figg = f'[figg]\nfsync = "{self.fsync}"\n' if self.figg else ""
+        path.write_text(f'[fqd]\nfsync = "{self.fsync}"\n{figg}')
         return path
 
 

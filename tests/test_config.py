@@ -100,6 +100,28 @@ def test_figg_table_and_flag(tmp_path: Path) -> None:
     assert Settings.from_toml(empty).figg.listen is None  # empty: off
 
 
+def test_topics_fsync_policy_is_their_own(tmp_path: Path) -> None:
+    """Topics commit back to back unless told otherwise, whatever disk queues do: every
+    Figg publish waits for its ACK, which waits for the fsync."""
+    from fqbroker.storage.store import FsyncPolicy
+    from fqbroker.storage.topic import Topic
+
+    assert (Settings().fsync, Settings().figg.fsync) == ("interval", "always")
+    conf = tmp_path / "fqd.toml"
+    conf.write_text('[fqd]\nfsync = "never"\n[figg]\nfsync = "interval"\n')
+    settings = Settings.from_toml(conf)
+    topic = Topic(b"t", tmp_path / "t", settings)
+    try:
+        assert topic.store.policy is FsyncPolicy.INTERVAL
+    finally:
+        topic.close()
+    topic = Topic(b"u", tmp_path / "u", Settings())
+    try:
+        assert topic.store.policy is FsyncPolicy.ALWAYS
+    finally:
+        topic.close()
+
+
 @pytest.mark.parametrize(
     ("table", "message"),
     [
@@ -115,6 +137,7 @@ def test_figg_table_and_flag(tmp_path: Path) -> None:
         ('[figg.topics."t"]\nretention = 1', "unknown figg setting.*topic 't'.*retention"),
         ('[figg.topics."t"]\nretention_bytes = -5', "topic 't' retention_bytes"),
         ('[figg.topics."t"]\nretention_seconds = true', "topic 't' retention_seconds"),
+        ('fsync = "sometimes"', "figg fsync must be always, interval or never"),
     ],
 )
 def test_bad_figg_settings_are_clear_errors(tmp_path: Path, table: str, message: str) -> None:

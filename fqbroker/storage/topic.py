@@ -58,7 +58,7 @@ class Topic:
         figg = settings.figg
         self.store = DiskStore(
             SegmentLog(directory, segment_bytes=figg.segment_bytes),
-            policy=FsyncPolicy(settings.fsync),
+            policy=FsyncPolicy(figg.fsync),
             interval_ms=settings.fsync_interval_ms,
             dirty=dirty,
             budget=budget,
