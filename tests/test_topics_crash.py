@@ -19,6 +19,7 @@ from fqbroker.clients.client import Client, ClientError
 from fqbroker.config import Settings
 from fqbroker.core.frames import peer_fields
 from fqbroker.core.router import Router
+from fqbroker.frontends.figg import wire
 from fqbroker.storage.topics import Topics
 
 from .procs import Proc
@@ -55,7 +56,9 @@ def topic_of(i: int, point: KillPoint) -> bytes:
 def write_config(state: Path, fsync: str) -> Path:
     conf = state / "fqd.toml"
     # Small segments: a crash lands in a topic of many of them.
-    conf.write_text(f'[fqd]\nfsync = "{fsync}"\n[figg]\nsegment_bytes = 16384\n')
+    conf.write_text(
+        f'[fqd]\nfsync = "{fsync}"\n[figg]\nsegment_bytes = 16384\nfsync = "{fsync}"\n'
+    )
     return conf
 
 
@@ -149,3 +152,60 @@ async def test_kill_9_keeps_every_confirmed_message_at_its_offset(
     after = read_topics(tmp_path)
     for name, stored in found.items():
         assert after[name] == [*stored, (len(stored) + 1, 0)]
+
+
+# --- the same through Figg: what an ACK promises --------------------------------------
+
+
+async def figg_publish(port: int, count: int, acked: Progress) -> None:
+    """PUBLISH seq 0.. with data ``b"%d" % (seq + 1)`` to topic ``f``, 256 unacknowledged at
+    most, as the Figg client does; ``acked`` is the number acknowledged (ACK(n): n + 1)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    decoder = wire.FrameDecoder()
+    sent = 0
+    try:
+        while True:
+            while sent < count and sent - acked.value < 256:
+                writer.write(wire.encode_publish(b"f", sent, b"%d" % (sent + 1)))
+                sent += 1
+            data = await reader.read(65536)
+            if not data:
+                return
+            decoder.receive_data(data)
+            while (frame := decoder.next_frame()) is not None:
+                assert isinstance(frame, wire.Ack)
+                acked.advance(frame.seq + 1)
+            if acked.value == count:
+                return
+    except (ConnectionError, OSError):
+        pass  # the kill
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("fsync", ["always", "interval"])
+async def test_kill_9_keeps_every_figg_acknowledged_message_at_its_offset(
+    tmp_path: Path, fsync: str
+) -> None:
+    conf = write_config(tmp_path, fsync)
+    fqd, _ = await Proc.start_fqd(tmp_path, "--config", str(conf), "--figg", "127.0.0.1:0")
+    acked = Progress()
+    try:
+        line = await fqd.wait_stderr("Figg listening on port: ")
+        async with asyncio.timeout(120):
+            publisher = asyncio.create_task(
+                figg_publish(int(line.rsplit(" ", 1)[1]), 20_000, acked)
+            )
+            await acked.reach(5000)
+            fqd.proc.kill()
+            await fqd.proc.wait()
+            await publisher
+    finally:
+        fqd.kill()
+        await fqd.proc.wait()
+    done = acked.value
+    assert done >= 5000
+    stored = read_topics(tmp_path)[b"f"]
+    # One publisher that never reconnected: message n went in n-th, at offset n.
+    assert stored == [(n, n) for n in range(1, len(stored) + 1)]
+    assert len(stored) >= done, f"{done} acknowledged, {len(stored)} kept"
