@@ -56,9 +56,7 @@ def topic_of(i: int, point: KillPoint) -> bytes:
 def write_config(state: Path, fsync: str) -> Path:
     conf = state / "fqd.toml"
     # Small segments: a crash lands in a topic of many of them.
-    conf.write_text(
-        f'[fqd]\nfsync = "{fsync}"\n[figg]\nsegment_bytes = 16384\nfsync = "{fsync}"\n'
-    )
+    conf.write_text(f'[fqd]\nfsync = "{fsync}"\n[figg]\nsegment_bytes = 16384\nfsync = "{fsync}"\n')
     return conf
 
 
