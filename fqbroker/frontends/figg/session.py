@@ -40,12 +40,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from fqbroker.core.frames import encode_peer
 from fqbroker.errors import FiggProtocolError
+from fqbroker.frontends.acks import DurableAcks
 from fqbroker.frontends.figg import wire
 from fqbroker.frontends.figg.subscription import Subscription
 from fqbroker.server.connections import RemotePeer, peer_address
@@ -107,13 +107,12 @@ class FiggSession(RemotePeer, asyncio.Protocol):
     """One Figg client's connection: decode, publish and acknowledge, deliver, answer."""
 
     __slots__ = (
-        "_durable",
+        "_acks",
         "_eof",
         "_holds",
         "_idle",
         "_last_read",
         "_mapped",
-        "_marks",
         "_reserved",
         "_room",
         "_sender",
@@ -151,12 +150,12 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         self.acked = -1
         self.delivered = 0
         self._mapped = 0  # messages handed to the publisher so far
-        # ACKs owed, in order: (seq, messages up to it).
-        self._marks: deque[tuple[int, int]] = deque()
+        # ACKs owed, in order: each batch's highest seq, due once its messages are
+        # routed and durable.
+        self._acks = DurableAcks(self.publisher, self._send_ack, self._disk_failed, self._ack_ready)
         self._holds = 0  # _ROOM, _BUDGET, _WRITE: why reading is paused
         self._room: asyncio.Task[None] | None = None  # waiting for room or budget
         self._reserved = 0  # bytes of the memory budget the decoder's buffer holds
-        self._durable: asyncio.Task[None] | None = None
         loop = asyncio.get_running_loop()
         self._last_read = loop.time()
         self._idle = loop.call_later(config.idle, self._on_idle)
@@ -190,7 +189,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
 
     def _finish(self) -> None:
         """After EOF: close once nothing is left to publish or acknowledge."""
-        if self._eof and not self.closing and not self._marks and self._room is None:
+        if self._eof and not self.closing and not self._acks and self._room is None:
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -221,17 +220,16 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         self.closing = True
         self.publisher.close()
         self._idle.cancel()
-        for task in (self._room, self._durable):
-            if task is not None:
-                task.cancel()
-        self._room = self._durable = None
+        if self._room is not None:
+            self._room.cancel()
+            self._room = None
+        self._acks.close()
         if self._reserved:
             self.broker.budget.release(self._reserved)
             self._reserved = 0
         for sub in self.subscriptions.values():
             sub.stop()
         self.subscriptions.clear()
-        self._marks.clear()
 
     def _name(self) -> str:
         return "{}:{}".format(*peer_address(self.transport))
@@ -352,7 +350,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
                 frames.append(frame)
         n = len(publishes)
         self._mapped += n
-        self._marks.append((high, self._mapped))
+        self._acks.owe(high, self._mapped)
         if not self.publisher.publish(runs, octets):
             self._hold(_ROOM)
             self._room = asyncio.ensure_future(self._room_then_carry_on())
@@ -392,32 +390,11 @@ class FiggSession(RemotePeer, asyncio.Protocol):
 
     def _ack_ready(self) -> None:
         """ACK the batches that are routed, once what went to disk is durable."""
-        if self._durable is not None or self.closing:
-            return
-        marks = self._marks
-        publisher = self.publisher
-        handled = publisher.handled
-        self.published = handled
-        if marks and marks[0][1] <= handled:
-            failed = publisher.failed_from
-            if failed is not None and failed <= marks[0][1]:
-                self._disk_failed()
-            elif publisher.written:
-                self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
-            else:
-                self._send(handled)
-        self._finish()
-
-    async def _durable_then_ack(self, handled: int) -> None:
-        ok = await self.publisher.durable()
-        self._durable = None
         if self.closing:
             return
-        if not ok:
-            self._disk_failed()
-            return
-        self._send(handled)
-        self._ack_ready()  # more may have been routed meanwhile
+        self.published = self.publisher.handled
+        self._acks.ready()
+        self._finish()
 
     def _disk_failed(self) -> None:
         self.broker.limits.log.log(
@@ -426,12 +403,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         )  # fmt: skip
         self.close()
 
-    def _send(self, handled: int) -> None:
-        """One ACK for the batches up to ``handled`` messages: the client's is cumulative."""
-        marks = self._marks
-        seq = -1
-        while marks and marks[0][1] <= handled:
-            seq = marks.popleft()[0]
-        if seq >= 0:
-            self.acked = seq
-            self.write(wire.encode_ack(seq))
+    def _send_ack(self, seqs: list[int]) -> None:
+        """One ACK for the batches now due: the client's is cumulative."""
+        self.acked = seqs[-1]
+        self.write(wire.encode_ack(self.acked))

@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from fqbroker.core.frames import encode_peer
+from fqbroker.frontends.acks import DurableAcks
 from fqbroker.frontends.lumberjack.mapping import RouteTemplate, sender_for
 from fqbroker.frontends.lumberjack.protocol import (
     Event,
@@ -111,7 +111,7 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
     """One shipper's connection: decode, publish, acknowledge."""
 
     __slots__ = (
-        "_durable",
+        "_acks",
         "_eof",
         "_holds",
         "_idle",
@@ -120,7 +120,6 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         "_last_read",
         "_last_seq",
         "_mapped",
-        "_marks",
         "_reserved",
         "_room",
         "_sender",
@@ -161,12 +160,14 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         self._last_seq = 0
         self._unmarked = 0
         self._mapped = 0  # events made into messages so far
-        # Points to acknowledge, in order: (version, seq, events up to it).
-        self._marks: deque[tuple[int, int, int]] = deque()
+        # Points to acknowledge, in order: (version, seq), each due once the events up
+        # to it are routed and durable.
+        self._acks: DurableAcks[tuple[int, int]] = DurableAcks(
+            self.publisher, self._send, self._disk_failed, self._ack_ready
+        )
         self.acked = 0  # the last seq acknowledged, for /frontends.json
         self._holds = 0
         self._room: asyncio.Task[None] | None = None  # waiting for room or budget
-        self._durable: asyncio.Task[None] | None = None  # waiting for a disk queue's fsync
         self._idle: asyncio.TimerHandle | None = None
         self._keepalive: asyncio.TimerHandle | None = None
         self._last_read = 0.0
@@ -249,14 +250,13 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
             if handle is not None:
                 handle.cancel()
         self._idle = self._keepalive = None
-        for task in (self._room, self._durable):
-            if task is not None:
-                task.cancel()
-        self._room = self._durable = None
+        if self._room is not None:
+            self._room.cancel()
+            self._room = None
+        self._acks.close()
         if self._reserved or self._waiting_bytes:
             self.broker.budget.release(self._reserved + self._waiting_bytes)
             self._reserved = self._waiting_bytes = 0
-        self._marks.clear()
 
     def _name(self) -> str:
         return "{}:{}".format(*peer_address(self.transport))
@@ -306,7 +306,7 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         self._in_window = 0
         if window.size == 0:
             # An empty batch is acknowledged at once with seq 0, as Logstash does.
-            self._marks.append((window.version, 0, self._mapped))
+            self._acks.owe((window.version, 0), self._mapped)
 
     def _add(self, version: int, events: list[Event], runs: list[Run]) -> int:
         """Make ``events`` into messages appended to ``runs`` (a run per route in a row),
@@ -345,7 +345,7 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
             while n - done >= window - self._in_window:
                 done += window - self._in_window
                 self._in_window = 0
-                self._marks.append((version, events[done - 1].seq, start + done))
+                self._acks.owe((version, events[done - 1].seq), start + done)
         self._in_window += n - done
         self._unmarked = n - done if done else self._unmarked + n
         self._last_seq = events[-1].seq
@@ -354,7 +354,7 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
     def _mark(self) -> None:
         """Mark the events received and not yet marked (a W, idle input, EOF)."""
         if self._unmarked:
-            self._marks.append((self._version, self._last_seq, self._mapped))
+            self._acks.owe((self._version, self._last_seq), self._mapped)
             self._unmarked = 0
 
     def _arm_idle(self) -> None:
@@ -397,7 +397,7 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         self._keepalive = None
         if self.closing or not self._holds & (_ROOM | _BUDGET):
             return
-        if self._version == 2 and (self._marks or self._unmarked) and not self._holds & _WRITE:
+        if self._version == 2 and (self._acks or self._unmarked) and not self._holds & _WRITE:
             self._write(encode_ack(2, 0))
         loop = asyncio.get_running_loop()
         self._keepalive = loop.call_later(self.config.keepalive, self._send_keepalive)
@@ -445,32 +445,10 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
 
     def _ack_ready(self) -> None:
         """Send the marks whose events are routed, once what went to disk is durable."""
-        marks = self._marks
-        if self._durable is not None or self.closing:
-            return
-        publisher = self.publisher
-        handled = publisher.handled
-        if marks and marks[0][2] <= handled:
-            failed = publisher.failed_from
-            if failed is not None and failed <= marks[0][2]:
-                self._disk_failed()
-                return
-            if publisher.written:
-                self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
-                return
-            self._send(handled)
-        self._finish()
-
-    async def _durable_then_ack(self, handled: int) -> None:
-        ok = await self.publisher.durable()
-        self._durable = None
         if self.closing:
             return
-        if not ok:
-            self._disk_failed()
-            return
-        self._send(handled)
-        self._ack_ready()  # more may have been routed meanwhile
+        self._acks.ready()
+        self._finish()
 
     def _disk_failed(self) -> None:
         # Unacknowledged, so the shipper sends the events again: to this broker once its
@@ -481,16 +459,10 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         )  # fmt: skip
         self.close()
 
-    def _send(self, handled: int) -> None:
-        """Write an ACK for each mark up to ``handled`` events, in order."""
-        marks = self._marks
-        out = []
-        while marks and marks[0][2] <= handled:
-            version, seq, _ = marks.popleft()
-            out.append(encode_ack(version, seq))
-            self.acked = seq
-        if out:
-            self._write(b"".join(out))
+    def _send(self, due: list[tuple[int, int]]) -> None:
+        """Write an ACK for each mark now due, in order."""
+        self.acked = due[-1][1]
+        self._write(b"".join([encode_ack(version, seq) for version, seq in due]))
 
     def _write(self, data: bytes) -> None:
         self.live.counters.bytes_out += len(data)  # type: ignore[operator]  # set in __init__
@@ -498,5 +470,5 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
 
     def _finish(self) -> None:
         """After EOF: close once nothing is left to publish or acknowledge."""
-        if self._eof and not self.closing and not self._marks and self._room is None:
+        if self._eof and not self.closing and not self._acks and self._room is None:
             self.close()
