@@ -34,7 +34,18 @@ from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 from fqbroker.frontends.http.host import QueueSource
 from fqbroker.storage.store import DiskStore, split_record
 
-__all__ = ["CONTENT_TYPE", "PATHS", "Entry", "decode_entries", "encode_entry", "respond"]
+__all__ = [
+    "CONTENT_TYPE",
+    "PATHS",
+    "Answer",
+    "Entry",
+    "Refused",
+    "decode_entries",
+    "encode_entry",
+    "number_param",
+    "refused_answer",
+    "respond",
+]
 
 PATHS = frozenset({"/queue/info", "/queue/read"})
 CONTENT_TYPE = "application/x-fq-entries"
@@ -54,7 +65,9 @@ class Entry:
     message: Message
 
 
-class _Refused(Exception):
+class Refused(Exception):
+    """A read refused with an HTTP status and a JSON error (extra keys beside it)."""
+
     def __init__(self, status: int, text: str, **extra: int) -> None:
         super().__init__(text)
         self.status = status
@@ -67,7 +80,7 @@ def respond(broker: QueueSource, path: str, query: str) -> Answer:
     try:
         name = params.get("queue")
         if not name:
-            raise _Refused(400, "'queue' parameter is required")
+            raise Refused(400, "'queue' parameter is required")
         store = _disk_store(broker, name)
         first, end = store.log.first_seq, store.durable_seq + 1
         if path == "/queue/info":
@@ -78,34 +91,39 @@ def respond(broker: QueueSource, path: str, query: str) -> Answer:
                 "checkpoints": dict(store.log.checkpoints),
             }
             return 200, json.dumps(info).encode() + b"\n", "application/json", []
-        start = _number(params, "from", None)
-        stop = _number(params, "to", end)
-        limit = max(1, min(_number(params, "max_bytes", DEFAULT_READ_BYTES), MAX_READ_BYTES))
+        start = number_param(params, "from", None)
+        stop = number_param(params, "to", end)
+        limit = max(1, min(number_param(params, "max_bytes", DEFAULT_READ_BYTES), MAX_READ_BYTES))
         if start < first:
-            raise _Refused(410, f"seq {start} is gone: the queue starts at {first}", first=first)
+            raise Refused(410, f"seq {start} is gone: the queue starts at {first}", first=first)
         positions = [(b"x-fq-first", b"%d" % first), (b"x-fq-next", b"%d" % end)]
         return 200, _read(store, start, min(stop, end), limit), CONTENT_TYPE, positions
-    except _Refused as exc:
-        body = json.dumps({"error": exc.text, **exc.extra}).encode() + b"\n"
-        return exc.status, body, "application/json", []
+    except Refused as exc:
+        return refused_answer(exc)
 
 
 def _disk_store(broker: QueueSource, name: str) -> DiskStore:
     queue = broker.queues.get(name.encode())
     if queue is None:
-        raise _Refused(404, f"Cannot find registered queue '{name}'")
+        raise Refused(404, f"Cannot find registered queue '{name}'")
     if queue.kind is not QueueKind.DISK or not isinstance(queue.store, DiskStore):
-        raise _Refused(400, f"'{name}' is not a disk queue")
+        raise Refused(400, f"'{name}' is not a disk queue")
     return queue.store
 
 
-def _number(params: dict[str, str], key: str, default: int | None) -> int:
+def refused_answer(exc: Refused) -> Answer:
+    body = json.dumps({"error": exc.text, **exc.extra}).encode() + b"\n"
+    return exc.status, body, "application/json", []
+
+
+def number_param(params: dict[str, str], key: str, default: int | None) -> int:
+    """A position parameter: a u64 in decimal, or ``default`` when absent (None: required)."""
     text = params.get(key)
     if text is None and default is not None:
         return default
     # Positions are u64: 20 digits at most, and int() of thousands of them raises.
     if text is None or not text.isdigit() or not text.isascii() or len(text) > 20:
-        raise _Refused(400, f"'{key}' must be a non-negative integer")
+        raise Refused(400, f"'{key}' must be a non-negative integer")
     return int(text)
 
 

@@ -32,7 +32,11 @@ from fqbroker.frontends.http.replay import (
     CONTENT_TYPE,
     DEFAULT_READ_BYTES,
     MAX_READ_BYTES,
+    Answer,
+    Refused,
     encode_entry,
+    number_param,
+    refused_answer,
 )
 from fqbroker.storage.store import split_record
 
@@ -42,23 +46,13 @@ PATHS = frozenset({"/topic/info", "/topic/read"})
 MAX_TOPIC = 127
 _READ_BATCH = 4096  # records per segment-log read; bounds the time one call holds the loop
 
-Answer = tuple[int, bytes, str, list[tuple[bytes, bytes]]]
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, text: str, **extra: int) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
-        self.extra = extra
-
 
 def respond(broker: TopicSource, path: str, query: str) -> Answer:
     params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
     try:
         name = params.get("topic")
         if not name:
-            raise _Refused(400, "'topic' parameter is required")
+            raise Refused(400, "'topic' parameter is required")
         topic = _topic(broker, name)
         first, end = topic.first_offset, topic.last_offset
         if path == "/topic/info":
@@ -70,40 +64,29 @@ def respond(broker: TopicSource, path: str, query: str) -> Answer:
                 "subscribers": len(topic.subscribers),
             }
             return 200, json.dumps(info).encode() + b"\n", "application/json", []
-        start = _number(params, "from", None)
-        stop = _number(params, "to", end)
-        limit = max(1, min(_number(params, "max_bytes", DEFAULT_READ_BYTES), MAX_READ_BYTES))
+        start = number_param(params, "from", None)
+        stop = number_param(params, "to", end)
+        limit = max(1, min(number_param(params, "max_bytes", DEFAULT_READ_BYTES), MAX_READ_BYTES))
         if start < first:
-            raise _Refused(410, f"index {start} is gone: the topic starts at {first}", first=first)
+            raise Refused(410, f"index {start} is gone: the topic starts at {first}", first=first)
         positions = [(b"x-fq-first", b"%d" % first), (b"x-fq-next", b"%d" % end)]
         return 200, _read(topic, start, min(stop, end), limit), CONTENT_TYPE, positions
-    except _Refused as exc:
-        body = json.dumps({"error": exc.text, **exc.extra}).encode() + b"\n"
-        return exc.status, body, "application/json", []
+    except Refused as exc:
+        return refused_answer(exc)
 
 
 def _topic(broker: TopicSource, name: str) -> TopicView:
     raw = name.encode()
     topics = broker.topics
     if len(raw) > MAX_TOPIC:
-        raise _Refused(400, f"a topic name is at most {MAX_TOPIC} bytes")
+        raise Refused(400, f"a topic name is at most {MAX_TOPIC} bytes")
     topic = None if topics is None else topics.get(raw)
     if topic is None:
         why = "" if topics is not None else " (the Figg listener is not configured)"
-        raise _Refused(404, f"Cannot find topic '{name}'{why}", configured=int(topics is not None))
+        raise Refused(404, f"Cannot find topic '{name}'{why}", configured=int(topics is not None))
     if topic.closed:  # a request racing the broker's stop: its files are going away
-        raise _Refused(503, f"topic '{name}' is closing: the broker is stopping")
+        raise Refused(503, f"topic '{name}' is closing: the broker is stopping")
     return topic
-
-
-def _number(params: dict[str, str], key: str, default: int | None) -> int:
-    text = params.get(key)
-    if text is None and default is not None:
-        return default
-    # Indexes are u64: 20 digits at most, and int() of thousands of digits raises.
-    if text is None or not text.isdigit() or not text.isascii() or len(text) > 20:
-        raise _Refused(400, f"'{key}' must be a non-negative integer")
-    return int(text)
 
 
 def _read(topic: TopicView, start: int, stop: int, limit: int) -> bytes:
