@@ -23,6 +23,7 @@ from fqbroker.errors import FqError
 # says why each stays outside the tree). Listed by where they are defined.
 INTERNAL = {
     "fqbroker.frontends.decoding.NeedData",
+    "fqbroker.frontends.http.replay.Refused",
     "fqbroker.storage.segrecords.Damaged",
     "fqbroker.storage.segcheckpoints.Unreadable",
 }
