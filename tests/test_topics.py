@@ -455,6 +455,44 @@ async def test_caches_of_idle_topics_and_under_memory_pressure_are_given_back(
         assert busy.store.held_bytes == 0 and h.budget.used == 0
 
 
+class Subscriber:
+    """What a Figg session registers in ``Topic.subscribers``."""
+
+    remote = "127.0.0.1:1"
+    offset = 0
+
+
+def open_in(directory: Path) -> int:
+    """This process's descriptors open on files in ``directory``."""
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if Path(os.readlink(f"/proc/self/fd/{fd}")).parent == directory:
+                found += 1
+    return found
+
+
+async def test_idle_unread_topics_give_their_descriptors_back(tmp_path: Path) -> None:
+    """Thousands of quiet topics must not each hold a writer and read descriptors from the
+    limit max_connections is derived from; they are opened again on demand."""
+    async with harness(figg_settings(tmp_path, segment_bytes=4096)) as h:
+        topic = await h.publish_durably(b"quiet", [b"q" * 100] * 200)  # several segments
+        topic.store.drop_recent()
+        assert len(read_all(topic)) == 200  # from the files: read descriptors open
+        directory = topic.store.log.directory
+        assert open_in(directory) >= 3  # checkpoints, writer, readers
+        topic.subscribers.add(Subscriber())  # read by someone: kept
+        h.topics.trim_caches()
+        h.topics.trim_caches()
+        assert open_in(directory) >= 3
+        topic.subscribers.clear()
+        h.topics.trim_caches()
+        assert open_in(directory) == 1  # the checkpoints file
+        await h.publish_durably(b"quiet", [b"after"])  # the writer opens again
+        assert payloads_of(read_all(topic, 200)) == [b"after"]
+        assert [o for o, _ in read_all(topic)] == list(range(1, 202))
+
+
 async def test_the_retention_timer_deletes_expired_segments_by_itself(tmp_path: Path) -> None:
     async with harness(figg_settings(tmp_path, segment_bytes=SEGMENT)) as h:
         topic = await h.publish_durably(b"t", [b"a" * 300] * 100)

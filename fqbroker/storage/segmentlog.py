@@ -423,6 +423,21 @@ class SegmentLog(SegmentReads):
 
     # --- lifetime -------------------------------------------------------------------------
 
+    def release_descriptors(self) -> None:
+        """Close the writer's and the readers' descriptors; the next append or read opens
+        what it needs again. For logs that sit idle in numbers (retained topics): each
+        would otherwise keep up to ``2 + _READ_FDS`` descriptors from the process's limit."""
+        if self._closed:
+            return
+        with self._lock:  # an append holds it while it swaps the writer's descriptor
+            fds = [self._wfd, *self._rfds.values()]
+            self._wfd = -1
+            self._rfds.clear()
+        self._cursors.clear()  # they name read positions, not descriptors, but go cold
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+
     def close(self) -> None:
         """Close the files; no fsync (call sync() first for that). Idempotent."""
         with self._lock:

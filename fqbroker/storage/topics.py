@@ -266,4 +266,8 @@ class Topics:
         for topic in self._topics.values():
             if (tight or not topic.appended) and topic.store.held_bytes:
                 topic.store.drop_recent()
+            if not topic.appended and not topic.subscribers:
+                # Idle and unread: its descriptors go back too, so thousands of quiet
+                # topics hold one each (checkpoints), not up to six.
+                topic.store.log.release_descriptors()
             topic.appended = False
