@@ -219,3 +219,16 @@ def test_failed_logins_double_decay_and_stay_bounded() -> None:
     for n in range(10):
         logins.failed(f"10.1.0.{n}")
     assert len(logins) == 3  # the least recently failed are forgotten
+
+
+async def test_logins_of_one_user_at_once_share_one_check(db: Path) -> None:
+    users = Users(db)
+    users.add("svc", "pw")
+    logins = [asyncio.ensure_future(users.verify_async("svc", b"pw")) for _ in range(20)]
+    wrong = asyncio.ensure_future(users.verify_async("svc", b"guess"))
+    await asyncio.sleep(0)  # every login has started and waits on a check
+    assert len(users._checking) == 2  # one for the right password, one for the guess
+    results = await asyncio.gather(*logins, wrong)
+    assert all(r is not None for r in results[:-1]) and results[-1] is None
+    assert not users._checking
+    users.close()
