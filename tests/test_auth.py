@@ -187,6 +187,7 @@ async def fqd_pw(tmp_path: Path, procs: list[Proc]) -> int:
     async with asyncio.timeout(TIMEOUT):
         fqd, port = await Proc.start_fqd(tmp_path, "--auth", "password")
         procs.append(fqd)
+        assert await fqd.wait_stderr("Authenticating ") == "Authenticating 1 users"
         return port
 
 
