@@ -47,6 +47,11 @@ def _fqd_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         help="serve retained topics to Figg clients here (off by default; port 0 picks one)",
     )
+    p.add_argument(
+        "--auth",
+        choices=("none", "password"),
+        help='"password": clients log in as users of fq-admin (default "none", as fqd)',
+    )
     return p
 
 
@@ -61,6 +66,7 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
         "queue_dir": args.queue_dir,
         "web_root": args.web_root,
         "debug": args.debug,
+        "auth": args.auth,
     }
     settings = settings.updated(overrides)
     if args.lumberjack is not None:
@@ -89,6 +95,8 @@ async def _run(settings: Settings) -> None:
     )
     await broker.start()
     print(f"Listening on port: {broker.port}", file=sys.stderr, flush=True)
+    if broker.users is not None:
+        print(f"Authenticating {len(broker.users.names())} users", file=sys.stderr, flush=True)
     # Front ends on ports of their own say where they listen too, beside fq's line (port
     # 0 picks one, and whoever started fqd reads it here).
     lumberjack = broker.front_ends.get("lumberjack")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from fqbroker.errors import AuthError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
+from fqbroker.server.logins import FailedLogins
 
 if TYPE_CHECKING:
     from fqbroker.config import Settings
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from fqbroker.server.heartbeats import HeartbeatClock
     from fqbroker.server.limits import Limits
     from fqbroker.storage.catalog import Catalog
+    from fqbroker.storage.users import Users
 
 __all__ = ["ClientRegistry"]
 
@@ -37,7 +39,16 @@ def _text(name: bytes) -> str:
 class ClientRegistry:
     """Client keys to command sessions; a command session's host."""
 
-    __slots__ = ("_on_closed", "catalog", "clients", "heartbeats", "limits", "settings")
+    __slots__ = (
+        "_on_closed",
+        "catalog",
+        "clients",
+        "failed_logins",
+        "heartbeats",
+        "limits",
+        "settings",
+        "users",
+    )
 
     def __init__(
         self,
@@ -46,6 +57,7 @@ class ClientRegistry:
         heartbeats: HeartbeatClock,
         settings: Settings,
         closed: Callable[[asyncio.Transport], None],
+        users: Users | None = None,
     ) -> None:
         self.clients: dict[bytes, CommandSession] = {}
         self.catalog = catalog
@@ -53,6 +65,10 @@ class ClientRegistry:
         self.heartbeats = heartbeats
         self.settings = settings
         self._on_closed = closed
+        # auth = "password": the user store passwords are checked against, and the
+        # failures per source address that slow a guesser down (docs/security.md).
+        self.users = users
+        self.failed_logins = FailedLogins()
 
     @property
     def confirm_pair_timeout(self) -> float:
@@ -70,6 +86,7 @@ class ClientRegistry:
         """The client's queue, found or created, within the user's limits (docs/limits.md)
         and permissions (a queue-name pattern; another user's private queue is refused)."""
         permissions = client.permissions
+        assert permissions is not None, "a queue is attached once the client is authenticated"
         if not permissions.may_attach(spec.name):
             raise AuthError("permission denied: queue " + _text(spec.name))
         existing = self.catalog.queues.get(spec.name)
