@@ -1,0 +1,179 @@
+"""Permissions enforced end to end (auth = "password"): a real broker on loopback, users
+and rules in its real sqlite config DB, fq's wire from raw sockets and the Python client.
+
+A bind not permitted gets fq's bind failure; a message published where its user may
+not is dropped and counted ``denied`` (client, exchange, /stats.json, /metrics) and a
+confirm covering it fails; a queue not permitted, or another user's private queue,
+refuses auth with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import pytest
+
+from fqbroker.clients.client import Client, ClientError
+from fqbroker.config import Settings
+from fqbroker.frontends.fq import wire
+from fqbroker.server.broker import Broker
+from fqbroker.storage.users import Users
+
+from .conftest import RawConn, Session, authenticate, running, wait_for
+from .test_http import get
+from .test_metrics import scrape, value
+
+PASSWORD = "s3cret pw"
+
+
+@pytest.fixture
+async def secured(settings: Settings) -> AsyncIterator[Broker]:
+    """A broker under auth = "password" with three users: ``admin`` (everything),
+    ``app`` (publish on logs.*, but not logs.secret; bind on metrics; queues app-*) and
+    ``other`` (queues anything, nothing else)."""
+    users = Users(settings.config_db)
+    try:
+        for name in ("admin", "app", "other"):
+            users.add(name, PASSWORD)
+        users.allow("admin", "admin", "*")
+        users.allow("app", "publish", "logs.*")
+        users.deny("app", "publish", "logs.secret")
+        users.allow("app", "consume", "metrics")
+        users.allow("app", "queue", "app-*")
+        users.allow("other", "queue", "*")
+    finally:
+        users.close()
+    async with running(replace(settings, auth="password")) as broker:
+        yield broker
+
+
+async def login(port: int, user: bytes, queue_field: bytes) -> Session:
+    """An authenticated command connection (with the right password) and its data socket."""
+    cmd = await authenticate(port, user, queue_field, PASSWORD.encode())
+    reply = await cmd.frame()
+    assert isinstance(reply, wire.AuthResponse), reply
+    data = await RawConn.open(port)
+    await data.send(wire.encode_hello(wire.Mode.DATA, reply.key))
+    return Session(cmd, data, reply.key)
+
+
+async def refused(port: int, user: bytes, queue_field: bytes) -> bytes:
+    """Authenticate with the right password; what the broker says before it closes."""
+    cmd = await authenticate(port, user, queue_field, PASSWORD.encode())
+    return await cmd.closed()
+
+
+async def test_bind_not_permitted_gets_fqs_bind_failure(secured: Broker) -> None:
+    app = await login(secured.port, b"app", b"app-q")
+    try:
+        assert await app.bind(b"metrics", b"prefix:") != wire.BIND_ILLEGAL
+        assert await app.bind(b"logs.web", b"prefix:") == wire.BIND_ILLEGAL
+        assert await app.bind(b"metrics2", b"prefix:") == wire.BIND_ILLEGAL
+        # Nothing was bound for the refused ones; the session goes on serving.
+        assert b"logs.web" not in secured.router.exchanges
+        assert (await app.status())["dropped_in"] == 0
+    finally:
+        await app.close()
+
+
+async def test_publish_not_permitted_is_dropped_and_counted(secured: Broker) -> None:
+    admin = await login(secured.port, b"admin", b"admin-q")
+    app = await login(secured.port, b"app", b"app-q")
+    try:
+        for exchange in (b"logs.web", b"logs.secret", b"other"):
+            assert await admin.bind(exchange, b"prefix:") != wire.BIND_ILLEGAL
+        await app.publish(b"logs.secret", b"r", b"no")
+        await app.publish(b"other", b"r", b"no")
+        await app.publish(b"logs.web", b"r", b"yes")
+        await app.publish(b"never-bound", b"r", b"no")
+        (msg,) = await admin.receive()
+        assert (msg.exchange, msg.payload) == (b"logs.web", b"yes")
+        stats = secured.clients[app.key].stats
+        await wait_for(lambda: stats.msgs_in == 4)
+        assert (stats.denied, stats.routed, stats.no_exchange) == (3, 1, 0)
+        exchanges = secured.router.exchanges
+        assert (exchanges[b"logs.secret"].denied, exchanges[b"other"].denied) == (1, 1)
+        assert exchanges[b"logs.web"].denied == 0
+        assert secured.router.aggregate.denied == 3
+
+        _, body = await get(secured.port, "/stats.json")
+        doc = json.loads(body)
+        assert doc["exchanges"]["_aggregate"]["denied"] == 3
+        assert doc["exchanges"]["logs.secret"]["denied"] == 1
+        assert "denied" not in doc["exchanges"]["logs.web"]
+        (client,) = doc["queues"]["app-q"]["clients"]
+        assert client["denied"] == "3"
+        samples, _ = await scrape(secured)
+        assert value(samples, "fq_denied_total") == 3
+        assert value(samples, "fq_exchange_denied_total", exchange="other") == 1
+        key = secured.clients[app.key]
+        labels = {"user": "app", "queue": "app-q", "client": f"127.0.0.1:{key.remote_port}"}
+        assert value(samples, "fq_client_denied_total", **labels) == 3
+        # The admin's own messages go anywhere.
+        await admin.publish(b"other", b"r", b"admin may")
+        (msg,) = await admin.receive()
+        assert msg.payload == b"admin may"
+    finally:
+        await app.close()
+        await admin.close()
+
+
+async def test_a_confirm_covering_a_denied_message_fails(secured: Broker) -> None:
+    async with Client(port=secured.port, source="app/app-c", password=PASSWORD) as client:
+        client.publish(b"logs.web", b"r", b"fine")
+        assert await client.confirm() == 1
+        client.publish(b"logs.secret", b"r", b"denied")
+        client.publish(b"logs.web", b"r", b"fine too")
+        with pytest.raises(ClientError, match="publish denied"):
+            await client.confirm()
+        assert secured.router.aggregate.denied == 1
+
+
+async def test_queue_not_permitted_refuses_auth(secured: Broker) -> None:
+    said = await refused(secured.port, b"app", b"not-mine")
+    assert wire.encode(wire.ErrorReply("permission denied: queue not-mine")) in said
+    assert "not-mine" not in {q.decode() for q in secured.queues}
+    # The broker serves everyone else.
+    app = await login(secured.port, b"app", b"app-ok")
+    await app.close()
+
+
+async def test_another_users_private_queue_cannot_be_attached(secured: Broker) -> None:
+    # A permanent private queue outlives its client; its owner comes back, nobody else.
+    spec = b"app-private\x00mem:private,permanent"
+    owner = await login(secured.port, b"app", spec)
+    await owner.close()
+    await wait_for(lambda: not secured.queues[b"app-private"].clients)
+    said = await refused(secured.port, b"other", spec)
+    assert wire.encode(wire.ErrorReply("permission denied: private queue of another user")) in said
+    again = await login(secured.port, b"app", spec)
+    await again.close()
+    await wait_for(lambda: not secured.queues[b"app-private"].clients)
+    # An administrator may (to drain it, say).
+    admin = await login(secured.port, b"admin", spec)
+    await admin.close()
+
+
+async def test_public_queues_are_shared_between_users(secured: Broker) -> None:
+    spec = b"app-shared\x00mem:public"
+    first = await login(secured.port, b"app", spec)
+    second = await login(secured.port, b"other", spec)
+    assert len(secured.queues[b"app-shared"].clients) == 2
+    await first.close()
+    await second.close()
+
+
+async def test_under_auth_none_nothing_is_denied(broker: Broker) -> None:
+    """The default: every client may do everything, and /stats.json has no denied key."""
+    session = await login(broker.port, b"anyone", b"any-q")
+    try:
+        assert await session.bind(b"logs.secret", b"prefix:") != wire.BIND_ILLEGAL
+        await session.publish(b"logs.secret", b"r", b"m")
+        (msg,) = await session.receive()
+        assert msg.payload == b"m"
+        _, body = await get(broker.port, "/stats.json")
+        assert "denied" not in body.decode()
+    finally:
+        await session.close()
