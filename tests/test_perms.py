@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from fqbroker.clients.client import Client, ClientError
-from fqbroker.config import Settings
+from fqbroker.config import Settings, Upstream
 from fqbroker.frontends.fq import wire
 from fqbroker.server.broker import Broker
 from fqbroker.storage.users import Users
@@ -32,10 +33,11 @@ PASSWORD = "s3cret pw"
 async def secured(settings: Settings) -> AsyncIterator[Broker]:
     """A broker under auth = "password" with three users: ``admin`` (everything),
     ``app`` (publish on logs.*, but not logs.secret; bind on metrics; queues app-*) and
-    ``other`` (queues anything, nothing else)."""
+    ``other`` (queues anything, nothing else); ``peer`` (a downstream broker's link:
+    bind on logs.*, queues peer-*)."""
     users = Users(settings.config_db)
     try:
-        for name in ("admin", "app", "other"):
+        for name in ("admin", "app", "other", "peer"):
             users.add(name, PASSWORD)
         users.allow("admin", "admin", "*")
         users.allow("app", "publish", "logs.*")
@@ -43,6 +45,8 @@ async def secured(settings: Settings) -> AsyncIterator[Broker]:
         users.allow("app", "consume", "metrics")
         users.allow("app", "queue", "app-*")
         users.allow("other", "queue", "*")
+        users.allow("peer", "consume", "logs.*")
+        users.allow("peer", "queue", "peer-*")
     finally:
         users.close()
     async with running(replace(settings, auth="password")) as broker:
@@ -177,3 +181,52 @@ async def test_under_auth_none_nothing_is_denied(broker: Broker) -> None:
         assert "denied" not in body.decode()
     finally:
         await session.close()
+
+
+async def test_a_peer_links_user_needs_the_rights_on_the_upstream(
+    secured: Broker, tmp_path: Path
+) -> None:
+    """A downstream broker pulls logs.web and secret through a link logging in as
+    ``peer``: the upstream refuses the bind on secret (the link logs it and pulls the
+    rest); once granted, the link's next connection binds it."""
+
+    def row(exchange: bytes) -> Upstream:
+        source = "peer/peer-q/mem:drop,private"
+        return Upstream("127.0.0.1", secured.port, source, PASSWORD, exchange, b"prefix:", False)
+
+    down = Settings(
+        port=0,
+        node_id="10.254.254.2",
+        config_db=tmp_path / "down.sqlite",
+        queue_dir=tmp_path / "down-queues",
+        upstream=[row(b"logs.web"), row(b"secret")],
+    )
+    async with running(down) as downstream:
+        (link,) = downstream.peering.links.values()
+        await wait_for(lambda: len(link.bound) == 1 and len(link.refused) == 1)
+        assert {b.exchange for b in link.refused} == {b"secret"}
+        local = await login(downstream.port, b"reader", b"reader-q")
+        admin = await login(secured.port, b"admin", b"admin-q")
+        try:
+            for exchange in (b"logs.web", b"secret"):
+                assert await local.bind(exchange, b"prefix:") != wire.BIND_ILLEGAL
+            await admin.publish(b"secret", b"r", b"not pulled")
+            await admin.publish(b"logs.web", b"r", b"pulled")
+            (msg,) = await local.receive()
+            assert (msg.exchange, msg.payload) == (b"logs.web", b"pulled")
+
+            # The upstream's operator grants it; the link asks again once it reconnects.
+            users = Users(secured.settings.config_db)
+            try:
+                users.allow("peer", "consume", "secret")
+            finally:
+                users.close()
+            (session,) = [s for s in secured.clients.values() if s.user == b"peer"]
+            session.close()
+            await wait_for(lambda: len(link.bound) == 2 and not link.refused)
+            await admin.publish(b"secret", b"r", b"now pulled")
+            (msg,) = await local.receive()
+            assert (msg.exchange, msg.payload) == (b"secret", b"now pulled")
+        finally:
+            await admin.close()
+            await local.close()
