@@ -9,7 +9,9 @@ refuses auth with a clear error.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +29,7 @@ from .test_http import get
 from .test_metrics import scrape, value
 
 PASSWORD = "s3cret pw"
+INTEROP = Path(__file__).parent / "interop"
 
 
 @pytest.fixture
@@ -230,3 +233,29 @@ async def test_a_peer_links_user_needs_the_rights_on_the_upstream(
         finally:
             await admin.close()
             await local.close()
+
+
+async def test_the_npm_fq_client_sees_bind_failure_and_its_messages_are_denied(
+    secured: Broker,
+) -> None:
+    """An old client, unchanged: fq's bind failure reaches it (as -1, its signed reading
+    of 0xffffffff), and what it publishes where it may not is counted denied."""
+    node = shutil.which("node")
+    if node is None or not (INTEROP / "node_modules" / "fq").is_dir():
+        pytest.fail("node and the npm fq client are required: run `make node` (make test does)")
+    proc = await asyncio.create_subprocess_exec(
+        node, str(INTEROP / "npm_fq_perms.js"), str(secured.port), "app", PASSWORD,
+        "app-npm", "logs.web", "other", "5",
+        cwd=INTEROP, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        async with asyncio.timeout(30):
+            line = await proc.stdout.readline()
+        assert json.loads(line) == {"bind": -1}
+        await wait_for(lambda: secured.router.aggregate.denied == 5)
+        (session,) = [s for s in secured.clients.values() if s.user == b"app"]
+        assert session.stats.denied == 5 and session.stats.routed == 0
+    finally:
+        proc.kill()
+        await proc.wait()
