@@ -34,6 +34,13 @@ def test_globs_and_exact_names() -> None:
     assert p.may_publish(b"logs.\xff\x00")
 
 
+def test_non_ascii_patterns_match_the_utf8_names_clients_send() -> None:
+    p = Permissions.from_rules([("publish", "logs.ä*", True), ("queue", "q?", True)])
+    assert p.may_publish("logs.äpfel".encode()) and not p.may_publish(b"logs.a")
+    # ? is one byte of the name, as fq's names are bytes: "é" is two.
+    assert p.may_attach(b"q1") and not p.may_attach("qé".encode())
+
+
 def test_deny_wins_over_allow() -> None:
     p = Permissions.from_rules(
         [("publish", "*", True), ("publish", "secret*", False), ("publish", "secret", True)]

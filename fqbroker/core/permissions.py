@@ -34,9 +34,11 @@ def _compile(patterns: list[str]) -> Callable[[bytes], bool]:
     """One regular expression for a list of globs: a name matches if any glob does."""
     if not patterns:
         return lambda name: False
-    # fnmatch.translate works on text; names are bytes and may be any bytes, so the
-    # patterns are matched over latin-1 (one character per byte, every byte valid).
-    regex = "|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)
+    # fnmatch.translate works on text; names are bytes and may be any bytes, so both
+    # are matched over latin-1 (one character per byte, every byte valid), a pattern
+    # as its UTF-8 bytes: "ä*" matches the name b"\xc3\xa4..." a client sends for it.
+    texts = (p.encode("utf-8", "surrogateescape").decode("latin-1") for p in patterns)
+    regex = "|".join(f"(?:{fnmatch.translate(t)})" for t in texts)
     match = re.compile(regex, re.DOTALL).match
     return lambda name: match(name.decode("latin-1")) is not None
 
