@@ -4,7 +4,7 @@
 
 Scenarios: 1to1-100 1to1-4k 1to1-128k 1to1-routes fanout fanin disk latency memory idle
 lumberjack figg (the table),
-and in-process micro benchmarks outside it: routing, disk-inproc, file-reads.
+and in-process micro benchmarks outside it: routing, disk-inproc, file-reads, permissions.
 """
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from pathlib import Path
 
 from .suite import SCENARIOS, Config, run
 
-MICRO = {"routing": "bench.routing", "disk-inproc": "bench.disk", "file-reads": "bench.filereads"}
+MICRO = {
+    "routing": "bench.routing",
+    "disk-inproc": "bench.disk",
+    "file-reads": "bench.filereads",
+    "permissions": "bench.permscost",
+}
 
 
 def main(argv: list[str]) -> int:

@@ -120,6 +120,7 @@ async def test_users_added_while_running_log_in_without_a_restart(pw_broker: Bro
             await late.connect()
         admin = Users(pw_broker.settings.config_db)  # fq-admin's connection, not the broker's
         admin.add("late", "pw")
+        admin.allow("late", "queue", "*")  # a user without rules may attach to no queue
         async with Client("127.0.0.1", pw_broker.port, "late", "pw", reconnect=False):
             (session,) = pw_broker.clients.values()
             assert session.permissions is not None and not session.permissions.admin

@@ -11,6 +11,7 @@ import pytest
 
 from fqbroker.config import Settings
 from fqbroker.core.message import Message, runs_of
+from fqbroker.core.permissions import Permissions
 from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import Policy, QueueKind, QueueSpec
@@ -129,3 +130,79 @@ def test_one_message_goes_the_same_way_as_runs(catalog: Catalog) -> None:
     result = router.publish(Message(b"none", b"r", b"c"))
     assert (result.no_route, result.no_exchange) == (1, 1)
     assert (router.aggregate.routed, router.aggregate.dropped) == (2, 1)
+
+
+# --- permissions (auth = "password"): runs its user may not publish are denied -------------
+
+
+def test_denied_runs_are_dropped_unrouted_and_counted(catalog: Catalog) -> None:
+    router = catalog.router
+    allowed, secret = Queue(QueueSpec(b"qa")), Queue(QueueSpec(b"qs"))
+    router.bind(b"logs.a", b"prefix:", allowed)
+    router.bind(b"secret", b"prefix:", secret)
+    rights = Permissions.from_rules([("publish", "logs.*", True)])
+    publisher = Publisher(router, catalog.flush_dirty, permissions=rights)
+    sent = messages(2, b"logs.a") + messages(3, b"secret") + messages(1, b"logs.a")
+    sent += messages(4, b"nobody-bound")
+    octets = sum(len(m.publish_frame()) for m in sent)
+    assert publisher.publish(runs_of(sent), octets)
+    assert len(allowed.take(100)) == 3 and secret.take(100) == []
+    stats = publisher.stats
+    # Denied messages were read (msgs_in, octets_in) and handled, never routed.
+    assert (stats.denied, stats.routed, stats.msgs_in, stats.octets_in) == (7, 3, 10, octets)
+    assert publisher.handled == 10
+    agg = router.aggregate
+    assert (agg.denied, agg.messages, agg.routed, agg.no_exchange) == (7, 3, 3, 0)
+    # The exchange counts them when it exists; a name nobody bound creates none.
+    assert router.exchanges[b"secret"].denied == 3
+    assert router.exchanges[b"secret"].messages == 0
+    assert b"nobody-bound" not in router.exchanges
+    assert publisher.denied_from == 3  # the first denied message's number
+
+
+async def test_a_confirm_covering_a_denied_message_fails(catalog: Catalog) -> None:
+    rights = Permissions.from_rules([("publish", "ok", True)])
+    publisher = Publisher(catalog.router, catalog.flush_dirty, permissions=rights)
+    sent = messages(2, b"ok") + messages(1, b"no") + messages(2, b"ok")
+    assert publisher.publish(runs_of(sent), sum(len(m.publish_frame()) for m in sent))
+    assert await publisher.confirm(2) is None  # before the denied one: fine
+    assert await publisher.confirm(3) == "publish denied"
+    assert await publisher.confirm(5) == "publish denied"
+
+
+async def test_denied_runs_between_a_full_block_queue(catalog: Catalog) -> None:
+    """A denied run after a blocked one is dropped once the batch carries on, and the
+    message numbers stay those of the batch (a confirm before it still succeeds)."""
+    router = catalog.router
+    queue = Queue(QueueSpec(b"q", policy=Policy.BLOCK, backlog=4))
+    router.bind(b"ex", b"prefix:", queue)
+    router.bind(b"ex2", b"prefix:", queue)
+    rights = Permissions.from_rules([("publish", "ex*", True), ("publish", "ex2", False)])
+    publisher = Publisher(router, catalog.flush_dirty, permissions=rights)
+    sent = messages(6) + messages(2, b"ex2") + messages(3)
+    assert not publisher.publish(runs_of(sent), sum(len(m.publish_frame()) for m in sent))
+    assert publisher.handled == 4 and publisher.stats.denied == 0
+    got: list[bytes] = []
+    while True:
+        got += queue.take(100)
+        await publisher.wait_for_room()
+        if publisher.carry_on():
+            break
+    got += queue.take(100)
+    assert len(got) == 9 and publisher.handled == 11
+    assert publisher.stats.denied == 2 and publisher.denied_from == 7
+    assert publisher.stats.octets_in == sum(len(m.publish_frame()) for m in sent)
+    assert await publisher.confirm(6) is None
+    assert await publisher.confirm(7) == "publish denied"
+
+
+def test_all_permissions_publish_everything(catalog: Catalog) -> None:
+    router = catalog.router
+    queue = Queue(QueueSpec(b"q"))
+    router.bind(b"ex", b"prefix:", queue)
+    admin = Permissions.from_rules([("admin", "*", True)])
+    for rights in (Permissions.ALL, admin):
+        publisher = Publisher(router, catalog.flush_dirty, permissions=rights)
+        assert publisher.publish(runs_of(messages(3)), 30)
+        assert publisher.stats.denied == 0 and publisher.denied_from is None
+    assert len(queue.take(100)) == 6

@@ -16,7 +16,11 @@ and keeps what the front end would otherwise have to copy:
   waits and after each batch, and it records per store the last seq written and the
   number of the first message a disk write failed for;
 * publisher confirms (docs/confirms.md): :meth:`confirm` answers once the first ``count``
-  messages are handled and durable, or says why not.
+  messages are handled and durable, or says why not;
+* permissions (auth = "password", :mod:`fqbroker.core.permissions`): a run on an exchange
+  its user may not publish to is dropped unrouted and counted ``denied``, and a confirm
+  covering it fails with ``publish denied``. A publisher made without permissions, or with
+  :attr:`Permissions.ALL`, runs the loop it always ran: the check costs nothing then.
 
 It is sans I/O: it owns no task and no socket. The only awaiting is in the coroutines a
 shell calls by name (:meth:`wait_for_room`, :meth:`publish_all`, :meth:`durable`,
@@ -30,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from fqbroker.core.message import Run
+from fqbroker.core.permissions import Permissions
 from fqbroker.core.router import ClientStats, Router, Target
 
 __all__ = ["DurableStore", "FlushDirty", "Publisher"]
@@ -59,6 +64,7 @@ class Publisher:
     __slots__ = (
         "_first",
         "_flush_dirty",
+        "_may_publish",
         "_next",
         "_octets",
         "_progress",
@@ -66,6 +72,7 @@ class Publisher:
         "_runs",
         "blocked",
         "closed",
+        "denied_from",
         "failed_from",
         "handled",
         "stamp_size",
@@ -80,8 +87,13 @@ class Publisher:
         stats: ClientStats | None = None,
         *,
         stamp_size: int = 0,
+        permissions: Permissions | None = None,
     ) -> None:
         self._router = router
+        # None when everything may be published: carry_on then asks nothing per run.
+        self._may_publish = (
+            None if permissions is None or permissions.everything else permissions.may_publish
+        )
         self._flush_dirty = flush_dirty
         self.stats = ClientStats() if stats is None else stats
         # What the front end added to each frame beyond the bytes it read (sender and
@@ -100,6 +112,8 @@ class Publisher:
         # failed for, and the event confirms wait on (made by the first that waits).
         self.written: dict[DurableStore, int] | None = None
         self.failed_from: int | None = None
+        # The number of the first message denied (at most: see _deny), if any was.
+        self.denied_from: int | None = None
         self._progress: asyncio.Event | None = None
         self.closed = False
 
@@ -132,8 +146,27 @@ class Publisher:
         stats = self.stats
         counting = self._octets >= 0
         publish_runs = self._router.publish_runs
+        may = self._may_publish
         while i < len(runs):
-            i, done, blocked = publish_runs(runs, i, stats)
+            if may is None:
+                i, done, blocked = publish_runs(runs, i, stats)
+            else:
+                # Publish up to the next run its user may not publish, then drop that one.
+                j = i
+                while j < len(runs) and may(runs[j][0]):
+                    j += 1
+                if j == i:
+                    done = self._deny(runs[i], counting)
+                    i += 1
+                    blocked = []
+                elif j == len(runs):
+                    i, done, blocked = publish_runs(runs, i, stats)
+                else:
+                    part = runs[i:j]
+                    k, done, blocked = publish_runs(part, 0, stats)
+                    if k < len(part):
+                        runs[i + k] = part[k]  # the rest of a run published in part
+                    i += k
             if counting:
                 self.handled += done
                 stats.msgs_in += done
@@ -171,6 +204,18 @@ class Publisher:
             await self.wait_for_room()
             if self.carry_on():
                 return
+
+    def _deny(self, run: Run, counting: bool) -> int:
+        """Drop a run its user may not publish; returns its messages (handled now)."""
+        n = len(run[2])
+        # Counting as published: the run's first message is the next one. Counted when
+        # read (received()): its number is not kept, so the batch's first stands in
+        # and a confirm covering any of the batch fails (never one that should not).
+        first = self.handled + 1 if counting else self._first
+        if self.denied_from is None or first < self.denied_from:
+            self.denied_from = first
+        self._router.count_denied(self.stats, run[0], n)
+        return n
 
     def size_dropped(self, count: int) -> None:
         """Messages refused for their size before they were routed."""
@@ -218,6 +263,8 @@ class Publisher:
             if self._progress is None:
                 self._progress = asyncio.Event()
             await self._progress.wait()
+        if self.denied_from is not None and self.denied_from <= count:
+            return "publish denied"
         if self.failed_from is not None and self.failed_from <= count:
             return "disk queue write failed"
         if not await self.durable():

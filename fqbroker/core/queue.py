@@ -164,6 +164,7 @@ class Queue:
         "limit",
         "limit_bytes",
         "name",
+        "owner",
         "permanent",
         "policy",
         "private",
@@ -193,6 +194,11 @@ class Queue:
         self.fsync = spec.fsync
         self.store: Store = store if store is not None else MemoryStore(budget)
         self.clients: list[object] = []
+        # The user that first attached to it while private: under auth = "password" no
+        # other user (but an admin) may attach to it. In memory only: after a restart,
+        # the first user to attach owns a permanent queue again (queue patterns are the
+        # durable rule).
+        self.owner: bytes | None = None
         self.dropped_to = 0
         # Waiting consumers, first come first served. A list: there are at most 16, and
         # an empty deque costs 700 bytes in every queue of every idle client.

@@ -118,6 +118,9 @@ class ClientStats:
     msgs_out: int = 0
     octets_in: int = 0
     octets_out: int = 0
+    # Not in fq's status reply (auth = "password" only): messages its user may not
+    # publish, dropped before routing (fqbroker/core/permissions.py).
+    denied: int = 0
 
 
 @dataclass(slots=True)
@@ -129,6 +132,7 @@ class AggregateStats:
     routed: int = 0
     dropped: int = 0
     size_dropped: int = 0
+    denied: int = 0  # not fqd's: dropped as their publisher may not publish there
 
 
 @dataclass(slots=True, eq=False)
@@ -160,6 +164,7 @@ class Exchange:
     no_route: int = 0
     routed: int = 0
     dropped: int = 0
+    denied: int = 0  # not fqd's: refused to a publisher without the right (not in messages)
     bindings: dict[int, Binding] = field(default_factory=dict)
     # (id of the target queue, program text) -> binding: finds a duplicate bind in O(1).
     _by_owner: dict[tuple[int, bytes], Binding] = field(default_factory=dict)
@@ -484,6 +489,16 @@ class Router:
         if size_dropped:
             agg.size_dropped += size_dropped
             client.size_dropped += size_dropped
+
+    def count_denied(self, client: ClientStats, exchange: bytes, n: int) -> None:
+        """Messages dropped unrouted as their publisher may not publish on ``exchange``
+        (fqbroker/core/permissions.py). The exchange counts them only if it exists: a
+        publisher inventing names must not create exchanges."""
+        client.denied += n
+        self.aggregate.denied += n
+        ex = self.exchanges.get(exchange)
+        if ex is not None:
+            ex.denied += n
 
     @staticmethod
     def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import Settings, is_loopback, resolve_node_id
 from fqbroker.core.message import MsgIdCounter
+from fqbroker.core.permissions import Permissions
 from fqbroker.core.program import RuleRegistry, default_registry
 from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
@@ -185,9 +186,12 @@ class Broker:
         """A connection of any front end ended: give back what the limits counted."""
         self.listeners.closed(transport)
 
-    def make_publisher(self, stats: ClientStats | None = None) -> Publisher:
-        """A publisher into this broker's router, for one connection or link."""
-        return Publisher(self.router, self.catalog.flush_dirty, stats)
+    def make_publisher(
+        self, stats: ClientStats | None = None, permissions: Permissions | None = None
+    ) -> Publisher:
+        """A publisher into this broker's router, for one connection or link; with the
+        ``permissions`` of its user under auth = "password" (None: it may publish anything)."""
+        return Publisher(self.router, self.catalog.flush_dirty, stats, permissions=permissions)
 
     def _is_ours(self, context: dict[str, Any]) -> bool:
         """Whether an error asyncio reports came from this broker's connections or code."""

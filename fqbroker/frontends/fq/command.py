@@ -21,6 +21,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Protocol
 
+from fqbroker.core.bindflags import BIND_ILLEGAL
 from fqbroker.core.permissions import Permissions
 from fqbroker.core.router import ClientStats
 from fqbroker.errors import AuthError, ProtocolError, QueueError
@@ -271,8 +272,13 @@ class CommandSession(RemotePeer, asyncio.Protocol):
                 assert self.queue is not None
                 machine.status(self.queue.dropped_to, self.stats if self.data is not None else None)
             case wire.BindRequest(flags, exchange, program):
-                assert self.queue is not None
-                machine.bound(host.bind(exchange, program, self.queue, flags))
+                assert self.queue is not None and self.permissions is not None
+                if self.permissions.may_consume(exchange):
+                    machine.bound(host.bind(exchange, program, self.queue, flags))
+                else:
+                    # fq's bind failure, so old clients report it as they would any.
+                    log.debug("bind on %r refused to %s: not permitted", exchange, self.pretty)
+                    machine.bound(BIND_ILLEGAL)
             case wire.UnbindRequest(route_id, exchange):
                 assert self.queue is not None
                 machine.unbound(route_id, host.unbind(exchange, route_id, self.queue))

@@ -51,6 +51,7 @@ from fqbroker.server.connections import RemotePeer
 if TYPE_CHECKING:
     from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
+    from fqbroker.core.permissions import Permissions
     from fqbroker.core.publisher import Publisher
     from fqbroker.core.queue import Notify
     from fqbroker.core.router import ClientStats
@@ -76,7 +77,9 @@ class DataHost(Protocol):
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 
-    def make_publisher(self, stats: ClientStats | None = None) -> Publisher: ...
+    def make_publisher(
+        self, stats: ClientStats | None = None, permissions: Permissions | None = None
+    ) -> Publisher: ...
 
 
 class _Input:
@@ -266,7 +269,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         input_ = self._in
         if input_ is None:
             assert self.owner is not None
-            publisher = self.broker.make_publisher(self.owner.stats)
+            publisher = self.broker.make_publisher(self.owner.stats, self.owner.permissions)
             publisher.closed = self.phase is Phase.CLOSED
             input_ = self._in = _Input(publisher)
         return input_

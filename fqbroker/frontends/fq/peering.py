@@ -128,7 +128,9 @@ class PeerLink:
         self.address = address
         self.wanted: set[PeerBinding] = set()
         self.bound: dict[PeerBinding, int] = {}  # binding -> route id it got upstream
-        self.refused: set[PeerBinding] = set()  # bad programs: not asked again until changed
+        # Refused upstream (a bad program, or a bind the link's user may not make): not
+        # asked again until the row changes or the link reconnects.
+        self.refused: set[PeerBinding] = set()
         # What it publishes into our router goes through its publisher, which counts it.
         self.publisher = publisher
         self.stats = self.publisher.stats
@@ -242,6 +244,10 @@ class PeerLink:
             if reconnected.done() and not reconnected.cancelled():
                 reconnected.exception()  # retrieved: ClientClosed only comes with close()
                 log.info("peer %s: connected", self.address)
+                # A bind the upstream refused is asked again on each new connection: the
+                # upstream's operator may have granted the link's user the right since
+                # (its permissions apply to new connections, docs/security.md).
+                self.refused.clear()
 
     async def _reconcile(self, client: Client) -> None:
         for binding in list(self.bound):

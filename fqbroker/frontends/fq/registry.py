@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fqbroker.errors import AuthError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
 from fqbroker.server.logins import FailedLogins
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
     from fqbroker.storage.users import Users
 
 __all__ = ["ClientRegistry"]
+
+
+def _text(name: bytes) -> str:
+    # For an error frame: printable, whatever bytes the name holds.
+    return name.decode("utf-8", errors="replace")
 
 
 class ClientRegistry:
@@ -77,11 +83,26 @@ class ClientRegistry:
         return self.clients.get(key)
 
     def attach(self, spec: QueueSpec, client: CommandSession) -> Queue:
-        """The client's queue, found or created, within the user's limits (docs/limits.md)."""
+        """The client's queue, found or created, within the user's limits (docs/limits.md)
+        and permissions (a queue-name pattern; another user's private queue is refused)."""
+        permissions = client.permissions
+        assert permissions is not None, "a queue is attached once the client is authenticated"
+        if not permissions.may_attach(spec.name):
+            raise AuthError("permission denied: queue " + _text(spec.name))
+        existing = self.catalog.queues.get(spec.name)
+        if (
+            existing is not None
+            and existing.private
+            and existing.owner not in (None, client.user)
+            and not permissions.admin
+        ):
+            raise AuthError("permission denied: private queue of another user")
         counted = self.limits.admit_queue(spec, client.user)
         queue = self.catalog.attach(spec, client)
         if counted:
             self.limits.charge(client.user, queue)
+        if queue.private and queue.owner is None:
+            queue.owner = client.user
         return queue
 
     def register(self, client: CommandSession) -> bytes:

@@ -165,6 +165,7 @@ def _aggregate(snap: Snapshot) -> Iterator[Metric]:
         ("fq_no_route", agg.no_route, "Messages no binding matched (includes no_exchange)."),
         ("fq_no_exchange", agg.no_exchange, "Messages sent to an exchange nobody bound."),
         ("fq_size_dropped", agg.size_dropped, "Messages refused as over the size limit."),
+        ("fq_denied", agg.denied, "Messages dropped: their user may not publish there."),
     ):
         counter = CounterMetricFamily(name, doc)
         counter.add_metric([], value)
@@ -188,6 +189,11 @@ def _exchanges(snap: Snapshot) -> Iterator[Metric]:
         ),
         "no_route": CounterMetricFamily(
             "fq_exchange_no_route", "Messages no binding on the exchange matched.", labels=labels
+        ),
+        "denied": CounterMetricFamily(
+            "fq_exchange_denied",
+            "Messages dropped: their user may not publish here.",
+            labels=labels,
         ),
     }
     route_labels = ["exchange", "route_id", "queue"]
@@ -303,6 +309,7 @@ _CLIENT_COUNTERS = (
     ("fq_client_no_route", "no_route", "The client's messages no binding matched."),
     ("fq_client_no_exchange", "no_exchange", "The client's messages to unknown exchanges."),
     ("fq_client_size_dropped", "size_dropped", "The client's messages over the size limit."),
+    ("fq_client_denied", "denied", "The client's messages where its user may not publish."),
 )
 
 

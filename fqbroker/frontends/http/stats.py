@@ -72,6 +72,7 @@ class ExchangeSnapshot:
     routed: int
     dropped: int
     routes: tuple[RouteSnapshot, ...]
+    denied: int = 0  # not fqd's: published where the publisher may not (auth = "password")
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +220,7 @@ def take_snapshot(broker: StatsSource) -> Snapshot:
                 )
                 for b in ex.bindings.values()
             ),
+            denied=ex.denied,
         )
         for ex in broker.router.exchanges.values()
     )
@@ -350,7 +352,9 @@ def _text(name: bytes) -> str:
     return name.decode("utf-8", errors="replace")
 
 
-_CLIENT_COUNTERS = tuple(f.name for f in dataclasses.fields(ClientStats))
+# fq's status counters; ``denied`` (permissions, not fqd's) is shown only when nonzero,
+# so a broker under auth = "none" answers exactly fqd's shape.
+_CLIENT_COUNTERS = tuple(f.name for f in dataclasses.fields(ClientStats) if f.name != "denied")
 
 
 def stats_json(snap: Snapshot) -> dict[str, Any]:
@@ -376,6 +380,8 @@ def stats_json(snap: Snapshot) -> dict[str, Any]:
                 for r in ex.routes
             },
         }
+        if ex.denied:
+            exchanges[_text(ex.name)]["denied"] = ex.denied
     agg = snap.aggregate
     # Written last, so an exchange really named "_aggregate" cannot hide the totals.
     exchanges["_aggregate"] = {
@@ -387,6 +393,8 @@ def stats_json(snap: Snapshot) -> dict[str, Any]:
         "dropped": agg.dropped,
         "size_dropped": agg.size_dropped,
     }
+    if agg.denied:
+        exchanges["_aggregate"]["denied"] = agg.denied
     queues: dict[str, Any] = {}
     for q in snap.queues:
         queues[_text(q.name)] = {
@@ -427,6 +435,7 @@ def _peer_json(p: PeerSnapshot) -> dict[str, Any]:
             for b in p.bindings
         ],
         **{k: getattr(p.stats, k) for k in _CLIENT_COUNTERS},
+        **({"denied": p.stats.denied} if p.stats.denied else {}),
         "looped": p.looped,
         "duplicates": p.duplicates,
     }
@@ -442,6 +451,8 @@ def _client_json(c: ClientSnapshot) -> dict[str, str]:
     if c.mode is not None:
         out["mode"] = c.mode
         out.update((k, str(getattr(c.stats, k))) for k in _CLIENT_COUNTERS)
+        if c.stats.denied:
+            out["denied"] = str(c.stats.denied)
     return out
 
 
