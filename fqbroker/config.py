@@ -291,6 +291,9 @@ class Settings:
     fsync_interval_ms: float = 5.0  # group-commit window for fsync = "interval"
     segment_bytes: int = 64 << 20  # disk-queue segment file size
     admin_token: str = ""  # when set, /submit, checkpoints and /shutdown need it
+    # --- P12 HTTP reads (docs/security.md) ---
+    http_auth_reads: bool = False  # /stats.json, /metrics, /queue/*, /topic/*, the UI need auth
+    read_token: str = ""  # a bearer token for the reads (a Prometheus scraper's); never admin
     http_shutdown: bool = False  # whether /shutdown stops the broker (fqd: HTTP_SHUTDOWN=1)
     upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
