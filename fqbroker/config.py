@@ -359,6 +359,18 @@ class Settings:
             raise ValueError(f"auth must be one of {', '.join(AUTH_MODES)}, not {self.auth!r}")
         if not isinstance(self.allow_open_network, bool):
             raise ValueError("allow_open_network must be true or false")
+        if not isinstance(self.http_auth_reads, bool):
+            raise ValueError("http_auth_reads must be true or false")
+        for name in ("admin_token", "read_token"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string")
+        if (
+            self.http_auth_reads
+            and self.auth == "none"
+            and not (self.read_token or self.admin_token)
+        ):
+            # Every read would get 401: surely not what was meant.
+            raise ValueError('http_auth_reads needs read_token, admin_token or auth = "password"')
 
     def open_to_anyone(self) -> list[str]:
         """The listen addresses anyone on the network may use without a password: those

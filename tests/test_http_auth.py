@@ -6,10 +6,13 @@ made with fqbroker.storage.users as fq-admin makes them.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import h11
 import pytest
@@ -22,6 +25,7 @@ from fqbroker.server.broker import Broker
 from .conftest import RawConn, Session, authenticate, running
 from .procs import Proc
 from .test_http import OK_HEADERS, HttpConn, assert_still_serving, get, header
+from .test_webui import Chromium, Page, require_chromium
 
 ADMIN_TARGETS = [
     ("POST", "/submit"),
@@ -333,3 +337,104 @@ async def test_a_removed_user_is_refused_without_a_restart(with_users: Broker) -
     Users(broker.settings.config_db).remove("root")
     response, body = await get(broker.port, path, [basic("root", "rootpw")])
     assert_refused(response, body, 401)
+
+
+# --- the web UI behind a login, in a real browser ----------------------------------------------
+
+
+async def answer_the_browser(
+    page: Page, user: str, password: str, challenges: list[Any], stop: asyncio.Event
+) -> None:
+    """Let every request of the page through, and answer each login prompt (a 401 with
+    a challenge the browser understood) with ``user`` and ``password``, until ``stop``.
+
+    Stopped between calls, never cancelled in one: a reply to a cancelled call would
+    hit the DevTools client's pump."""
+    browser, seen = page.browser, 0
+    while not stop.is_set():
+        while seen < len(browser.events):
+            event = browser.events[seen]
+            seen += 1
+            if event.get("sessionId") != page.session:
+                continue
+            params = event.get("params", {})
+            # A request the page gave up meanwhile is an error reply: not ours to mind.
+            with contextlib.suppress(RuntimeError):
+                if event.get("method") == "Fetch.requestPaused":
+                    await page.call("Fetch.continueRequest", {"requestId": params["requestId"]})
+                elif event.get("method") == "Fetch.authRequired":
+                    challenges.append(params["authChallenge"])
+                    answer = {
+                        "response": "ProvideCredentials",
+                        "username": user,
+                        "password": password,
+                    }
+                    await page.call(
+                        "Fetch.continueWithAuth",
+                        {"requestId": params["requestId"], "authChallengeResponse": answer},
+                    )
+        await browser.event_arrived.wait()
+
+
+async def test_web_ui_behind_a_login(with_users: Broker, tmp_path: Path) -> None:
+    """The browser is challenged (Basic, realm fqbroker), logs in as a plain user, and the
+    UI's own polls of stats.json then go through with the login it keeps."""
+    chromium = require_chromium()
+    broker = with_users
+    broker.settings.http_auth_reads = True
+    browser = await Chromium.launch(chromium, tmp_path / "profile", tmp_path / "chromium.log")
+    answering: asyncio.Task[None] | None = None
+    stop = asyncio.Event()
+    try:
+        async with asyncio.timeout(60):
+            target = await browser.send("Target.createTarget", {"url": "about:blank"})
+            attached = await browser.send(
+                "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}
+            )
+            page = Page(browser, attached["sessionId"])
+            await page.call("Runtime.enable")
+            await page.call("Network.enable")
+            await page.call("Fetch.enable", {"handleAuthRequests": True})
+            challenges: list[Any] = []
+            answering = asyncio.create_task(
+                answer_the_browser(page, "bob", "bobpw", challenges, stop)
+            )
+            await page.call("Page.navigate", {"url": f"http://127.0.0.1:{broker.port}/"})
+            await page.wait_for(
+                "document.getElementById('status') && "
+                "document.getElementById('status').dataset.state === 'live'"
+            )
+            await page.rendered_polls(2)
+            assert await page.evaluate("document.getElementById('status').dataset.state") == "live"
+        assert challenges and challenges[0]["scheme"].lower() == "basic"
+        assert challenges[0]["realm"] == "fqbroker"
+        assert broker.limits.refused["http_auth_failed"] == 0
+    finally:
+        stop.set()
+        browser.event_arrived.set()  # wakes the answering task if it waits for an event
+        if answering is not None:
+            async with asyncio.timeout(20):
+                await answering
+        await browser.close()
+
+
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        ({"http_auth_reads": True}, "http_auth_reads needs read_token"),
+        ({"http_auth_reads": "yes", "read_token": "r"}, "http_auth_reads must be true or false"),
+        ({"read_token": 5}, "read_token must be a string"),
+    ],
+)
+def test_settings_that_cannot_work_are_refused(values: dict[str, Any], error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        Settings().updated(values)
+
+
+def test_settings_that_work() -> None:
+    for values in (
+        {"http_auth_reads": True, "read_token": "r"},
+        {"http_auth_reads": True, "admin_token": "a"},
+        {"http_auth_reads": True, "auth": "password"},
+    ):
+        assert Settings().updated(values).http_auth_reads
