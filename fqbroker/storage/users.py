@@ -126,6 +126,7 @@ class Users:
         # Keyed digests of verified passwords: the key lives only in this process.
         self._key = os.urandom(32)
         self._verified: dict[str, bytes] = {}
+        self._checking: dict[tuple[str, bytes], asyncio.Future[bool]] = {}
         self._dummy = hash_password(os.urandom(16))
         self._refresh()
 
@@ -271,9 +272,19 @@ class Users:
         if cached:
             assert user is not None
             return user.permissions
-        stored = self._dummy if user is None else user.hash
-        ok = await asyncio.to_thread(check_password, stored, password)
-        return None if user is None else self._settle(name, user, digest, ok)
+        if user is None:
+            await asyncio.to_thread(check_password, self._dummy, password)
+            return None
+        # Many clients of one user logging in at once (a restarted broker's reconnect
+        # storm) share one PBKDF2 check of the same password instead of one each.
+        key = (name, digest)
+        check = self._checking.get(key)
+        if check is None:
+            check = asyncio.ensure_future(asyncio.to_thread(check_password, user.hash, password))
+            self._checking[key] = check
+            check.add_done_callback(lambda _: self._checking.pop(key, None))
+        ok = await asyncio.shield(check)
+        return self._settle(name, user, digest, ok)
 
     def cached(self, name: str, password: bytes) -> Permissions | None:
         """The permissions when this password was verified before, else None (no PBKDF2)."""

@@ -72,6 +72,10 @@ class BadInputLog(Protocol):
         """Count a close for bad input, and say so in one rate-limited line."""
         ...
 
+    def refuse(self, reason: str, msg: str, *args: object) -> None:
+        """Count a refusal (a failed login), and warn in one rate-limited line."""
+        ...
+
 
 class CommandHost(Protocol):
     """What a command session asks of the broker (fqbroker.frontends.fq.registry's
@@ -312,11 +316,20 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             return  # the client hung up meanwhile
         if permissions is None:
             delay = self.host.failed_logins.failed(self.remote_addr)
+            self.host.limits.refuse(
+                "auth",
+                "authentication failed for user %r from %s (answered in %.1fs)",
+                name,
+                self.remote_addr,
+                delay,
+            )
             await asyncio.sleep(delay)  # slows a guesser down; never the right password
             if self.machine.closed:
                 return
             self.machine.refuse(AUTH_FAILED)
-            self._refused(AuthError(AUTH_FAILED))
+            self._flush(self.host.heartbeats.time())
+            self._end()
+            self._linger()
             return
         try:
             self._admit(spec, permissions)
