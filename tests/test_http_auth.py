@@ -438,3 +438,33 @@ def test_settings_that_work() -> None:
         {"http_auth_reads": True, "auth": "password"},
     ):
         assert Settings().updated(values).http_auth_reads
+
+
+async def fq_admin(state: Path, procs: list[Proc], *args: str, stdin: bytes = b"") -> None:
+    admin = await Proc.start(
+        "-m", "fqbroker.admintool", "-c", str(state / "fqd.sqlite"), "user", *args,
+        stdin=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    procs.append(admin)
+    status, _, err = await admin.finish(stdin)
+    assert status == 0, err
+
+
+async def test_an_operator_makes_an_admin_with_fq_admin(tmp_path: Path, procs: list[Proc]) -> None:
+    """fq-admin and fqd as processes on one config database, as an operator runs them: a
+    user made an admin while the broker runs may use the admin endpoints at once."""
+    async with asyncio.timeout(60):
+        await fq_admin(tmp_path, procs, "add", "ops", "--password-stdin", stdin=b"opspw\n")
+        fqd, port = await Proc.start_fqd(tmp_path, "--auth", "password")
+        procs.append(fqd)
+        path = "/add_checkpoint?cpname=c&qname=q"
+        response, body = await get(port, path)
+        assert_refused(response, body, 401)
+        response, body = await get(port, path, [basic("ops", "opspw")])
+        assert_refused(response, body, 403)
+        await fq_admin(tmp_path, procs, "allow", "ops", "admin", "*")
+        response, body = await get(port, path, [basic("ops", "opspw")])
+        assert response.status_code == 200, body
+        assert json.loads(body)["message"] == "Cannot find registered queue 'q'"
+        response, _ = await get(port, "/stats.json")  # reads stay open by default
+        assert response.status_code == 200
