@@ -201,6 +201,7 @@ async def test_reads_need_the_read_token_when_set(broker: Broker) -> None:
         "GET", "/metrics", [bearer("scrape"), ("Accept", "text/plain")]
     )
     assert response.status_code == 200 and b"fq_messages" in body
+    assert b'fq_refused_total{reason="http_auth_failed"} 2.0' in body
     # Every other path is behind the same door, even one that would be a 404.
     response, body = await conn.request("GET", "/no/such/file")
     assert_refused(response, body, 401)
