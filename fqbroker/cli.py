@@ -96,7 +96,9 @@ async def _run(settings: Settings) -> None:
     await broker.start()
     print(f"Listening on port: {broker.port}", file=sys.stderr, flush=True)
     if broker.users is not None:
-        print(f"Authenticating {len(broker.users.names())} users", file=sys.stderr, flush=True)
+        count = len(broker.users.names())
+        hint = "" if count else ": nobody can log in until `fq-admin -c DB user add NAME`"
+        print(f"Authenticating {count} users{hint}", file=sys.stderr, flush=True)
     # Front ends on ports of their own say where they listen too, beside fq's line (port
     # 0 picks one, and whoever started fqd reads it here).
     lumberjack = broker.front_ends.get("lumberjack")

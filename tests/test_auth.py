@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 
 from fqbroker.clients.client import Client
-from fqbroker.config import Settings
+from fqbroker.config import Settings, Upstream
 from fqbroker.core.permissions import Permissions
 from fqbroker.errors import ClientError
 from fqbroker.frontends.fq import wire
 from fqbroker.server.broker import Broker
 from fqbroker.storage.users import Users
 
-from .conftest import RawConn, running
+from .conftest import RawConn, running, wait_for
 from .procs import Proc
 
 TIMEOUT = 20.0
@@ -76,6 +76,7 @@ async def test_a_wrong_password_or_unknown_user_is_refused(
         assert caught.value.text == "authentication failed"
     assert not pw_broker.clients
     assert pw_broker.registry.failed_logins.failures("127.0.0.1") > 0.5  # decays with time
+    assert pw_broker.limits.refused["auth"] == 1  # fq_refused_total{reason="auth"}
     logged = [r.getMessage() for r in caplog.records if "authentication failed" in r.getMessage()]
     assert logged and f"user {user!r} from 127.0.0.1" in logged[0]
     assert not password or password not in logged[0]  # never the password
@@ -186,6 +187,7 @@ async def fqd_pw(tmp_path: Path, procs: list[Proc]) -> int:
     async with asyncio.timeout(TIMEOUT):
         fqd, port = await Proc.start_fqd(tmp_path, "--auth", "password")
         procs.append(fqd)
+        assert await fqd.wait_stderr("Authenticating ") == "Authenticating 1 users"
         return port
 
 
@@ -257,3 +259,37 @@ async def _npm(port: int, user: str, password: str) -> dict[str, object]:
 async def test_npm_fq_client_with_a_password(pw_broker: Broker) -> None:
     assert await _npm(pw_broker.port, "alice", "wonderland") == {"bind": 1, "received": 10}
     assert await _npm(pw_broker.port, "alice", "nope") == {"error": "authentication failed"}
+
+
+# --- peering: a link logs in to its upstream with a password ----------------------------------
+
+
+async def test_a_peer_link_logs_in_with_its_upstream_password(
+    password_settings: Settings, tmp_path: Path
+) -> None:
+    def downstream(password: str, where: str) -> Settings:
+        return Settings(
+            port=0, node_id="10.254.254.2", config_db=tmp_path / where / "fqd.sqlite",
+            queue_dir=tmp_path / where / "queues", peer_poll_seconds=0.1,
+            upstream=[Upstream(
+                "127.0.0.1", up.port, "alice//mem:drop,private", password, b"peered", b"prefix:",
+                False,
+            )],
+        )  # fmt: skip
+
+    async with asyncio.timeout(TIMEOUT), running(password_settings) as up:
+        async with (
+            running(downstream("wonderland", "down")) as down,
+            Client("127.0.0.1", down.port, "reader", "x") as reader,
+            Client("127.0.0.1", up.port, "alice", "wonderland") as writer,
+        ):
+            await reader.bind(b"peered", b"prefix:")
+            # The link binds on the upstream once it is logged in; publish until it has.
+            while not reader.received_backlog:
+                writer.publish(b"peered", b"r", b"over the link")
+                await writer.flush()
+                await asyncio.sleep(0.05)
+            assert (await reader.receive()).payload == b"over the link"
+        assert up.limits.refused["auth"] == 0
+        async with running(downstream("wrong", "down2")):
+            await wait_for(lambda: up.limits.refused["auth"] >= 1)

@@ -232,3 +232,17 @@ async def test_logins_of_one_user_at_once_share_one_check(db: Path) -> None:
     assert all(r is not None for r in results[:-1]) and results[-1] is None
     assert not users._checking
     users.close()
+
+
+async def test_a_password_replaced_during_its_check_no_longer_logs_in(db: Path) -> None:
+    broker_side = Users(db)
+    admin_side = Users(db)
+    admin_side.add("alice", "old")
+    login = asyncio.ensure_future(broker_side.verify_async("alice", b"old"))
+    await asyncio.sleep(0)  # the check has started in a worker thread
+    admin_side.add("alice", "new")
+    assert await login is None
+    assert broker_side.cached("alice", b"old") is None
+    assert await broker_side.verify_async("alice", b"new") is not None
+    broker_side.close()
+    admin_side.close()

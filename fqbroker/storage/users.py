@@ -251,11 +251,16 @@ class Users:
     def _settle(self, name: str, user: _User, digest: bytes, ok: bool) -> Permissions | None:
         if not ok:
             return None
-        if self._users.get(name) is user:  # not changed while the hash was computed
-            if len(self._verified) >= VERIFIED_LIMIT:
-                self._verified.clear()
-            self._verified[name] = digest
-        return user.permissions
+        # fq-admin may have changed the user while the hash was computed: a password
+        # removed or replaced meanwhile no longer logs in; new rules apply at once.
+        self._refresh()
+        current = self._users.get(name)
+        if current is None or current.hash != user.hash:
+            return None
+        if len(self._verified) >= VERIFIED_LIMIT:
+            self._verified.clear()
+        self._verified[name] = digest
+        return current.permissions
 
     def verify(self, name: str, password: bytes) -> Permissions | None:
         """The user's permissions, or None for an unknown user or a wrong password."""
