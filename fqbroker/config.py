@@ -291,6 +291,9 @@ class Settings:
     fsync_interval_ms: float = 5.0  # group-commit window for fsync = "interval"
     segment_bytes: int = 64 << 20  # disk-queue segment file size
     admin_token: str = ""  # when set, /submit, checkpoints and /shutdown need it
+    # --- P12 HTTP reads (docs/security.md) ---
+    http_auth_reads: bool = False  # /stats.json, /metrics, /queue/*, /topic/*, the UI need auth
+    read_token: str = ""  # a bearer token for the reads (a Prometheus scraper's); never admin
     http_shutdown: bool = False  # whether /shutdown stops the broker (fqd: HTTP_SHUTDOWN=1)
     upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
@@ -356,6 +359,18 @@ class Settings:
             raise ValueError(f"auth must be one of {', '.join(AUTH_MODES)}, not {self.auth!r}")
         if not isinstance(self.allow_open_network, bool):
             raise ValueError("allow_open_network must be true or false")
+        if not isinstance(self.http_auth_reads, bool):
+            raise ValueError("http_auth_reads must be true or false")
+        for name in ("admin_token", "read_token"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string")
+        if (
+            self.http_auth_reads
+            and self.auth == "none"
+            and not (self.read_token or self.admin_token)
+        ):
+            # Every read would get 401: surely not what was meant.
+            raise ValueError('http_auth_reads needs read_token, admin_token or auth = "password"')
 
     def open_to_anyone(self) -> list[str]:
         """The listen addresses anyone on the network may use without a password: those

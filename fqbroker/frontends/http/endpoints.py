@@ -11,17 +11,17 @@ reply and a close. Endpoints, bodies and error texts are fqd's (§4.2); the diff
 docs/http.md. Limits keep a bad client from hurting anyone else: headers are bounded
 (431), bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
 
-Admin endpoints (/submit, checkpoints, /shutdown) need the configured ``admin_token``
-when there is one; /stats.json, /frontends.json, /metrics, the replay reads of replay.py
-and topics.py, and the static files stay open. The broker is reached through the narrow Protocols of
-:mod:`fqbroker.frontends.http.host`, never imported.
+Admin endpoints (/submit, checkpoints, /shutdown) need the ``admin_token`` or an admin
+user once either exists; the rest (/stats.json, /frontends.json, /metrics, the reads of
+replay.py and topics.py, the static files) need credentials only with ``http_auth_reads``.
+auth.py decides, before anything of the request is acted on. The broker is reached through
+the narrow Protocols of :mod:`fqbroker.frontends.http.host`, never imported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 from dataclasses import dataclass, field
@@ -34,7 +34,7 @@ import h11
 
 from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.fq import wire
-from fqbroker.frontends.http import replay, topics
+from fqbroker.frontends.http import auth, replay, topics
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.stats import http_counters, render_front_ends_json, render_stats_json
 from fqbroker.storage import checkpoints
@@ -248,13 +248,16 @@ class _Connection:
         head = request.method == b"HEAD"
         log.debug("HTTP %s %s", request.method.decode(errors="replace"), target)
 
-        if path in ADMIN_PATHS or (path == "/shutdown" and self.broker.settings.http_shutdown):
-            if not self._authorized(headers):
-                await self._send(_json_reply(403, {"error": "forbidden"}), head=head)
-                return
-            if path == "/submit":
-                await self._send(await self._submit(headers), head=head)
-                return
+        admin_path = path in ADMIN_PATHS or (
+            path == "/shutdown" and self.broker.settings.http_shutdown
+        )
+        refusal = await self._refusal(headers, admin_path=admin_path)
+        if refusal is not None:
+            await self._send(refusal, head=head)
+            return
+        if path == "/submit":  # an admin path: the check above let it through
+            await self._send(await self._submit(headers), head=head)
+            return
         reply = await self._discard_body(headers)
         if reply is None:
             if path == "/stats.json":
@@ -300,17 +303,35 @@ class _Connection:
             return _json_reply(400, {"error": "request body cut short"}, close=True)
         return None
 
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        token = self.broker.settings.admin_token
-        if not token:
-            return True
-        given = headers.get(b"x-fq-token")
-        if given is None:
-            scheme, _, value = headers.get(b"authorization", b"").partition(b" ")
-            if scheme.lower() != b"bearer":
-                return False
-            given = value.strip()
-        return hmac.compare_digest(given, token.encode())
+    async def _refusal(self, headers: dict[bytes, bytes], *, admin_path: bool) -> Reply | None:
+        """A 401 or 403 when the request may not use this path (auth.py); None: go on."""
+        settings, users = self.broker.settings, self.broker.users
+        level = auth.needs(settings, users, admin_path=admin_path)
+        if level is auth.Level.OPEN:
+            return None
+        creds = auth.credentials(headers)
+        outcome = await auth.check(level, creds, settings, users)
+        if outcome is auth.Outcome.ALLOWED:
+            return None
+        peer = self.writer.get_extra_info("peername")
+        source = peer[0] if isinstance(peer, tuple) else "?"
+        if outcome is auth.Outcome.FORBIDDEN:
+            self.broker.limits.refuse(
+                "http_forbidden", "HTTP: %s from %s lacks the right to %s",
+                creds.user or "a read token", source, level.value,
+            )  # fmt: skip
+            return _json_reply(403, {"error": "forbidden"})
+        if creds.token is not None or creds.user is not None or creds.malformed:
+            # Given and wrong: worth a line (rate-limited) naming where it came from, and
+            # an answer that comes later with each failure from there (a guesser's pace).
+            self.broker.limits.refuse(
+                "http_auth_failed", "HTTP: authentication failed for %s from %s",
+                creds.user or ("a token" if creds.token else "a malformed header"), source,
+            )  # fmt: skip
+            await asyncio.sleep(auth.failed_logins(self.broker).failed(source))
+        reply = _json_reply(401, {"error": "authentication required"})
+        reply.headers.extend(auth.challenge(settings, users))
+        return reply
 
     async def _submit(self, headers: dict[bytes, bytes]) -> Reply:
         """Publish the body as one message, as fqd's /submit does (§4.2, §1.11)."""

@@ -18,6 +18,7 @@ from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.router import ClientStats, Router
+from fqbroker.frontends.http.auth import UsersView
 from fqbroker.server.frontend import LiveFrontEnd
 from fqbroker.server.limits import Limits
 from fqbroker.storage.catalog import Catalog
@@ -182,6 +183,8 @@ class HttpHost(StatsSource, Protocol):
     def catalog(self) -> Catalog: ...
     @property
     def shutdown_requested(self) -> asyncio.Event: ...
+    @property
+    def users(self) -> UsersView | None: ...  # None under auth = "none"
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 

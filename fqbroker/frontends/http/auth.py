@@ -1,0 +1,182 @@
+"""Who may use an HTTP endpoint: the admin token, the read token, or a user (Basic).
+
+Two levels (docs/security.md):
+
+* **admin**: /submit, the checkpoint endpoints and /shutdown. Protected once users exist
+  (``auth = "password"``) or ``admin_token`` is set. The admin token, or a user whose
+  permissions say ``admin``.
+* **read**: everything else (/stats.json, /frontends.json, /metrics, /queue/*, /topic/*,
+  the web UI). Protected only with ``http_auth_reads``. The read token, the admin token,
+  or any user whose password checks out.
+
+Tokens come as ``Authorization: Bearer TOKEN`` (what Prometheus' ``authorization``
+scrape setting sends) or ``X-Fq-Token: TOKEN``; users as ``Authorization: Basic``, which
+is what a browser asks for after a 401 naming the Basic scheme, so the web UI prompts for
+a login. No credentials, or credentials that do not check out, get 401 with
+``WWW-Authenticate``; a user who is known but not an admin gets 403. Both with JSON bodies.
+
+The deciding is plain functions over the headers; the only wait is the password check,
+whose PBKDF2 runs in a thread unless ``Users`` has the user and password cached, so a UI
+polling with Basic costs a dict lookup per request. Wrong credentials are answered late,
+later with every failure from the same address (fqbroker.server.logins, as the fq port
+does with its own count), so guessing over HTTP is as slow as over fq.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import weakref
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from fqbroker.config import Settings
+from fqbroker.server.logins import FailedLogins
+
+__all__ = [
+    "ADMIN",
+    "READ",
+    "Credentials",
+    "Level",
+    "Outcome",
+    "PermissionsView",
+    "UsersView",
+    "challenge",
+    "check",
+    "credentials",
+    "failed_logins",
+    "needs",
+]
+
+REALM = "fqbroker"
+
+
+class PermissionsView(Protocol):
+    """What HTTP reads of a user's Permissions (fqbroker.core.permissions)."""
+
+    @property
+    def admin(self) -> bool: ...
+
+
+class UsersView(Protocol):
+    """The user table (fqbroker.storage.users.Users) as HTTP uses it."""
+
+    async def verify_async(self, name: str, password: bytes) -> PermissionsView | None: ...
+
+
+class Level(Enum):
+    OPEN = "open"
+    READ = "read"
+    ADMIN = "admin"
+
+
+READ = Level.READ
+ADMIN = Level.ADMIN
+
+
+class Outcome(Enum):
+    ALLOWED = "allowed"
+    UNAUTHENTICATED = "unauthenticated"  # 401: none given, or they do not check out
+    FORBIDDEN = "forbidden"  # 403: a known user without the right
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a request presents; at most one of token and user is set."""
+
+    token: bytes | None = None
+    user: str | None = None
+    password: bytes = b""
+    malformed: bool = False  # an Authorization header we could not read
+
+
+def needs(settings: Settings, users: UsersView | None, *, admin_path: bool) -> Level:
+    """The level a request for an admin or other path needs under these settings."""
+    if admin_path and (users is not None or settings.admin_token):
+        return Level.ADMIN
+    if settings.http_auth_reads:
+        return Level.ADMIN if admin_path else Level.READ
+    return Level.OPEN
+
+
+def credentials(headers: dict[bytes, bytes]) -> Credentials:
+    """The credentials in a request's (lower-cased) headers."""
+    token = headers.get(b"x-fq-token")
+    if token is not None:
+        return Credentials(token=token.strip())
+    value = headers.get(b"authorization")
+    if value is None:
+        return Credentials()
+    scheme, _, rest = value.strip().partition(b" ")
+    scheme = scheme.lower()
+    rest = rest.strip()
+    if scheme == b"bearer" and rest:
+        return Credentials(token=rest)
+    if scheme == b"basic":
+        try:
+            decoded = base64.b64decode(rest, validate=True)
+            name, sep, password = decoded.partition(b":")
+            # RFC 7617: the user id holds no colon; names are UTF-8 as fq-admin stores them.
+            if sep and name:
+                return Credentials(user=name.decode("utf-8"), password=password)
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    return Credentials(malformed=True)
+
+
+def _token_matches(given: bytes, *configured: str) -> bool:
+    # Every configured token is compared, so the time taken does not say which one exists.
+    ok = False
+    for token in configured:
+        if token and hmac.compare_digest(given, token.encode()):
+            ok = True
+    return ok
+
+
+async def check(
+    level: Level, creds: Credentials, settings: Settings, users: UsersView | None
+) -> Outcome:
+    """Whether ``creds`` reach ``level``."""
+    if level is Level.OPEN:
+        return Outcome.ALLOWED
+    if creds.token is not None:
+        tokens = [settings.admin_token]
+        if level is Level.READ:
+            tokens.append(settings.read_token)
+        if _token_matches(creds.token, *tokens):
+            return Outcome.ALLOWED
+        # A read token on an admin path is a known token without the right.
+        if level is Level.ADMIN and _token_matches(creds.token, settings.read_token):
+            return Outcome.FORBIDDEN
+        return Outcome.UNAUTHENTICATED
+    if creds.user is None or users is None:
+        return Outcome.UNAUTHENTICATED
+    perms = await users.verify_async(creds.user, creds.password)
+    if perms is None:
+        return Outcome.UNAUTHENTICATED
+    if level is Level.ADMIN and not perms.admin:
+        return Outcome.FORBIDDEN
+    return Outcome.ALLOWED
+
+
+def challenge(settings: Settings, users: UsersView | None) -> list[tuple[bytes, bytes]]:
+    """The WWW-Authenticate headers of a 401: the schemes this broker would accept."""
+    out: list[tuple[bytes, bytes]] = []
+    if users is not None:
+        out.append((b"www-authenticate", f'Basic realm="{REALM}", charset="UTF-8"'.encode()))
+    if settings.admin_token or settings.read_token or users is None:
+        out.append((b"www-authenticate", f'Bearer realm="{REALM}"'.encode()))
+    return out
+
+
+_failed: weakref.WeakKeyDictionary[object, FailedLogins] = weakref.WeakKeyDictionary()
+
+
+def failed_logins(broker: object) -> FailedLogins:
+    """The HTTP failures per address of ``broker``, made on first use, gone with it."""
+    failed = _failed.get(broker)
+    if failed is None:
+        failed = _failed[broker] = FailedLogins()
+    return failed
