@@ -309,6 +309,10 @@ class Settings:
     lumberjack: Lumberjack = field(default_factory=Lumberjack)  # off until ``listen`` is set
     # --- P11 retained topics and the Figg listener (docs/topics.md) ---
     figg: Figg = field(default_factory=Figg)  # off until ``listen`` is set
+    # --- P12 TLS on the main port (docs/security.md) ---
+    tls_cert: Path | None = None  # PEM certificate chain: TLS clients accepted when given
+    tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
+    tls_required: bool = False  # refuse plain connections on the main port (needs tls_cert)
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:
@@ -332,7 +336,7 @@ class Settings:
                 raise ValueError(f"unknown setting {key!r}")
             if value is None:
                 continue
-            if name in ("config_db", "queue_dir", "web_root"):
+            if name in ("config_db", "queue_dir", "web_root", "tls_cert", "tls_key"):
                 value = Path(value)
             elif name == "upstream":
                 value = [v if isinstance(v, Upstream) else Upstream.from_table(v) for v in value]
@@ -343,6 +347,10 @@ class Settings:
                     raise ValueError("figg must be a table")
                 value = Figg.from_table(value)
             setattr(out, name, value)
+        if out.tls_key is not None and out.tls_cert is None:
+            raise ValueError("tls_key needs tls_cert")
+        if out.tls_required and out.tls_cert is None:
+            raise ValueError("tls_required needs tls_cert")
         return out
 
 

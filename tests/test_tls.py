@@ -1,0 +1,188 @@
+"""TLS on the shared main port: TLS and plain clients side by side, HTTPS, a client that
+does not trust the certificate, ``tls_required``, and fqd with its TLS flags.
+
+Certificates come from trustme: a throwaway CA and a certificate for 127.0.0.1 it signs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import trustme
+
+from fqbroker.clients.client import Client
+from fqbroker.config import Settings
+from fqbroker.server.broker import Broker
+from fqbroker.server.tls import looks_like_tls
+
+from .conftest import TIMEOUT, RawConn, running
+from .procs import Proc
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def pki(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """PEM files: the CA's certificate, and the broker's certificate chain and key."""
+    where = tmp_path_factory.mktemp("pki")
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    files = {"ca": where / "ca.pem", "cert": where / "cert.pem", "key": where / "key.pem"}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    cert.private_key_pem.write_to_path(str(files["key"]))
+    with open(files["cert"], "wb") as fh:
+        for blob in cert.cert_chain_pems:
+            fh.write(blob.bytes())
+    return files
+
+
+@pytest.fixture
+async def tls_broker(settings: Settings, pki: dict[str, Path]) -> AsyncIterator[Broker]:
+    async with running(replace(settings, tls_cert=pki["cert"], tls_key=pki["key"])) as b:
+        yield b
+
+
+def test_client_hello_is_told_from_every_preamble() -> None:
+    assert looks_like_tls(b"\x16\x03\x01")
+    assert looks_like_tls(b"\x16")  # only one byte came yet: decided on it
+    for plain in (b"\xcc\x50\xca", b"\xcc\x50\xfa", b"GET", b"POS", b"1W", b"2C", b"\x16\x01"):
+        assert not looks_like_tls(plain)
+
+
+async def test_tls_and_plain_clients_share_the_port(
+    tls_broker: Broker, pki: dict[str, Path]
+) -> None:
+    port = tls_broker.port
+    tls = Client("127.0.0.1", port, "tlsuser", cafile=pki["ca"], reconnect=False)
+    plain = Client("127.0.0.1", port, "plainuser", reconnect=False)
+    async with asyncio.timeout(TIMEOUT), tls, plain:
+        assert tls.ssl is not None and plain.ssl is None
+        await tls.bind(b"x", b"prefix:")
+        await plain.bind(b"x", b"prefix:")
+        tls.publish(b"x", b"a.b", b"over tls")
+        plain.publish(b"x", b"a.c", b"in the clear")
+        await tls.flush()
+        await plain.flush()
+        for client in (tls, plain):
+            got = sorted([(await client.receive()).payload for _ in range(2)])
+            assert got == [b"in the clear", b"over tls"]
+        status = await tls.status()
+        assert status  # the command channel answers over TLS too
+        # Both channels of the TLS client are TLS connections in the broker.
+        link = tls._link
+        assert link is not None
+        assert link.cmd_w.get_extra_info("ssl_object") is not None
+        assert link.data_w.get_extra_info("ssl_object") is not None
+
+
+async def test_https_stats(tls_broker: Broker, pki: dict[str, Path]) -> None:
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+    async with asyncio.timeout(TIMEOUT):
+        reader, writer = await asyncio.open_connection("127.0.0.1", tls_broker.port, ssl=context)
+        writer.write(b"GET /stats.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert isinstance(json.loads(body), dict)
+    # Plain HTTP still works beside it.
+    raw = await RawConn.open(tls_broker.port)
+    await raw.send(b"GET /stats.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert (await raw.closed()).startswith(b"HTTP/1.1 200")
+
+
+async def test_untrusted_certificate_fails_cleanly(
+    tls_broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    other = trustme.CA()  # the client trusts only a CA that did not sign the broker's
+    context = ssl.create_default_context()
+    other.configure_trust(context)
+    client = Client("127.0.0.1", tls_broker.port, "u", tls=context, reconnect=False)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        async with asyncio.timeout(TIMEOUT):
+            await client.connect()
+    await client.close()
+    await wait_until(lambda: tls_broker.limits.bad_input["tls"] >= 1)
+    lines = [r for r in caplog.records if "TLS handshake" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None
+    assert "127.0.0.1" in lines[0].getMessage()
+    assert not [r for r in caplog.records if r.exc_info is not None]
+    # The broker still serves everyone else.
+    async with asyncio.timeout(TIMEOUT), Client("127.0.0.1", tls_broker.port, "u") as plain:
+        assert await plain.status() is not None
+    await wait_until(lambda: not tls_broker.listeners.unclaimed)
+
+
+async def test_tls_required_refuses_plain_connections(
+    settings: Settings, pki: dict[str, Path]
+) -> None:
+    strict = replace(settings, tls_cert=pki["cert"], tls_key=pki["key"], tls_required=True)
+    async with running(strict) as broker:
+        raw = await RawConn.open(broker.port)
+        await raw.send(b"GET /stats.json HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await raw.closed() == b""
+        assert broker.limits.bad_input["tls"] == 1
+        client = Client("127.0.0.1", broker.port, "u", cafile=pki["ca"], reconnect=False)
+        async with asyncio.timeout(TIMEOUT), client:
+            await client.bind(b"x", b"prefix:")
+        await wait_until(lambda: not broker.listeners.unclaimed)
+
+
+def test_tls_settings_are_checked(pki: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="tls_required needs tls_cert"):
+        Settings().updated({"tls_required": True})
+    with pytest.raises(ValueError, match="tls_key needs tls_cert"):
+        Settings().updated({"tls_key": str(pki["key"])})
+    made = Settings().updated({"tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])})
+    assert made.tls_cert == pki["cert"]
+
+
+async def test_fqd_serves_tls_with_its_flags(
+    tmp_path: Path, pki: dict[str, Path], procs: list[Proc]
+) -> None:
+    """The subprocess runs on uvloop when installed: the peek and start_tls work there too."""
+    fqd, port = await Proc.start_fqd(
+        tmp_path, "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"])
+    )
+    procs.append(fqd)
+    async with asyncio.timeout(TIMEOUT):
+        tls = Client("127.0.0.1", port, "a", cafile=pki["ca"], reconnect=False)
+        async with tls, Client("127.0.0.1", port, "b", reconnect=False) as plain:
+            await plain.bind(b"x", b"prefix:")
+            tls.publish(b"x", b"r", b"from tls")
+            await tls.flush()
+            assert (await plain.receive()).payload == b"from tls"
+        bad = Client("127.0.0.1", port, "c", tls=True, reconnect=False)  # system CAs only
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await bad.connect()
+        await bad.close()
+        async with Client("127.0.0.1", port, "d", cafile=pki["ca"], reconnect=False) as again:
+            assert await again.status() is not None  # still serving, over TLS too
+
+
+async def test_fqd_refuses_a_missing_certificate(tmp_path: Path, procs: list[Proc]) -> None:
+    fqd = await Proc.start("-m", "fqbroker", "-p", "0", "--tls-cert", str(tmp_path / "none.pem"))
+    procs.append(fqd)
+    async with asyncio.timeout(TIMEOUT):
+        status, _, err = await fqd.finish()
+    assert status == 2
+    assert "fqd: " in err and "Traceback" not in err
+
+
+async def wait_until(predicate, timeout: float = TIMEOUT) -> None:  # type: ignore[no-untyped-def]
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.01)
