@@ -32,7 +32,11 @@ FIGG_PORT = 8119  # the Figg seed's, for a ``listen`` that names a host only
 @dataclass(frozen=True, slots=True)
 class Upstream:
     """One row of fqd's ``upstream`` table: pull ``exchange`` through ``program`` from a
-    broker at ``host:port``, logging in with ``source`` and ``password`` (§5.1)."""
+    broker at ``host:port``, logging in with ``source`` and ``password`` (§5.1).
+
+    ``tls`` and ``cafile`` (ours, so only in ``[[upstream]]`` tables of the TOML file:
+    fqd's sqlite table has no such columns) connect over TLS, checking the upstream's
+    certificate against the system's CAs or only ``cafile``'s; a ``cafile`` implies TLS."""
 
     host: str
     port: int
@@ -41,6 +45,8 @@ class Upstream:
     exchange: bytes
     program: bytes
     permanent_binding: bool
+    tls: bool = False
+    cafile: str = ""
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> Upstream:
@@ -59,6 +65,8 @@ class Upstream:
             exchange=str(table["exchange"]).encode(),
             program=str(table.get("program", "")).encode(),
             permanent_binding=bool(table.get("permanent_binding", False)),
+            tls=bool(table.get("tls", False) or table.get("cafile")),
+            cafile=str(table.get("cafile", "")),
         )
 
 

@@ -19,7 +19,7 @@ import pytest
 import trustme
 
 from fqbroker.clients.client import Client
-from fqbroker.config import Settings
+from fqbroker.config import Settings, Upstream
 from fqbroker.server.broker import Broker
 from fqbroker.server.tls import looks_like_tls
 
@@ -186,3 +186,80 @@ async def wait_until(predicate, timeout: float = TIMEOUT) -> None:  # type: igno
     async with asyncio.timeout(timeout):
         while not predicate():
             await asyncio.sleep(0.01)
+
+
+async def test_fq_send_and_fq_recv_over_tls(
+    tmp_path: Path, pki: dict[str, Path], procs: list[Proc]
+) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        fqd, port = await Proc.start_fqd(
+            tmp_path, "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"]), "--tls-required"
+        )
+        procs.append(fqd)
+        tool = ("-m", "fqbroker.clients.tools")
+        recv = await Proc.start(
+            *tool, "recv", "--host", "127.0.0.1", "--port", str(port), "--cafile", str(pki["ca"]),
+            "--count", "2", "-e", "ex", "-b", "prefix:",
+        )  # fmt: skip
+        procs.append(recv)
+        await recv.wait_stderr("route set -> ")
+        sender = await Proc.start(
+            *tool, "send", "-a", f"127.0.0.1:{port}", "--cafile", str(pki["ca"]),
+            "-x", "ex", "-r", "r", stdin=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        procs.append(sender)
+        status, _, err = await sender.finish(b"one\ntwo\n")
+        assert status == 0, err
+        status, out, err = await recv.finish()
+        assert status == 0, err
+        assert out == b"[r] one\n[r] two\n"
+        # Without --tls the broker (tls_required) closes the connection: one line, exit 1.
+        plain = await Proc.start(*tool, "send", "-a", f"127.0.0.1:{port}", "--count", "1")
+        procs.append(plain)
+        status, _, err = await plain.finish()
+        assert status == 1 and "Traceback" not in err
+        # --tls alone trusts the system's CAs, which did not sign this certificate.
+        untrusted = await Proc.start(
+            *tool, "send", "-a", f"127.0.0.1:{port}", "--tls", "--count", "1"
+        )
+        procs.append(untrusted)
+        status, _, err = await untrusted.finish()
+        assert status == 1 and "CERTIFICATE_VERIFY_FAILED" in err and "Traceback" not in err
+
+
+async def test_peering_over_tls(settings: Settings, pki: dict[str, Path]) -> None:
+    """The upstream requires TLS: the downstream's link gets through only with it."""
+    up_settings = replace(settings, tls_cert=pki["cert"], tls_key=pki["key"], tls_required=True)
+    async with running(up_settings) as upstream:
+        link = {
+            "host": "127.0.0.1",
+            "port": upstream.port,
+            "source": "fqd-peerb//mem:drop,private,backlog=-1",
+            "password": "none",
+            "exchange": "peered",
+            "program": 'prefix:""',
+            "cafile": str(pki["ca"]),
+        }
+        down_settings = replace(
+            settings,
+            node_id="10.254.254.2",
+            config_db=settings.config_db.with_name("down.sqlite"),
+            queue_dir=settings.queue_dir.with_name("down-queues"),
+            upstream=[Upstream.from_table(link)],
+        )
+        assert down_settings.upstream[0].tls
+        async with running(down_settings) as downstream, asyncio.timeout(TIMEOUT):
+            consumer = Client("127.0.0.1", downstream.port, "c", reconnect=False)
+            publisher = Client("127.0.0.1", upstream.port, "p", cafile=pki["ca"], reconnect=False)
+            async with consumer, publisher:
+                await consumer.bind(b"peered", b'prefix:""')
+                # The link binds on the upstream once connected: publish until one arrives.
+                while True:
+                    publisher.publish(b"peered", b"r", b"across")
+                    await publisher.flush()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.2):
+                            msg = await consumer.receive()
+                            break
+                assert msg.payload == b"across"
+                assert len(msg.hops) >= 8  # it passed through both brokers
