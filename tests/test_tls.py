@@ -24,6 +24,7 @@ from fqbroker.server.broker import Broker
 from fqbroker.server.tls import looks_like_tls
 
 from .conftest import TIMEOUT, RawConn, running
+from .pki import make_pki
 from .procs import Proc
 
 
@@ -34,16 +35,7 @@ def ca() -> trustme.CA:
 
 @pytest.fixture(scope="module")
 def pki(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """PEM files: the CA's certificate, and the broker's certificate chain and key."""
-    where = tmp_path_factory.mktemp("pki")
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    files = {"ca": where / "ca.pem", "cert": where / "cert.pem", "key": where / "key.pem"}
-    ca.cert_pem.write_to_path(str(files["ca"]))
-    cert.private_key_pem.write_to_path(str(files["key"]))
-    with open(files["cert"], "wb") as fh:
-        for blob in cert.cert_chain_pems:
-            fh.write(blob.bytes())
-    return files
+    return make_pki(ca, tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture

@@ -8,10 +8,11 @@ certificate and host name are always checked, against the system's CAs or only t
 
 from __future__ import annotations
 
+import functools
 import ssl
 from pathlib import Path
 
-__all__ = ["client_context", "client_ssl"]
+__all__ = ["client_context", "client_ssl", "shared_client_ssl"]
 
 
 def client_context(cafile: str | Path | None = None) -> ssl.SSLContext:
@@ -28,3 +29,10 @@ def client_ssl(tls: bool | ssl.SSLContext, cafile: str | Path | None) -> ssl.SSL
     if tls or cafile:
         return client_context(cafile)
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def shared_client_ssl(tls: bool, cafile: str) -> ssl.SSLContext | None:
+    """:func:`client_ssl` made once per option pair: a blocking client making a request
+    at a time does not reload its CA file for each."""
+    return client_ssl(tls, cafile or None)
