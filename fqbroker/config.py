@@ -218,6 +218,8 @@ class Figg:
     # fsync_interval_ms.
     fsync: str = "always"
     topics: Mapping[str, TopicRetention] = field(default_factory=dict)
+    tls_cert: Path | None = None  # PEM certificate chain: the listener speaks TLS when given
+    tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> Figg:
@@ -232,6 +234,8 @@ class Figg:
         for key, value in values.items():
             if key == "listen" and value == "":
                 value = None
+            elif key in ("tls_cert", "tls_key"):
+                value = Path(value) if value not in (None, "") else None
             elif key == "topics":
                 if not isinstance(value, Mapping):
                     raise ValueError("figg topics must be a table of tables")
@@ -263,6 +267,8 @@ class Figg:
         for name in self.topics:
             if not 0 < len(name.encode("utf-8", "surrogateescape")) <= 127:
                 raise ValueError(f"figg topic name {name!r} must be 1 to 127 bytes")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("figg tls_key needs tls_cert")
         if self.listen:
             self.address("127.0.0.1")
 

@@ -19,7 +19,8 @@ import pytest
 import trustme
 
 from fqbroker.clients.client import Client
-from fqbroker.config import Settings, Upstream
+from fqbroker.clients.figg import FiggClient
+from fqbroker.config import Figg, Settings, Upstream
 from fqbroker.server.broker import Broker
 from fqbroker.server.tls import looks_like_tls
 
@@ -255,3 +256,26 @@ async def test_peering_over_tls(settings: Settings, pki: dict[str, Path]) -> Non
                             break
                 assert msg.payload == b"across"
                 assert len(msg.hops) >= 8  # it passed through both brokers
+
+
+async def test_figg_listener_over_tls(settings: Settings, pki: dict[str, Path]) -> None:
+    """[figg] tls_cert/tls_key make the Figg port TLS, as Lumberjack's; the client follows."""
+    settings.figg = Figg().updated(
+        {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+    )
+    async with running(settings) as broker, asyncio.timeout(TIMEOUT):
+        live = broker.front_ends["figg"]
+        assert live.address is not None and live.transport == "tls"
+        port = live.address[1]
+        async with FiggClient("127.0.0.1", port, cafile=pki["ca"]) as client:
+            await client.publish("t", b"secret")
+            sub = client.subscribe("t", 0)
+            got = await sub.__anext__()
+            assert got.data == b"secret"
+        # A plain client gets nowhere: the handshake fails and the broker carries on.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"\x00" * 64)
+        assert await reader.read() == b""
+        writer.close()
+    with pytest.raises(ValueError, match="figg tls_key needs tls_cert"):
+        Figg().updated({"tls_key": str(pki["key"])})
