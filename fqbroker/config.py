@@ -323,7 +323,7 @@ class Settings:
     lumberjack: Lumberjack = field(default_factory=Lumberjack)  # off until ``listen`` is set
     # --- P11 retained topics and the Figg listener (docs/topics.md) ---
     figg: Figg = field(default_factory=Figg)  # off until ``listen`` is set
-    # --- P12 TLS on the main port (docs/security.md) ---
+    # --- P12 TLS on the main port (docs/tls.md) ---
     tls_cert: Path | None = None  # PEM certificate chain: TLS clients accepted when given
     tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
     tls_required: bool = False  # refuse plain connections on the main port (needs tls_cert)
