@@ -10,7 +10,7 @@ VARDIR ?= var
 LINTED := fqbroker tests bench pyspark_fqbroker examples/spark
 
 .PHONY: install run test lint types fmt check bench bench-peers clean node chromium spark java
-.PHONY: fuzz soak storm
+.PHONY: fuzz soak storm authstorm
 
 install: $(STAMP)
 
@@ -102,6 +102,9 @@ soak: install
 
 storm: install
 	$(PY) -m bench.storm $(STORM)
+
+authstorm: install
+	$(PY) -m bench.authstorm $(AUTHSTORM)
 
 clean:
 	rm -rf $(VENV) var tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -55,6 +55,11 @@ def _fqd_parser() -> argparse.ArgumentParser:
         default=None,
         help="refuse plain connections on the main port",
     )
+    p.add_argument(
+        "--auth",
+        choices=("none", "password"),
+        help='"password": clients log in as users of fq-admin (default "none", as fqd)',
+    )
     return p
 
 
@@ -72,6 +77,7 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "tls_required": args.tls_required,
+        "auth": args.auth,
     }
     settings = settings.updated(overrides)
     if args.lumberjack is not None:
@@ -100,6 +106,8 @@ async def _run(settings: Settings) -> None:
     )
     await broker.start()
     print(f"Listening on port: {broker.port}", file=sys.stderr, flush=True)
+    if broker.users is not None:
+        print(f"Authenticating {len(broker.users.names())} users", file=sys.stderr, flush=True)
     # Front ends on ports of their own say where they listen too, beside fq's line (port
     # 0 picks one, and whoever started fqd reads it here).
     lumberjack = broker.front_ends.get("lumberjack")

@@ -27,6 +27,7 @@ __all__ = [
 DEFAULT_PORT = 8765
 LUMBERJACK_PORT = 5044  # the Beats convention, for a ``listen`` that names a host only
 FIGG_PORT = 8119  # the Figg seed's, for a ``listen`` that names a host only
+AUTH_MODES = ("none", "password")
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +324,9 @@ class Settings:
     lumberjack: Lumberjack = field(default_factory=Lumberjack)  # off until ``listen`` is set
     # --- P11 retained topics and the Figg listener (docs/topics.md) ---
     figg: Figg = field(default_factory=Figg)  # off until ``listen`` is set
+    # --- P12 security (docs/security.md) ---
+    auth: str = "none"  # "none": fq's behaviour, no password checked; "password": users
+    allow_open_network: bool = False  # listen beyond loopback with auth = "none" anyway
     # --- P12 TLS on the main port (docs/tls.md) ---
     tls_cert: Path | None = None  # PEM certificate chain: TLS clients accepted when given
     tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
@@ -361,11 +365,46 @@ class Settings:
                     raise ValueError("figg must be a table")
                 value = Figg.from_table(value)
             setattr(out, name, value)
-        if out.tls_key is not None and out.tls_cert is None:
-            raise ValueError("tls_key needs tls_cert")
-        if out.tls_required and out.tls_cert is None:
-            raise ValueError("tls_required needs tls_cert")
+        out.check()
         return out
+
+    def check(self) -> None:
+        """Raise ValueError for a security setting the broker cannot work with."""
+        if self.auth not in AUTH_MODES:
+            raise ValueError(f"auth must be one of {', '.join(AUTH_MODES)}, not {self.auth!r}")
+        if not isinstance(self.allow_open_network, bool):
+            raise ValueError("allow_open_network must be true or false")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("tls_key needs tls_cert")
+        if self.tls_required and self.tls_cert is None:
+            raise ValueError("tls_required needs tls_cert")
+
+    def open_to_anyone(self) -> list[str]:
+        """The listen addresses anyone on the network may use without a password: those
+        beyond loopback while auth is "none" (empty under "password")."""
+        if self.auth != "none":
+            return []
+        wanted = [self.bind]
+        for address in (self.lumberjack.address(self.bind), self.figg.address(self.bind)):
+            if address is not None:
+                wanted.append(address[0])
+        return [host for host in dict.fromkeys(wanted) if not is_loopback(host)]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) is reachable from this machine only; a
+    name is resolved, and one that does not resolve counts as open (it fails later)."""
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 def resolve_node_id(node_id: str) -> bytes:

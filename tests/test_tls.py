@@ -21,8 +21,10 @@ import trustme
 from fqbroker.clients.client import Client
 from fqbroker.clients.figg import FiggClient
 from fqbroker.config import Figg, Settings, Upstream
+from fqbroker.errors import ClientError
 from fqbroker.server.broker import Broker
 from fqbroker.server.tls import looks_like_tls
+from fqbroker.storage.users import Users
 
 from .conftest import TIMEOUT, RawConn, running
 from .pki import make_pki
@@ -151,7 +153,7 @@ async def test_fqd_serves_tls_with_its_flags(
         tmp_path, "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"])
     )
     procs.append(fqd)
-    async with asyncio.timeout(TIMEOUT):
+    async with asyncio.timeout(2 * TIMEOUT):
         tls = Client("127.0.0.1", port, "a", cafile=pki["ca"], reconnect=False)
         async with tls, Client("127.0.0.1", port, "b", reconnect=False) as plain:
             await plain.bind(b"x", b"prefix:")
@@ -184,7 +186,8 @@ async def wait_until(predicate, timeout: float = TIMEOUT) -> None:  # type: igno
 async def test_fq_send_and_fq_recv_over_tls(
     tmp_path: Path, pki: dict[str, Path], procs: list[Proc]
 ) -> None:
-    async with asyncio.timeout(TIMEOUT):
+    # Five processes, each a Python start: a budget for each, not one for all.
+    async with asyncio.timeout(5 * TIMEOUT):
         fqd, port = await Proc.start_fqd(
             tmp_path, "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"]), "--tls-required"
         )
@@ -220,15 +223,23 @@ async def test_fq_send_and_fq_recv_over_tls(
         assert status == 1 and "CERTIFICATE_VERIFY_FAILED" in err and "Traceback" not in err
 
 
-async def test_peering_over_tls(settings: Settings, pki: dict[str, Path]) -> None:
-    """The upstream requires TLS: the downstream's link gets through only with it."""
-    up_settings = replace(settings, tls_cert=pki["cert"], tls_key=pki["key"], tls_required=True)
+async def test_peering_over_tls_with_passwords(settings: Settings, pki: dict[str, Path]) -> None:
+    """The upstream requires TLS and passwords: the downstream's link logs in over TLS."""
+    users = Users(settings.config_db)
+    for name, password in (("linker", "s3cret"), ("writer", "w")):
+        users.add(name, password)
+        for kind in ("publish", "consume", "queue"):
+            users.allow(name, kind, "*")
+    users.close()
+    up_settings = replace(
+        settings, tls_cert=pki["cert"], tls_key=pki["key"], tls_required=True, auth="password"
+    )
     async with running(up_settings) as upstream:
         link = {
             "host": "127.0.0.1",
             "port": upstream.port,
-            "source": "fqd-peerb//mem:drop,private,backlog=-1",
-            "password": "none",
+            "source": "linker//mem:drop,private,backlog=-1",
+            "password": "s3cret",
             "exchange": "peered",
             "program": 'prefix:""',
             "cafile": str(pki["ca"]),
@@ -243,7 +254,9 @@ async def test_peering_over_tls(settings: Settings, pki: dict[str, Path]) -> Non
         assert down_settings.upstream[0].tls
         async with running(down_settings) as downstream, asyncio.timeout(TIMEOUT):
             consumer = Client("127.0.0.1", downstream.port, "c", reconnect=False)
-            publisher = Client("127.0.0.1", upstream.port, "p", cafile=pki["ca"], reconnect=False)
+            publisher = Client(
+                "127.0.0.1", upstream.port, "writer", "w", cafile=pki["ca"], reconnect=False
+            )
             async with consumer, publisher:
                 await consumer.bind(b"peered", b'prefix:""')
                 # The link binds on the upstream once connected: publish until one arrives.
@@ -256,6 +269,12 @@ async def test_peering_over_tls(settings: Settings, pki: dict[str, Path]) -> Non
                             break
                 assert msg.payload == b"across"
                 assert len(msg.hops) >= 8  # it passed through both brokers
+            assert upstream.limits.refused["auth"] == 0
+            # Over TLS as in the clear, a wrong password gets fq's error frame.
+            wrong = Client("127.0.0.1", upstream.port, "writer", "x", cafile=pki["ca"])
+            with pytest.raises(ClientError, match="authentication failed"):
+                await wrong.connect()
+            await wrong.close()
 
 
 async def test_figg_listener_over_tls(settings: Settings, pki: dict[str, Path]) -> None:

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import Settings, resolve_node_id
+from fqbroker.config import Settings, is_loopback, resolve_node_id
 from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.program import RuleRegistry, default_registry
 from fqbroker.core.publisher import Publisher
@@ -35,6 +35,7 @@ from fqbroker.server.listeners import Listeners
 from fqbroker.storage.catalog import Catalog
 from fqbroker.storage.state import ConfigStore
 from fqbroker.storage.topics import Topics
+from fqbroker.storage.users import Users
 
 if TYPE_CHECKING:
     from fqbroker.frontends.http.host import HttpHost
@@ -43,6 +44,11 @@ if TYPE_CHECKING:
 __all__ = ["Broker"]
 
 log = logging.getLogger(__name__)
+
+# Front ends whose protocol has no login: under auth = "password" too, whoever reaches
+# their port may publish (lumberjack) or read topics (figg); a firewall or loopback
+# keeps them private (docs/security.md).
+UNAUTHENTICATED = frozenset({"lumberjack", "figg"})
 
 
 class Broker:
@@ -70,6 +76,11 @@ class Broker:
                 self.settings, self.router, self.catalog.dirty, self.catalog.budget
             )
         self.limits = Limits(self.settings, self.queues)
+        # Users and their permissions under auth = "password" (docs/security.md); their
+        # tables live in the config database beside fqd's.
+        self.users: Users | None = None
+        if self.settings.auth == "password":
+            self.users = Users(self.settings.config_db)
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
         self.msgids = MsgIdCounter()
         # Every port and connection, for each front end of the table.
@@ -78,7 +89,7 @@ class Broker:
         self.heartbeats = HeartbeatClock()
         # Client keys to command sessions, and those sessions' host (docs/architecture.md).
         self.registry = ClientRegistry(
-            self.catalog, self.limits, self.heartbeats, self.settings, self.closed
+            self.catalog, self.limits, self.heartbeats, self.settings, self.closed, self.users
         )
         self.clients = self.registry.clients
         self.port = 0
@@ -102,6 +113,13 @@ class Broker:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
+        open_hosts = self.settings.open_to_anyone()
+        if open_hosts and not self.settings.allow_open_network:
+            raise ValueError(
+                f'refusing to listen on {", ".join(open_hosts)} with auth = "none": anyone'
+                ' who reaches it could read every queue; set auth = "password", or'
+                " allow_open_network = true to serve an open network on purpose"
+            )
         loop = asyncio.get_running_loop()
         install_exception_handler(loop, self.limits, self._is_ours)
         if self.topics is not None:
@@ -109,6 +127,7 @@ class Broker:
         await self.listeners.start()
         self.port = self.listeners.port
         log.info("Listening on port: %d", self.port)
+        self._warn_open()
         self.peering.start()
 
     async def stop(self) -> None:
@@ -121,6 +140,8 @@ class Broker:
         if self.topics is not None:
             await self.topics.close()
         self.catalog.close()
+        if self.users is not None:
+            self.users.close()
 
     async def __aenter__(self) -> Broker:
         await self.start()
@@ -131,6 +152,21 @@ class Broker:
 
     async def serve_forever(self) -> None:
         await self.listeners.serve_forever()
+
+    def _warn_open(self) -> None:
+        """Name every listener anyone who reaches it may use without a password."""
+        for live in self.listeners.front_ends.values():
+            if live.address is None or is_loopback(live.address[0]):
+                continue
+            if self.settings.auth == "none":
+                why = 'auth = "none": no password is checked'
+            elif live.name in UNAUTHENTICATED:
+                why = "this protocol carries no password"
+            else:
+                continue
+            log.warning(
+                "%s listening on %s:%d is open to anyone (%s)", live.name, *live.address, why
+            )
 
     # --- connections ----------------------------------------------------------------------
 

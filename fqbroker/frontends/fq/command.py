@@ -21,6 +21,7 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Protocol
 
+from fqbroker.core.permissions import Permissions
 from fqbroker.core.router import ClientStats
 from fqbroker.errors import AuthError, ProtocolError, QueueError
 from fqbroker.frontends.fq import wire
@@ -38,12 +39,17 @@ if TYPE_CHECKING:
     from fqbroker.core.queue import Queue
     from fqbroker.core.queuespec import QueueSpec
     from fqbroker.server.heartbeats import Entry, HeartbeatClock
+    from fqbroker.server.logins import FailedLogins
+    from fqbroker.storage.users import Users
 
 __all__ = ["BadInputLog", "CommandHost", "CommandSession", "DataChannel", "Phase"]
 
 log = logging.getLogger(__name__)
 
 LINGER_SECONDS = 1.0
+AUTH_FAILED = "authentication failed"
+# Password checks under way: a task needs a strong reference while it runs.
+_verifying: set[asyncio.Task[None]] = set()
 
 
 class DataChannel(Protocol):
@@ -66,6 +72,10 @@ class BadInputLog(Protocol):
         """Count a close for bad input, and say so in one rate-limited line."""
         ...
 
+    def refuse(self, reason: str, msg: str, *args: object) -> None:
+        """Count a refusal (a failed login), and warn in one rate-limited line."""
+        ...
+
 
 class CommandHost(Protocol):
     """What a command session asks of the broker (fqbroker.frontends.fq.registry's
@@ -79,6 +89,14 @@ class CommandHost(Protocol):
 
     @property
     def confirm_pair_timeout(self) -> float: ...
+
+    @property
+    def users(self) -> Users | None:
+        """The user store under auth = "password"; None: no password is checked."""
+        ...
+
+    @property
+    def failed_logins(self) -> FailedLogins: ...
 
     def attach(self, spec: QueueSpec, client: CommandSession) -> Queue: ...
 
@@ -110,6 +128,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         "host",
         "key",
         "machine",
+        "permissions",
         "queue",
         "stats",
         "transport",
@@ -123,6 +142,9 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             host.heartbeats.time()
         )
         self.user = b""
+        # What the client may do (core/permissions.py): None until authenticated, and
+        # while its password is being checked.
+        self.permissions: Permissions | None = None
         self.queue: Queue | None = None
         self.key = b""
         self.stats = ClientStats()
@@ -181,12 +203,21 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         if machine.closed:
             return  # lingering after an error: input is read and thrown away
         machine.receive_data(data)
+        if self.permissions is None and machine.phase is Phase.READY:
+            return  # the password is being checked: the requests behind it wait
+        self._pump()
+
+    def _pump(self) -> None:
+        """Act on every whole request read; stop at one whose password is being checked."""
+        machine = self.machine
         now = self.host.heartbeats.time()
         try:
             while (event := machine.next_event(now)) is not None:
                 self._handle(event)
                 if machine.closed:
                     return
+                if self.permissions is None:
+                    return  # checking a password: _verify() carries on
         except (AuthError, QueueError) as exc:  # what the host refuses (a queue, a limit)
             machine.refuse(exc.text)
             self._refused(exc)
@@ -227,12 +258,13 @@ class CommandSession(RemotePeer, asyncio.Protocol):
     def _handle(self, event: object) -> None:
         host, machine = self.host, self.machine
         match event:
-            case Authenticate(user, spec):
+            case Authenticate(user, spec, password):
                 self.user = user
-                self.queue = host.attach(spec, self)
-                self.key = host.register(self)
-                machine.accept(self.key)
-                log.info("client %s authenticated", self.pretty)
+                users = host.users
+                if users is None:
+                    self._admit(spec, Permissions.ALL)
+                else:
+                    self._authenticate(users, spec, password)
             case HeartbeatsAsked(when):
                 self._heartbeats(when)
             case wire.StatusRequest():
@@ -252,6 +284,62 @@ class CommandSession(RemotePeer, asyncio.Protocol):
                 self._refused(error)
             case Broken(error):
                 self._broken(error)
+
+    # --- authentication (docs/security.md) ---------------------------------------------------
+
+    def _admit(self, spec: QueueSpec, permissions: Permissions) -> None:
+        """The client is who it says: attach its queue (within its rights) and answer."""
+        self.permissions = permissions
+        self.queue = self.host.attach(spec, self)
+        self.key = self.host.register(self)
+        self.machine.accept(self.key)
+        log.info("client %s authenticated", self.pretty)
+
+    def _authenticate(self, users: Users, spec: QueueSpec, password: bytes) -> None:
+        try:
+            name = self.user.decode()
+        except UnicodeDecodeError:
+            name = "\0"  # no stored user bears it: checked against the dummy hash
+        permissions = users.cached(name, password)
+        if permissions is not None:  # verified before: no PBKDF2 (a reconnect storm)
+            self._admit(spec, permissions)
+            return
+        # PBKDF2 takes milliseconds: in a worker thread, reading paused meanwhile.
+        self.transport.pause_reading()
+        task = asyncio.ensure_future(self._verify(users, name, spec, password))
+        _verifying.add(task)
+        task.add_done_callback(_verifying.discard)
+
+    async def _verify(self, users: Users, name: str, spec: QueueSpec, password: bytes) -> None:
+        permissions = await users.verify_async(name, password)
+        if self.machine.closed:
+            return  # the client hung up meanwhile
+        if permissions is None:
+            delay = self.host.failed_logins.failed(self.remote_addr)
+            self.host.limits.refuse(
+                "auth",
+                "authentication failed for user %r from %s (answered in %.1fs)",
+                name,
+                self.remote_addr,
+                delay,
+            )
+            await asyncio.sleep(delay)  # slows a guesser down; never the right password
+            if self.machine.closed:
+                return
+            self.machine.refuse(AUTH_FAILED)
+            self._flush(self.host.heartbeats.time())
+            self._end()
+            self._linger()
+            return
+        try:
+            self._admit(spec, permissions)
+        except (AuthError, QueueError) as exc:  # what the host refuses (a queue, a limit)
+            self.machine.refuse(exc.text)
+            self._refused(exc)
+            return
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
+        self._pump()  # the requests that came behind the auth request
 
     def _flush(self, now: float) -> None:
         out = self.machine.data_to_send(now)

@@ -32,7 +32,7 @@ look is the caller's: one clock serves every session (:mod:`fqbroker.server.hear
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Generic, TypeVar
 
@@ -72,6 +72,8 @@ class Authenticate:
 
     user: bytes
     spec: QueueSpec
+    # Checked only under auth = "password"; kept out of repr (logs) and equality.
+    password: bytes = field(default=b"", repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +185,10 @@ class CommandMachine(Generic[T]):
             while (frame := decoder.next_frame()) is not None:
                 self._last_read = now
                 match frame:
-                    case wire.AuthPlain(user, queue_field, _password):
-                        # The password is read and ignored: fq authenticates nobody (§1.3).
-                        return Authenticate(user, parse_queue_field(queue_field))
+                    case wire.AuthPlain(user, queue_field, password):
+                        # fq reads the password and ignores it (§1.3); the shell checks it
+                        # when the broker has users (auth = "password").
+                        return Authenticate(user, parse_queue_field(queue_field), password)
                     case wire.Heartbeat():
                         continue
                     case wire.HeartbeatRequest(interval_ms):

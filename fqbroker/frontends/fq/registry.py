@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
+from fqbroker.server.logins import FailedLogins
 
 if TYPE_CHECKING:
     from fqbroker.config import Settings
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from fqbroker.server.heartbeats import HeartbeatClock
     from fqbroker.server.limits import Limits
     from fqbroker.storage.catalog import Catalog
+    from fqbroker.storage.users import Users
 
 __all__ = ["ClientRegistry"]
 
@@ -31,7 +33,16 @@ __all__ = ["ClientRegistry"]
 class ClientRegistry:
     """Client keys to command sessions; a command session's host."""
 
-    __slots__ = ("_on_closed", "catalog", "clients", "heartbeats", "limits", "settings")
+    __slots__ = (
+        "_on_closed",
+        "catalog",
+        "clients",
+        "failed_logins",
+        "heartbeats",
+        "limits",
+        "settings",
+        "users",
+    )
 
     def __init__(
         self,
@@ -40,6 +51,7 @@ class ClientRegistry:
         heartbeats: HeartbeatClock,
         settings: Settings,
         closed: Callable[[asyncio.Transport], None],
+        users: Users | None = None,
     ) -> None:
         self.clients: dict[bytes, CommandSession] = {}
         self.catalog = catalog
@@ -47,6 +59,10 @@ class ClientRegistry:
         self.heartbeats = heartbeats
         self.settings = settings
         self._on_closed = closed
+        # auth = "password": the user store passwords are checked against, and the
+        # failures per source address that slow a guesser down (docs/security.md).
+        self.users = users
+        self.failed_logins = FailedLogins()
 
     @property
     def confirm_pair_timeout(self) -> float:
