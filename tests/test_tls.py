@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -148,7 +149,7 @@ def test_tls_settings_are_checked(pki: dict[str, Path]) -> None:
 async def test_fqd_serves_tls_with_its_flags(
     tmp_path: Path, pki: dict[str, Path], procs: list[Proc]
 ) -> None:
-    """The subprocess runs on uvloop when installed: the peek and start_tls work there too."""
+    """The subprocess runs on uvloop when installed: the peek and the TLS wrap work there too."""
     fqd, port = await Proc.start_fqd(
         tmp_path, "--tls-cert", str(pki["cert"]), "--tls-key", str(pki["key"])
     )
@@ -166,6 +167,16 @@ async def test_fqd_serves_tls_with_its_flags(
         await bad.close()
         async with Client("127.0.0.1", port, "d", cafile=pki["ca"], reconnect=False) as again:
             assert await again.status() is not None  # still serving, over TLS too
+        # Garbage after a ClientHello's first bytes: the handshake fails, the connection closes.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"\x16\x03\x01" + b"\xff" * 64)
+        assert await reader.read() == b""
+        writer.close()
+        fqd.proc.send_signal(signal.SIGTERM)
+        status, _, err = await fqd.finish()
+    # One uvloop broker, two failed handshakes: nothing it logs is a traceback or an
+    # unexpected error (the lines are INFO, below fqd's default level).
+    assert status == 0 and "Traceback" not in err and "unexpected" not in err, err
 
 
 async def test_fqd_refuses_a_missing_certificate(tmp_path: Path, procs: list[Proc]) -> None:

@@ -12,9 +12,10 @@ the front end gets the connection as soon as the limits let it in. Either way th
 end's protocol replaces ours on the transport: no task per connection, and nothing of
 ours in the path of its reads.
 
-With ``tls_cert`` set, a main-port connection opening with a TLS ClientHello is wrapped
-(``loop.start_tls``) and sniffed again inside, so fq's channels and HTTPS share the port
-with plain clients (:mod:`fqbroker.server.tls`); ``tls_required`` closes the plain ones.
+With ``tls_cert`` set, each main-port connection is looked at before anything is read
+(:meth:`Listeners.take_over`): one opening with a TLS ClientHello is served over TLS and
+sniffed inside, so fq's channels and HTTPS share the port with plain clients
+(:mod:`fqbroker.server.tls`); ``tls_required`` closes the plain ones.
 """
 
 from __future__ import annotations
