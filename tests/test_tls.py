@@ -309,3 +309,26 @@ async def test_figg_listener_over_tls(settings: Settings, pki: dict[str, Path]) 
         writer.close()
     with pytest.raises(ValueError, match="figg tls_key needs tls_cert"):
         Figg().updated({"tls_key": str(pki["key"])})
+
+
+async def test_figg_cli_over_tls(tmp_path: Path, pki: dict[str, Path], procs: list[Proc]) -> None:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text(
+        f'[fqd]\n\n[figg]\nlisten = "127.0.0.1:0"\n'
+        f'tls_cert = "{pki["cert"]}"\ntls_key = "{pki["key"]}"\n'
+    )
+    async with asyncio.timeout(4 * TIMEOUT):
+        fqd, _ = await Proc.start_fqd(tmp_path, "--config", str(conf))
+        procs.append(fqd)
+        line = await fqd.wait_stderr("Figg listening on port: ")
+        port = line.rsplit(" ", 1)[1]
+        figg = ("-m", "fqbroker.clients.figgtool", "--port", port, "--cafile", str(pki["ca"]))
+        pub = await Proc.start(*figg, "pub", "news", stdin=asyncio.subprocess.PIPE)
+        procs.append(pub)
+        status, _, err = await pub.finish(b"one\ntwo\n")
+        assert status == 0 and "published 2 messages" in err, err
+        sub = await Proc.start(*figg, "sub", "news", "--offset", "0", "--count", "2")
+        procs.append(sub)
+        status, out, err = await sub.finish()
+        assert status == 0, err
+        assert out.splitlines() == [b"one", b"two"]
