@@ -24,6 +24,8 @@ from fqbroker.clients.figg import FiggClient
 from fqbroker.config import Figg, Settings, Upstream
 from fqbroker.errors import ClientError
 from fqbroker.server.broker import Broker
+from fqbroker.server.frontend import preambles
+from fqbroker.server.frontends import FRONT_ENDS
 from fqbroker.server.tls import looks_like_tls
 from fqbroker.storage.users import Users
 
@@ -51,8 +53,11 @@ async def tls_broker(settings: Settings, pki: dict[str, Path]) -> AsyncIterator[
 def test_client_hello_is_told_from_every_preamble() -> None:
     assert looks_like_tls(b"\x16\x03\x01")
     assert looks_like_tls(b"\x16")  # only one byte came yet: decided on it
-    for plain in (b"\xcc\x50\xca", b"\xcc\x50\xfa", b"GET", b"POS", b"1W", b"2C", b"\x16\x01"):
-        assert not looks_like_tls(plain)
+    assert not looks_like_tls(b"\x16\x01")  # not a TLS record version
+    claimed = preambles(FRONT_ENDS)
+    assert claimed  # fq's command, data and peer preambles, HTTP's methods
+    for first4 in claimed:
+        assert not looks_like_tls(first4[:3]), first4
 
 
 async def test_tls_and_plain_clients_share_the_port(

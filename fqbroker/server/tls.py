@@ -1,8 +1,8 @@
 """TLS on the shared main port, and the contexts servers and clients use.
 
 A TLS client opens with a ClientHello record: byte 0x16 (handshake), then the record
-version 0x03 0x0X. No fq preamble (0xcc50cafe, 0xcc50face), HTTP method or Lumberjack
-version starts with 0x16, so the main port tells the two apart by the first byte.
+version 0x03 0x0X. No preamble of the main port's table starts with 0x16 (fq's are
+0xcc50...., HTTP's are method names), so the first byte tells the two apart.
 
 The byte must be looked at without being read: the SSL protocol expects the whole
 ClientHello from the socket, and neither asyncio nor uvloop offers a way to give back
