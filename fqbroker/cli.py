@@ -47,6 +47,14 @@ def _fqd_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         help="serve retained topics to Figg clients here (off by default; port 0 picks one)",
     )
+    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: TLS on the main port")
+    p.add_argument("--tls-key", type=Path, help="PEM private key (default: in --tls-cert)")
+    p.add_argument(
+        "--tls-required",
+        action="store_true",
+        default=None,
+        help="refuse plain connections on the main port",
+    )
     p.add_argument(
         "--auth",
         choices=("none", "password"),
@@ -66,6 +74,9 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
         "queue_dir": args.queue_dir,
         "web_root": args.web_root,
         "debug": args.debug,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_required": args.tls_required,
         "auth": args.auth,
     }
     settings = settings.updated(overrides)

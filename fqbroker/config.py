@@ -33,7 +33,11 @@ AUTH_MODES = ("none", "password")
 @dataclass(frozen=True, slots=True)
 class Upstream:
     """One row of fqd's ``upstream`` table: pull ``exchange`` through ``program`` from a
-    broker at ``host:port``, logging in with ``source`` and ``password`` (§5.1)."""
+    broker at ``host:port``, logging in with ``source`` and ``password`` (§5.1).
+
+    ``tls`` and ``cafile`` (ours, so only in ``[[upstream]]`` tables of the TOML file:
+    fqd's sqlite table has no such columns) connect over TLS, checking the upstream's
+    certificate against the system's CAs or only ``cafile``'s; a ``cafile`` implies TLS."""
 
     host: str
     port: int
@@ -42,6 +46,8 @@ class Upstream:
     exchange: bytes
     program: bytes
     permanent_binding: bool
+    tls: bool = False
+    cafile: str = ""
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> Upstream:
@@ -60,6 +66,8 @@ class Upstream:
             exchange=str(table["exchange"]).encode(),
             program=str(table.get("program", "")).encode(),
             permanent_binding=bool(table.get("permanent_binding", False)),
+            tls=bool(table.get("tls", False) or table.get("cafile")),
+            cafile=str(table.get("cafile", "")),
         )
 
 
@@ -211,6 +219,8 @@ class Figg:
     # fsync_interval_ms.
     fsync: str = "always"
     topics: Mapping[str, TopicRetention] = field(default_factory=dict)
+    tls_cert: Path | None = None  # PEM certificate chain: the listener speaks TLS when given
+    tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> Figg:
@@ -225,6 +235,8 @@ class Figg:
         for key, value in values.items():
             if key == "listen" and value == "":
                 value = None
+            elif key in ("tls_cert", "tls_key"):
+                value = Path(value) if value not in (None, "") else None
             elif key == "topics":
                 if not isinstance(value, Mapping):
                     raise ValueError("figg topics must be a table of tables")
@@ -256,6 +268,8 @@ class Figg:
         for name in self.topics:
             if not 0 < len(name.encode("utf-8", "surrogateescape")) <= 127:
                 raise ValueError(f"figg topic name {name!r} must be 1 to 127 bytes")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("figg tls_key needs tls_cert")
         if self.listen:
             self.address("127.0.0.1")
 
@@ -316,6 +330,10 @@ class Settings:
     # --- P12 security (docs/security.md) ---
     auth: str = "none"  # "none": fq's behaviour, no password checked; "password": users
     allow_open_network: bool = False  # listen beyond loopback with auth = "none" anyway
+    # --- P12 TLS on the main port (docs/tls.md) ---
+    tls_cert: Path | None = None  # PEM certificate chain: TLS clients accepted when given
+    tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
+    tls_required: bool = False  # refuse plain connections on the main port (needs tls_cert)
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:
@@ -339,7 +357,7 @@ class Settings:
                 raise ValueError(f"unknown setting {key!r}")
             if value is None:
                 continue
-            if name in ("config_db", "queue_dir", "web_root"):
+            if name in ("config_db", "queue_dir", "web_root", "tls_cert", "tls_key"):
                 value = Path(value)
             elif name == "upstream":
                 value = [v if isinstance(v, Upstream) else Upstream.from_table(v) for v in value]
@@ -371,6 +389,10 @@ class Settings:
         ):
             # Every read would get 401: surely not what was meant.
             raise ValueError('http_auth_reads needs read_token, admin_token or auth = "password"')
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("tls_key needs tls_cert")
+        if self.tls_required and self.tls_cert is None:
+            raise ValueError("tls_required needs tls_cert")
 
     def open_to_anyone(self) -> list[str]:
         """The listen addresses anyone on the network may use without a password: those

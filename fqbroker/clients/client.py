@@ -19,11 +19,13 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from socket import AF_INET
 from typing import Self
 
@@ -35,6 +37,7 @@ from fqbroker.clients.channel import (
     Request,
     parse_source,
 )
+from fqbroker.clients.tls import client_ssl
 from fqbroker.core.message import Message, MsgIdCounter
 from fqbroker.errors import ClientClosed, ClientError, FqError
 from fqbroker.frontends.fq import wire
@@ -108,6 +111,8 @@ class Client:
         backlog: int = DEFAULT_BACKLOG,
         connect_timeout: float = 10.0,
         peer_id: bytes | None = None,
+        tls: bool | ssl.SSLContext = False,
+        cafile: str | Path | None = None,
     ) -> None:
         if not 0 <= heartbeat_ms <= 0xFFFF:
             raise ValueError("heartbeat_ms is a u16")
@@ -124,6 +129,9 @@ class Client:
         if peer_id is not None and len(peer_id) != 4:
             raise ValueError("a peer id is a 4-byte IPv4 address")
         self.peer_id = peer_id
+        # Both channels over TLS when ``tls`` (or a CA file) says so; the broker's
+        # certificate is checked against the system's CAs or only ``cafile``'s.
+        self.ssl = client_ssl(tls, cafile)
         self.connections = 0  # successful connects so far, reconnects included
         self.dropped = 0  # messages refused because the backlog was full
         self._state = _State.NEW
@@ -370,7 +378,9 @@ class Client:
     async def _open(self) -> _Link:
         # IPv4 only, as libfq (sockaddr_in): hops carry IPv4 addresses, and "localhost"
         # must not reach a broker over ::1.
-        cmd_r, cmd_w = await asyncio.open_connection(self.host, self.port, family=AF_INET)
+        cmd_r, cmd_w = await asyncio.open_connection(
+            self.host, self.port, family=AF_INET, ssl=self.ssl
+        )
         data_w: asyncio.StreamWriter | None = None
         try:
             channel: CommandChannel[asyncio.Future[wire.Frame]] = CommandChannel()
@@ -384,7 +394,9 @@ class Client:
             key = event.key
             if self.heartbeat_ms:
                 cmd_w.write(wire.encode(wire.HeartbeatRequest(self.heartbeat_ms)))
-            data_r, data_w = await asyncio.open_connection(self.host, self.port, family=AF_INET)
+            data_r, data_w = await asyncio.open_connection(
+                self.host, self.port, family=AF_INET, ssl=self.ssl
+            )
             if self.peer_id is None:
                 data_w.write(wire.encode_hello(wire.Mode.DATA, key))
             else:

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from socket import AF_INET
 from typing import Self
 
@@ -34,6 +36,7 @@ from fqbroker.clients.figgmachine import (
     Message,
     as_topic,
 )
+from fqbroker.clients.tls import client_ssl
 from fqbroker.errors import ClientClosed, FqError
 
 __all__ = ["DEFAULT_PORT", "FiggClient", "Message", "Subscription"]
@@ -111,9 +114,12 @@ class FiggClient:
         connect_timeout: float = 10.0,
         backoff: Backoff | None = None,
         inbox_limit: int = INBOX_LIMIT,
+        tls: bool | ssl.SSLContext = False,
+        cafile: str | Path | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        self.ssl = client_ssl(tls, cafile)  # a listener with tls_cert set
         self.connect_timeout = connect_timeout
         self.backoff = backoff or Backoff()
         self.inbox_limit = inbox_limit
@@ -258,7 +264,9 @@ class FiggClient:
     async def _open(self) -> _Link:
         # IPv4, as the fq client: "localhost" must not reach a broker over ::1.
         async with asyncio.timeout(self.connect_timeout):
-            reader, writer = await asyncio.open_connection(self.host, self.port, family=AF_INET)
+            reader, writer = await asyncio.open_connection(
+                self.host, self.port, family=AF_INET, ssl=self.ssl
+            )
         link = _Link(reader, writer)
         self._link = link
         self.connections += 1

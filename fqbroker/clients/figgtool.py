@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="figg", description="Publish to and read Figg topics.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
+    p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
     sub = p.add_subparsers(dest="command", required=True)
     pub = sub.add_parser("pub", help="publish each line of stdin to TOPIC")
     sub_ = sub.add_parser("sub", help="print the messages of TOPIC")
@@ -74,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("topic", type=_topic)
         q.add_argument("--host", default=argparse.SUPPRESS)
         q.add_argument("--port", type=int, default=argparse.SUPPRESS)
+        q.add_argument("--tls", action="store_true", default=argparse.SUPPRESS)
+        q.add_argument("--cafile", default=argparse.SUPPRESS)
         q.add_argument("--count", type=_count, help="stop after COUNT messages")
     sub_.add_argument("--offset", type=_offset, help="start after this offset (0: the whole topic)")
     sub_.add_argument("--json", action="store_true", help="one JSON object per message")
@@ -94,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _pub(args: argparse.Namespace) -> int:
-    client = FiggClient(args.host, args.port)
+    client = FiggClient(args.host, args.port, tls=args.tls, cafile=args.cafile)
     await client.connect()
     sent = 0
     start = time.monotonic()
@@ -138,7 +142,7 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _sub(args: argparse.Namespace) -> int:
-    client = FiggClient(args.host, args.port)
+    client = FiggClient(args.host, args.port, tls=args.tls, cafile=args.cafile)
     await client.connect()
     out = sys.stdout.buffer
     total = 0

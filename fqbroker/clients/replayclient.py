@@ -17,6 +17,7 @@ import contextlib
 import http.client
 import json
 import socket
+import ssl
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fqbroker.clients.channel import Authenticated, CommandChannel, Refused, Reply
+from fqbroker.clients.tls import shared_client_ssl
 from fqbroker.errors import BrokerError, DataLost, ProtocolError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http.replay import CONTENT_TYPE, DEFAULT_READ_BYTES, Entry, decode_entries
@@ -61,6 +63,10 @@ class ReplayClient:
     # How long an HTTP request keeps trying while the broker cannot be reached (a
     # restart); every request this client makes is safe to repeat. 0: one try.
     retry_seconds: float = 0.0
+    # TLS to the broker's main port (fq and HTTPS share it): plain values, not a context,
+    # so that Spark can pickle the client to its executors.
+    tls: bool = False
+    cafile: str = ""
 
     # --- setup over the fq protocol -------------------------------------------------------
 
@@ -98,7 +104,7 @@ class ReplayClient:
         channel: CommandChannel[None] = CommandChannel()
         field_ = queue.encode() + b"\0" + params.encode()
         try:
-            with socket.create_connection((self.host, self.port), self.timeout) as sock:
+            with self._connect() as sock:
                 sock.sendall(channel.hello(user.encode(), field_, password.encode()))
                 event = _next_event(sock, channel)
                 if isinstance(event, Refused):
@@ -113,6 +119,20 @@ class ReplayClient:
                     raise BrokerError(f"cannot bind {program!r} on exchange {exchange!r}")
         except (OSError, ProtocolError) as exc:
             raise BrokerError(f"queue setup at {self.host}:{self.port} failed: {exc}") from exc
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        context = self._ssl()
+        if context is None:
+            return sock
+        try:
+            return context.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _ssl(self) -> ssl.SSLContext | None:
+        return shared_client_ssl(self.tls, self.cafile) if self.tls or self.cafile else None
 
     # --- positions and reads --------------------------------------------------------------
 
@@ -224,7 +244,14 @@ class ReplayClient:
 
     def _get_once(self, path: str, args: Mapping[str, object]) -> tuple[int, bytes, str]:
         headers = {"X-Fq-Token": self.token} if self.token else {}
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        context = self._ssl()
+        conn = (
+            http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+            if context is None
+            else http.client.HTTPSConnection(
+                self.host, self.port, timeout=self.timeout, context=context
+            )
+        )
         try:
             conn.request("GET", f"{path}?{urlencode(args)}", headers=headers)
             response = conn.getresponse()

@@ -88,7 +88,13 @@ def _send_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--confirm-every", type=int, default=10000, help="confirm after this many messages"
     )
+    _tls_arguments(p)
     return p
+
+
+def _tls_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
+    p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
 
 
 def fq_send(argv: list[str] | None = None) -> int:
@@ -97,7 +103,7 @@ def fq_send(argv: list[str] | None = None) -> int:
     host, _, port = args.address.rpartition(":")
     host = args.host or host or "127.0.0.1"
     port = args.port if args.port is not None else int(port or DEFAULT_PORT)
-    client = Client(host, port, args.user, args.password)
+    client = Client(host, port, args.user, args.password, tls=args.tls, cafile=args.cafile)
     return _run("fq-send", _send(client, args))
 
 
@@ -203,13 +209,16 @@ def _recv_parser() -> argparse.ArgumentParser:
     p.add_argument("-s", "--stats", action="store_true", help="print rates, not messages")
     p.add_argument("--json", action="store_true", help="print one JSON object per message")
     p.add_argument("--count", type=int, help="exit after COUNT messages")
+    _tls_arguments(p)
     return p
 
 
 def fq_recv(argv: list[str] | None = None) -> int:
     """Entry point of ``fq-recv``."""
     args = _recv_parser().parse_args(argv)
-    client = Client(args.host, args.port, args.user, args.password)
+    client = Client(
+        args.host, args.port, args.user, args.password, tls=args.tls, cafile=args.cafile
+    )
     return _run("fq-recv", _recv(client, args))
 
 

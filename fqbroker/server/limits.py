@@ -147,7 +147,7 @@ class Limits:
         self.queues = queues
         self.max_connections = connection_limit(settings.max_connections)
         self.max_per_address = settings.max_connections_per_address
-        # Closes for bad input, by front end: preamble, command, data, http, internal.
+        # Closes for bad input, by front end: preamble, command, data, http, tls, internal.
         self.bad_input: Counter[str] = Counter()
         # Refused work, by reason: connections, connections_per_address, queues_per_user,
         # disk_queue_rate, descriptors.

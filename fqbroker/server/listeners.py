@@ -11,6 +11,11 @@ transport to the front end whose preambles hold them, or closes it. On a port of
 the front end gets the connection as soon as the limits let it in. Either way the front
 end's protocol replaces ours on the transport: no task per connection, and nothing of
 ours in the path of its reads.
+
+With ``tls_cert`` set, each main-port connection is looked at before anything is read
+(:meth:`Listeners.take_over`): one opening with a TLS ClientHello is served over TLS and
+sniffed inside, so fq's channels and HTTPS share the port with plain clients
+(:mod:`fqbroker.server.tls`); ``tls_required`` closes the plain ones.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import ssl
 from collections.abc import Callable, Iterable, Iterator
@@ -34,6 +40,7 @@ from fqbroker.server.frontend import (
     preambles,
 )
 from fqbroker.server.limits import Limits
+from fqbroker.server.tls import first_bytes, looks_like_tls, main_port_context
 
 __all__ = ["LINGER_SECONDS", "STOP_SECONDS", "Listeners"]
 
@@ -68,12 +75,17 @@ class Listeners:
         self._servers: list[asyncio.Server] = []
         self._endpoints: list[asyncio.BaseTransport] = []
         self._all_closed: asyncio.Event | None = None
+        self.tls: ssl.SSLContext | None = None  # the main port's, when tls_cert is set
+        # Connections between their first transport and the one they are served on.
+        self._handshakes: set[asyncio.Task[None]] = set()
+        self._pending = 0
 
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
         try:
             if self._claims:
+                self.tls = main_port_context(self.settings)
                 self._main = await self._listen(
                     self.settings.bind, self.settings.port, lambda: _Sniffer(self)
                 )
@@ -153,6 +165,7 @@ class Listeners:
             if live.spec.stop is not None:
                 live.spec.stop(self.host)
         tasks = [task for live in self.front_ends.values() for task in live.tasks]
+        tasks += self._handshakes
         for task in tasks:
             task.cancel()
         if tasks:
@@ -233,7 +246,11 @@ class Listeners:
         return False
 
     def _any_open(self) -> bool:
-        return bool(self.unclaimed) or any(live.connections for live in self.front_ends.values())
+        return (
+            bool(self.unclaimed)
+            or self._pending > 0
+            or any(live.connections for live in self.front_ends.values())
+        )
 
     def _transports(self) -> Iterator[asyncio.Transport]:
         yield from self.unclaimed
@@ -280,14 +297,89 @@ class Listeners:
     def claimant(self, first4: bytes) -> LiveFrontEnd | None:
         return self._claims.get(first4)
 
+    # --- TLS on the main port -------------------------------------------------------------
+
+    def take_over(self, transport: asyncio.Transport) -> None:
+        """With TLS configured: serve a new main-port connection on a transport of our
+        making (:mod:`fqbroker.server.tls`), TLS or not as its first byte says. The one
+        the server made is dropped before it reads anything; the connection stays
+        counted, as pending, until its new transport is (or it is gone)."""
+        address = self.unclaimed.pop(transport)
+        sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+        sock.setblocking(False)
+        transport.abort()
+        self._pending += 1
+        task = asyncio.get_running_loop().create_task(self._serve(sock, address))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _serve(self, sock: socket.socket, address: str) -> None:
+        settings = self.settings
+        sniffer = _Sniffer(self, address)
+        try:
+            host, port = sock.getpeername()[:2]
+            peer = f"{host}:{port}"
+        except OSError:
+            peer = "a client that left"
+        try:
+            try:
+                async with asyncio.timeout(settings.idle_sniff_timeout):
+                    first = await first_bytes(sock)
+            except TimeoutError:
+                first = b""
+            tls = looks_like_tls(first)
+            if not first or (settings.tls_required and not tls):
+                if first:
+                    self.limits.bad("tls", "closing plain connection from %s: TLS required", peer)
+                sock.close()
+                self._dropped(address)
+                return
+            loop = asyncio.get_running_loop()
+            await loop.connect_accepted_socket(
+                lambda: sniffer,
+                sock,
+                ssl=self.tls if tls else None,
+                ssl_handshake_timeout=settings.idle_sniff_timeout if tls else None,
+            )
+        except OSError as exc:  # ssl.SSLError, TimeoutError and resets are OSErrors
+            # A client that does not trust our certificate, speaks no TLS after all, or
+            # goes away: one line, no traceback, and the others are served as before.
+            why = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+            self.limits.bad("tls", "TLS handshake with %s failed: %s", peer, why)
+            self._gone(sock, sniffer, address)
+        except asyncio.CancelledError:
+            self._gone(sock, sniffer, address)
+            raise
+
+    def _gone(self, sock: socket.socket, sniffer: _Sniffer, address: str) -> None:
+        sock.close()
+        if sniffer.transport is None:  # never attached: still pending
+            self._dropped(address)
+
+    def attach(self, transport: asyncio.Transport, address: str) -> None:
+        """A pending connection's new transport: counted as it was."""
+        self._pending -= 1
+        self.unclaimed[transport] = address
+
+    def _dropped(self, address: str) -> None:
+        self._pending -= 1
+        self.limits.connection_closed(address)
+        if self._all_closed is not None and not self._any_open():
+            self._all_closed.set()
+
 
 class _Sniffer(asyncio.Protocol):
-    """A new connection on the main port until its first 4 bytes say what it is (§1.2)."""
+    """A new connection on the main port until its first 4 bytes say what it is (§1.2).
 
-    __slots__ = ("buffer", "listeners", "refused", "timer", "transport")
+    ``address``: the connection was counted on a transport of its own before (with TLS
+    configured, :meth:`Listeners.take_over`), under this source address.
+    """
 
-    def __init__(self, listeners: Listeners) -> None:
+    __slots__ = ("address", "buffer", "listeners", "refused", "timer", "transport")
+
+    def __init__(self, listeners: Listeners, address: str | None = None) -> None:
         self.listeners = listeners
+        self.address = address
         self.buffer: bytes | None = b""
         self.refused: str | None = None  # the limit this connection is over
         self.timer: asyncio.TimerHandle | None = None
@@ -296,10 +388,17 @@ class _Sniffer(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses, only alike.
         transport = cast(asyncio.Transport, transport)
+        listeners = self.listeners
+        if self.address is not None:
+            listeners.attach(transport, self.address)
+        else:
+            self.refused = listeners.opened(transport, None)
+            if listeners.tls is not None and not self.refused:
+                listeners.take_over(transport)
+                return
         self.transport = transport
-        self.refused = self.listeners.opened(transport, None)
         # One over a limit gets a moment to say what it is, for the right answer.
-        wait = LINGER_SECONDS if self.refused else self.listeners.settings.idle_sniff_timeout
+        wait = LINGER_SECONDS if self.refused else listeners.settings.idle_sniff_timeout
         self.timer = asyncio.get_running_loop().call_later(wait, transport.close)
 
     def data_received(self, data: bytes) -> None:

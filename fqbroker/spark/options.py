@@ -60,6 +60,8 @@ class BrokerOptions:
     user: str
     password: str
     token: str
+    tls: bool = False  # TLS to the broker (fq and HTTPS on its main port)
+    cafile: str = ""  # trust only this PEM file's CAs; implies tls
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> BrokerOptions:
@@ -69,11 +71,20 @@ class BrokerOptions:
             user=_get(options, "user", "spark"),
             password=_get(options, "password"),
             token=_get(options, "adminToken"),
+            tls=_bool(options, "tls", False) or bool(_get(options, "cafile")),
+            cafile=_get(options, "cafile"),
         )
 
     def client(self) -> ReplayClient:
         # A stream outlives broker restarts: its requests wait this long for the broker.
-        return ReplayClient(self.host, self.port, token=self.token, retry_seconds=BROKER_RETRY)
+        return ReplayClient(
+            self.host,
+            self.port,
+            token=self.token,
+            retry_seconds=BROKER_RETRY,
+            tls=self.tls,
+            cafile=self.cafile,
+        )
 
 
 @dataclass(frozen=True, slots=True)

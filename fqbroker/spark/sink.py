@@ -83,7 +83,15 @@ async def publish(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> in
     broker = options.broker
     # No reconnects: what was written to a lost connection is unconfirmed, and failing the
     # task makes Spark (or the caller) send all of it again.
-    client = Client(broker.host, broker.port, broker.user, broker.password, reconnect=False)
+    client = Client(
+        broker.host,
+        broker.port,
+        broker.user,
+        broker.password,
+        reconnect=False,
+        tls=broker.tls,
+        cafile=broker.cafile or None,
+    )
     rows = 0
     try:
         async with client:

@@ -1,15 +1,18 @@
 """The Figg listener as a front end of the table: a port of its own, off until ``[figg]
-listen`` (or ``fqd --figg``) names an address. Plain TCP: Figg's clients speak no TLS."""
+listen`` (or ``fqd --figg``) names an address; TLS when ``tls_cert`` is set, as the
+Lumberjack listener's (our Figg client connects with ``tls``/``cafile``)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import ssl
 from typing import Any
 
 from fqbroker.config import Figg, Settings
 from fqbroker.frontends.figg.session import Config, FiggHost, FiggSession
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.server.tls import server_context
 
 __all__ = ["FIGG", "config_of"]
 
@@ -31,6 +34,10 @@ def _address(settings: Settings) -> tuple[str, int] | None:
     return settings.figg.address(settings.bind)
 
 
+def _tls(settings: Settings) -> ssl.SSLContext | None:
+    return server_context(settings.figg.tls_cert, settings.figg.tls_key)
+
+
 def _open(
     host: FiggHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
 ) -> asyncio.BaseProtocol:
@@ -50,7 +57,7 @@ def _describe(protocol: asyncio.BaseProtocol) -> Facts:
 
 FIGG: FrontEnd[Any] = FrontEnd(
     name="figg",
-    reach=OwnPort(_address, _open),
+    reach=OwnPort(_address, _open, tls=_tls),
     describe=_describe,
     summary="Figg (seed 004): retained topics, publish with ACK, subscribe from an offset",
 )

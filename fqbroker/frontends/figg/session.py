@@ -185,7 +185,8 @@ class FiggSession(RemotePeer, asyncio.Protocol):
             sub.stop()
         self.subscriptions.clear()
         self._finish()
-        return True
+        # A TLS transport closes at EOF whatever we answer (and warns if told otherwise).
+        return self.transport.get_extra_info("ssl_object") is None
 
     def _finish(self) -> None:
         """After EOF: close once nothing is left to publish or acknowledge."""

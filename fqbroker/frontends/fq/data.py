@@ -171,7 +171,9 @@ class DataSession(RemotePeer, asyncio.Protocol):
         input_ = self._in
         if input_ is not None and input_.waiting is not None:
             input_.eof = True  # what is buffered is routed first
-            return True
+            # (over TLS the transport closes at EOF whatever we answer, and warns if
+            # told otherwise: what is buffered is routed all the same)
+            return self.transport.get_extra_info("ssl_object") is None
         self.close()
         return False
 

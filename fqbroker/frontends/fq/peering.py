@@ -62,6 +62,8 @@ class PeerAddress:
     port: int
     source: str
     password: str
+    tls: bool = False
+    cafile: str = ""
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
@@ -82,7 +84,7 @@ class PeerBinding:
 def _split(rows: list[Upstream]) -> dict[PeerAddress, set[PeerBinding]]:
     wanted: dict[PeerAddress, set[PeerBinding]] = {}
     for row in rows:
-        address = PeerAddress(row.host, row.port, row.source, row.password)
+        address = PeerAddress(row.host, row.port, row.source, row.password, row.tls, row.cafile)
         binding = PeerBinding(row.exchange, row.program, row.permanent_binding)
         wanted.setdefault(address, set()).add(binding)
     return wanted
@@ -212,6 +214,8 @@ class PeerLink:
                 heartbeat_ms=HEARTBEAT_MS,
                 peer_id=self.node_id,
                 connect_timeout=5.0,
+                tls=self.address.tls,
+                cafile=self.address.cafile or None,
             )
             try:
                 await client.connect()
