@@ -99,8 +99,8 @@ class _Input:
 
 class _LargeBatch:
     """A batch larger than OUT_CHUNK, handed to the transport a chunk at a time as it
-    drains; it holds its size of the budget until its frames are let go, not just handed
-    on."""
+    drains, each chunk a copy; it holds its size of the budget until its frames are let
+    go, not just handed on."""
 
     __slots__ = ("held", "pos", "view")
 
@@ -428,7 +428,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
             if self._paused or transport.is_closing():
                 out.pos = pos
                 return False
-            transport.write(view[pos : pos + OUT_CHUNK])
+            # A copy, not a slice: a slice the transport still buffers (uvloop keeps the
+            # object) would keep the whole message alive after its budget is given back,
+            # and the next large message read meanwhile would double what RSS holds.
+            transport.write(bytes(view[pos : pos + OUT_CHUNK]))
             pos += OUT_CHUNK
         out.view = None
         return not self._paused
