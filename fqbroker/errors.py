@@ -6,7 +6,8 @@
     ├── ProtocolError        malformed bytes, or a frame illegal in this phase
     │   ├── FrameTooLarge    a length field over its limit (.field, .size, .limit)
     │   ├── AuthError        the auth request is refused; .text is fq's exact error text
-    │   └── FiggProtocolError  a Figg frame that breaks the wire format (frontends/figg)
+    │   ├── FiggProtocolError  a Figg frame that breaks the wire format (frontends/figg)
+    │   └── FyrehoseProtocolError  a bad fyrehose datagram (frontends/fyrehose); dropped
     ├── ProgramError         a route program does not compile (answered as BIND_ILLEGAL)
     ├── QueueError           a queue cannot be created or attached; .text is fq's error text
     ├── CheckpointError      a checkpoint request is refused; .message is fqd's text
@@ -53,6 +54,7 @@ __all__ = [
     "FiggProtocolError",
     "FqError",
     "FrameTooLarge",
+    "FyrehoseProtocolError",
     "LogFormatError",
     "ProgramError",
     "ProtocolError",
@@ -91,6 +93,14 @@ class AuthError(ProtocolError):
 
 class FiggProtocolError(ProtocolError):
     """A Figg peer sent a frame that breaks the wire format; the connection is closed."""
+
+
+class FyrehoseProtocolError(ProtocolError):
+    """A fyrehose datagram is malformed, truncated, oversized or of an unknown type.
+
+    UDP has no connection to close: the listener drops the datagram, counts it and never
+    answers it.
+    """
 
 
 class ProgramError(FqError):

@@ -96,6 +96,7 @@ def test_every_exception_of_the_tree_is_in_errors_py_and_its_drawing() -> None:
         ("fqbroker.storage.segmentlog", ["LogFormatError"]),
         ("fqbroker.spark", ["DataLossError"]),
         ("fqbroker.frontends.figg.wire", ["FiggProtocolError"]),
+        ("fqbroker.frontends.fyrehose.wire", ["FyrehoseProtocolError"]),
     ],
 )
 def test_exceptions_stay_importable_where_users_import_them(module: str, names: list[str]) -> None:
@@ -113,3 +114,4 @@ def test_the_natural_base_classes_are_kept() -> None:
     assert issubclass(errors.DataLost, errors.BrokerError)
     assert issubclass(errors.DataLossError, RuntimeError)
     assert issubclass(errors.FiggProtocolError, errors.ProtocolError)
+    assert issubclass(errors.FyrehoseProtocolError, errors.ProtocolError)
