@@ -23,7 +23,7 @@ and keeps what the front end would otherwise have to copy:
   :attr:`Permissions.ALL`, runs the loop it always ran: the check costs nothing then.
 
 It is sans I/O: it owns no task and no socket. The only awaiting is in the coroutines a
-shell calls by name (:meth:`wait_for_room`, :meth:`publish_all`, :meth:`durable`,
+shell calls by name (:meth:`wait_for_room`, :meth:`finish`, :meth:`publish_all`, :meth:`durable`,
 :meth:`confirm`).
 """
 
@@ -198,8 +198,12 @@ class Publisher:
 
     async def publish_all(self, runs: list[Run], octets: int = -1) -> None:
         """Publish a batch, waiting for room as often as it has to."""
-        if self.publish(runs, octets):
-            return
+        if not self.publish(runs, octets):
+            await self.finish()
+
+    async def finish(self) -> None:
+        """After :meth:`publish` returned False: publish the rest of the batch, waiting
+        for room as often as it has to."""
         while True:
             await self.wait_for_room()
             if self.carry_on():

@@ -358,11 +358,7 @@ class FiggSession(RemotePeer, asyncio.Protocol):
         self._ack_ready()
 
     async def _room_then_carry_on(self) -> None:
-        publisher = self.publisher
-        while True:
-            await publisher.wait_for_room()
-            if publisher.carry_on():
-                break
+        await self.publisher.finish()
         self._room = None
         self._release(_ROOM)
         self._ack_ready()

@@ -412,11 +412,7 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
         self._room = asyncio.ensure_future(self._room_then_carry_on())
 
     async def _room_then_carry_on(self) -> None:
-        publisher = self.publisher
-        while True:
-            await publisher.wait_for_room()
-            if publisher.carry_on():
-                break
+        await self.publisher.finish()
         self._room = None
         self.broker.budget.release(self._waiting_bytes)
         self._waiting_bytes = 0
