@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from fqbroker.config import Settings
 from fqbroker.core.budget import MemoryBudget
@@ -27,6 +27,8 @@ from fqbroker.storage.store import DiskStore
 __all__ = [
     "DataChannelView",
     "FqClientView",
+    "FyrehoseSubscriberView",
+    "FyrehoseView",
     "HttpHost",
     "PeerLinkView",
     "PeeringView",
@@ -87,6 +89,58 @@ class TopicSource(Protocol):
 
     @property
     def topics(self) -> TopicsView | None: ...
+
+
+class FyrehoseSubscriberView(Protocol):
+    """A live fyrehose subscriber (fqbroker.frontends.fyrehose.backbone.Subscriber)."""
+
+    @property
+    def addr(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def journaling(self) -> bool: ...  # without NOJOURNAL: may be sent a FORWARD
+    @property
+    def expires_in(self) -> float: ...  # seconds until it stops being one without a KEEPALIVE
+
+
+@runtime_checkable
+class FyrehoseView(Protocol):
+    """The fyrehose backbone (fqbroker.frontends.fyrehose.backbone.Backbone) as stats see it.
+
+    The fyrehose front end's ``LiveFrontEnd.state`` holds it while the listener runs; that
+    attribute is typed ``object`` (the table knows no front end's state), so the stats
+    check it against this Protocol at run time.
+    """
+
+    @property
+    def sequence(self) -> int: ...  # the last sequence given, 0 before the first
+    @property
+    def first_retained(self) -> int: ...  # the oldest sequence in the window, 0 if empty
+    @property
+    def retained_messages(self) -> int: ...
+    @property
+    def retained_bytes(self) -> int: ...
+    @property
+    def pushed(self) -> int: ...
+    @property
+    def sequenced(self) -> int: ...
+    @property
+    def delivered(self) -> int: ...
+    @property
+    def keepalives(self) -> int: ...
+    @property
+    def requests(self) -> int: ...
+    @property
+    def served(self) -> int: ...
+    @property
+    def forwarded(self) -> int: ...
+    @property
+    def unserved(self) -> int: ...
+    @property
+    def dropped(self) -> Mapping[str, int]: ...
+
+    def subscribers(self) -> Iterable[FyrehoseSubscriberView]: ...
 
 
 class DataChannelView(Protocol):

@@ -80,6 +80,64 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     yield from _limits(snap)
     yield from _memory(snap)
     yield from _topics(snap)
+    yield from _fyrehose(snap)
+
+
+# (metric name without _total, FyrehoseSnapshot field, help): the backbone's counters.
+_FYREHOSE_COUNTERS = (
+    ("fq_fyrehose_pushed", "pushed", "PUSH datagrams published on the fyrehose exchange."),
+    (
+        "fq_fyrehose_sequenced",
+        "sequenced",
+        "Messages given a sequence number since start (PUSHes and fq publishes).",
+    ),
+    ("fq_fyrehose_delivered", "delivered", "DELIVER datagrams sent to live subscribers."),
+    ("fq_fyrehose_keepalives", "keepalives", "KEEPALIVE datagrams received."),
+    ("fq_fyrehose_requests", "requests", "REQUEST datagrams received."),
+    ("fq_fyrehose_served", "served", "Messages re-sent from the retained window for REQUESTs."),
+    ("fq_fyrehose_forwarded", "forwarded", "FORWARD datagrams sent to journaling subscribers."),
+    (
+        "fq_fyrehose_unserved",
+        "unserved",
+        "Requested messages older than the window with no journaling subscriber to ask.",
+    ),
+)
+
+
+def _fyrehose(snap: Snapshot) -> Iterator[Metric]:
+    f = snap.fyrehose
+    if f is None:
+        return  # no fyrehose listener: no fyrehose families at all
+    for name, value, doc in (
+        (
+            "fq_fyrehose_sequence",
+            f.sequence,
+            "The last sequence number given (it continues across restarts).",
+        ),
+        (
+            "fq_fyrehose_first_retained",
+            f.first_retained,
+            "The oldest sequence number in the retained window (0: empty).",
+        ),
+        ("fq_fyrehose_retained_messages", f.retained_messages, "Messages the window holds."),
+        ("fq_fyrehose_retained_bytes", f.retained_bytes, "Data bytes the window holds."),
+        ("fq_fyrehose_subscribers", len(f.subscribers), "Live subscribers (KEEPALIVE < 5 s)."),
+    ):
+        gauge = GaugeMetricFamily(name, doc)
+        gauge.add_metric([], value)
+        yield gauge
+    for name, field, doc in _FYREHOSE_COUNTERS:
+        counter = CounterMetricFamily(name, doc)
+        counter.add_metric([], getattr(f, field))
+        yield counter
+    dropped = CounterMetricFamily(
+        "fq_fyrehose_dropped",
+        "Datagrams or messages the backbone dropped, by reason (docs/fyrehose.md).",
+        labels=["reason"],
+    )
+    for reason, count in f.dropped:
+        dropped.add_metric([reason], count)
+    yield dropped
 
 
 def _topics(snap: Snapshot) -> Iterator[Metric]:

@@ -28,6 +28,7 @@ from typing import Any
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import UNLIMITED_BYTES
 from fqbroker.core.router import AggregateStats, ClientStats
+from fqbroker.frontends.http.fyrehosestats import FyrehoseSnapshot, fyrehose_json, take_fyrehose
 from fqbroker.frontends.http.host import FqClientView, PeerLinkView, StatsSource
 from fqbroker.frontends.http.topicstats import TopicSnapshot, take_topics, topics_json
 from fqbroker.server.frontend import ConnectionView, FrontEndCounters, LiveFrontEnd
@@ -177,6 +178,7 @@ class Snapshot:
     memory: MemorySnapshot | None = None  # the broker-wide budget (docs/memory.md)
     front_ends: tuple[FrontEndSnapshot, ...] = ()
     topics: tuple[TopicSnapshot, ...] | None = None  # None: the broker keeps no topics
+    fyrehose: FyrehoseSnapshot | None = None  # None: no fyrehose listener
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +252,7 @@ def take_snapshot(broker: StatsSource) -> Snapshot:
         ),
         front_ends=front_end_snapshots(broker),
         topics=take_topics(broker),
+        fyrehose=take_fyrehose(broker),
     )
 
 
@@ -414,6 +417,9 @@ def stats_json(snap: Snapshot) -> dict[str, Any]:
     if snap.topics is not None:
         # An extension too (topicstats.py), present only on a broker that keeps topics.
         out["topics"] = topics_json(snap.topics)
+    if snap.fyrehose is not None:
+        # Likewise (fyrehosestats.py), present only while the fyrehose listener runs.
+        out["fyrehose"] = fyrehose_json(snap.fyrehose)
     return out
 
 
