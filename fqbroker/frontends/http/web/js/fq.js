@@ -12,7 +12,9 @@
 // and data-transport=<main|tcp|tls|udp>; rates are elements with data-field="rate"
 // (exchanges, upstreams), "rate-in"/"rate-out" (queues), each with the raw number in
 // data-value; a front end's counters are elements with data-field=<counter> and the raw
-// number in data-value, its connections the rows of its table.
+// number in data-value, its connections the rows of its table; the fyrehose panel's
+// numbers are elements with data-field=<name> (data-value: the raw number), its
+// subscribers chips with data-remote and data-journaling.
 (function () {
   "use strict";
 
@@ -641,6 +643,68 @@
     summary.className = "summary " + (behind ? "warn" : "ok");
   }
 
+  // --- fyrehose ---------------------------------------------------------------------------
+
+  // The fyrehose backbone ("fyrehose" in stats.json, only while its listener runs): the
+  // sequence and its rate, the retained window, recovery and drops, and the subscribers.
+  function fyrehoseField(panel, field, value, text) {
+    const el = panel.querySelector(`[data-field="${field}"]`);
+    if (value !== null) el.dataset.value = String(value);
+    setText(el, text);
+    return el;
+  }
+
+  function fyrehoseChips(subs) {
+    const shown = subs.slice(0, MAX_SUBSCRIBERS).map((s) => {
+      const journal = s.journaling ? "journal" : "no journal";
+      const chip = h("span", {
+        class: "sub-chip" + (s.journaling ? "" : " nojournal"),
+        title: `${s.remote}: ${journal}, subscribed for ${s.expires_in.toFixed(1)} s more without a KEEPALIVE`,
+        text: `${s.remote} · ${journal}`,
+      });
+      chip.dataset.remote = s.remote;
+      chip.dataset.journaling = String(s.journaling);
+      return chip;
+    });
+    if (subs.length > MAX_SUBSCRIBERS) shown.push(`and ${fmtInt(subs.length - MAX_SUBSCRIBERS)} more`);
+    return shown.length ? shown : ["no subscribers"];
+  }
+
+  function renderFyrehose(f, r) {
+    const panel = document.getElementById("fyrehose-panel");
+    panel.hidden = !f;
+    if (!f) return;
+    const rate = r.get("f:sequence") || 0;
+    fyrehoseField(panel, "sequence", f.sequence, String(f.sequence));
+    fyrehoseField(panel, "rate", rate, fmtRate(rate) + " msg/s");
+    fyrehoseField(panel, "retained", f.retained_messages, fmtInt(f.retained_messages));
+    fyrehoseField(
+      panel,
+      "range",
+      null,
+      f.first_retained ? `${f.first_retained}–${f.sequence} · ${fmtBytes(f.retained_bytes)}` : "empty",
+    );
+    fyrehoseField(panel, "pushed", f.pushed, fmtInt(f.pushed));
+    fyrehoseField(panel, "delivered", f.delivered, fmtInt(f.delivered) + " delivered");
+    fyrehoseField(panel, "requests", f.requests, fmtInt(f.requests));
+    fyrehoseField(
+      panel,
+      "recovery",
+      null,
+      `${fmtInt(f.served)} served · ${fmtInt(f.forwarded)} forwarded · ${fmtInt(f.unserved)} unserved`,
+    ).classList.toggle("warn", f.unserved > 0);
+    const drops = Object.entries(f.dropped || {}).filter(([, n]) => n > 0);
+    const total = drops.reduce((n, [, c]) => n + c, 0);
+    fyrehoseField(panel, "dropped", total, fmtInt(total)).classList.toggle("nonzero", total > 0);
+    fyrehoseField(panel, "drop-reasons", null, drops.length ? drops.map(([k, n]) => `${fmtInt(n)} ${k}`).join(" · ") : "none");
+    const subs = f.subscribers || [];
+    panel.querySelector('[data-field="subscribers"]').replaceChildren(...fyrehoseChips(subs));
+    setText(document.getElementById("fyrehose-subscriber-count"), String(subs.length));
+    const summary = document.getElementById("fyrehose-summary");
+    setText(summary, `${fmtInt(subs.length)} subscribers` + (f.unserved ? `, ${fmtInt(f.unserved)} unserved` : ""));
+    summary.className = "summary " + (f.unserved ? "warn" : "ok");
+  }
+
   // --- one poll -------------------------------------------------------------------------
 
   // Flattens the counters that get a rate into one map, so rates() treats them alike.
@@ -666,6 +730,7 @@
     }
     for (const p of stats.peers || []) values.set("p:" + peerKey(p), num(p.msgs_in));
     for (const [name, t] of Object.entries(stats.topics || {})) values.set("t:" + name, t.last_offset);
+    if (stats.fyrehose) values.set("f:sequence", stats.fyrehose.sequence);
     return values;
   }
 
@@ -708,6 +773,7 @@
 
     renderPeers(stats.peers || [], r);
     renderTopics(stats.topics, r);
+    renderFyrehose(stats.fyrehose, r);
 
     document.title = `fq · ${fmtRate(r.get("a:messages"))} msg/s`;
   }
