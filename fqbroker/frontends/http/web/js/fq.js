@@ -701,7 +701,8 @@
     panel.querySelector('[data-field="subscribers"]').replaceChildren(...fyrehoseChips(subs));
     setText(document.getElementById("fyrehose-subscriber-count"), String(subs.length));
     const summary = document.getElementById("fyrehose-summary");
-    setText(summary, `${fmtInt(subs.length)} subscribers` + (f.unserved ? `, ${fmtInt(f.unserved)} unserved` : ""));
+    const noun = subs.length === 1 ? "subscriber" : "subscribers";
+    setText(summary, `${fmtInt(subs.length)} ${noun}` + (f.unserved ? `, ${fmtInt(f.unserved)} unserved` : ""));
     summary.className = "summary " + (f.unserved ? "warn" : "ok");
   }
 
