@@ -442,6 +442,21 @@ async def test_the_sequence_goes_on_after_an_in_process_restart(settings: Settin
     assert SequenceFile.under(settings.queue_dir).read() == 5
 
 
+async def test_a_start_that_fails_skips_no_number(settings: Settings) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        settings.fyrehose = Fyrehose(listen=f"127.0.0.1:{taken.getsockname()[1]}")
+        broker = Broker(settings)
+        with pytest.raises(OSError):
+            await broker.start()
+        await broker.stop()
+    assert SequenceFile.under(settings.queue_dir).read() == 1
+    async with running(with_fyrehose(settings)) as broker, udp(fyrehose_address(broker)) as sub:
+        await sub.subscribe()
+        await push(broker, [b"first"])
+        assert await sub.delivers(1) == [(1, b"first")]
+
+
 async def start_fqd(state: Path) -> tuple[Proc, Address]:
     fqd, _ = await Proc.start_fqd(state, "--fyrehose", "127.0.0.1:0")
     line = await fqd.wait_stderr("fyrehose listening on port: ")
