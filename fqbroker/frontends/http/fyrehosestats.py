@@ -72,7 +72,7 @@ class FyrehoseSnapshot:
 def backbone_of(broker: StatsSource) -> FyrehoseView | None:
     """The running fyrehose backbone of ``broker``; None when the listener is off."""
     live = broker.front_ends.get(NAME)
-    state: object = getattr(live, "state", None)  # LiveFrontEnd.state (server/frontend.py)
+    state = None if live is None else live.state
     return state if isinstance(state, FyrehoseView) else None
 
 
