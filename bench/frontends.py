@@ -29,7 +29,11 @@ And on a port of its own, which every broker child turns on (bench/child.py
   ``logging`` exchange;
 * ``figg``: Figg frames (ATTACH with and without an offset, PUBLISH runs, PING, DETACH;
   fqbroker/frontends/figg/wire.py), publishing into retained topics of the ``figg``
-  exchange and replaying them.
+  exchange and replaying them;
+* ``fyrehose``: over UDP, one datagram per frame, every datagram of
+  fqbroker/frontends/fyrehose/wire.py (PUSH and KEEPALIVE in both forms, REQUEST, and the
+  DELIVER, FORWARD and KEEPALIVE-ACK a broker never expects), mutated up to the largest
+  datagram; every address the fuzzer names stays on this machine (bench/fyrehosefuzz.py).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from fqbroker.frontends.lumberjack import encoder as lumberjack
 
 from .child import http_reply
 from .fuzzconn import NOTES, SEND_SECONDS, Conn, Target, connect_tcp, mutate_bytes
+from .fyrehosefuzz import fyrehose_frame, mutate_fyrehose, open_fyrehose, round_trip_fyrehose
 
 __all__ = [
     "FRONT_ENDS",
@@ -474,6 +479,13 @@ async def round_trip_figg(t: Target) -> None:
             await writer.wait_closed()
 
 
+# --- fyrehose (bench/fyrehosefuzz.py) -----------------------------------------------------
+
+
+def _fyrehose_port(t: Target) -> int:
+    return t.ports["fyrehose"]
+
+
 # --- the table ----------------------------------------------------------------------------
 
 
@@ -508,4 +520,8 @@ FRONT_ENDS: list[FrontEnd] = [
         mutate_lumberjack, round_trip_lumberjack,
     ),
     FrontEnd("figg", "tcp", _figg_port, open_figg, figg_frame, mutate_figg, round_trip_figg),
+    FrontEnd(
+        "fyrehose", "udp", _fyrehose_port, open_fyrehose, fyrehose_frame, mutate_fyrehose,
+        round_trip_fyrehose,
+    ),
 ]  # fmt: skip

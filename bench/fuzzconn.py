@@ -77,7 +77,7 @@ class Conn:
     def __init__(
         self,
         reader: asyncio.StreamReader | None,
-        writer: asyncio.WriteTransport | asyncio.StreamWriter,
+        writer: asyncio.DatagramTransport | asyncio.StreamWriter,
         holds: list[Conn] | None = None,
     ) -> None:
         self.writer = writer
@@ -110,9 +110,9 @@ class Conn:
                 await asyncio.wait_for(self.writer.drain(), SEND_SECONDS)
             except (ConnectionError, OSError, TimeoutError):
                 return False
-        else:
+        else:  # a datagram transport (uvloop's is no asyncio.DatagramTransport subclass)
             with contextlib.suppress(OSError):
-                self.writer.write(data)
+                self.writer.sendto(data)  # type: ignore[union-attr]
         return True
 
     async def send_frames(self, frames: list[bytes]) -> bool:
@@ -159,7 +159,7 @@ async def connect_udp(host: str, port: int) -> Conn:
     """A UDP "session": every :meth:`Conn.send` is one datagram; nothing is read back."""
     loop = asyncio.get_running_loop()
     transport, _ = await loop.create_datagram_endpoint(_Datagrams, remote_addr=(host, port))
-    return Conn(None, transport)  # type: ignore[arg-type]
+    return Conn(None, transport)
 
 
 # --- mutation -----------------------------------------------------------------------------

@@ -54,10 +54,6 @@ def sink_port() -> int:
     return port
 
 
-def _fyrehose_port(t: Target) -> int:
-    return t.ports["fyrehose"]
-
-
 def _destination(rng: random.Random) -> tuple[str, int]:
     """An ADDR:PORT the broker may send to: the source (0.0.0.0), or the sink."""
     roll = rng.random()
@@ -171,7 +167,7 @@ def mutate_fyrehose(rng: random.Random, frame: bytes) -> bytes:
 
 
 async def open_fyrehose(t: Target, rng: random.Random, mutate_opening: bool) -> Conn:
-    conn = await connect_udp(t.host, _fyrehose_port(t))
+    conn = await connect_udp(t.host, t.ports["fyrehose"])
     if mutate_opening:
         await conn.send(mutate_fyrehose(rng, fyrehose_frame(rng)))
     return conn
@@ -213,7 +209,7 @@ async def round_trip_fyrehose(t: Target) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
     sock.bind(("127.0.0.1", 0))
-    sock.connect((t.host, _fyrehose_port(t)))
+    sock.connect((t.host, t.ports["fyrehose"]))
     transport, inbox = await loop.create_datagram_endpoint(_Inbox, sock=sock)
     try:
         async with asyncio.timeout(ROUND_TRIP_SECONDS - 2):

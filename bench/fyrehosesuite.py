@@ -26,6 +26,7 @@ SIZE = 100
 COUNT = 200_000
 LOSSY_COUNT = 100_000
 LOSS = 0.05
+WINDOW = 64  # PUSHes ahead of the slowest subscriber: what the broker's receive buffer holds
 
 
 def _count(base: int, scale: float) -> int:
@@ -51,7 +52,7 @@ def fyrehose_run(broker: System, run: int, scale: float, loss: float = 0.0) -> d
     try:
         for sub in subs:
             sub.ready()
-        pub = _client("fhpub", broker, size=SIZE, subs=SUBS, **common)
+        pub = _client("fhpub", broker, size=SIZE, subs=SUBS, window=WINDOW, **common)
         pub.ready()
         for sub in subs:
             sub.go()
