@@ -530,7 +530,7 @@ def scenario_fyrehose(cfg: Config, table: Table) -> None:
         [FqBroker(fyrehose=True)], cfg.runs, lambda s, run: fyrehose_run(s, run, cfg.scale)
     )
     r = res["fqbroker"]
-    lost = f"lost on loopback: {r['lost']:.0f} of {r['expected']:.0f}"
+    lost = f"lost on loopback: {r['lost']:,.0f} of {r['expected']:,.0f}"
     label = f"fyrehose PUSH to DELIVER, {SUBS} subscribers, 100 B"
     table.add([label, f"{_rate(r['rate'])} dlv/s", f"{r['us']:.2f}", lost])
     res = interleaved(
@@ -538,7 +538,7 @@ def scenario_fyrehose(cfg: Config, table: Table) -> None:
     )
     r = res["fqbroker"]
     note = (
-        f"recovered {r['share']:.1%} of {r['missing']:.0f} lost; gap to fill"
+        f"recovered {r['share']:.1%} of {r['missing']:,.0f} lost; gap to fill"
         f" p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
     )
     label = f"fyrehose, {LOSS:.0%} loss each way, gaps REQUESTed"
