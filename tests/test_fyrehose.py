@@ -29,6 +29,7 @@ from fqbroker.clients.client import Client
 from fqbroker.config import Fyrehose, Settings
 from fqbroker.frontends.fyrehose import wire
 from fqbroker.frontends.fyrehose.backbone import Backbone
+from fqbroker.frontends.fyrehose.endpoint import FyrehoseEndpoint
 from fqbroker.frontends.fyrehose.sequence import LEASE, SequenceFile, SequenceFileError
 from fqbroker.frontends.fyrehose.wire import (
     Deliver,
@@ -333,6 +334,34 @@ async def test_malformed_datagrams_are_counted_and_never_answered(fh: Broker) ->
     assert fh.front_ends["fyrehose"].counters.datagrams == 8
 
 
+async def test_delivers_are_dropped_and_counted_while_the_socket_is_congested(
+    fh: Broker,
+) -> None:
+    """Loopback never fills a UDP send buffer, so the transport's own callback is called
+    here as it would be; what a subscriber then sees is checked on real sockets."""
+    (endpoint,) = [
+        t.get_protocol()
+        for t in fh.listeners._endpoints  # the listener's one endpoint
+    ]
+    assert isinstance(endpoint, FyrehoseEndpoint)
+    bb = backbone_of(fh)
+    async with udp(fyrehose_address(fh)) as sub:
+        await sub.subscribe()
+        endpoint.pause_writing()
+        await push(fh, [b"lost", b"also lost"])
+        await wait_for(lambda: bb.sequence == 2)
+        await sub.nothing(0.1)
+        assert bb.dropped["congested"] == 2 and bb.delivered == 0
+        sub.send(Request("0.0.0.0", 0, 1, 2))  # requests are dropped too while congested
+        await sub.nothing(0.1)
+        endpoint.resume_writing()
+        sub.send(Request("0.0.0.0", 0, 1, 2))  # and recovered from the window after
+        assert await sub.delivers(2) == [(1, b"lost"), (2, b"also lost")]
+        await push(fh, [b"live"])
+        assert await sub.delivers(1) == [(3, b"live")]
+    assert bb.dropped["congested"] == 4
+
+
 # --- the bridge ---------------------------------------------------------------------------
 
 
@@ -397,6 +426,10 @@ async def test_the_sequence_file_is_a_lease_and_an_exact_number(tmp_path: Path) 
     file.path.write_text("forty-two\n")
     with pytest.raises(SequenceFileError, match="does not hold a sequence number"):
         file.read()
+    for number in (0, wire.MAX_SEQUENCE):
+        file.path.write_text(f"{number}\n")
+        with pytest.raises(SequenceFileError, match=f"holds {number}, not a number from 1"):
+            file.read()
 
 
 async def test_the_sequence_goes_on_after_an_in_process_restart(settings: Settings) -> None:
@@ -407,6 +440,21 @@ async def test_the_sequence_goes_on_after_an_in_process_restart(settings: Settin
             await push(broker, [b"a", b"b"])
             assert [s for s, _ in await sub.delivers(2)] == [first, first + 1]
     assert SequenceFile.under(settings.queue_dir).read() == 5
+
+
+async def test_a_start_that_fails_skips_no_number(settings: Settings) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        settings.fyrehose = Fyrehose(listen=f"127.0.0.1:{taken.getsockname()[1]}")
+        broker = Broker(settings)
+        with pytest.raises(OSError):
+            await broker.start()
+        await broker.stop()
+    assert SequenceFile.under(settings.queue_dir).read() == 1
+    async with running(with_fyrehose(settings)) as broker, udp(fyrehose_address(broker)) as sub:
+        await sub.subscribe()
+        await push(broker, [b"first"])
+        assert await sub.delivers(1) == [(1, b"first")]
 
 
 async def start_fqd(state: Path) -> tuple[Proc, Address]:

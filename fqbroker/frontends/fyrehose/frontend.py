@@ -23,7 +23,10 @@ def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
     file = SequenceFile.under(host.settings.queue_dir)
     first = file.read()  # SequenceFileError: fqd says why in one line and exits
     try:
-        lease = file.lease(first)  # before any number is given
+        # The same number again: a start that fails (its port taken) skips none, and a
+        # directory that cannot be written stops fqd now rather than at the first message.
+        # The first message takes the lease (Backbone renews at ``lease``).
+        file.write(first)
     except OSError as exc:
         raise SequenceFileError(
             f"fyrehose sequence file {file.path} cannot be written: {exc.strerror or exc}"
@@ -35,7 +38,7 @@ def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
         request_limit=settings.request_limit,
         max_subscribers=settings.max_subscribers,
         renew=renewer(file),
-        lease=lease,
+        lease=first,
     )
     return FyrehoseEndpoint(host, live, backbone, file)
 

@@ -30,6 +30,9 @@ from fqbroker.frontends.fyrehose import wire
 __all__ = ["LEASE", "SequenceFile", "SequenceFileError"]
 
 LEASE: Final = 65536  # numbers a running broker may give before it writes the file again
+# The highest number a start may begin at: 48 bits hold 281 trillion messages, so this only
+# refuses a file someone wrote by hand, whose numbers would run out within a lease.
+LAST_START: Final = wire.MAX_SEQUENCE - LEASE
 
 
 class SequenceFileError(ValueError):
@@ -55,9 +58,11 @@ class SequenceFile:
         except OSError as exc:
             raise self._error(f"cannot be read ({exc.strerror or exc})") from None
         word = text.strip()
-        if not word.isdigit() or not 1 <= int(word) <= wire.MAX_SEQUENCE + 1:
+        if not word.isdigit() or len(word) > 20:
             shown = text[:40].decode("ascii", "backslashreplace")
             raise self._error(f"does not hold a sequence number (it holds {shown!r})")
+        if not 1 <= int(word) <= LAST_START:
+            raise self._error(f"holds {int(word)}, not a number from 1 to {LAST_START}")
         return int(word)
 
     def _error(self, what: str) -> SequenceFileError:
