@@ -261,6 +261,7 @@ class Broker:
         with open(self.log_path, "ab") as log:
             log.write(f"--- start {self.starts} at {time.time():.3f}\n".encode())
             log.flush()
+            start_at = log.tell()
             self.proc = subprocess.Popen(
                 self.command(),
                 cwd=self.root,
@@ -274,10 +275,22 @@ class Broker:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the broker exited with {self.proc.returncode}: {self.tail()}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+            # fqd says "Listening on port" once every listener is open: the main port
+            # accepts before the ports of their own do, and a run that read
+            # /frontends.json then missed them.
+            if self._said_listening(start_at):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"the broker did not listen on port {self.port}: {self.tail()}")
+
+    def _said_listening(self, offset: int) -> bool:
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            said = b"Listening on port: " in log.read()
+        if said:  # and the main port takes connections (what the runs reach first)
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port)):
+                return True
+        return False
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -206,11 +206,16 @@ async def _until(
 async def round_trip_fyrehose(t: Target) -> None:
     """KEEPALIVE to its KEEPALIVE-ACK, then a unique PUSH to its DELIVER, on a fresh socket."""
     loop = asyncio.get_running_loop()
+    broker = (t.host, t.ports["fyrehose"])  # before the socket: a KeyError must not leak it
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
-    sock.bind(("127.0.0.1", 0))
-    sock.connect((t.host, t.ports["fyrehose"]))
-    transport, inbox = await loop.create_datagram_endpoint(_Inbox, sock=sock)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        sock.bind(("127.0.0.1", 0))
+        sock.connect(broker)
+        transport, inbox = await loop.create_datagram_endpoint(_Inbox, sock=sock)
+    except BaseException:
+        sock.close()
+        raise
     try:
         async with asyncio.timeout(ROUND_TRIP_SECONDS - 2):
             host, port = sock.getsockname()

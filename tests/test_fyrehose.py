@@ -536,3 +536,19 @@ def test_the_fyrehose_table_and_flag(tmp_path: Path) -> None:
     assert settings_from_args(["--fyrehose", "0.0.0.0:0"]).fyrehose.listen == "0.0.0.0:0"
     opened = Settings(fyrehose=Fyrehose(listen="0.0.0.0:7"))
     assert opened.open_to_anyone() == ["0.0.0.0"]
+
+
+async def test_the_listener_asks_for_large_socket_buffers(fh: Broker) -> None:
+    # A burst of PUSHes past the kernel's default receive buffer is lost before it is
+    # sequenced, where nobody can ask for it again; the listener asks for more (the kernel
+    # grants up to net.core.rmem_max, and Linux reports twice what it granted).
+    limit = int(Path("/proc/sys/net/core/rmem_max").read_text())
+    if limit < 1 << 20:
+        pytest.skip(f"net.core.rmem_max is {limit}: no larger buffer to be had")
+    (endpoint,) = [
+        e
+        for e in fh.listeners._endpoints
+        if e.get_extra_info("sockname")[1] == fyrehose_address(fh)[1]
+    ]
+    sock = endpoint.get_extra_info("socket")
+    assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= 2 * min(limit, 8 << 20) - 1
