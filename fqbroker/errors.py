@@ -14,6 +14,7 @@
     ├── LogFormatError       a disk queue's directory holds no segment log this version reads
     ├── ClientError          a broker refused the client; .text is its exact error text
     │   └── ClientClosed     the client is closed (also a ConnectionError)
+    │       └── FyrehoseClosed  the fyrehose client is closed (clients/fyrehose)
     ├── BrokerError          a replay request was refused or found no broker; .text
     │   └── DataLost         records asked for are no longer stored; .first is the oldest
     └── DataLossError        Spark: offsets a query needs are gone (also a RuntimeError)
@@ -54,6 +55,7 @@ __all__ = [
     "FiggProtocolError",
     "FqError",
     "FrameTooLarge",
+    "FyrehoseClosed",
     "FyrehoseProtocolError",
     "LogFormatError",
     "ProgramError",
@@ -146,6 +148,13 @@ class ClientError(FqError):
 
 class ClientClosed(ClientError, ConnectionError):
     """The client is closed (or lost its connection with ``reconnect=False``)."""
+
+
+class FyrehoseClosed(ClientClosed):
+    """The fyrehose client is closed: ``next()`` and ``publish()`` have nothing more."""
+
+    def __init__(self, text: str = "fyrehose client is closed") -> None:
+        super().__init__(text)
 
 
 class BrokerError(FqError):
