@@ -47,6 +47,11 @@ def _fqd_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         help="serve retained topics to Figg clients here (off by default; port 0 picks one)",
     )
+    p.add_argument(
+        "--fyrehose",
+        metavar="ADDR:PORT",
+        help="serve the fyrehose backbone over UDP here (off by default; port 0 picks one)",
+    )
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: TLS on the main port")
     p.add_argument("--tls-key", type=Path, help="PEM private key (default: in --tls-cert)")
     p.add_argument(
@@ -84,6 +89,8 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
         settings.lumberjack = settings.lumberjack.updated({"listen": args.lumberjack})
     if args.figg is not None:
         settings.figg = settings.figg.updated({"listen": args.figg})
+    if args.fyrehose is not None:
+        settings.fyrehose = settings.fyrehose.updated({"listen": args.fyrehose})
     if args.modules:
         settings.modules = [*settings.modules, *args.modules]
     return settings
@@ -118,6 +125,9 @@ async def _run(settings: Settings) -> None:
     figg = broker.front_ends.get("figg")
     if figg is not None and figg.address is not None:
         print(f"Figg listening on port: {figg.address[1]}", file=sys.stderr, flush=True)
+    fyrehose = broker.front_ends.get("fyrehose")
+    if fyrehose is not None and fyrehose.address is not None:
+        print(f"fyrehose listening on port: {fyrehose.address[1]}", file=sys.stderr, flush=True)
     stop = broker.shutdown_requested
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "DEFAULT_PORT",
     "Figg",
+    "Fyrehose",
     "Lumberjack",
     "Settings",
     "TopicRetention",
@@ -27,6 +28,7 @@ __all__ = [
 DEFAULT_PORT = 8765
 LUMBERJACK_PORT = 5044  # the Beats convention, for a ``listen`` that names a host only
 FIGG_PORT = 8119  # the Figg seed's, for a ``listen`` that names a host only
+FYREHOSE_PORT = 2323  # the fyrehose seed's example port, for a ``listen`` naming a host only
 AUTH_MODES = ("none", "password")
 
 
@@ -288,6 +290,66 @@ class Figg:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Fyrehose:
+    """The ``[fyrehose]`` table: the fyrehose backbone's UDP listener (docs/fyrehose.md).
+
+    Off while ``listen`` is None (or empty in the TOML file). Every message on ``exchange``
+    gets the next sequence number and goes to every subscriber; the last
+    ``window_messages`` (at most ``window_bytes`` of data) are kept in memory to answer
+    REQUESTs, at most ``request_limit`` messages per REQUEST.
+    """
+
+    listen: str | None = None  # "HOST:PORT" or "PORT" (on ``bind``); 0 picks one; IPv4 only
+    exchange: str = "fyrehose"  # the fq exchange the stream is (PUSH publishes there)
+    route: str = "fyrehose"  # the route PUSHed messages are published with
+    window_messages: int = 65536  # messages kept to answer REQUESTs
+    window_bytes: int = 32 << 20  # and at most this much of their data
+    request_limit: int = 4096  # messages one REQUEST may ask for
+    max_subscribers: int = 1024  # past it, KEEPALIVEs are answered but not subscribed
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> Fyrehose:
+        """The ``[fyrehose]`` table of the TOML file; unknown keys are an error."""
+        if not isinstance(table, dict):
+            raise ValueError("fyrehose must be a table")
+        known = {f.name for f in fields(cls)}
+        if unknown := set(table) - known:
+            raise ValueError(f"unknown fyrehose setting(s): {', '.join(sorted(unknown))}")
+        return cls().updated(table)
+
+    def updated(self, values: Mapping[str, Any]) -> Fyrehose:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key, value in values.items():
+            if key not in out:
+                raise ValueError(f"unknown fyrehose setting {key!r}")
+            if key == "listen" and value == "":
+                value = None
+            out[key] = value
+        made = Fyrehose(**out)
+        made.check()
+        return made
+
+    def check(self) -> None:
+        """Raise ValueError for a setting the listener cannot work with."""
+        if self.listen is not None and not isinstance(self.listen, str):
+            raise ValueError("fyrehose listen must be a string")
+        for name in ("exchange", "route"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not 0 < len(value.encode()) <= 127:
+                raise ValueError(f"fyrehose {name} must be a string of 1 to 127 bytes")
+        for name in ("window_messages", "window_bytes", "request_limit", "max_subscribers"):
+            _positive(f"fyrehose {name}", getattr(self, name))
+        if self.listen:
+            host, _ = self.address("127.0.0.1") or ("", 0)
+            if host.startswith("[") or ":" in host:
+                raise ValueError(f"fyrehose listen {self.listen!r}: the protocol is IPv4 only")
+
+    def address(self, bind: str) -> tuple[str, int] | None:
+        """Where to listen, or None when off; a bare port listens on the broker's ``bind``."""
+        return listen_address("fyrehose", self.listen or "", bind, FYREHOSE_PORT)
+
+
 @dataclass(slots=True)
 class Settings:
     port: int = DEFAULT_PORT
@@ -327,6 +389,8 @@ class Settings:
     lumberjack: Lumberjack = field(default_factory=Lumberjack)  # off until ``listen`` is set
     # --- P11 retained topics and the Figg listener (docs/topics.md) ---
     figg: Figg = field(default_factory=Figg)  # off until ``listen`` is set
+    # --- P13 the fyrehose backbone (docs/fyrehose.md) ---
+    fyrehose: Fyrehose = field(default_factory=Fyrehose)  # off until ``listen`` is set
     # --- P12 security (docs/security.md) ---
     auth: str = "none"  # "none": fq's behaviour, no password checked; "password": users
     allow_open_network: bool = False  # listen beyond loopback with auth = "none" anyway
@@ -342,7 +406,7 @@ class Settings:
         values = dict(data.get("fqd", data))
         if "fqd" in data:
             # Tables of their own beside [fqd].
-            for table in ("upstream", "lumberjack", "figg"):
+            for table in ("upstream", "lumberjack", "figg", "fyrehose"):
                 if table in data:
                     values[table] = data[table]
         return cls().updated(values)
@@ -367,6 +431,8 @@ class Settings:
                 if not isinstance(value, dict):
                     raise ValueError("figg must be a table")
                 value = Figg.from_table(value)
+            elif name == "fyrehose" and not isinstance(value, Fyrehose):
+                value = Fyrehose.from_table(value)
             setattr(out, name, value)
         out.check()
         return out
@@ -400,7 +466,11 @@ class Settings:
         if self.auth != "none":
             return []
         wanted = [self.bind]
-        for address in (self.lumberjack.address(self.bind), self.figg.address(self.bind)):
+        for address in (
+            self.lumberjack.address(self.bind),
+            self.figg.address(self.bind),
+            self.fyrehose.address(self.bind),
+        ):
             if address is not None:
                 wanted.append(address[0])
         return [host for host in dict.fromkeys(wanted) if not is_loopback(host)]

@@ -126,8 +126,8 @@ async def echo_round_trip(port: int, data: bytes, **tls: Any) -> None:
 async def test_the_default_table_lists_fq_and_http_on_the_main_port(broker: Broker) -> None:
     consumer = await open_session(broker.port, b"fe-reader", b"fe-q")
     fes = await front_ends_json(broker)
-    assert list(fes) == ["fq-command", "fq-data", "http", "lumberjack", "figg"]
-    for own in ("lumberjack", "figg"):
+    assert list(fes) == ["fq-command", "fq-data", "http", "lumberjack", "figg", "fyrehose"]
+    for own in ("lumberjack", "figg", "fyrehose"):
         assert fes.pop(own)["port"] is None  # a port of its own, off until configured
     for fe in fes.values():
         assert fe["transport"] == "main" and fe["port"] == broker.port

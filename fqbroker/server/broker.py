@@ -39,6 +39,7 @@ from fqbroker.storage.topics import Topics
 from fqbroker.storage.users import Users
 
 if TYPE_CHECKING:
+    from fqbroker.frontends.fyrehose.endpoint import FyrehoseHost
     from fqbroker.frontends.http.host import HttpHost
     from fqbroker.frontends.lumberjack.session import LumberjackHost
 
@@ -47,9 +48,9 @@ __all__ = ["Broker"]
 log = logging.getLogger(__name__)
 
 # Front ends whose protocol has no login: under auth = "password" too, whoever reaches
-# their port may publish (lumberjack) or read topics (figg); a firewall or loopback
-# keeps them private (docs/security.md).
-UNAUTHENTICATED = frozenset({"lumberjack", "figg"})
+# their port may publish (lumberjack, fyrehose) or read topics (figg) and the stream
+# (fyrehose); a firewall or loopback keeps them private (docs/security.md).
+UNAUTHENTICATED = frozenset({"lumberjack", "figg", "fyrehose"})
 
 
 class Broker:
@@ -214,3 +215,6 @@ if TYPE_CHECKING:
 
     def _serves_lumberjack(broker: Broker) -> LumberjackHost:
         return broker  # and the Lumberjack listener's
+
+    def _serves_fyrehose(broker: Broker) -> FyrehoseHost:
+        return broker  # and the fyrehose listener's

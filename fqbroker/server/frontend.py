@@ -85,7 +85,7 @@ class LiveFrontEnd:
     broker's one map cost before.
     """
 
-    __slots__ = ("address", "connections", "counters", "spec", "tasks", "tls")
+    __slots__ = ("address", "connections", "counters", "spec", "state", "tasks", "tls")
 
     def __init__(self, spec: FrontEnd[Any]) -> None:
         self.spec = spec
@@ -100,6 +100,9 @@ class LiveFrontEnd:
         # Whether its port speaks TLS: a front end that may (``OwnPort.tls``) does once
         # the settings gave it a context; until it starts, whether it may.
         self.tls: bool | None = None
+        # The front end's own running state, for stats to read (the fyrehose listener's
+        # Backbone); None for front ends whose state is their connections'.
+        self.state: object | None = None
 
     @property
     def name(self) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from fqbroker.frontends.figg import frontend as figg
 from fqbroker.frontends.fq import frontend as fq
+from fqbroker.frontends.fyrehose import frontend as fyrehose
 from fqbroker.frontends.http import frontend as http
 from fqbroker.frontends.lumberjack import frontend as lumberjack
 from fqbroker.server.frontend import FrontEnd, preambles
@@ -35,6 +36,7 @@ FRONT_ENDS: tuple[FrontEnd[Any], ...] = (
     http.HTTP,
     lumberjack.LUMBERJACK,
     figg.FIGG,
+    fyrehose.FYREHOSE,
 )
 
 _CLAIMS = preambles(FRONT_ENDS)

@@ -1,0 +1,297 @@
+"""The fyrehose listener's asyncio shell: one UDP endpoint and the router target behind it.
+
+The backbone's state and rules are :mod:`.backbone`'s (sans I/O); this module moves
+datagrams in and out:
+
+* **In.** Each datagram is decoded (:func:`.wire.decode`); one the codec refuses is
+  dropped and counted ``malformed``, never answered and never logged (a UDP flood must
+  not fill the log). A PUSH becomes one fq message on ``[fyrehose] exchange`` with
+  ``route``, sender ``fyrehose/ip:port`` and our node id as its hop, published through
+  the listener's :class:`~fqbroker.core.publisher.Publisher` like every front end's
+  messages. KEEPALIVE and REQUEST go to the backbone, whose answers are sent here.
+  DELIVER, FORWARD and KEEPALIVE-ACK are clients' datagrams: counted ``unexpected``.
+* **The stream.** :class:`FyrehoseSink`, bound with ``prefix:""`` on the exchange straight
+  on the router (never persisted), gets every message published there: PUSHes, fq
+  clients' publishes, peers'. It gives each the next sequence number and sends its
+  DELIVER to every live subscriber. A PUSH therefore reaches subscribers the same way an
+  fq publish does, and nothing the sink sends comes back in: no loop.
+* **Congestion.** UDP has no flow control. While the transport's send buffer is full
+  (``pause_writing``), DELIVERs are dropped and counted ``congested``: subscribers find
+  the gap by sequence and request it. While a block-policy queue on the exchange is full,
+  the publisher waits for room and PUSHes are dropped and counted ``busy`` meanwhile: a
+  publishing client sends again when its PUSH does not come back.
+* **Lifetime.** ``connection_made`` binds the sink; ``connection_lost`` (the broker
+  stopping) unbinds it and writes the exact next sequence (:mod:`.sequence`), so a clean
+  restart goes on without a gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol, cast
+
+from fqbroker.core.frames import ID_SIZE, encode_peer
+from fqbroker.errors import FyrehoseProtocolError
+from fqbroker.frontends.fyrehose import wire
+from fqbroker.frontends.fyrehose.backbone import Address, Backbone, Out
+from fqbroker.frontends.fyrehose.sequence import LEASE, SequenceFile
+
+if TYPE_CHECKING:
+    from fqbroker.config import Settings
+    from fqbroker.core.message import MsgIdCounter, Run
+    from fqbroker.core.publisher import Publisher
+    from fqbroker.core.router import ClientStats, Router
+    from fqbroker.server.frontend import LiveFrontEnd
+
+__all__ = ["SINK_PROGRAM", "FyrehoseEndpoint", "FyrehoseHost", "FyrehoseSink", "payload_of"]
+
+log = logging.getLogger(__name__)
+
+SINK_PROGRAM = b'prefix:""'  # the sink's binding: every route of the exchange
+RETRY_LEASE = 1024  # numbers given before a lease that could not be written is tried again
+
+
+class FyrehoseHost(Protocol):
+    """What the fyrehose listener needs of the broker that runs it."""
+
+    node_id: bytes
+    settings: Settings
+    router: Router
+    msgids: MsgIdCounter
+
+    def make_publisher(self, stats: ClientStats | None = None) -> Publisher: ...
+
+
+def payload_of(frame: bytes) -> bytes:
+    """The payload of a whole peer frame (what :func:`~fqbroker.core.frames.peer_fields`
+    finds last, without making the other five)."""
+    at = 1 + frame[0]  # past the exchange
+    at += 1 + frame[at] + ID_SIZE  # the route and the message id
+    at += 1 + frame[at]  # the sender
+    at += 1 + 4 * frame[at]  # the hops
+    return frame[at + 4 :]
+
+
+def sender_for(address: Address) -> bytes:
+    """``b"fyrehose/ip:port"``: who PUSHed a message, as fq consumers see it."""
+    return f"fyrehose/{address[0]}:{address[1]}".encode()
+
+
+class FyrehoseSink:
+    """The router target that sequences every message on the exchange and sends it to
+    the live subscribers. Never full, never blocks: UDP cannot wait for anyone."""
+
+    blocks = False
+    name = b"(fyrehose)"  # not a queue: what stats and the web UI show for its binding
+
+    def __init__(self, endpoint: FyrehoseEndpoint) -> None:
+        self.endpoint = endpoint
+
+    @property
+    def room(self) -> int:
+        return 1 << 62
+
+    @property
+    def room_bytes(self) -> int:
+        return 1 << 62
+
+    @property
+    def is_full(self) -> bool:
+        return False
+
+    def takes(self, frames: list[bytes]) -> int:
+        return len(frames)
+
+    async def wait_not_full(self) -> None:
+        return None
+
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
+        endpoint = self.endpoint
+        backbone = endpoint.backbone
+        targets = backbone.targets(endpoint.now())  # one clock read per batch
+        sequence = backbone.sequence_message
+        sendto = endpoint.sendto
+        congested = endpoint.congested
+        taken = 0
+        for frame in frames:
+            datagram = sequence(payload_of(frame))
+            if datagram is None:
+                continue  # over MAX_DATA: counted too_large
+            taken += 1
+            if congested:
+                continue
+            for target in targets:
+                sendto(datagram, target)
+        if targets:
+            if congested:
+                backbone.dropped["congested"] += taken * len(targets)
+            else:
+                backbone.delivered += taken * len(targets)
+        return taken
+
+
+class FyrehoseEndpoint(asyncio.DatagramProtocol):
+    """The listener's UDP endpoint: decode, publish, answer, deliver."""
+
+    def __init__(
+        self, host: FyrehoseHost, live: LiveFrontEnd, backbone: Backbone, file: SequenceFile
+    ) -> None:
+        self.host = host
+        self.live = live
+        self.backbone = backbone
+        self.file = file
+        settings = host.settings.fyrehose
+        self.exchange = settings.exchange.encode()
+        self.route = settings.route.encode()
+        self.publisher = host.make_publisher()
+        self.sink = FyrehoseSink(self)
+        self.transport: asyncio.DatagramTransport | None = None
+        self.now: Callable[[], float] = asyncio.get_running_loop().time
+        self.congested = False  # the send buffer is full: DELIVERs are dropped
+        self._waiting: asyncio.Task[None] | None = None  # the publisher waits for room
+        self._lifetime: asyncio.Task[None] | None = None
+        self._runs: list[Run] = []  # this loop turn's PUSHes
+        self._octets = 0
+        self.closed = False
+
+    # --- protocol -------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Not always a DatagramTransport subclass (the selector loop's is not), but one.
+        self.transport = cast(asyncio.DatagramTransport, transport)
+        self.live.state = self.backbone
+        self.host.router.bind(self.exchange, SINK_PROGRAM, self.sink)
+        self._lifetime = asyncio.get_running_loop().create_task(self._until_stopped())
+        self.live.track(self._lifetime)
+
+    async def _until_stopped(self) -> None:
+        # The broker cancels its front ends' tasks when it stops, before it closes the
+        # queues and returns; connection_lost comes only some loop turns after the
+        # endpoint is closed. Closing here makes the final sequence write happen before
+        # stop() returns (tests and fqd read the file right after).
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.close()
+
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        self.live.counters.datagrams += 1  # type: ignore[operator]  # set for Datagrams
+        backbone = self.backbone
+        try:
+            d = wire.decode(data)
+        except FyrehoseProtocolError:
+            backbone.dropped["malformed"] += 1
+            return
+        source = (addr[0], addr[1])
+        if isinstance(d, wire.Push):
+            self._push(d.data, source)
+        elif isinstance(d, wire.Keepalive):
+            self._send(backbone.keepalive(d, source, self.now()))
+        elif isinstance(d, wire.Request):
+            self._send(backbone.request(d, source, self.now()))
+        else:
+            backbone.dropped["unexpected"] += 1
+
+    def error_received(self, exc: Exception) -> None:
+        # An ICMP error for something we sent (a subscriber gone, port unreachable): UDP
+        # is fire and forget, and the subscriber expires on its own.
+        pass
+
+    def pause_writing(self) -> None:
+        self.congested = True
+
+    def resume_writing(self) -> None:
+        self.congested = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Unbind, stop publishing and write the exact next sequence (a clean stop)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.host.router.unbind_queue(self.sink)
+        for task in (self._waiting, self._lifetime):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        self._waiting = self._lifetime = None
+        self.publisher.close()
+        try:
+            self.file.write(self.backbone.sequence + 1)
+        except OSError as exc:
+            # The lease on disk stands: the next start skips to it, reusing nothing.
+            log.error("fyrehose: cannot write %s at stop: %s", self.file.path, exc)
+
+    # --- out ------------------------------------------------------------------------------
+
+    def sendto(self, datagram: bytes, address: Address) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        try:  # noqa: SIM105  (per datagram: a try costs nothing, a context manager does)
+            transport.sendto(datagram, address)
+        except OSError:
+            pass  # an address no datagram can go to (a KEEPALIVE may name any)
+
+    def _send(self, out: list[Out]) -> None:
+        sendto = self.sendto
+        for datagram, address in out:
+            if self.congested and datagram[0] == wire.DELIVER:
+                self.backbone.dropped["congested"] += 1
+                continue
+            sendto(datagram, address)
+
+    # --- in -------------------------------------------------------------------------------
+
+    def _push(self, data: bytes, source: Address) -> None:
+        backbone = self.backbone
+        if self._waiting is not None or self.closed:
+            backbone.dropped["busy"] += 1
+            return
+        host = self.host
+        frame = encode_peer(
+            self.exchange, self.route, host.msgids.next(), sender_for(source), host.node_id, data
+        )
+        backbone.pushed += 1
+        # The PUSHes of one loop turn are published as one run: the publisher's cost per
+        # call (flushing, counting) is paid once for a burst, as a stream read's is.
+        runs = self._runs
+        if not runs:
+            asyncio.get_running_loop().call_soon(self._publish)
+        head = len(frame) - len(data)  # a run's frames share their head's size
+        if runs and runs[-1][3] == head:
+            runs[-1][2].append(frame)
+        else:
+            runs.append((self.exchange, self.route, [frame], head))
+        self._octets += len(frame)
+
+    def _publish(self) -> None:
+        runs, octets = self._runs, self._octets
+        self._runs, self._octets = [], 0
+        if not runs or self.closed:
+            return
+        if not self.publisher.publish(runs, octets):
+            self._waiting = asyncio.get_running_loop().create_task(self._finish())
+            self.live.track(self._waiting)
+
+    async def _finish(self) -> None:
+        await self.publisher.finish()
+        self._waiting = None
+
+
+def renewer(file: SequenceFile) -> Callable[[int], int]:
+    """The backbone's ``renew``: a new lease from ``seq`` on. A lease that cannot be
+    written is logged and tried again a little later; the numbers go on meanwhile (the
+    subscribers' stream matters more than a crash during a full disk)."""
+
+    def renew(seq: int) -> int:
+        try:
+            return file.lease(seq)
+        except OSError as exc:
+            log.error("fyrehose: cannot write the sequence lease to %s: %s", file.path, exc)
+            return seq + min(RETRY_LEASE, LEASE)
+
+    return renew

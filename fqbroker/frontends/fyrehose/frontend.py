@@ -1,0 +1,50 @@
+"""The fyrehose listener as a front end of the table: a UDP port of its own, off until
+``[fyrehose] listen`` (or ``fqd --fyrehose``) names an address (docs/fyrehose.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fqbroker.config import Settings
+from fqbroker.frontends.fyrehose.backbone import Backbone
+from fqbroker.frontends.fyrehose.endpoint import FyrehoseEndpoint, FyrehoseHost, renewer
+from fqbroker.frontends.fyrehose.sequence import SequenceFile, SequenceFileError
+from fqbroker.server.frontend import Datagrams, FrontEnd, LiveFrontEnd
+
+__all__ = ["FYREHOSE"]
+
+
+def _address(settings: Settings) -> tuple[str, int] | None:
+    return settings.fyrehose.address(settings.bind)
+
+
+def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
+    settings = host.settings.fyrehose
+    file = SequenceFile.under(host.settings.queue_dir)
+    first = file.read()  # SequenceFileError: fqd says why in one line and exits
+    try:
+        # The same number again: a start that fails (its port taken) skips none, and a
+        # directory that cannot be written stops fqd now rather than at the first message.
+        # The first message takes the lease (Backbone renews at ``lease``).
+        file.write(first)
+    except OSError as exc:
+        raise SequenceFileError(
+            f"fyrehose sequence file {file.path} cannot be written: {exc.strerror or exc}"
+        ) from None
+    backbone = Backbone(
+        next_sequence=first,
+        window_messages=settings.window_messages,
+        window_bytes=settings.window_bytes,
+        request_limit=settings.request_limit,
+        max_subscribers=settings.max_subscribers,
+        renew=renewer(file),
+        lease=first,
+    )
+    return FyrehoseEndpoint(host, live, backbone, file)
+
+
+FYREHOSE: FrontEnd[Any] = FrontEnd(
+    name="fyrehose",
+    reach=Datagrams(_address, _open),
+    summary="fyrehose (seed 000): sequenced UDP pub/sub with gap recovery, bridged to an exchange",
+)

@@ -1,0 +1,105 @@
+"""The fyrehose sequence across restarts: ``<queue_dir>/fyrehose/sequence``.
+
+Subscribers hold the numbers they were sent; a broker that started again at 1 would
+have them drop every new message as a duplicate, or worse, take a new message for an old
+one. So the file holds one decimal number, the next sequence the broker may give, and
+is written durably (a temporary file, fsync, rename, fsync of the directory):
+
+* while running it holds a **lease**: the next number plus :data:`LEASE`, written before
+  the lease is used up. After a crash the broker starts at the lease, above every number
+  it ever sent, so no number is given twice (a gap of at most ``LEASE`` numbers, which
+  subscribers request and are told nobody has);
+* a clean stop writes the exact next number, so after it the sequence goes on without
+  a gap.
+
+A file that is there but cannot be read, or does not hold a number, is a startup error
+(:class:`SequenceFileError`, a ValueError, so fqd prints one line and exits): starting
+again at 1 would be exactly the silent reuse the file exists to prevent. The operator
+restores it, or writes a number above every sequence subscribers hold into it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Final
+
+from fqbroker.frontends.fyrehose import wire
+
+__all__ = ["LEASE", "SequenceFile", "SequenceFileError"]
+
+LEASE: Final = 65536  # numbers a running broker may give before it writes the file again
+# The highest number a start may begin at: 48 bits hold 281 trillion messages, so this only
+# refuses a file someone wrote by hand, whose numbers would run out within a lease.
+LAST_START: Final = wire.MAX_SEQUENCE - LEASE
+
+
+class SequenceFileError(ValueError):
+    """The sequence file is there but unusable; the listener does not start."""
+
+
+class SequenceFile:
+    """The file one listener keeps its next sequence number in."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @classmethod
+    def under(cls, queue_dir: Path) -> SequenceFile:
+        return cls(Path(queue_dir) / "fyrehose" / "sequence")
+
+    def read(self) -> int:
+        """The next sequence to give: the file's number, or 1 when there is no file."""
+        try:
+            text = self.path.read_bytes()
+        except FileNotFoundError:
+            return 1
+        except OSError as exc:
+            raise self._error(f"cannot be read ({exc.strerror or exc})") from None
+        word = text.strip()
+        if not word.isdigit() or len(word) > 20:
+            shown = text[:40].decode("ascii", "backslashreplace")
+            raise self._error(f"does not hold a sequence number (it holds {shown!r})")
+        if not 1 <= int(word) <= LAST_START:
+            raise self._error(f"holds {int(word)}, not a number from 1 to {LAST_START}")
+        return int(word)
+
+    def _error(self, what: str) -> SequenceFileError:
+        return SequenceFileError(
+            f"fyrehose sequence file {self.path} {what}: the listener will not start and "
+            "risk giving subscribers numbers they already hold; restore the file, or write "
+            "into it a number above every sequence your subscribers have seen"
+        )
+
+    def write(self, next_sequence: int) -> None:
+        """Make ``next_sequence`` the file's number, durably; OSError if it cannot be."""
+        directory = self.path.parent
+        if not directory.is_dir():
+            directory.mkdir(parents=True, exist_ok=True)
+            _fsync(directory.parent)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, f"{next_sequence}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        _fsync(directory)
+
+    def lease(self, next_sequence: int) -> int:
+        """Write a lease for the numbers from ``next_sequence`` on; the first number past
+        it (the next that needs a new lease)."""
+        end = next_sequence + LEASE
+        self.write(end)
+        return end
+
+
+def _fsync(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):  # some file systems refuse to sync a directory
+            os.fsync(fd)
+    finally:
+        os.close(fd)
