@@ -3,15 +3,26 @@ and events out), then the asyncio shell against a real broker on loopback."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import socket
+
 import pytest
 
+from fqbroker.clients.fyrehose import FyrehoseClient
 from fqbroker.clients.fyrehosemachine import (
     Confirmed,
     Delivered,
     FyrehoseMachine,
     Lost,
 )
+from fqbroker.config import Settings
+from fqbroker.errors import FyrehoseClosed
 from fqbroker.frontends.fyrehose import wire
+
+from .conftest import TIMEOUT, wait_for
+from .procs import Proc
+from .test_fyrehose_loss import backbone, fyrehose_address
 
 BROKER = ("127.0.0.1", 2323)
 TOKEN = bytes(range(16))
@@ -281,3 +292,130 @@ def test_a_client_that_does_not_subscribe_confirms_at_once() -> None:
         m.publish(bytes(wire.MAX_DATA + 1), 0.0)
     deliver(m, 1)
     assert events(m) == [] and m.stats.unexpected == 1
+
+
+# --- the asyncio shell against a real broker ------------------------------------------------
+
+
+async def test_publish_returns_the_sequence_and_subscribers_get_the_stream(
+    settings: Settings,
+) -> None:
+    async with backbone(settings) as (broker, state):
+        host, port = fyrehose_address(broker)
+        sub = await FyrehoseClient.connect(host, port)
+        pub = await FyrehoseClient.connect(host, port)
+        quiet = await FyrehoseClient.connect(host, port, subscribe=False)
+        try:
+            assert sub.local_address[0] == "127.0.0.1" and sub.local_address[1] > 0
+            async with asyncio.timeout(TIMEOUT):
+                assert await pub.publish(b"one") == 1
+                assert await asyncio.gather(pub.publish_nowait(b"two"), pub.publish(b"two")) == [
+                    2,
+                    3,
+                ]
+                assert await quiet.publish(b"four") is None  # it cannot see its echo
+                got = [await sub.next() for _ in range(4)]
+                assert [await pub.next() for _ in range(4)] == got
+            assert got == [
+                Delivered(1, b"one"),
+                Delivered(2, b"two"),
+                Delivered(3, b"two"),
+                Delivered(4, b"four"),
+            ]
+            assert state.sequence == 4 and sub.lost == [] and quiet.backlog == 0
+            assert {s.port for s in state.subscribers()} == {
+                sub.local_address[1],
+                pub.local_address[1],
+            }
+        finally:
+            for c in (sub, pub, quiet):
+                await c.close()
+
+
+async def test_start_reads_the_history_from_the_window(settings: Settings) -> None:
+    async with backbone(settings) as (broker, state):
+        host, port = fyrehose_address(broker)
+        async with await FyrehoseClient.connect(host, port) as pub, asyncio.timeout(TIMEOUT):
+            for i in range(300):
+                assert await pub.publish(b"h%d" % i) == i + 1
+        async with await FyrehoseClient.connect(host, port, start=101) as late:
+            async with asyncio.timeout(TIMEOUT):
+                got = [await late.next() for _ in range(200)]
+        assert got == [Delivered(seq, b"h%d" % (seq - 1)) for seq in range(101, 301)]
+        assert state.served >= 200
+
+
+async def test_close_unsubscribes_at_once_and_ends_everything(settings: Settings) -> None:
+    async with backbone(settings) as (broker, state):
+        host, port = fyrehose_address(broker)
+        client = await FyrehoseClient.connect(host, port, publish_timeout=60.0)
+        assert len(state.subscribers()) == 1
+        reader = asyncio.create_task(client.next())
+        await asyncio.sleep(0)
+        await client.close()
+        await wait_for(lambda: state.subscribers() == [])
+        with pytest.raises(FyrehoseClosed):
+            await reader
+        with pytest.raises(FyrehoseClosed):
+            client.publish_nowait(b"late")
+        assert [m async for m in client] == []
+        await client.close()  # twice is fine
+
+
+async def test_no_broker_is_a_timeout() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as hole:
+        hole.bind(("127.0.0.1", 0))  # bound, never answers
+        port = hole.getsockname()[1]
+        with pytest.raises(TimeoutError):
+            await FyrehoseClient.connect("127.0.0.1", port, connect_timeout=0.3)
+
+
+# --- the console script -------------------------------------------------------------------
+
+
+async def fyrehose_cli(procs: list[Proc], port: int, *args: str, stdin: bool = False) -> Proc:
+    proc = await Proc.start(
+        "-m", "fqbroker.clients.fyrehosetool", "--port", str(port), *args,
+        stdin=asyncio.subprocess.PIPE if stdin else None,
+    )  # fmt: skip
+    procs.append(proc)
+    return proc
+
+
+async def test_fyrehose_push_and_sub(settings: Settings, procs: list[Proc]) -> None:
+    async with backbone(settings) as (broker, _):
+        _, port = fyrehose_address(broker)
+        lines = b"first\nsecond line\n\xff\xfe not utf-8\nlast without newline"
+        push = await fyrehose_cli(procs, port, "push", stdin=True)
+        async with asyncio.timeout(TIMEOUT):
+            status, _, err = await push.finish(lines)
+        assert status == 0, err
+        assert "pushed 4 messages" in err and "Traceback" not in err
+        sub = await fyrehose_cli(procs, port, "sub", "--json", "--start", "1", "--count", "4")
+        async with asyncio.timeout(TIMEOUT):
+            status, out, err = await sub.finish()
+        assert status == 0, err
+        assert [json.loads(line) for line in out.splitlines()] == [
+            {"seq": 1, "data": "first"},
+            {"seq": 2, "data": "second line"},
+            {"seq": 3, "data": "//4gbm90IHV0Zi04", "base64": True},
+            {"seq": 4, "data": "last without newline"},
+        ]
+        plain = await fyrehose_cli(procs, port, "sub", "--start", "2", "--count", "1")
+        async with asyncio.timeout(TIMEOUT):
+            status, out, err = await plain.finish()
+        assert (status, out) == (0, b"second line\n"), err
+
+
+async def test_fyrehose_tool_errors_are_one_line(procs: list[Proc]) -> None:
+    bad = await fyrehose_cli(procs, 2323, "sub", "--start", "0")
+    async with asyncio.timeout(TIMEOUT):
+        status, _, err = await bad.finish()
+    assert status == 2 and "--start: '0' is not a sequence" in err and "Traceback" not in err
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as hole:
+        hole.bind(("127.0.0.1", 0))
+        nobody = await fyrehose_cli(procs, hole.getsockname()[1], "sub")
+        async with asyncio.timeout(TIMEOUT):
+            status, _, err = await nobody.finish()
+    assert status == 1 and err.strip().count("\n") == 0, err
+    assert "no answer from 127.0.0.1" in err
