@@ -12,7 +12,8 @@ this one.
 
 Settings the runs do not know about yet (limits and budgets that other parts of the broker
 add) pass through: ``settings`` become lines of the ``[fqd]`` table of the TOML file the
-broker is started with, ``extra_args`` are appended to its command line.
+broker is started with, ``tables`` other tables of it, ``extra_args`` are appended to its
+command line.
 """
 
 from __future__ import annotations
@@ -169,14 +170,26 @@ def own_port_args() -> list[str]:
     """The flags that turn on the front ends of ports of their own, which the runs reach
     through bench/frontends.py like the others: each on a fixed free port, so that a broker
     restarted after kill -9 listens where it did."""
-    return ["--lumberjack", f"127.0.0.1:{free_port()}", "--figg", f"127.0.0.1:{free_port()}"]
+    return [
+        "--lumberjack", f"127.0.0.1:{free_port()}",
+        "--figg", f"127.0.0.1:{free_port()}",
+        "--fyrehose", f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}",
+    ]  # fmt: skip
+
+
+# The fyrehose window is memory by design (32 MiB of data by default): a small one is full
+# long before the fuzzer's warm-up sample, so RSS stays flat after it, and REQUESTs for
+# evicted ranges (FORWARDs) are fuzzed too.
+OWN_PORT_TABLES = {"fyrehose": {"window_bytes": str(1 << 20)}}
 
 
 def broker_from(args: argparse.Namespace, state: Path) -> Broker:
     extra = list(args.fqd_arg)
+    tables: dict[str, dict[str, str]] = {}
     if "--lumberjack" not in extra:
         extra += own_port_args()
-    return Broker(state, dict(args.setting), extra, root=args.broker_root)
+        tables = OWN_PORT_TABLES
+    return Broker(state, dict(args.setting), extra, root=args.broker_root, tables=tables)
 
 
 def parse_setting(text: str) -> tuple[str, str]:
@@ -206,6 +219,7 @@ class Broker:
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    tables: dict[str, dict[str, str]] = field(default_factory=dict)  # other TOML tables
 
     def __post_init__(self) -> None:
         self.state = self.state.resolve()  # the broker may run in another directory
@@ -225,6 +239,8 @@ class Broker:
     def command(self) -> list[str]:
         config = self.state / "fqd.toml"
         lines = ["[fqd]"] + [f"{k} = {v}" for k, v in self.settings.items()]
+        for name, table in self.tables.items():
+            lines += [f"[{name}]"] + [f"{k} = {v}" for k, v in table.items()]
         config.write_text("\n".join(lines) + "\n")
         return [
             sys.executable, "-m", "fqbroker", "--config", str(config),

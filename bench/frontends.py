@@ -29,7 +29,11 @@ And on a port of its own, which every broker child turns on (bench/child.py
   ``logging`` exchange;
 * ``figg``: Figg frames (ATTACH with and without an offset, PUBLISH runs, PING, DETACH;
   fqbroker/frontends/figg/wire.py), publishing into retained topics of the ``figg``
-  exchange and replaying them.
+  exchange and replaying them;
+* ``fyrehose``: over UDP, one datagram per frame, every datagram of
+  fqbroker/frontends/fyrehose/wire.py (PUSH and KEEPALIVE in both forms, REQUEST, and the
+  DELIVER, FORWARD and KEEPALIVE-ACK a broker never expects), mutated up to the largest
+  datagram; every address the fuzzer names stays on this machine (bench/fyrehosefuzz.py).
 """
 
 from __future__ import annotations
@@ -38,11 +42,9 @@ import asyncio
 import contextlib
 import json
 import random
-import socket
 import struct
-from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fqbroker.clients.client import Client, ClientError
 from fqbroker.core.message import Message
@@ -51,165 +53,19 @@ from fqbroker.frontends.fq import wire
 from fqbroker.frontends.lumberjack import encoder as lumberjack
 
 from .child import http_reply
+from .fuzzconn import NOTES, SEND_SECONDS, Conn, Target, connect_tcp, mutate_bytes
+from .fyrehosefuzz import fyrehose_frame, mutate_fyrehose, open_fyrehose, round_trip_fyrehose
 
-__all__ = ["FRONT_ENDS", "Conn", "FrontEnd", "Target", "mutate_bytes"]
-
-ROUND_TRIP_SECONDS = 20.0
-# What the round trips met that is a bug but not a failed round trip, counted by what.
-NOTES: Counter[str] = Counter()
-SEND_SECONDS = 10.0
-MAX_FRAME = 64 * 1024
-
-
-@dataclass
-class Target:
-    """Where the broker listens; a front end picks its own port from here."""
-
-    host: str
-    fq_port: int
-    ports: dict[str, int] = field(default_factory=dict)  # front ends' own ports, by name
-
-    @classmethod
-    async def of(cls, host: str, fq_port: int) -> Target:
-        """The broker's ports as its table of front ends has them (/frontends.json): the
-        main port, and each front end's own port by the front end's name."""
-        reader, writer = await asyncio.open_connection(host, fq_port)
-        try:
-            writer.write(b"GET /frontends.json HTTP/1.1\r\nHost: fuzz\r\n\r\n")
-            status, body = await http_reply(reader)
-        finally:
-            writer.close()
-        if status != 200:
-            raise AssertionError(f"/frontends.json: {status} {body[:200]!r}")
-        ports = {
-            fe["name"]: fe["port"]
-            for fe in json.loads(body)["frontends"]
-            if fe["transport"] != "main" and fe["port"] is not None
-        }
-        return cls(host, fq_port, ports)
-
-
-class Conn:
-    """One fuzzing session: bytes go out, whatever comes back is read and dropped.
-
-    ``holds`` are other connections that must stay open as long as this one (the command
-    socket a data socket is paired through). ``sent`` keeps every byte sent, for replays.
-    """
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader | None,
-        writer: asyncio.WriteTransport | asyncio.StreamWriter,
-        holds: list[Conn] | None = None,
-    ) -> None:
-        self.writer = writer
-        self.holds = holds or []
-        self.sent = bytearray()
-        self.eof = asyncio.Event()
-        name = writer.get_extra_info("sockname")
-        self.local_port = name[1] if isinstance(name, tuple) else 0
-        self._reader = asyncio.create_task(self._read(reader)) if reader is not None else None
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        with contextlib.suppress(ConnectionError, OSError):
-            while await reader.read(65536):
-                pass
-        self.eof.set()
-
-    @property
-    def closed_by_peer(self) -> bool:
-        return self.eof.is_set()
-
-    async def send(self, data: bytes) -> bool:
-        """Write ``data``; False once the broker has closed this session."""
-        if self.eof.is_set() or self.writer.is_closing():
-            return False
-        self.sent += data[: max(0, (1 << 20) - len(self.sent))]
-        if isinstance(self.writer, asyncio.StreamWriter):
-            self.writer.write(data)
-            try:
-                await asyncio.wait_for(self.writer.drain(), SEND_SECONDS)
-            except (ConnectionError, OSError, TimeoutError):
-                return False
-        else:
-            with contextlib.suppress(OSError):
-                self.writer.write(data)
-        return True
-
-    async def close(self, wait_eof: float = 0.0) -> None:
-        """Close; with ``wait_eof``, first half-close and wait that long for the broker's end."""
-        if (
-            wait_eof
-            and isinstance(self.writer, asyncio.StreamWriter)
-            and self.writer.can_write_eof()
-        ):
-            with contextlib.suppress(OSError):
-                self.writer.write_eof()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.eof.wait(), wait_eof)
-        for conn in [self, *self.holds]:
-            conn.writer.close()
-            if conn._reader is not None:
-                conn._reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                    await conn._reader
-
-
-class _Datagrams(asyncio.DatagramProtocol):
-    pass
-
-
-async def connect_tcp(host: str, port: int) -> Conn:
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), SEND_SECONDS)
-    with contextlib.suppress(OSError):
-        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return Conn(reader, writer)
-
-
-async def connect_udp(host: str, port: int) -> Conn:
-    """A UDP "session": every :meth:`Conn.send` is one datagram; nothing is read back."""
-    loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_datagram_endpoint(_Datagrams, remote_addr=(host, port))
-    return Conn(None, transport)  # type: ignore[arg-type]
-
-
-# --- mutation -----------------------------------------------------------------------------
-
-INTERESTING8 = (0x00, 0x01, 0x7F, 0x80, 0xFF)
-INTERESTING16 = (0x0000, 0x0001, 0x007F, 0x0080, 0x00FF, 0x0100, 0x03FF, 0x0400, 0x7FFF, 0xFFFF)
-INTERESTING32 = (0, 1, 0x7F, 0xFFFF, 0x0FFFFFFF, 0x10000000, 0x10000001, 0x7FFFFFFF, 0xFFFFFFFF)
-
-
-def mutate_bytes(rng: random.Random, data: bytes) -> bytes:
-    """One to a few byte-level mutations: flips, interesting values, inserts, cuts, splices."""
-    b = bytearray(data)
-    for _ in range(rng.choice((1, 1, 1, 2, 3, 6))):
-        if not b:
-            b += rng.randbytes(rng.randint(1, 16))
-            continue
-        i = rng.randrange(len(b))
-        op = rng.randrange(9)
-        if op == 0:
-            b[i] ^= 1 << rng.randrange(8)
-        elif op == 1:
-            b[i] = rng.choice(INTERESTING8)
-        elif op == 2:
-            b[i:i] = rng.randbytes(rng.randint(1, 32))
-        elif op == 3:
-            del b[i : i + rng.randint(1, 16)]
-        elif op == 4:
-            j = rng.randrange(len(b))
-            b[i:i] = b[j : j + rng.randint(1, 64)]
-        elif op == 5:
-            del b[i:]
-        elif op == 6:
-            b[i : i + 2] = struct.pack(">H", rng.choice(INTERESTING16))
-        elif op == 7:
-            b[i : i + 4] = struct.pack(">I", rng.choice(INTERESTING32))
-        else:
-            b += rng.randbytes(rng.randint(1, 64))
-    return bytes(b[:MAX_FRAME])
-
+__all__ = [
+    "FRONT_ENDS",
+    "NOTES",
+    "Conn",
+    "FrontEnd",
+    "Target",
+    "auth_key",
+    "connect_tcp",
+    "mutate_bytes",
+]
 
 # --- the fq command socket ----------------------------------------------------------------
 
@@ -623,6 +479,13 @@ async def round_trip_figg(t: Target) -> None:
             await writer.wait_closed()
 
 
+# --- fyrehose (bench/fyrehosefuzz.py) -----------------------------------------------------
+
+
+def _fyrehose_port(t: Target) -> int:
+    return t.ports["fyrehose"]
+
+
 # --- the table ----------------------------------------------------------------------------
 
 
@@ -657,4 +520,8 @@ FRONT_ENDS: list[FrontEnd] = [
         mutate_lumberjack, round_trip_lumberjack,
     ),
     FrontEnd("figg", "tcp", _figg_port, open_figg, figg_frame, mutate_figg, round_trip_figg),
+    FrontEnd(
+        "fyrehose", "udp", _fyrehose_port, open_fyrehose, fyrehose_frame, mutate_fyrehose,
+        round_trip_fyrehose,
+    ),
 ]  # fmt: skip

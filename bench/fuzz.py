@@ -8,8 +8,8 @@ sessions on the front ends of bench/frontends.py's table, each session with its 
 drawn from the run's seed: it opens (its opening bytes mutated in about 8% of sessions),
 then sends 1 to 1,000 frames in chunks, each frame valid or, with the session's mutation
 rate (0 to 30%), mutated. A chunk ends at a mutated frame, and a session ends when the
-broker closes it. A frame counts once its bytes were written to a socket the broker had
-not closed.
+broker closes it. Over UDP (fyrehose) every frame is a datagram of its own. A frame
+counts once its bytes were written to a socket the broker had not closed.
 
 Every ``--check-every`` frames, while the fuzzing goes on, each front end's normal round
 trip must succeed, and the broker's RSS and open descriptors are sampled from /proc. A
@@ -165,7 +165,7 @@ class Fuzz:
                 if bad or len(chunk) >= CHUNK or i == n - 1:
                     if count and not self.gate.is_set():
                         await self.gate.wait()
-                    if not await conn.send(b"".join(chunk)):
+                    if not await conn.send_frames(chunk):
                         if count:
                             self.closed_by_broker[fe.name] += 1
                         break
@@ -184,7 +184,7 @@ class Fuzz:
             # Half-close and wait for the broker's end: then it has read every frame sent
             # (or closed the session on one of them), and no byte is lost to a reset.
             await conn.close(wait_eof=EOF_SECONDS)
-            if count and not conn.closed_by_peer:
+            if count and not conn.datagrams and not conn.closed_by_peer:
                 self.undrained[fe.name] += 1
                 if len(self.undrained_seeds) < 10:
                     self.undrained_seeds.append((fe.name, seed))

@@ -54,8 +54,9 @@ def rss_bytes(pid: int, field: str = "VmRSS") -> int:
     raise RuntimeError(f"no {field}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
+def free_port(kind: socket.SocketKind = socket.SOCK_STREAM) -> int:
+    """A loopback port nobody holds now: TCP, or with ``SOCK_DGRAM`` UDP."""
+    with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
@@ -149,6 +150,7 @@ class FqBroker(System):
         name: str = "fqbroker",
         lumberjack: bool = False,
         figg: bool = False,
+        fyrehose: bool = False,
     ) -> None:
         super().__init__(name, "fq")
         self.fsync = fsync
@@ -157,12 +159,18 @@ class FqBroker(System):
         self.lj_port = 0
         self.figg = figg  # also a Figg listener, on ``figg_port``
         self.figg_port = 0
+        # Also a fyrehose listener on UDP ``fh_port``; UDP has nothing to connect to, so
+        # whoever uses it waits for a KEEPALIVE-ACK (bench/fyrehoseload.py).
+        self.fyrehose = fyrehose
+        self.fh_port = 0
 
     def start(self) -> None:
         if self.lumberjack:
             self.lj_port = free_port()
         if self.figg:
             self.figg_port = free_port()
+        if self.fyrehose:
+            self.fh_port = free_port(socket.SOCK_DGRAM)
         super().start()
         if self.lumberjack:
             _wait_port(self.lj_port, self)
@@ -180,7 +188,7 @@ class FqBroker(System):
             "--config", str(self._config()),
         ] + (["--lumberjack", f"127.0.0.1:{self.lj_port}"] if self.lumberjack else []) + (
             ["--figg", f"127.0.0.1:{self.figg_port}"] if self.figg else []
-        )  # fmt: skip
+        ) + (["--fyrehose", f"127.0.0.1:{self.fh_port}"] if self.fyrehose else [])  # fmt: skip
 
     def _config(self) -> Path:
         assert self.workdir is not None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .figgsuite import FANOUT_SUBS, fanout_run, publish_run, publish_run_4, replay_run
+from .fyrehosesuite import LOSS, SUBS, fyrehose_run, lossy_run
 from .harness import (
     Client,
     FqBroker,
@@ -523,7 +524,28 @@ def scenario_figg(cfg: Config, table: Table) -> None:
         table.add([label, f"{_rate(r['rate'])} {unit}", f"{r['us']:.2f}"], target)
 
 
-SCENARIOS = [*FLOWS, "disk", "latency", "memory", "idle", "lumberjack", "figg"]
+def scenario_fyrehose(cfg: Config, table: Table) -> None:
+    """The rows of bench/fyrehosesuite.py, a broker with a fyrehose listener for each."""
+    res = interleaved(
+        [FqBroker(fyrehose=True)], cfg.runs, lambda s, run: fyrehose_run(s, run, cfg.scale)
+    )
+    r = res["fqbroker"]
+    lost = f"lost on loopback: {r['lost']:,.0f} of {r['expected']:,.0f}"
+    label = f"fyrehose PUSH to DELIVER, {SUBS} subscribers, 100 B"
+    table.add([label, f"{_rate(r['rate'])} dlv/s", f"{r['us']:.2f}", lost])
+    res = interleaved(
+        [FqBroker(fyrehose=True)], cfg.runs, lambda s, run: lossy_run(s, run, cfg.scale)
+    )
+    r = res["fqbroker"]
+    note = (
+        f"recovered {r['share']:.1%} of {r['missing']:,.0f} lost; gap to fill"
+        f" p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
+    )
+    label = f"fyrehose, {LOSS:.0%} loss each way, gaps REQUESTed"
+    table.add([label, f"{_rate(r['rate'])} dlv/s", f"{r['us']:.2f}", note])
+
+
+SCENARIOS = [*FLOWS, "disk", "latency", "memory", "idle", "lumberjack", "figg", "fyrehose"]
 
 
 def run(names: Sequence[str], cfg: Config) -> str:
@@ -551,6 +573,8 @@ def run(names: Sequence[str], cfg: Config) -> str:
             scenario_lumberjack(cfg, table)
         elif name == "figg":
             scenario_figg(cfg, table)
+        elif name == "fyrehose":
+            scenario_fyrehose(cfg, table)
     table.notes += ["", *(f"{n}: {why}" for n, why in notes)]
     table.notes.append(
         "us/msg: server CPU (user+sys) per delivered message. vs X: fqbroker msg/s over X's."

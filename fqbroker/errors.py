@@ -12,6 +12,8 @@
     ├── QueueError           a queue cannot be created or attached; .text is fq's error text
     ├── CheckpointError      a checkpoint request is refused; .message is fqd's text
     ├── LogFormatError       a disk queue's directory holds no segment log this version reads
+    ├── SequenceFileError    the fyrehose sequence file is unusable: fqd does not start
+                             (also a ValueError, so fqd says why in one line)
     ├── ClientError          a broker refused the client; .text is its exact error text
     │   └── ClientClosed     the client is closed (also a ConnectionError)
     │       └── FyrehoseClosed  the fyrehose client is closed (clients/fyrehose)
@@ -61,6 +63,7 @@ __all__ = [
     "ProgramError",
     "ProtocolError",
     "QueueError",
+    "SequenceFileError",
 ]
 
 
@@ -133,6 +136,11 @@ class CheckpointError(FqError):
 
 class LogFormatError(FqError):
     """The directory holds a log of an unknown format version, or is not a segment log."""
+
+
+class SequenceFileError(FqError, ValueError):
+    """The fyrehose sequence file is there but cannot be read or written, or holds no
+    usable number; the listener does not start (frontends/fyrehose/sequence.py)."""
 
 
 # --- the clients': what a broker's answer can cause ----------------------------------------

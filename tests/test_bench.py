@@ -44,3 +44,16 @@ def test_bench_figg_rows_run_tiny(capsys: pytest.CaptureFixture[str]) -> None:
         assert any(line.startswith(label) for line in table.splitlines()), (label, table)
     # Every message delivered, in offset order, or the run says so with a "!" line.
     assert "  ! figg" not in capsys.readouterr().out
+
+
+def test_bench_fyrehose_rows_run_tiny(capsys: pytest.CaptureFixture[str]) -> None:
+    """PUSH to DELIVER for 4 subscribers, then the same behind 5% loss each way: every
+    message reaches every subscriber once (the lossy ones by REQUESTing their gaps), or
+    the run says so with a "!" line."""
+    table = run(["fyrehose"], Config(runs=1, scale=0.002, peers=False))
+    lines = table.splitlines()
+    lossless = next(line for line in lines if line.startswith("fyrehose PUSH to DELIVER"))
+    assert "lost on loopback: 0 of" in lossless, table
+    lossy = next(line for line in lines if line.startswith("fyrehose, 5% loss"))
+    assert "recovered 100.0% of" in lossy, table
+    assert "  ! fyrehose" not in capsys.readouterr().out

@@ -118,3 +118,29 @@ async def _fds_back(broker: child.Broker, before: int) -> bool:
             return True
         await asyncio.sleep(0.1)
     return False
+
+
+def test_fyrehose_datagrams_cover_every_kind_and_stay_on_this_machine() -> None:
+    """The fyrehose entry sends every kind of datagram, mutated up to the largest UDP
+    carries and no further, and never names an address off loopback: the broker sends
+    DELIVERs wherever a KEEPALIVE or REQUEST says."""
+    from bench.fyrehosefuzz import fyrehose_frame, mutate_fyrehose, sink_port
+    from fqbroker.frontends.fyrehose import wire as fh
+
+    rng = random.Random(11)
+    kinds: set[str] = set()
+    seed_forms = 0
+    sizes = []
+    for _ in range(5000):
+        frame = fyrehose_frame(rng)
+        d = fh.decode(frame)  # every unmutated frame is valid
+        kinds.add(type(d).__name__)
+        seed_forms += getattr(d, "seed", False)
+        for out in (frame, mutate_fyrehose(rng, frame)):
+            sizes.append(len(out))
+            if len(out) >= 7 and out[0] in (fh.KEEPALIVE, fh.REQUEST, fh.FORWARD):
+                assert out[1] == 127 or out[1:5] == bytes(4), out[:7].hex()
+                assert int.from_bytes(out[5:7], "big") in (0, sink_port()), out[:7].hex()
+    assert kinds == {"Push", "Keepalive", "Request", "Deliver", "Forward", "KeepaliveAck"}
+    assert seed_forms > 100
+    assert max(sizes) == fh.MAX_DATAGRAM

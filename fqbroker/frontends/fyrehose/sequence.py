@@ -25,6 +25,7 @@ import os
 from pathlib import Path
 from typing import Final
 
+from fqbroker.errors import SequenceFileError
 from fqbroker.frontends.fyrehose import wire
 
 __all__ = ["LEASE", "SequenceFile", "SequenceFileError"]
@@ -33,10 +34,6 @@ LEASE: Final = 65536  # numbers a running broker may give before it writes the f
 # The highest number a start may begin at: 48 bits hold 281 trillion messages, so this only
 # refuses a file someone wrote by hand, whose numbers would run out within a lease.
 LAST_START: Final = wire.MAX_SEQUENCE - LEASE
-
-
-class SequenceFileError(ValueError):
-    """The sequence file is there but unusable; the listener does not start."""
 
 
 class SequenceFile:
