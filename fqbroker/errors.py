@@ -16,6 +16,7 @@
                              (also a ValueError, so fqd says why in one line)
     ├── ClientError          a broker refused the client; .text is its exact error text
     │   └── ClientClosed     the client is closed (also a ConnectionError)
+    │       └── FyrehoseClosed  the fyrehose client is closed (clients/fyrehose)
     ├── BrokerError          a replay request was refused or found no broker; .text
     │   └── DataLost         records asked for are no longer stored; .first is the oldest
     └── DataLossError        Spark: offsets a query needs are gone (also a RuntimeError)
@@ -56,6 +57,7 @@ __all__ = [
     "FiggProtocolError",
     "FqError",
     "FrameTooLarge",
+    "FyrehoseClosed",
     "FyrehoseProtocolError",
     "LogFormatError",
     "ProgramError",
@@ -154,6 +156,13 @@ class ClientError(FqError):
 
 class ClientClosed(ClientError, ConnectionError):
     """The client is closed (or lost its connection with ``reconnect=False``)."""
+
+
+class FyrehoseClosed(ClientClosed):
+    """The fyrehose client is closed: ``next()`` and ``publish()`` have nothing more."""
+
+    def __init__(self, text: str = "fyrehose client is closed") -> None:
+        super().__init__(text)
 
 
 class BrokerError(FqError):
