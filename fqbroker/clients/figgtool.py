@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 
 from fqbroker.clients.figg import DEFAULT_PORT, FiggClient, Message
-from fqbroker.clients.tools import _stdin_chunks, _until_signal
+from fqbroker.clients.tools import _stdin_chunks, _until_signal, json_line, reader_went_away
 from fqbroker.frontends.figg.wire import MAX_TOPIC
 
 __all__ = ["format_json", "main"]
@@ -157,8 +154,7 @@ async def _sub(args: argparse.Namespace) -> int:
                 break
         return 0
     except BrokenPipeError:
-        # Our reader went away (`figg sub T | head`): stop quietly, as a filter does.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        reader_went_away()  # `figg sub T | head`
         return 0
     finally:
         await client.close()
@@ -166,13 +162,7 @@ async def _sub(args: argparse.Namespace) -> int:
 
 def format_json(msg: Message) -> bytes:
     """One JSON object and a newline: data as text when it is UTF-8, else base64."""
-    obj: dict[str, object] = {"topic": msg.topic.decode(errors="replace"), "offset": msg.offset}
-    try:
-        obj["data"] = msg.data.decode()
-    except UnicodeDecodeError:
-        obj["data"] = base64.b64encode(msg.data).decode()
-        obj["base64"] = True
-    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+    return json_line({"topic": msg.topic.decode(errors="replace"), "offset": msg.offset}, msg.data)
 
 
 if __name__ == "__main__":

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import json
-import os
 import sys
 from collections.abc import Callable
 
 from fqbroker.clients.figgtool import _lines
 from fqbroker.clients.fyrehose import DEFAULT_PORT, Delivered, FyrehoseClient
-from fqbroker.clients.tools import _stdin_chunks, _until_signal
+from fqbroker.clients.tools import _stdin_chunks, _until_signal, json_line, reader_went_away
 from fqbroker.frontends.fyrehose.wire import MAX_DATA, MAX_SEQUENCE
 
 __all__ = ["format_json", "main"]
@@ -131,8 +128,7 @@ async def _sub(args: argparse.Namespace) -> int:
             total += 1
         return 0
     except BrokenPipeError:
-        # Our reader went away (`fyrehose sub | head`): stop quietly, as a filter does.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        reader_went_away()  # `fyrehose sub | head`
         return 0
     finally:
         await client.close()
@@ -140,13 +136,7 @@ async def _sub(args: argparse.Namespace) -> int:
 
 def format_json(msg: Delivered) -> bytes:
     """One JSON object and a newline: data as text when it is UTF-8, else base64."""
-    obj: dict[str, object] = {"seq": msg.seq}
-    try:
-        obj["data"] = msg.data.decode()
-    except UnicodeDecodeError:
-        obj["data"] = base64.b64encode(msg.data).decode()
-        obj["base64"] = True
-    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+    return json_line({"seq": msg.seq}, msg.data)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -245,8 +246,7 @@ async def _recv(client: Client, args: argparse.Namespace) -> int:
                 break
         return 0
     except BrokenPipeError:
-        # Our reader went away (`fq-recv | head`): stop quietly, as a filter does.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        reader_went_away()  # `fq-recv | head`
         return 0
     finally:
         if ticker is not None:
@@ -296,6 +296,24 @@ def main(argv: list[str] | None = None) -> int:
         _log("usage: python -m fqbroker.clients.tools send|recv [options]")
         return 2
     return tools[argv[0]](argv[1:])
+
+
+def reader_went_away() -> None:
+    """Our reader closed the pipe (``TOOL | head``): stop quietly, as a filter does, with
+    stdout pointed at /dev/null so the interpreter's final flush raises nothing."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def json_line(fields: dict[str, object], data: bytes) -> bytes:
+    """``fields`` and ``data`` as one JSON object and a newline: the data as text when it
+    is UTF-8, else base64 with ``"base64": true`` (the consumers' ``--json`` form)."""
+    obj = dict(fields)
+    try:
+        obj["data"] = data.decode()
+    except UnicodeDecodeError:
+        obj["data"] = base64.b64encode(data).decode()
+        obj["base64"] = True
+    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ __all__ = [
     "Exchange",
     "PublishResult",
     "Router",
+    "Sink",
     "Target",
 ]
 
@@ -92,6 +93,37 @@ class Target(Protocol):
     def wait_not_full(self) -> Awaitable[None]:
         """Resolves once the target has room again."""
         ...
+
+
+class Sink:
+    """A target that is never full and never makes a publisher wait: what a front end
+    binds straight on the router to see every message of an exchange (retained topics,
+    the fyrehose sequence). A subclass gives ``name`` (shown for its binding) and
+    :meth:`offer`."""
+
+    blocks = False
+    name = b"(sink)"
+
+    @property
+    def room(self) -> int:
+        return 1 << 62
+
+    @property
+    def room_bytes(self) -> int:
+        return 1 << 62
+
+    @property
+    def is_full(self) -> bool:
+        return False
+
+    def takes(self, frames: list[bytes]) -> int:
+        return len(frames)
+
+    async def wait_not_full(self) -> None:
+        return None
+
+    def offer(self, frames: list[bytes], size: int = -1) -> int:
+        raise NotImplementedError
 
 
 class Counts(Protocol):

@@ -32,6 +32,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fqbroker.core.router import Sink
 from fqbroker.errors import LogFormatError
 from fqbroker.storage.topic import Topic, TopicReader
 
@@ -56,34 +57,15 @@ def _route(frame: bytes) -> bytes:
     return frame[at + 1 : at + 1 + frame[at]]
 
 
-class TopicSink:
+class TopicSink(Sink):
     """The router target that appends each message on the Figg exchange to the topic its
     route names. Never full, never blocks; messages are dropped only for a topic it cannot
     have (past ``max_topics``, an empty name, a directory it cannot open)."""
 
-    blocks = False
     name = b"(figg topics)"  # not a queue: what stats and the web UI show for its binding
 
     def __init__(self, topics: Topics) -> None:
         self.topics = topics
-
-    @property
-    def room(self) -> int:
-        return 1 << 62
-
-    @property
-    def room_bytes(self) -> int:
-        return 1 << 62
-
-    @property
-    def is_full(self) -> bool:
-        return False
-
-    def takes(self, frames: list[bytes]) -> int:
-        return len(frames)
-
-    async def wait_not_full(self) -> None:
-        return None
 
     def offer(self, frames: list[bytes], size: int = -1) -> int:
         if not frames:

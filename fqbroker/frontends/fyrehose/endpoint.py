@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
 from fqbroker.core.frames import ID_SIZE, encode_peer
+from fqbroker.core.router import Sink
 from fqbroker.errors import FyrehoseProtocolError
 from fqbroker.frontends.fyrehose import wire
 from fqbroker.frontends.fyrehose.backbone import Address, Backbone, Out
@@ -82,33 +83,14 @@ def sender_for(address: Address) -> bytes:
     return f"fyrehose/{address[0]}:{address[1]}".encode()
 
 
-class FyrehoseSink:
+class FyrehoseSink(Sink):
     """The router target that sequences every message on the exchange and sends it to
     the live subscribers. Never full, never blocks: UDP cannot wait for anyone."""
 
-    blocks = False
     name = b"(fyrehose)"  # not a queue: what stats and the web UI show for its binding
 
     def __init__(self, endpoint: FyrehoseEndpoint) -> None:
         self.endpoint = endpoint
-
-    @property
-    def room(self) -> int:
-        return 1 << 62
-
-    @property
-    def room_bytes(self) -> int:
-        return 1 << 62
-
-    @property
-    def is_full(self) -> bool:
-        return False
-
-    def takes(self, frames: list[bytes]) -> int:
-        return len(frames)
-
-    async def wait_not_full(self) -> None:
-        return None
 
     def offer(self, frames: list[bytes], size: int = -1) -> int:
         endpoint = self.endpoint
