@@ -726,7 +726,8 @@
     const answered = kv.hits + kv.misses;
     const ratio = answered ? kv.hits / answered : null;
     field(panel, "hit-ratio", ratio === null ? "" : ratio, ratio === null ? "–" : (100 * ratio).toFixed(1) + "%");
-    field(panel, "hits", null, `${fmtInt(kv.hits)} hits · ${fmtInt(kv.misses)} misses`);
+    const plural = (n, one, many) => `${fmtInt(n)} ${n === 1 ? one : many}`;
+    field(panel, "hits", null, `${plural(kv.hits, "hit", "hits")} · ${plural(kv.misses, "miss", "misses")}`);
     field(panel, "expired", kv.expired, fmtInt(kv.expired));
     const failed = kv.failed_commits;
     field(
