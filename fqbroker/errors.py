@@ -7,7 +7,8 @@
     │   ├── FrameTooLarge    a length field over its limit (.field, .size, .limit)
     │   ├── AuthError        the auth request is refused; .text is fq's exact error text
     │   ├── FiggProtocolError  a Figg frame that breaks the wire format (frontends/figg)
-    │   └── FyrehoseProtocolError  a bad fyrehose datagram (frontends/fyrehose); dropped
+    │   ├── FyrehoseProtocolError  a bad fyrehose datagram (frontends/fyrehose); dropped
+    │   └── OpenClusterProtocolError  an OpenCluster frame that breaks the wire format
     ├── ProgramError         a route program does not compile (answered as BIND_ILLEGAL)
     ├── QueueError           a queue cannot be created or attached; .text is fq's error text
     ├── CheckpointError      a checkpoint request is refused; .message is fqd's text
@@ -61,6 +62,7 @@ __all__ = [
     "FyrehoseProtocolError",
     "KVStoreError",
     "LogFormatError",
+    "OpenClusterProtocolError",
     "ProgramError",
     "ProtocolError",
     "QueueError",
@@ -107,6 +109,12 @@ class FyrehoseProtocolError(ProtocolError):
     UDP has no connection to close: the listener drops the datagram, counts it and never
     answers it.
     """
+
+
+class OpenClusterProtocolError(ProtocolError):
+    """An OpenCluster peer sent a frame that breaks the wire format (a bad length, fields
+    that do not add up to the payload, a name or value over its limit); the server closes
+    that connection, the client gives the connection up (frontends/opencluster/wire.py)."""
 
 
 class ProgramError(FqError):
