@@ -146,6 +146,18 @@ async def test_frames_move_the_stats_and_the_metrics(settings: Settings) -> None
             assert wire.decode_data_str(got.payload)[2] == b"hello, world"
             got = await conn.ask(wire.get_string(0, b"nobody"))
             assert (got.command, got.repcmd) == (wire.FAIL, wire.GET_STRING)
+            # The other type: the key was found (a hit), answered failinfo code 1.
+            got = await conn.ask(wire.get_string(0, b"visits"))
+            assert got.command == wire.FAILINFO
+            assert wire.decode_failinfo(got.payload)[0] == 1
+
+            # A malformed frame (a negative length) closes that connection only, counted
+            # as bad input; this connection carries on.
+            bad = await Conn.open(port)
+            bad.writer.write(wire.encode_frame(wire.PING, 0, 0)[:8] + b"\xff\xff\xff\xff")
+            async with asyncio.timeout(TIMEOUT):
+                assert await bad.reader.read() == b""
+            await bad.close()
 
             # The lease expires: the sweep (at least once a second) reclaims it.
             await wait_for(
@@ -160,8 +172,8 @@ async def test_frames_move_the_stats_and_the_metrics(settings: Settings) -> None
                 "keys": 2,
                 "bytes": len(b"visits") + 4 + len(b"greeting") + len(b"hello, world"),
                 "sets": 4,
-                "gets": 4,
-                "hits": 2,
+                "gets": 5,
+                "hits": 3,
                 "misses": 2,
                 "expired": 1,
                 "commits": 4,
@@ -174,14 +186,15 @@ async def test_frames_move_the_stats_and_the_metrics(settings: Settings) -> None
                 "fq_opencluster_keys": 2,
                 "fq_opencluster_bytes": shown["bytes"],
                 "fq_opencluster_sets_total": 4,
-                "fq_opencluster_gets_total": 4,
-                "fq_opencluster_hits_total": 2,
+                "fq_opencluster_gets_total": 5,
+                "fq_opencluster_hits_total": 3,
                 "fq_opencluster_misses_total": 2,
                 "fq_opencluster_expired_total": 1,
                 "fq_opencluster_commits_total": 4,
                 "fq_opencluster_failed_commits_total": 0,
             }.items():
                 assert samples[name, ()] == expected, name
+            assert samples["fq_bad_input_total", (("frontend", "opencluster"),)] == 1
         finally:
             await conn.close()
 
@@ -205,11 +218,12 @@ async def test_rates_over_the_stats_interval(settings: Settings) -> None:
             assert 0 < shown["gets_per_second"] <= 5 / RATE_WINDOW
             # Sets and gets per interval in the same proportion: they share the interval.
             assert abs(shown["sets_per_second"] - 2 * shown["gets_per_second"]) <= 0.002
-            # Read again within the window: the same rates, not a new, shorter interval.
+            # Read again at once: the same rates, not a new, shorter interval (on a box so
+            # slow that a second passed meanwhile, a new interval without traffic: 0).
             again = (await stats(broker))["opencluster"]
-            assert (again["sets_per_second"], again["gets_per_second"]) == (
-                shown["sets_per_second"],
-                shown["gets_per_second"],
+            assert (again["sets_per_second"], again["gets_per_second"]) in (
+                (shown["sets_per_second"], shown["gets_per_second"]),
+                (0.0, 0.0),
             )
         finally:
             await conn.close()
@@ -264,6 +278,17 @@ async def test_web_ui_shows_the_opencluster_panel(settings: Settings, tmp_path: 
                 assert shown["commits"] == "5 commits"
                 assert shown["count"] == "4"
                 assert shown["bytes"] == (await stats(broker))["opencluster"]["bytes"]
+                assert shown["setsRate"] == 0  # all were set before the page's first poll
+                # Sets while the page watches: a later poll shows their rate.
+                for i in range(10):
+                    await conn.set(b"more-%d" % i, i)
+                # (A poll in the middle of them may show a rate first; the one after it
+                # shows the last of them, with that rate or a newer one, still above 0.)
+                shown = await page.wait_for(
+                    until(OPENCLUSTER_PANEL, "s.setsRate > 0 && s.sets === 15")
+                )
+                assert shown["keys"] == 14
+                assert shown["setsRate"] <= 10 / RATE_WINDOW
                 await screenshot(page, "webui-opencluster")
                 assert page.errors() == []
         finally:
