@@ -14,6 +14,7 @@ import dataclasses
 import socket
 import struct
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,8 @@ from fqbroker.frontends.opencluster import wire
 from fqbroker.server.broker import Broker
 from fqbroker.storage.kvstore import KVStore
 
-from .conftest import TIMEOUT, running
+from .conftest import TIMEOUT, running, wait_for
+from .procs import Proc
 
 
 def with_opencluster(settings: Settings, **values: Any) -> Settings:
@@ -269,3 +271,327 @@ async def test_a_pipelined_get_sees_the_sets_before_it_and_none_after(conn: Conn
     assert wire.decode_data_int(replies[1].payload)[2] == 1
     assert wire.decode_data_int(replies[3].payload)[2] == 2
     await conn.closed_by_broker()  # goodbye behind a set: closed once its ack is written
+
+
+async def test_half_closed_clients_still_get_their_acks(oc: Broker) -> None:
+    c = await Conn.open(oc_port(oc))
+    try:
+        await c.send(*(wire.set_int(i, b"h%d" % i, i) for i in range(50)))
+        c.writer.write_eof()
+        replies = await c.frames(50)
+        assert [(f.command, f.userid) for f in replies] == [(wire.ACK, i) for i in range(50)]
+        await c.closed_by_broker()
+    finally:
+        await c.close()
+
+
+# --- expiry and restarts ------------------------------------------------------------------
+
+
+async def test_expired_keys_are_never_returned_and_are_reclaimed(oc: Broker, conn: Conn) -> None:
+    store = store_of(oc)
+    await acked(
+        conn,
+        wire.set_int(0, b"lease", 1, expires=1),
+        wire.set_string(0, b"session", b"s", expires=1),
+        wire.set_int(0, b"forever", 2, expires=0),
+        wire.set_int(0, b"hour", 3, expires=3600),
+    )
+    assert await get_int(conn, b"lease") == 1
+    assert await get_string(conn, b"session") == b"s"
+    await wait_for(lambda: store.expired == 2)  # the sweep: within a second or so
+    assert store.keys == 2
+    assert await get_int(conn, b"lease") is None
+    assert await get_string(conn, b"session") is None
+    assert await get_int(conn, b"forever") == 2 and await get_int(conn, b"hour") == 3
+    # And gone from disk, with the next commit.
+    import sqlite3
+
+    from fqbroker.frontends.opencluster.frontend import store_path
+
+    def names() -> set[bytes]:
+        with sqlite3.connect(store_path(oc.settings)) as db:
+            return {row[0] for row in db.execute("SELECT name FROM kv")}
+
+    await wait_for(lambda: names() == {b"forever", b"hour"})
+
+
+async def test_values_and_expiry_survive_a_clean_restart(settings: Settings) -> None:
+    settings = with_opencluster(settings)
+    async with running(settings) as broker:
+        c = await Conn.open(oc_port(broker))
+        await acked(
+            c,
+            wire.set_int(0, b"n", 42),
+            wire.set_string(0, b"s", b"\xff" * 1000),
+            wire.set_int(0, b"soon", 1, expires=1),
+            wire.set_int(0, b"later", 2, expires=3600),
+            wire.set_int(0, b"n", 43, map_hash=9),
+        )
+        # Pipelined sets the broker stops during are committed before it exits.
+        c.writer.write(b"".join(wire.set_int(1, b"p%d" % i, i) for i in range(100)))
+        await c.writer.drain()
+        await wait_for(lambda: store_of(broker).sets == 105)
+    await c.close()
+    await asyncio.sleep(1.1)  # "soon" expires while the broker is down
+    async with running(settings) as broker:
+        assert store_of(broker).keys == 104
+        c = await Conn.open(oc_port(broker))
+        assert await get_int(c, b"n") == 42
+        assert await get_string(c, b"s") == b"\xff" * 1000
+        assert await get_int(c, b"soon") is None and await get_int(c, b"later") == 2
+        await c.send(wire.get_int(0, b"n", map_hash=9))
+        assert wire.decode_data_int((await c.frame()).payload)[2] == 43
+        assert [await get_int(c, b"p%d" % i) for i in range(100)] == list(range(100))
+        await c.close()
+
+
+async def start_fqd(state: Path, *args: str) -> tuple[Proc, int]:
+    fqd, _ = await Proc.start_fqd(state, "--opencluster", "127.0.0.1:0", *args)
+    try:
+        line = await fqd.wait_stderr("OpenCluster listening on port: ")
+    except BaseException:
+        fqd.kill()
+        await fqd.finish()
+        raise
+    return fqd, int(line.rsplit(" ", 1)[1])
+
+
+@pytest.mark.parametrize("sync", ["full", "normal"])
+async def test_acknowledged_sets_survive_kill_9_of_fqd(tmp_path: Path, sync: str) -> None:
+    """Every acknowledged set is there after SIGKILL, under either sync: "normal" writes
+    the WAL at each commit (in the page cache: the kernel keeps it when fqd dies)."""
+    conf = tmp_path / "fqd.toml"
+    conf.write_text(f'[fqd]\n[opencluster]\nsync = "{sync}"\n')
+    fqd, port = await start_fqd(tmp_path, "--config", str(conf))
+    try:
+        c = await Conn.open(port)
+        frames = [wire.set_int(i, b"k%d" % i, i * 3) for i in range(500)]
+        frames += [wire.set_string(1000, b"big", b"v" * 100_000, expires=3600)]
+        frames += [wire.set_int(1001, b"brief", 1, expires=1)]
+        await acked(c, *frames)
+        fqd.kill()  # SIGKILL
+        await fqd.finish()
+        await c.close()
+    finally:
+        fqd.kill()
+    await asyncio.sleep(1.1)
+    fqd, port = await start_fqd(tmp_path, "--config", str(conf))
+    try:
+        c = await Conn.open(port)
+        await c.send(*(wire.get_int(i, b"k%d" % i) for i in range(500)))
+        values = [wire.decode_data_int(f.payload)[2] for f in await c.frames(500)]
+        assert values == [i * 3 for i in range(500)]
+        assert await get_string(c, b"big") == b"v" * 100_000
+        assert await get_int(c, b"brief") is None  # expired while fqd was down
+        await c.close()
+    finally:
+        fqd.proc.terminate()
+        status, _, err = await fqd.finish()
+        assert status == 0, err
+
+
+# --- bad input, limits, flow control ------------------------------------------------------
+
+
+def _set_with(name: bytes, value: bytes) -> bytes:
+    return wire.set_string(0, name, value)
+
+
+BAD_INPUT = {
+    "negative length": wire.encode_frame(wire.PING, 0, 0)[:8] + struct.pack(">i", -1),
+    "payload over max_payload": struct.pack(">hhii", wire.SET_STRING, 0, 0, 4097),
+    "set fields do not add up": wire.set_int(0, b"k", 1) + b"",
+    "name over max_name": _set_with(b"n" * 65, b"v"),
+    "value over max_value": _set_with(b"n", b"v" * 2049),
+    "get of 7 bytes": wire.encode_frame(wire.GET_INT, 0, 0, b"\x00" * 7),
+    "ping with a payload": wire.encode_frame(wire.PING, 0, 0, b"x"),
+    "capabilities of 3 bytes": wire.encode_frame(wire.CAPABILITIES, 0, 0, b"abc"),
+    "serverhello string past its payload": wire.encode_frame(
+        wire.SERVERHELLO, 0, 0, struct.pack(">i", 10) + b"abc"
+    ),
+    "set name of negative length": wire.encode_frame(
+        wire.SET_INT, 0, 0, struct.pack(">IIiii", 0, 1, 0, 0, -3) + b"\x00" * 4
+    ),
+}
+# A set_int with one byte too many: the header says so, the fields do not add up.
+_ADDS_UP = wire.set_int(0, b"k", 1)
+BAD_INPUT["set fields do not add up"] = (
+    _ADDS_UP[:8] + struct.pack(">i", len(_ADDS_UP) - 12 + 1) + _ADDS_UP[12:] + b"\x00"
+)
+
+
+@pytest.mark.parametrize("bad", list(BAD_INPUT), ids=list(BAD_INPUT))
+async def test_bad_input_closes_only_that_connection(settings: Settings, bad: str) -> None:
+    settings = with_opencluster(settings, max_name=64, max_value=2048, max_payload=4096)
+    async with running(settings) as broker:
+        port = oc_port(broker)
+        good, evil = await Conn.open(port), await Conn.open(port)
+        try:
+            await acked(good, wire.set_string(0, b"shared", b"still here"))
+            # Frames before the bad one are answered; the bad one closes the connection.
+            await evil.send(wire.ping(1), wire.set_int(2, b"evil", 1), BAD_INPUT[bad])
+            replies = await evil.frames(2)
+            assert [(f.command, f.userid) for f in replies] == [(wire.ACK, 1), (wire.ACK, 2)]
+            await evil.closed_by_broker()
+            assert broker.limits.bad_input["opencluster"] == 1
+            assert await get_string(good, b"shared") == b"still here"
+        finally:
+            await good.close()
+            await evil.close()
+
+
+async def test_max_inflight_stops_reading_until_replies_go_out(settings: Settings) -> None:
+    """Past max_inflight unanswered commands the session takes no more frames; all are
+    answered, in order, and the queue never holds more."""
+    async with running(with_opencluster(settings, max_inflight=4)) as broker:
+        c = await Conn.open(oc_port(broker))
+        most = 0
+        stop = asyncio.Event()
+
+        async def watch() -> None:
+            nonlocal most
+            live = broker.front_ends["opencluster"]
+            while not stop.is_set():
+                for view in live.views():
+                    most = max(most, int(dict(view.facts)["inflight"]))
+                await asyncio.sleep(0)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            n = 3000
+            frames = []
+            for i in range(n):
+                frames.append(wire.set_int(i, b"f%d" % (i % 7), i))
+                frames.append(wire.get_int(i, b"f%d" % (i % 7)))
+            await c.send(*frames)
+            replies = await c.frames(2 * n)
+            assert [(f.command, f.userid) for f in replies[:2]] == [
+                (wire.ACK, 0),
+                (wire.DATA_INT, 0),
+            ]
+            for i in range(n):
+                ack, data = replies[2 * i], replies[2 * i + 1]
+                assert (ack.command, ack.userid, data.userid) == (wire.ACK, i, i)
+                assert wire.decode_data_int(data.payload)[2] == i
+        finally:
+            stop.set()
+            await watcher
+            await c.close()
+        assert 0 < most <= 4
+        assert store_of(broker).commits < n  # group commits: sets share them
+
+
+async def test_max_keys_refuses_new_keys_with_failinfo_3(settings: Settings) -> None:
+    async with running(with_opencluster(settings, max_keys=3)) as broker:
+        c = await Conn.open(oc_port(broker))
+        try:
+            await acked(c, *(wire.set_int(i, b"k%d" % i, i) for i in range(3)))
+            await c.send(wire.set_int(7, b"k3", 3), wire.set_string(8, b"k0", b"changed"))
+            full, changed = await c.frames(2)
+            assert (full.command, full.repcmd, full.userid) == (wire.FAILINFO, wire.SET_INT, 7)
+            assert wire.decode_failinfo(full.payload) == (3, b"store full")
+            assert (changed.command, changed.userid) == (wire.ACK, 8)
+            assert await get_int(c, b"k3") is None
+            assert await get_string(c, b"k0") == b"changed"
+        finally:
+            await c.close()
+
+
+async def test_a_failed_commit_answers_not_stored_and_the_store_carries_on(
+    oc: Broker, conn: Conn
+) -> None:
+    store = store_of(oc)
+    await acked(conn, wire.set_string(0, b"k", b"stored"))
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages}")  # sqlite: the disk is full
+    await conn.send(wire.set_string(1, b"k", b"x" * 200_000), wire.get_string(2, b"k"))
+    failed, _ = await conn.frames(2)
+    assert (failed.command, failed.repcmd, failed.userid) == (wire.FAILINFO, wire.SET_STRING, 1)
+    code, text = wire.decode_failinfo(failed.payload)
+    assert code == 2 and text.startswith(b"not stored: ")
+    assert await get_string(conn, b"k") == b"stored"  # memory as sqlite has it
+    store._db.execute("PRAGMA max_page_count = 1000000")
+    await acked(conn, wire.set_string(3, b"k", b"again"))
+    assert await get_string(conn, b"k") == b"again"
+
+
+# --- settings, fqd, TLS -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ("lisen = 1", "unknown opencluster setting 'lisen'"),
+        ('sync = "sometimes"', "opencluster sync must be full or normal"),
+        ("max_keys = 0", "opencluster max_keys must be a positive integer"),
+        ('max_inflight = "x"', "opencluster max_inflight must be a positive integer"),
+        (
+            "max_name = 5000\nmax_payload = 1000",
+            "opencluster max_payload must hold a set of a max_name name",
+        ),
+        ("max_payload = 4294967296", "opencluster max_payload must fit"),
+        ('listen = "host:port"', "opencluster listen 'host:port' is not HOST:PORT"),
+        ('tls_key = "k.pem"', "opencluster tls_key needs tls_cert"),
+    ],
+)
+def test_bad_opencluster_settings_are_clear_errors(
+    tmp_path: Path, table: str, message: str
+) -> None:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text(f"[fqd]\n[opencluster]\n{table}\n")
+    with pytest.raises(ValueError, match=message):
+        Settings.from_toml(conf)
+
+
+def test_opencluster_table_and_flag(tmp_path: Path) -> None:
+    from fqbroker.cli import settings_from_args
+
+    conf = tmp_path / "fqd.toml"
+    conf.write_text('[fqd]\n[opencluster]\nlisten = "0.0.0.0:"\nsync = "normal"\nmax_keys = 5\n')
+    table = Settings.from_toml(conf).opencluster
+    assert (table.sync, table.max_keys) == ("normal", 5)
+    assert table.address("127.0.0.1") == ("0.0.0.0", 13600)  # the protocol's port
+    assert Settings.from_toml(conf).open_to_anyone() == ["0.0.0.0"]
+    flagged = settings_from_args(["--config", str(conf), "--opencluster", "127.0.0.2:9"])
+    assert flagged.opencluster.address("x") == ("127.0.0.2", 9)
+    assert flagged.opencluster.max_keys == 5
+    assert Settings().opencluster.address("127.0.0.1") is None  # off by default
+
+
+async def test_a_store_that_cannot_be_opened_stops_fqd_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "queues").mkdir()
+    (tmp_path / "queues" / "opencluster").write_text("a file where the directory goes")
+    fqd = await Proc.start(
+        "-m", "fqbroker", "-p", "0", "-n", "10.254.254.1", "-c", str(tmp_path / "fqd.sqlite"),
+        "-q", str(tmp_path / "queues"), "--opencluster", "127.0.0.1:0",
+    )  # fmt: skip
+    status, _, err = await fqd.finish()
+    assert status == 2
+    assert "fqd: opencluster store" in err and "cannot be opened" in err
+    assert "Traceback" not in err
+
+
+async def test_opencluster_listener_over_tls(settings: Settings, tmp_path: Path) -> None:
+    import ssl
+
+    trustme = pytest.importorskip("trustme")
+    from .pki import make_pki
+
+    pki = make_pki(trustme.CA(), tmp_path)
+    settings.opencluster = OpenCluster().updated(
+        {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+    )
+    async with running(settings) as broker:
+        live = broker.front_ends["opencluster"]
+        assert live.transport == "tls"
+        context = ssl.create_default_context(cafile=str(pki["ca"]))
+        reader, writer = await asyncio.open_connection("127.0.0.1", oc_port(broker), ssl=context)
+        c = Conn(reader, writer)
+        try:
+            await c.send(wire.hello(0))
+            assert await c.raw(len(HELLO_REPLY)) == HELLO_REPLY
+            await acked(c, wire.set_string(0, b"secret", b"over tls"))
+            assert await get_string(c, b"secret") == b"over tls"
+        finally:
+            await c.close()

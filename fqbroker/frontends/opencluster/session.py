@@ -8,7 +8,8 @@ of the batch's ``waiters`` and writes what the machine then answers. It owns no 
 Reading pauses while ``max_inflight`` commands are read and not answered (flow control,
 not an error), and while the client does not read what we write. A malformed frame is
 logged in one line (counted as bad input, ``opencluster``) and closes this connection
-only. Goodbye closes once its ack is written; so does EOF, once the replies owed are.
+only, once the commands before it are answered (their sets were applied). Goodbye
+closes once its ack is written; so does EOF, once the replies owed are.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = ["OpenClusterHost", "OpenClusterSession"]
 # Why reading is paused; reading resumes when none is left.
 _INFLIGHT = 1  # max_inflight commands wait for their replies
 _WRITE = 2  # the client does not read what we write
+_BAD = 4  # bad input: closing once the commands before it are answered
 
 
 class OpenClusterHost(Protocol):
@@ -105,14 +107,13 @@ class OpenClusterSession(asyncio.Protocol):
         if out:
             self.live.counters.bytes_out += len(out)  # type: ignore[operator]
             self.transport.write(out)
-        if machine.error is not None:
+        if machine.error is not None and not self._holds & _BAD:
             self.broker.limits.bad(
                 "opencluster", "closing OpenCluster connection from %s: %s",
                 "{}:{}".format(*peer_address(self.transport)), machine.error,
             )  # fmt: skip
-            self.close()
-            return
-        if machine.finished or (self._eof and not machine.queue):
+            self._hold(_BAD)  # nothing more is read; the commands before it are answered
+        if machine.finished or (not machine.queue and (self._eof or machine.error is not None)):
             self.close()
             return
         batch = machine.waiting
