@@ -15,6 +15,8 @@
     ├── LogFormatError       a disk queue's directory holds no segment log this version reads
     ├── SequenceFileError    the fyrehose sequence file is unusable: fqd does not start
                              (also a ValueError, so fqd says why in one line)
+    ├── KVStoreError         the OpenCluster store cannot be opened: fqd does not start
+                             (also a ValueError)
     ├── ClientError          a broker refused the client; .text is its exact error text
     │   └── ClientClosed     the client is closed (also a ConnectionError)
     ├── BrokerError          a replay request was refused or found no broker; .text
@@ -58,6 +60,7 @@ __all__ = [
     "FqError",
     "FrameTooLarge",
     "FyrehoseProtocolError",
+    "KVStoreError",
     "LogFormatError",
     "OpenClusterProtocolError",
     "ProgramError",
@@ -147,6 +150,11 @@ class LogFormatError(FqError):
 class SequenceFileError(FqError, ValueError):
     """The fyrehose sequence file is there but cannot be read or written, or holds no
     usable number; the listener does not start (frontends/fyrehose/sequence.py)."""
+
+
+class KVStoreError(FqError, ValueError):
+    """The OpenCluster store's database cannot be opened or read; the listener does not
+    start (storage/kvstore.py)."""
 
 
 # --- the clients': what a broker's answer can cause ----------------------------------------
