@@ -151,9 +151,9 @@ def _k(rate: float) -> str:
 def oc_generator_note(redis: dict[str, float]) -> list[str]:
     """A row: what bench/ocload.py drives against Redis, beside redis-benchmark."""
     return [
-        "  bench/ocload.py against Redis",
-        f"{_k(redis['gen_set'])} SET/s",
+        "  the same load (bench/ocload.py) against Redis",
         "",
-        f"{_k(redis['gen_get'])} GET/s (redis-benchmark: {_k(redis['set'])} SET/s,"
-        f" {_k(redis['get'])} GET/s): what the generator can drive",
+        "",
+        f"{_k(redis['gen_set'])} SET/s, {_k(redis['gen_get'])} GET/s (redis-benchmark:"
+        f" {_k(redis['set'])}, {_k(redis['get'])}): what the generator can drive",
     ]
