@@ -110,7 +110,7 @@ def _one(rng: random.Random) -> bytes:
     if roll < 0.9:  # a client's replies to pushes: ack (2011: repcmd 100 for hashmasks), fail
         repcmd = rng.choice((oc.SERVERLIST, oc.HASHMASKS, oc.HASHMASK, 0, 7))
         return (oc.ack if rng.random() < 0.8 else oc.fail)(repcmd, uid)
-    if roll < 0.99:  # what only a server sends
+    if roll < 0.998:  # what only a server sends
         return rng.choice(
             (
                 oc.serverlist(uid, [b"127.0.0.1:13600"] * rng.randrange(3)),
