@@ -32,6 +32,7 @@ replies to the frames before it.
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -79,6 +80,8 @@ _ACK, _FAIL, _FAILINFO, _UNKNOWN = wire.ACK, wire.FAIL, wire.FAILINFO, wire.UNKN
 _ack, _fail, _failinfo = wire.ack, wire.fail, wire.failinfo
 _data_int, _data_str = wire.data_int, wire.data_str
 _decode_get, _decode_set = wire.decode_get, wire.decode_set
+_set_head_from = struct.Struct(">IIiii").unpack_from  # hashes, expires, full_wait, name length
+_i32_from = struct.Struct(">i").unpack_from
 
 # In the queue: goodbye's ack is written, close now.
 _CLOSE = None
@@ -230,24 +233,43 @@ class Machine:
                 return
 
     def _set(self, command: int, userid: int, payload: bytes) -> tuple[Batch, int, int] | None:
-        value = _decode_set(command, payload)
+        # wire.decode_set's checks, without its SetValue: every set of a pipelined load
+        # comes through here. Anything it does not accept goes to decode_set, which says why.
+        size = len(payload)
         limits = self.limits
-        name = value.name
-        if len(name) > limits.max_name:
-            raise OpenClusterProtocolError(
-                f"a name of {len(name)} bytes is over the limit of {limits.max_name}"
+        if size >= 24:
+            map_hash, key_hash, expires, _full_wait, n = _set_head_from(payload, 0)
+            end = 20 + n
+            if 0 <= n <= limits.max_name and end + 4 <= size:
+                name = payload[20:end]
+                if command == _SET_STRING:
+                    length = _i32_from(payload, end)[0]
+                    if end + 4 + length == size and 0 <= length <= limits.max_value:
+                        batch = self.store.set(
+                            map_hash, key_hash, name, STRING, payload[end + 4 :], expires
+                        )
+                        return None if batch is None else (batch, command, userid)
+                elif end + 4 == size:
+                    value = _i32_from(payload, end)[0]
+                    batch = self.store.set(map_hash, key_hash, name, INT, value, expires)
+                    return None if batch is None else (batch, command, userid)
+        raise self._bad_set(command, payload)
+
+    def _bad_set(self, command: int, payload: bytes) -> OpenClusterProtocolError:
+        """Why a set was refused: wire.decode_set's reason, or the limit it is over."""
+        try:
+            value = _decode_set(command, payload)
+        except OpenClusterProtocolError as exc:
+            return exc
+        limits = self.limits
+        if len(value.name) > limits.max_name:
+            return OpenClusterProtocolError(
+                f"a name of {len(value.name)} bytes is over the limit of {limits.max_name}"
             )
-        data = value.value
-        if command == _SET_STRING:
-            if len(data) > limits.max_value:  # type: ignore[arg-type]
-                raise OpenClusterProtocolError(
-                    f"a value of {len(data)} bytes is over the limit of {limits.max_value}"  # type: ignore[arg-type]
-                )
-            kind = STRING
-        else:
-            kind = INT
-        batch = self.store.set(value.map_hash, value.key_hash, name, kind, data, value.expires)
-        return None if batch is None else (batch, command, userid)
+        size = len(value.value) if isinstance(value.value, bytes) else 0
+        return OpenClusterProtocolError(
+            f"a value of {size} bytes is over the limit of {limits.max_value}"
+        )
 
     def _control(self, command: int, userid: int, payload: bytes) -> bytes:
         if command == wire.HELLO:
