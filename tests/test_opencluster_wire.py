@@ -79,6 +79,14 @@ def test_the_vectors_decode_to_what_they_say() -> None:
     assert wire.decode_set(wire.SET_INT, frames[0].payload) == wire.SetValue(
         0, 0x0A6F8DC5, 0, 0, b"testdata", 45
     )
+    assert wire.set_fields(wire.SET_INT, frames[0].payload) == (
+        0,
+        0x0A6F8DC5,
+        0,
+        0,
+        b"testdata",
+        45,
+    )
     assert frames[1].payload == frames[2].payload == b""
     assert wire.decode_serverlist(frames[3].payload) == []
     assert wire.decode_hashmasks(frames[4].payload) == (0x0F, ALL_BUCKETS)
@@ -342,6 +350,8 @@ def _set_payload(name_len: int, name: bytes, tail: bytes) -> bytes:
 def test_bad_set_payloads_are_protocol_errors(command: int, payload: bytes) -> None:
     with pytest.raises(OpenClusterProtocolError):
         wire.decode_set(command, payload)
+    with pytest.raises(OpenClusterProtocolError):
+        wire.set_fields(command, payload)
 
 
 def test_other_bad_payloads_are_protocol_errors() -> None:

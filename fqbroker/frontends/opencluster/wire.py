@@ -45,7 +45,8 @@ frames with :func:`encode_frame` and raw bytes.
 
 Contract additions: ``FrameDecoder.take`` (the server's hot path: frames as tuples, no
 object each), ``FrameDecoder.buffered``, ``decode_tryelsewhere``, ``decode_string``,
-``encode_string``, ``tryelsewhere``, ``shuttingdown``, ``serverhello``, ``PROTOCOL_NAMES``.
+``encode_string``, ``set_fields`` (decode_set as a tuple, for the server's hot path),
+``tryelsewhere``, ``shuttingdown``, ``serverhello``, ``PROTOCOL_NAMES``.
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ __all__ = [
     "ping",
     "serverhello",
     "serverlist",
+    "set_fields",
     "set_int",
     "set_string",
     "shuttingdown",
@@ -359,27 +361,38 @@ def decode_string(payload: bytes) -> bytes:
 
 def decode_set(command: int, payload: bytes) -> SetValue:
     """A set_int or set_string payload."""
-    what = PROTOCOL_NAMES.get(command, str(command))
-    if len(payload) < 20:
-        raise _bad(what, payload)
+    return SetValue(*set_fields(command, payload))
+
+
+def set_fields(command: int, payload: bytes) -> tuple[int, int, int, int, bytes, int | bytes]:
+    """:func:`decode_set` as a tuple (map_hash, key_hash, expires, full_wait, name, value):
+    the server's hot path, without a frozen dataclass's slow ``__init__`` per set."""
+    size = len(payload)
+    if size < 20:
+        raise _bad(PROTOCOL_NAMES.get(command, str(command)), payload)
     map_hash, key_hash, expires, full_wait, n = _set_head_from(payload, 0)
-    if n < 0:
-        raise OpenClusterProtocolError(f"{what} name of negative length {n}")
     end = 20 + n
     if command == SET_INT:
-        if len(payload) != end + 4:
-            raise _bad(what, payload)
-        return SetValue(
-            map_hash, key_hash, expires, full_wait, payload[20:end], _i32_from(payload, end)[0]
-        )
+        if n < 0 or size != end + 4:
+            raise _bad_set(command, payload, n)
+        return map_hash, key_hash, expires, full_wait, payload[20:end], _i32_from(payload, end)[0]
     if command != SET_STRING:
-        raise OpenClusterProtocolError(f"{what} is not a set")
-    if len(payload) < end:
-        raise OpenClusterProtocolError(f"{what} name of {n} bytes runs past its payload")
-    value, at = _string_at(what, payload, end)
-    if at != len(payload):
-        raise _bad(what, payload)
-    return SetValue(map_hash, key_hash, expires, full_wait, payload[20:end], value)
+        raise OpenClusterProtocolError(f"{PROTOCOL_NAMES.get(command, command)} is not a set")
+    if n < 0 or size < end + 4:
+        raise _bad_set(command, payload, n)
+    v = _i32_from(payload, end)[0]
+    if v < 0 or size != end + 4 + v:
+        raise _bad_set(command, payload, n)
+    return map_hash, key_hash, expires, full_wait, payload[20:end], payload[end + 4 :]
+
+
+def _bad_set(command: int, payload: bytes, n: int) -> OpenClusterProtocolError:
+    what = PROTOCOL_NAMES.get(command, str(command))
+    if n < 0:
+        return OpenClusterProtocolError(f"{what} name of negative length {n}")
+    if len(payload) < 20 + n:
+        return OpenClusterProtocolError(f"{what} name of {n} bytes runs past its payload")
+    return _bad(what, payload)
 
 
 def decode_get(payload: bytes) -> tuple[int, int]:
