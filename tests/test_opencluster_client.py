@@ -3,13 +3,24 @@ then the asyncio client and the ``opencluster`` console script against a real fq
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import trustme
 
 from fqbroker.clients.ocmachine import Answer, OCMachine, as_value
-from fqbroker.errors import OpenClusterProtocolError
+from fqbroker.clients.opencluster import OpenClusterClient
+from fqbroker.config import Settings
+from fqbroker.errors import ClientClosed, ClientError, OpenClusterProtocolError
 from fqbroker.frontends.opencluster import wire
+
+from .conftest import TIMEOUT, running
+from .pki import make_pki
+from .procs import Proc
 
 
 def _hex(text: str) -> bytes:
@@ -177,3 +188,149 @@ def test_values_and_expiry_are_checked_before_anything_is_sent() -> None:
         with pytest.raises(ValueError):
             m.set(b"k", 1, expires=expires)
     assert m.outstanding == 0
+
+
+# --- against a real broker ------------------------------------------------------------------
+
+
+@pytest.fixture
+async def oc_port(settings: Settings) -> AsyncIterator[int]:
+    """A broker with its OpenCluster listener on a free loopback port."""
+    settings.opencluster = settings.opencluster.updated({"listen": "127.0.0.1:0"})
+    async with running(settings) as broker:
+        address = broker.front_ends["opencluster"].address
+        assert address is not None
+        yield address[1]
+
+
+async def test_set_and_get_ints_and_strings(oc_port: int) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        client = await OpenClusterClient.connect("127.0.0.1", oc_port)
+        try:
+            assert client.machine.mask == 0x0F and client.machine.servers == []
+            await client.set("counter", 41)
+            await client.set(b"counter", -(2**31))  # a str and its bytes are one name
+            assert await client.get("counter", kind=int) == -(2**31)
+            await client.set("motd", "h\u00e9llo")
+            await client.set("blob", b"\x00\xff" * 1000)
+            assert await client.get("motd") == "h\u00e9llo".encode()
+            assert await client.get("blob") == b"\x00\xff" * 1000
+            assert await client.get("nothing") is None
+            assert await client.get("nothing", kind=int) is None
+            with pytest.raises(ClientError, match="wrong type"):
+                await client.get("motd", kind=int)
+            with pytest.raises(ClientError, match="wrong type"):
+                await client.get("counter")
+            await client.set("counter", "now a string")  # a set replaces the type too
+            assert await client.get("counter") == b"now a string"
+            await client.ping()
+        finally:
+            await client.close()
+        assert client.closed
+        with pytest.raises(ClientClosed):
+            await client.ping()
+        # A second connection sees what the first stored.
+        other = await OpenClusterClient.connect("127.0.0.1", oc_port)
+        try:
+            assert await other.get("blob") == b"\x00\xff" * 1000
+        finally:
+            await other.close()
+
+
+async def test_an_expired_value_is_not_found(oc_port: int) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        client = await OpenClusterClient.connect("127.0.0.1", oc_port)
+        try:
+            await client.set("lease", b"held", expires=1)
+            await client.set("kept", b"forever")
+            assert await client.get("lease") == b"held"
+            while await client.get("lease") is not None:  # bounded by the timeout above
+                await asyncio.sleep(0.1)
+            assert await client.get("kept") == b"forever"
+            await client.set("lease", b"again", expires=60)
+            assert await client.get("lease") == b"again"
+        finally:
+            await client.close()
+
+
+async def test_a_thousand_pipelined_sets_then_gets(oc_port: int) -> None:
+    async with asyncio.timeout(TIMEOUT * 3):
+        client = await OpenClusterClient.connect("127.0.0.1", oc_port)
+        try:
+            sets = [client.set(f"k{i}", i if i % 2 else b"v%d" % i) for i in range(1000)]
+            await asyncio.gather(*sets)
+            gets = [client.get(f"k{i}", kind=int if i % 2 else bytes) for i in range(1000)]
+            values = await asyncio.gather(*gets)
+            assert values == [i if i % 2 else b"v%d" % i for i in range(1000)]
+            assert client.machine.outstanding == 0
+        finally:
+            await client.close()
+
+
+async def test_nothing_listening_is_an_os_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: refused
+        with pytest.raises(OSError):
+            await OpenClusterClient.connect("127.0.0.1", port, connect_timeout=TIMEOUT)
+
+
+async def _tool(*args: str) -> tuple[int, bytes, str]:
+    proc = await Proc.start("-m", "fqbroker.clients.octool", *args)
+    async with asyncio.timeout(TIMEOUT * 3):
+        return await proc.finish()
+
+
+async def test_the_console_script(oc_port: int, tmp_path: Path) -> None:
+    port = ("--port", str(oc_port))
+    assert await _tool(*port, "set", "greeting", "hello world") == (0, b"", "")
+    assert await _tool(*port, "get", "greeting") == (0, b"hello world\n", "")
+    assert await _tool(*port, "set", "n", "-17", "--int", "--expires", "3600") == (0, b"", "")
+    assert await _tool(*port, "get", "n", "--int") == (0, b"-17\n", "")
+    assert await _tool(*port, "ping") == (0, b"", "")
+    status, out, err = await _tool(*port, "get", "missing")
+    assert (status, out) == (1, b"")
+    assert err.strip() == "opencluster: missing: not found"
+    status, out, err = await _tool(*port, "get", "greeting", "--int")
+    assert (status, out) == (1, b"")
+    assert "wrong type" in err and len(err.strip().splitlines()) == 1
+    for bad in (
+        ["set", "n", "x", "--int"],
+        ["set", "n", str(2**31), "--int"],
+        ["set", "n", "1", "--expires", "-1"],
+        ["get"],
+        ["--port", "70000", "ping"],
+        ["frobnicate"],
+    ):
+        status, out, err = await _tool(*port, *bad)
+        assert status == 2, bad
+        assert "Traceback" not in err and err.strip(), bad
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = str(s.getsockname()[1])
+        status, out, err = await _tool("--port", closed, "ping")
+    assert status == 1
+    assert err.strip().startswith(f"opencluster: cannot reach 127.0.0.1:{closed}")
+    assert len(err.strip().splitlines()) == 1
+
+
+async def test_the_client_and_the_tool_over_tls(settings: Settings, tmp_path: Path) -> None:
+    (tmp_path / "pki").mkdir()
+    pki = make_pki(trustme.CA(), tmp_path / "pki")
+    settings.opencluster = settings.opencluster.updated(
+        {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+    )
+    async with running(settings) as broker, asyncio.timeout(TIMEOUT * 3):
+        live = broker.front_ends["opencluster"]
+        assert live.address is not None and live.transport == "tls"
+        port = live.address[1]
+        client = await OpenClusterClient.connect("127.0.0.1", port, cafile=pki["ca"])
+        try:
+            await client.set("secret", b"over tls")
+        finally:
+            await client.close()
+        tool = ("--port", str(port), "--cafile", str(pki["ca"]))
+        assert await _tool(*tool, "get", "secret") == (0, b"over tls\n", "")
+        # Without the CA the server's certificate is not trusted: one line, exit 1.
+        status, _, err = await _tool("--port", str(port), "--tls", "ping")
+        assert status == 1 and len(err.strip().splitlines()) == 1, err

@@ -48,17 +48,35 @@ SWEEP_SECONDS = 0.5  # expired keys are reclaimed within a second
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv(map_hash INTEGER, key_hash INTEGER, name BLOB,"
-    " kind INTEGER, value, expires REAL, PRIMARY KEY(map_hash, key_hash))"
+    " kind INTEGER, value, expires REAL, PRIMARY KEY(map_hash, key_hash)) WITHOUT ROWID"
 )
-_UPSERT = "INSERT OR REPLACE INTO kv VALUES (?, ?, ?, ?, ?, ?)"
+# Rows go in by multi-row statements of at most CHUNK rows: one sqlite3_step (run without
+# the GIL) per statement, where executemany takes and drops the GIL for every row while
+# the event loop wants it. Each size's statement text is made once, and sqlite3 caches
+# the prepared statements (up to CHUNK + a few).
+CHUNK = 256
+_COLUMNS = 6
+_UPSERTS: dict[int, str] = {}
+
+
+def _upsert(rows: int) -> str:
+    sql = _UPSERTS.get(rows)
+    if sql is None:
+        sql = _UPSERTS[rows] = "INSERT OR REPLACE INTO kv VALUES " + ",".join(
+            ["(?,?,?,?,?,?)"] * rows
+        )
+    return sql
+
+
 _EXPIRE = "DELETE FROM kv WHERE expires > 0 AND expires <= ?"
 
 _Bytes = bytes  # in KVStore, whose ``bytes`` property hides the type
 
 # One value in memory: (kind, value, expires, name).
 Entry = tuple[int, int | bytes, float, bytes]
-# One row of the kv table; the hashes as unsigned 32-bit numbers, whatever the client sent.
-Row = tuple[int, int, bytes, int, int | bytes, float]
+# A batch's rows, flat: (map_hash, key_hash, name, kind, value, expires) one after the
+# other; the hashes as unsigned 32-bit numbers, whatever the client sent.
+Params = list[int | bytes | float]
 
 
 def key_of(map_hash: int, key_hash: int) -> int:
@@ -66,20 +84,27 @@ def key_of(map_hash: int, key_hash: int) -> int:
     return ((map_hash & 0xFFFFFFFF) << 32) | (key_hash & 0xFFFFFFFF)
 
 
+def _keys(params: Params) -> list[int]:
+    """The dict keys of a batch's rows."""
+    return [
+        key_of(params[at], params[at + 1])  # type: ignore[arg-type]
+        for at in range(0, len(params), _COLUMNS)
+    ]
+
+
 def _size(entry: Entry) -> int:
     value = entry[1]
-    return len(entry[3]) + (len(value) if isinstance(value, bytes) else 4)
+    return len(entry[3]) + (len(value) if entry[0] == STRING else 4)  # type: ignore[arg-type]
 
 
 class Batch:
     """The sets of one group commit. ``error`` is None once committed, or says why the
     commit failed; ``waiters`` are called (on the loop) when ``done``."""
 
-    __slots__ = ("done", "error", "keys", "rows", "waiters")
+    __slots__ = ("done", "error", "params", "waiters")
 
     def __init__(self) -> None:
-        self.rows: list[Row] = []
-        self.keys: list[int] = []
+        self.params: Params = []  # _COLUMNS values a row
         self.waiters: list[Callable[[], None]] = []
         self.done = False
         self.error: str | None = None
@@ -111,7 +136,9 @@ class KVStore:
         self._closed = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db = sqlite3.connect(
+                path, isolation_level=None, check_same_thread=False, cached_statements=CHUNK + 16
+            )
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
             self._db.execute(_SCHEMA)
@@ -176,15 +203,16 @@ class KVStore:
         key = ((map_hash & 0xFFFFFFFF) << 32) | (key_hash & 0xFFFFFFFF)
         values = self._values
         old = values.get(key)
+        # _size, inline: this is the hot path of every set.
+        size = len(name) + (len(value) if kind == STRING else 4)  # type: ignore[arg-type]
         if old is None:
             if len(values) >= self.max_keys:
                 return None
         else:
-            self._bytes -= _size(old)
+            size -= len(old[3]) + (len(old[1]) if old[0] == STRING else 4)  # type: ignore[arg-type]
+        self._bytes += size
         at = time.time() + expires if expires > 0 else 0.0
-        entry: Entry = (kind, value, at, name)
-        values[key] = entry
-        self._bytes += _size(entry)
+        values[key] = (kind, value, at, name)
         if at:
             heapq.heappush(self._expiries, (at, key))
         self.sets += 1
@@ -194,8 +222,7 @@ class KVStore:
             if self._committing is None:
                 # At the end of this turn of the loop: every set read meanwhile joins.
                 self._loop.call_soon(self._commit)
-        batch.rows.append((key >> 32, key & 0xFFFFFFFF, name, kind, value, at))
-        batch.keys.append(key)
+        batch.params += (key >> 32, key & 0xFFFFFFFF, name, kind, value, at)
         return batch
 
     def _commit(self) -> None:
@@ -203,21 +230,23 @@ class KVStore:
         if self._committing is not None or (batch is None and not self._expire_before):
             return
         self._open = None
-        rows = batch.rows if batch is not None else []
+        params = batch.params if batch is not None else []
         expire_before, self._expire_before = self._expire_before, 0.0
-        future = self._loop.run_in_executor(self._thread, self._write, rows, expire_before)
+        future = self._loop.run_in_executor(self._thread, self._write, params, expire_before)
         self._committing = future
         future.add_done_callback(lambda f: self._committed(batch, f))
 
-    def _write(self, rows: list[Row], before: float) -> str | None:
+    def _write(self, params: Params, before: float) -> str | None:
         """In the worker thread: one transaction; None, or why it failed."""
         db = self._db
+        step = CHUNK * _COLUMNS
         try:
             db.execute("BEGIN")
             if before:
                 db.execute(_EXPIRE, (before,))
-            if rows:
-                db.executemany(_UPSERT, rows)
+            for at in range(0, len(params), step):
+                chunk = params[at : at + step]
+                db.execute(_upsert(len(chunk) // _COLUMNS), chunk)
             db.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
             with contextlib.suppress(sqlite3.Error):
@@ -244,8 +273,8 @@ class KVStore:
     def _reload(self, batch: Batch) -> None:
         """Memory back to what sqlite holds for a failed batch's keys, except those a
         later set (still to be committed) changed since."""
-        later = set(self._open.keys) if self._open is not None else set()
-        keys = [key for key in dict.fromkeys(batch.keys) if key not in later]
+        later = set(_keys(self._open.params)) if self._open is not None else set()
+        keys = [key for key in dict.fromkeys(_keys(batch.params)) if key not in later]
         found: dict[int, Entry] = {}
         try:
             for key in keys:
