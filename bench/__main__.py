@@ -3,7 +3,7 @@
     python -m bench [--runs N] [--scale F] [--no-peers] [--baseline TREE] [SCENARIO ...]
 
 Scenarios: 1to1-100 1to1-4k 1to1-128k 1to1-routes fanout fanin disk latency memory idle
-lumberjack figg fyrehose (the table),
+lumberjack figg fyrehose opencluster (the table),
 and in-process micro benchmarks outside it: routing, disk-inproc, file-reads, permissions.
 """
 

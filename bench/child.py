@@ -174,6 +174,7 @@ def own_port_args() -> list[str]:
         "--lumberjack", f"127.0.0.1:{free_port()}",
         "--figg", f"127.0.0.1:{free_port()}",
         "--fyrehose", f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}",
+        "--opencluster", f"127.0.0.1:{free_port()}",
     ]  # fmt: skip
 
 

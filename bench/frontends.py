@@ -33,7 +33,11 @@ And on a port of its own, which every broker child turns on (bench/child.py
 * ``fyrehose``: over UDP, one datagram per frame, every datagram of
   fqbroker/frontends/fyrehose/wire.py (PUSH and KEEPALIVE in both forms, REQUEST, and the
   DELIVER, FORWARD and KEEPALIVE-ACK a broker never expects), mutated up to the largest
-  datagram; every address the fuzzer names stays on this machine (bench/fyrehosefuzz.py).
+  datagram; every address the fuzzer names stays on this machine (bench/fyrehosefuzz.py);
+* ``opencluster``: Nov-2011 OpenCluster frames, every command of
+  fqbroker/frontends/opencluster/wire.py and those that never had a format, with lengths
+  mutated past every limit; the round trip is hello, then a set_string and get_string of
+  a unique key (bench/ocfuzz.py).
 """
 
 from __future__ import annotations
@@ -55,6 +59,12 @@ from fqbroker.frontends.lumberjack import encoder as lumberjack
 from .child import http_reply
 from .fuzzconn import NOTES, SEND_SECONDS, Conn, Target, connect_tcp, mutate_bytes
 from .fyrehosefuzz import fyrehose_frame, mutate_fyrehose, open_fyrehose, round_trip_fyrehose
+from .ocfuzz import (
+    mutate_opencluster,
+    open_opencluster,
+    opencluster_frame,
+    round_trip_opencluster,
+)
 
 __all__ = [
     "FRONT_ENDS",
@@ -486,6 +496,10 @@ def _fyrehose_port(t: Target) -> int:
     return t.ports["fyrehose"]
 
 
+def _opencluster_port(t: Target) -> int:
+    return t.ports["opencluster"]
+
+
 # --- the table ----------------------------------------------------------------------------
 
 
@@ -523,5 +537,9 @@ FRONT_ENDS: list[FrontEnd] = [
     FrontEnd(
         "fyrehose", "udp", _fyrehose_port, open_fyrehose, fyrehose_frame, mutate_fyrehose,
         round_trip_fyrehose,
+    ),
+    FrontEnd(
+        "opencluster", "tcp", _opencluster_port, open_opencluster, opencluster_frame,
+        mutate_opencluster, round_trip_opencluster,
     ),
 ]  # fmt: skip

@@ -151,6 +151,7 @@ class FqBroker(System):
         lumberjack: bool = False,
         figg: bool = False,
         fyrehose: bool = False,
+        opencluster: str | None = None,
     ) -> None:
         super().__init__(name, "fq")
         self.fsync = fsync
@@ -163,6 +164,10 @@ class FqBroker(System):
         # whoever uses it waits for a KEEPALIVE-ACK (bench/fyrehoseload.py).
         self.fyrehose = fyrehose
         self.fh_port = 0
+        # Also an OpenCluster listener on ``oc_port``, its store's ``[opencluster] sync``
+        # this ("full" or "normal").
+        self.opencluster = opencluster
+        self.oc_port = 0
 
     def start(self) -> None:
         if self.lumberjack:
@@ -171,11 +176,15 @@ class FqBroker(System):
             self.figg_port = free_port()
         if self.fyrehose:
             self.fh_port = free_port(socket.SOCK_DGRAM)
+        if self.opencluster:
+            self.oc_port = free_port()
         super().start()
         if self.lumberjack:
             _wait_port(self.lj_port, self)
         if self.figg:
             _wait_port(self.figg_port, self)
+        if self.opencluster:
+            _wait_port(self.oc_port, self)
 
     def environment(self) -> dict[str, str]:
         return ENV if self.tree is None else env_for(self.tree)
@@ -188,14 +197,17 @@ class FqBroker(System):
             "--config", str(self._config()),
         ] + (["--lumberjack", f"127.0.0.1:{self.lj_port}"] if self.lumberjack else []) + (
             ["--figg", f"127.0.0.1:{self.figg_port}"] if self.figg else []
-        ) + (["--fyrehose", f"127.0.0.1:{self.fh_port}"] if self.fyrehose else [])  # fmt: skip
+        ) + (["--fyrehose", f"127.0.0.1:{self.fh_port}"] if self.fyrehose else []) + (
+            ["--opencluster", f"127.0.0.1:{self.oc_port}"] if self.opencluster else []
+        )  # fmt: skip
 
     def _config(self) -> Path:
         assert self.workdir is not None
         path = self.workdir / "fqd.toml"
         # Topics have a policy of their own; a row's names both.
         figg = f'[figg]\nfsync = "{self.fsync}"\n' if self.figg else ""
-        path.write_text(f'[fqd]\nfsync = "{self.fsync}"\n{figg}')
+        oc = f'[opencluster]\nsync = "{self.opencluster}"\n' if self.opencluster else ""
+        path.write_text(f'[fqd]\nfsync = "{self.fsync}"\n{figg}{oc}')
         return path
 
 

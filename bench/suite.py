@@ -35,6 +35,7 @@ from .harness import (
     rss_bytes,
     version,
 )
+from .ocsuite import oc_generator_note, oc_rows, oc_run, oc_systems
 
 # No byte limit (docs/memory.md): the flows measure speed, not where a backlog is cut.
 QUEUE = "mem:backlog=4000000,backlog_bytes=0"
@@ -545,7 +546,19 @@ def scenario_fyrehose(cfg: Config, table: Table) -> None:
     table.add([label, f"{_rate(r['rate'])} dlv/s", f"{r['us']:.2f}", note])
 
 
-SCENARIOS = [*FLOWS, "disk", "latency", "memory", "idle", "lumberjack", "figg", "fyrehose"]
+def scenario_opencluster(cfg: Config, table: Table) -> None:
+    """The rows of bench/ocsuite.py, Redis beside them when it is a peer of the table."""
+    systems = oc_systems(with_redis="redis" in table.peers)
+    res = interleaved(systems, cfg.runs, lambda s, run: oc_run(s, run, cfg.scale))
+    for label, row, target in oc_rows(res):
+        table.flow(label, row, target)
+    if "redis" in res:
+        table.add(oc_generator_note(res["redis"]))
+
+
+SCENARIOS = [
+    *FLOWS, "disk", "latency", "memory", "idle", "lumberjack", "figg", "fyrehose", "opencluster",
+]  # fmt: skip
 
 
 def run(names: Sequence[str], cfg: Config) -> str:
@@ -575,6 +588,8 @@ def run(names: Sequence[str], cfg: Config) -> str:
             scenario_figg(cfg, table)
         elif name == "fyrehose":
             scenario_fyrehose(cfg, table)
+        elif name == "opencluster":
+            scenario_opencluster(cfg, table)
     table.notes += ["", *(f"{n}: {why}" for n, why in notes)]
     table.notes.append(
         "us/msg: server CPU (user+sys) per delivered message. vs X: fqbroker msg/s over X's."

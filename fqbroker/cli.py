@@ -52,6 +52,11 @@ def _fqd_parser() -> argparse.ArgumentParser:
         metavar="ADDR:PORT",
         help="serve the fyrehose backbone over UDP here (off by default; port 0 picks one)",
     )
+    p.add_argument(
+        "--opencluster",
+        metavar="ADDR:PORT",
+        help="serve the OpenCluster key/value store here (off by default; port 0 picks one)",
+    )
     p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: TLS on the main port")
     p.add_argument("--tls-key", type=Path, help="PEM private key (default: in --tls-cert)")
     p.add_argument(
@@ -91,6 +96,8 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
         settings.figg = settings.figg.updated({"listen": args.figg})
     if args.fyrehose is not None:
         settings.fyrehose = settings.fyrehose.updated({"listen": args.fyrehose})
+    if args.opencluster is not None:
+        settings.opencluster = settings.opencluster.updated({"listen": args.opencluster})
     if args.modules:
         settings.modules = [*settings.modules, *args.modules]
     return settings
@@ -128,6 +135,10 @@ async def _run(settings: Settings) -> None:
     fyrehose = broker.front_ends.get("fyrehose")
     if fyrehose is not None and fyrehose.address is not None:
         print(f"fyrehose listening on port: {fyrehose.address[1]}", file=sys.stderr, flush=True)
+    opencluster = broker.front_ends.get("opencluster")
+    if opencluster is not None and opencluster.address is not None:
+        port = opencluster.address[1]
+        print(f"OpenCluster listening on port: {port}", file=sys.stderr, flush=True)
     stop = broker.shutdown_requested
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

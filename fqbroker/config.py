@@ -19,6 +19,7 @@ __all__ = [
     "Figg",
     "Fyrehose",
     "Lumberjack",
+    "OpenCluster",
     "Settings",
     "TopicRetention",
     "Upstream",
@@ -29,6 +30,7 @@ DEFAULT_PORT = 8765
 LUMBERJACK_PORT = 5044  # the Beats convention, for a ``listen`` that names a host only
 FIGG_PORT = 8119  # the Figg seed's, for a ``listen`` that names a host only
 FYREHOSE_PORT = 2323  # the fyrehose seed's example port, for a ``listen`` naming a host only
+OPENCLUSTER_PORT = 13600  # the protocol's customary port, for a ``listen`` naming a host only
 AUTH_MODES = ("none", "password")
 
 
@@ -350,6 +352,75 @@ class Fyrehose:
         return listen_address("fyrehose", self.listen or "", bind, FYREHOSE_PORT)
 
 
+@dataclass(frozen=True, slots=True)
+class OpenCluster:
+    """The ``[opencluster]`` table: the OpenCluster key/value listener (docs/opencluster.md).
+
+    Off while ``listen`` is None (or empty in the TOML file). Values live in memory and in
+    sqlite under ``queue_dir``; a set is acknowledged once committed there, fsynced
+    (``sync = "full"``) or only written to the WAL (``"normal"``: survives kill -9, not a
+    power cut). A frame over a limit closes that connection; ``max_keys`` refuses new keys
+    (failinfo); ``max_inflight`` stops reading a connection until its replies go out.
+    """
+
+    listen: str | None = None  # "HOST:PORT", "[V6]:PORT" or "PORT" (on ``bind``); 0 picks one
+    sync: str = "full"  # "full": an ack survives a power cut; "normal": kill -9 only
+    max_name: int = 1024  # bytes of a key's name
+    max_value: int = 1 << 20  # bytes of a string value
+    max_payload: int = (1 << 20) + 1024 + 64  # a frame's payload length (its header's)
+    max_keys: int = 1_000_000  # keys held; a set of a new key past it is refused
+    max_inflight: int = 1024  # commands read and not yet answered, per connection
+    tls_cert: Path | None = None  # PEM certificate chain: the listener speaks TLS when given
+    tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> OpenCluster:
+        """The ``[opencluster]`` table of the TOML file; unknown keys are an error."""
+        if not isinstance(table, dict):
+            raise ValueError("opencluster must be a table")
+        return cls().updated(table)
+
+    def updated(self, values: Mapping[str, Any]) -> OpenCluster:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for key, value in values.items():
+            if key not in out:
+                raise ValueError(f"unknown opencluster setting {key!r}")
+            if key == "listen" and value == "":
+                value = None
+            elif key in ("tls_cert", "tls_key"):
+                value = Path(value) if value not in (None, "") else None
+            out[key] = value
+        made = OpenCluster(**out)
+        made.check()
+        return made
+
+    def check(self) -> None:
+        """Raise ValueError for a setting the listener or its store cannot work with."""
+        if self.listen is not None and not isinstance(self.listen, str):
+            raise ValueError("opencluster listen must be a string")
+        if self.sync not in ("full", "normal"):
+            raise ValueError(f"opencluster sync must be full or normal, not {self.sync!r}")
+        for name in ("max_name", "max_value", "max_payload", "max_keys", "max_inflight"):
+            _positive(f"opencluster {name}", getattr(self, name))
+        # A frame of the largest name and value must fit: 16 bytes of hashes, expiry and
+        # full_wait, two 4-byte lengths.
+        if self.max_payload > (1 << 31) - 1:
+            raise ValueError("opencluster max_payload must fit the header's i32 length")
+        if self.max_payload < 24 + self.max_name + 4:
+            raise ValueError(
+                "opencluster max_payload must hold a set of a max_name name "
+                f"(at least {24 + self.max_name + 4})"
+            )
+        if self.tls_key is not None and self.tls_cert is None:
+            raise ValueError("opencluster tls_key needs tls_cert")
+        if self.listen:
+            self.address("127.0.0.1")
+
+    def address(self, bind: str) -> tuple[str, int] | None:
+        """Where to listen, or None when off; a bare port listens on the broker's ``bind``."""
+        return listen_address("opencluster", self.listen or "", bind, OPENCLUSTER_PORT)
+
+
 @dataclass(slots=True)
 class Settings:
     port: int = DEFAULT_PORT
@@ -391,6 +462,8 @@ class Settings:
     figg: Figg = field(default_factory=Figg)  # off until ``listen`` is set
     # --- P13 the fyrehose backbone (docs/fyrehose.md) ---
     fyrehose: Fyrehose = field(default_factory=Fyrehose)  # off until ``listen`` is set
+    # --- P14 the OpenCluster key/value store (docs/opencluster.md) ---
+    opencluster: OpenCluster = field(default_factory=OpenCluster)  # off until ``listen``
     # --- P12 security (docs/security.md) ---
     auth: str = "none"  # "none": fq's behaviour, no password checked; "password": users
     allow_open_network: bool = False  # listen beyond loopback with auth = "none" anyway
@@ -406,7 +479,7 @@ class Settings:
         values = dict(data.get("fqd", data))
         if "fqd" in data:
             # Tables of their own beside [fqd].
-            for table in ("upstream", "lumberjack", "figg", "fyrehose"):
+            for table in ("upstream", "lumberjack", "figg", "fyrehose", "opencluster"):
                 if table in data:
                     values[table] = data[table]
         return cls().updated(values)
@@ -433,6 +506,8 @@ class Settings:
                 value = Figg.from_table(value)
             elif name == "fyrehose" and not isinstance(value, Fyrehose):
                 value = Fyrehose.from_table(value)
+            elif name == "opencluster" and not isinstance(value, OpenCluster):
+                value = OpenCluster.from_table(value)
             setattr(out, name, value)
         out.check()
         return out
@@ -470,6 +545,7 @@ class Settings:
             self.lumberjack.address(self.bind),
             self.figg.address(self.bind),
             self.fyrehose.address(self.bind),
+            self.opencluster.address(self.bind),
         ):
             if address is not None:
                 wanted.append(address[0])

@@ -7,13 +7,16 @@
     │   ├── FrameTooLarge    a length field over its limit (.field, .size, .limit)
     │   ├── AuthError        the auth request is refused; .text is fq's exact error text
     │   ├── FiggProtocolError  a Figg frame that breaks the wire format (frontends/figg)
-    │   └── FyrehoseProtocolError  a bad fyrehose datagram (frontends/fyrehose); dropped
+    │   ├── FyrehoseProtocolError  a bad fyrehose datagram (frontends/fyrehose); dropped
+    │   └── OpenClusterProtocolError  an OpenCluster frame that breaks the wire format
     ├── ProgramError         a route program does not compile (answered as BIND_ILLEGAL)
     ├── QueueError           a queue cannot be created or attached; .text is fq's error text
     ├── CheckpointError      a checkpoint request is refused; .message is fqd's text
     ├── LogFormatError       a disk queue's directory holds no segment log this version reads
     ├── SequenceFileError    the fyrehose sequence file is unusable: fqd does not start
                              (also a ValueError, so fqd says why in one line)
+    ├── KVStoreError         the OpenCluster store cannot be opened: fqd does not start
+                             (also a ValueError)
     ├── ClientError          a broker refused the client; .text is its exact error text
     │   └── ClientClosed     the client is closed (also a ConnectionError)
     │       └── FyrehoseClosed  the fyrehose client is closed (clients/fyrehose)
@@ -59,7 +62,9 @@ __all__ = [
     "FrameTooLarge",
     "FyrehoseClosed",
     "FyrehoseProtocolError",
+    "KVStoreError",
     "LogFormatError",
+    "OpenClusterProtocolError",
     "ProgramError",
     "ProtocolError",
     "QueueError",
@@ -108,6 +113,12 @@ class FyrehoseProtocolError(ProtocolError):
     """
 
 
+class OpenClusterProtocolError(ProtocolError):
+    """An OpenCluster peer sent a frame that breaks the wire format (a bad length, fields
+    that do not add up to the payload, a name or value over its limit); the server closes
+    that connection, the client gives the connection up (frontends/opencluster/wire.py)."""
+
+
 class ProgramError(FqError):
     """A route program does not compile."""
 
@@ -141,6 +152,11 @@ class LogFormatError(FqError):
 class SequenceFileError(FqError, ValueError):
     """The fyrehose sequence file is there but cannot be read or written, or holds no
     usable number; the listener does not start (frontends/fyrehose/sequence.py)."""
+
+
+class KVStoreError(FqError, ValueError):
+    """The OpenCluster store's database cannot be opened or read; the listener does not
+    start (storage/kvstore.py)."""
 
 
 # --- the clients': what a broker's answer can cause ----------------------------------------

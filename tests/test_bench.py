@@ -57,3 +57,19 @@ def test_bench_fyrehose_rows_run_tiny(capsys: pytest.CaptureFixture[str]) -> Non
     lossy = next(line for line in lines if line.startswith("fyrehose, 5% loss"))
     assert "recovered 100.0% of" in lossy, table
     assert "  ! fyrehose" not in capsys.readouterr().out
+
+
+def test_bench_opencluster_rows_run_tiny(capsys: pytest.CaptureFixture[str]) -> None:
+    """Pipelined SET then GET through the OpenCluster listener, every reply checked byte
+    for byte by the generator, or the run says so with a "!" line. Redis is left out
+    (peers=False): its column is measured by `make bench` only."""
+    table = run(["opencluster"], Config(runs=1, scale=0.001, peers=False))
+    rows = [line for line in table.splitlines() if line.startswith("OpenCluster")]
+    labels = [row.split("|")[0].strip() for row in rows]
+    assert [label.split(",")[0] for label in labels] == [
+        "OpenCluster SET", "OpenCluster GET", "OpenCluster SET"
+    ], table  # fmt: skip
+    assert labels[0].endswith("sync=full") and labels[2].endswith("sync=normal"), table
+    for row in rows:
+        assert float(row.split("|")[1].strip().rstrip("k").replace(",", "")) > 0, table
+    assert "  ! opencluster" not in capsys.readouterr().out

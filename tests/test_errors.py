@@ -97,6 +97,7 @@ def test_every_exception_of_the_tree_is_in_errors_py_and_its_drawing() -> None:
         ("fqbroker.spark", ["DataLossError"]),
         ("fqbroker.frontends.figg.wire", ["FiggProtocolError"]),
         ("fqbroker.frontends.fyrehose.wire", ["FyrehoseProtocolError"]),
+        ("fqbroker.frontends.opencluster.wire", ["OpenClusterProtocolError"]),
     ],
 )
 def test_exceptions_stay_importable_where_users_import_them(module: str, names: list[str]) -> None:
@@ -115,3 +116,4 @@ def test_the_natural_base_classes_are_kept() -> None:
     assert issubclass(errors.DataLossError, RuntimeError)
     assert issubclass(errors.FiggProtocolError, errors.ProtocolError)
     assert issubclass(errors.FyrehoseProtocolError, errors.ProtocolError)
+    assert issubclass(errors.OpenClusterProtocolError, errors.ProtocolError)

@@ -11,6 +11,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +127,16 @@ async def echo_round_trip(port: int, data: bytes, **tls: Any) -> None:
 async def test_the_default_table_lists_fq_and_http_on_the_main_port(broker: Broker) -> None:
     consumer = await open_session(broker.port, b"fe-reader", b"fe-q")
     fes = await front_ends_json(broker)
-    assert list(fes) == ["fq-command", "fq-data", "http", "lumberjack", "figg", "fyrehose"]
-    for own in ("lumberjack", "figg", "fyrehose"):
+    assert list(fes) == [
+        "fq-command",
+        "fq-data",
+        "http",
+        "lumberjack",
+        "figg",
+        "fyrehose",
+        "opencluster",
+    ]
+    for own in ("lumberjack", "figg", "fyrehose", "opencluster"):
         assert fes.pop(own)["port"] is None  # a port of its own, off until configured
     for fe in fes.values():
         assert fe["transport"] == "main" and fe["port"] == broker.port
@@ -404,6 +413,81 @@ async def test_a_port_taken_fails_the_start_and_leaves_no_port_open(settings: Se
         servers = list(broker.listeners.servers())
         assert len(servers) == 2 and not any(s.is_serving() for s in servers)
         await broker.stop()
+
+
+class _Shared:
+    """A front end's state: what happened to it, in order, beside its connections' ends."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        events.append("made")
+
+    async def close(self) -> None:
+        await asyncio.sleep(0)  # an async close, awaited
+        self.events.append("closed")
+
+
+def _stateful(events: list[str], address: Callable[[Settings], tuple[str, int] | None]) -> Any:
+    class Tracked(_Echo):
+        def connection_lost(self, exc: Exception | None) -> None:
+            events.append("connection lost")
+            super().connection_lost(exc)
+
+    def open_tracked(
+        host: EchoHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
+    ) -> asyncio.BaseProtocol:
+        assert isinstance(live.state, _Shared)  # made before the first connection
+        events.append("opened")
+        return Tracked(host, live, transport)
+
+    return FrontEnd(
+        name="stateful",
+        reach=OwnPort(address, open_tracked),
+        state=lambda host, settings: _Shared(events),
+    )
+
+
+async def test_a_front_end_state_lives_from_before_its_port_to_after_its_connections(
+    settings: Settings,
+) -> None:
+    events: list[str] = []
+    async with running(settings, _stateful(events, lambda s: LOOPBACK)) as broker:
+        live = broker.front_ends["stateful"]
+        assert isinstance(live.state, _Shared) and events == ["made"]
+        await echo_round_trip(port_of(broker, "stateful"), b"hi")
+        await wait_for(lambda: "connection lost" in events)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(broker, "stateful"))
+        writer.write(b"x")
+        async with asyncio.timeout(TIMEOUT):
+            await reader.readexactly(1)  # served: open while the broker stops
+    writer.close()
+    assert events == ["made", "opened", "connection lost", "opened", "connection lost", "closed"]
+    assert live.state is None
+
+
+async def test_a_front_end_state_is_closed_when_a_port_fails_and_not_made_when_off(
+    settings: Settings,
+) -> None:
+    import socket
+
+    events: list[str] = []
+    with socket.socket() as taken:
+        taken.bind(LOOPBACK)
+        taken.listen()
+        address = taken.getsockname()[:2]
+        clash: FrontEnd[EchoHost] = FrontEnd("clash", OwnPort(lambda s: address, _open_echo))
+        broker = Broker(
+            settings, front_ends=(*FRONT_ENDS, _stateful(events, lambda s: LOOPBACK), clash)
+        )
+        with pytest.raises(OSError):
+            await broker.start()
+        assert events == ["made", "closed"]
+        await broker.stop()
+    assert events == ["made", "closed"]  # closed once
+    off: list[str] = []
+    async with running(settings, _stateful(off, lambda s: None)) as broker:
+        assert broker.front_ends["stateful"].state is None
+    assert off == []
 
 
 def _import_graph() -> dict[str, set[str]]:

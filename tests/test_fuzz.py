@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import struct
+from collections import Counter
 from pathlib import Path
 
 from bench import child, fuzz
@@ -144,3 +146,48 @@ def test_fyrehose_datagrams_cover_every_kind_and_stay_on_this_machine() -> None:
     assert kinds == {"Push", "Keepalive", "Request", "Deliver", "Forward", "KeepaliveAck"}
     assert seed_forms > 100
     assert max(sizes) == fh.MAX_DATAGRAM
+
+
+def test_opencluster_frames_cover_every_command_and_mutations_hit_the_limits() -> None:
+    """The opencluster entry sends every command id the protocol names (the valid frames
+    decode as they are), and its mutations give lengths negative, short and past
+    max_payload, truncate, and make names and values one byte past their limits."""
+    from bench.ocfuzz import MAX_NAME, MAX_PAYLOAD, MAX_VALUE, mutate_opencluster
+    from bench.ocfuzz import opencluster_frame as frame
+    from fqbroker.errors import OpenClusterProtocolError
+    from fqbroker.frontends.opencluster import wire as oc
+
+    rng = random.Random(5)
+    commands: set[int] = set()
+    lengths: set[int] = set()
+    outcomes: Counter[str] = Counter()
+    for _ in range(5000):
+        decoder = oc.FrameDecoder(MAX_PAYLOAD)
+        decoder.receive_data(frame(rng))
+        while (f := decoder.next_frame()) is not None:
+            commands.add(f.command)
+        assert decoder.next_frame() is None  # nothing left over: whole, valid frames
+        out = mutate_opencluster(rng, frame(rng))
+        if len(out) >= oc.HEADER_SIZE:
+            lengths.add(struct.unpack_from(">i", out, 8)[0])
+        decoder = oc.FrameDecoder(MAX_PAYLOAD)
+        decoder.receive_data(out)
+        try:
+            while decoder.next_frame() is not None:
+                pass
+            outcomes["incomplete or valid"] += 1
+        except OpenClusterProtocolError:
+            outcomes["malformed"] += 1
+    named = {
+        oc.HELLO, oc.CAPABILITIES, oc.SHUTTINGDOWN, oc.GOODBYE, oc.PING, oc.SERVERHELLO,
+        oc.SET_INT, oc.SET_STRING, oc.GET_INT, oc.GET_STRING, oc.ACK, oc.FAIL,
+        *oc.NEVER_SPECIFIED,
+    }  # fmt: skip
+    assert named <= commands, named - commands
+    assert commands - named - {oc.SERVERLIST, oc.HASHMASKS, oc.DATA_INT, oc.DATA_STR}  # unknowns
+    assert {-1, -0x80000000, 0, MAX_PAYLOAD + 1, 0x7FFFFFFF} <= lengths
+    assert outcomes["malformed"] > 200 and outcomes["incomplete or valid"] > 200, outcomes
+    rng = random.Random(6)
+    oversize = [mutate_opencluster(rng, b"") for _ in range(3000)]
+    assert any(len(o) > MAX_VALUE for o in oversize)
+    assert any(b"N" * (MAX_NAME + 1) in o for o in oversize)

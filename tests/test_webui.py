@@ -359,7 +359,17 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
                 " return s && s.length && s[0].open >= 2 ? s : null; })()"
             )
             names = [f["name"] for f in fronts]
-            assert names == ["fq-command", "fq-data", "http", "lumberjack", "figg", "fyrehose"]
+            assert names == [
+                "fq-command",
+                "fq-data",
+                "http",
+                "lumberjack",
+                "figg",
+                "fyrehose",
+                "opencluster",
+            ]
+            off = fronts.pop()  # opencluster: a TCP port of its own, not configured
+            assert (off["transport"], off["open"], off["rows"]) == ("tcp", 0, [])
             off = fronts.pop()  # a UDP port of its own, not configured
             assert (off["transport"], off["open"], off["rows"]) == ("udp", 0, [])
             for _ in range(2):

@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 
 # Front ends whose protocol has no login: under auth = "password" too, whoever reaches
 # their port may publish (lumberjack, fyrehose) or read topics (figg) and the stream
-# (fyrehose); a firewall or loopback keeps them private (docs/security.md).
-UNAUTHENTICATED = frozenset({"lumberjack", "figg", "fyrehose"})
+# (fyrehose), or read and write keys (opencluster); a firewall or loopback keeps them
+# private (docs/security.md).
+UNAUTHENTICATED = frozenset({"lumberjack", "figg", "fyrehose", "opencluster"})
 
 
 class Broker:

@@ -174,7 +174,11 @@ class FrontEnd(Generic[H]):
     ``refusal``: what a connection over a limit is told before it is closed (HTTP's
     503), or None to close it without a word. ``describe``: what to show of one of its
     connections, given the protocol serving it. ``stop``: called when the broker stops,
-    before the connections are closed, to end them gracefully.
+    before the connections are closed, to end them gracefully. ``state``: what the front
+    end's connections share beyond the host (OpenCluster's store), made from the host and
+    the settings before its port opens and kept in ``LiveFrontEnd.state``; an object with
+    an ``async def close()`` is closed after its connections are, when the broker stops
+    (or when its port cannot be opened).
     """
 
     name: str
@@ -182,6 +186,7 @@ class FrontEnd(Generic[H]):
     refusal: Callable[[H], bytes] | None = None
     describe: Callable[[asyncio.BaseProtocol], tuple[tuple[str, str | int], ...]] | None = None
     stop: Callable[[H], None] | None = None
+    state: Callable[[H, Settings], object] | None = None
     # Shown in /frontends.json and the web UI: which protocol this is, in a few words.
     summary: str = ""
 

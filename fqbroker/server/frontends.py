@@ -26,6 +26,7 @@ from fqbroker.frontends.fq import frontend as fq
 from fqbroker.frontends.fyrehose import frontend as fyrehose
 from fqbroker.frontends.http import frontend as http
 from fqbroker.frontends.lumberjack import frontend as lumberjack
+from fqbroker.frontends.opencluster import frontend as opencluster
 from fqbroker.server.frontend import FrontEnd, preambles
 
 __all__ = ["FRONT_ENDS", "sniff"]
@@ -37,6 +38,7 @@ FRONT_ENDS: tuple[FrontEnd[Any], ...] = (
     lumberjack.LUMBERJACK,
     figg.FIGG,
     fyrehose.FYREHOSE,
+    opencluster.OPENCLUSTER,
 )
 
 _CLAIMS = preambles(FRONT_ENDS)

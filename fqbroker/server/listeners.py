@@ -97,6 +97,7 @@ class Listeners:
                 await self._start_own_port(live)
         except BaseException:
             self.close_ports()  # a port taken: none of the others stays open
+            await self._close_states()
             raise
 
     async def _start_own_port(self, live: LiveFrontEnd) -> None:
@@ -107,6 +108,9 @@ class Listeners:
         if address is None:
             live.tls = False  # not configured: off, and listed as a plain port
             return
+        if live.spec.state is not None:
+            # Before the port opens: the first connection finds it ready.
+            live.state = live.spec.state(self.host, self.settings)
         loop = asyncio.get_running_loop()
         if isinstance(reach, Datagrams):
             endpoint, _ = await loop.create_datagram_endpoint(
@@ -171,8 +175,19 @@ class Listeners:
         if tasks:
             await asyncio.wait(tasks, timeout=STOP_SECONDS)
         await self._close_connections()
+        await self._close_states()
         for server in self.servers():
             await server.wait_closed()
+
+    async def _close_states(self) -> None:
+        """Close what the front ends' ``state`` made, once no connection uses it."""
+        for live in self.front_ends.values():
+            if live.spec.state is None or live.state is None:
+                continue
+            state, live.state = live.state, None  # closed once, whatever stops it
+            close = getattr(state, "close", None)
+            if close is not None:
+                await close()
 
     async def _close_connections(self) -> None:
         """Close every connection and wait for the sessions to end, before queues close.

@@ -1,0 +1,119 @@
+"""``opencluster``: get, set and ping an OpenCluster key/value server (fqd's listener).
+
+    opencluster [--host H] [--port P] [--tls] [--cafile F] get NAME [--int]
+    opencluster ... set NAME VALUE [--int] [--expires S]
+    opencluster ... ping
+
+``get`` prints the value (a string value as its bytes and a newline, an int in decimal) and
+exits 0, or says ``not found`` on stderr and exits 1. ``set`` stores VALUE as a string, or
+as a 32-bit int with ``--int``, and exits 0 once the server has acknowledged it. ``ping``
+exits 0 when the server answers. A server that cannot be reached, or refuses, is one line on
+stderr and exit 1; bad arguments are exit 2. Run it as ``python -m fqbroker.clients.octool``
+too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from fqbroker.clients.ocmachine import I32_MAX, I32_MIN
+from fqbroker.clients.opencluster import DEFAULT_PORT, OpenClusterClient
+from fqbroker.errors import FqError
+
+__all__ = ["main"]
+
+
+def _int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not I32_MIN <= value <= I32_MAX:
+        raise argparse.ArgumentTypeError(f"{value} does not fit a 32-bit signed int")
+    return value
+
+
+def _seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= I32_MAX:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 = never)")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="opencluster", description="Get and set values on an OpenCluster server."
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
+    p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
+    sub = p.add_subparsers(dest="command", required=True)
+    get = sub.add_parser("get", help="print the value of NAME")
+    get.add_argument("name")
+    get.add_argument("--int", action="store_true", help="read it as an int (get_int)")
+    set_ = sub.add_parser("set", help="store VALUE under NAME")
+    set_.add_argument("name")
+    set_.add_argument("value")
+    set_.add_argument("--int", action="store_true", help="store VALUE as a 32-bit int")
+    set_.add_argument("--expires", type=_seconds, default=0, help="seconds to live (0: never)")
+    sub.add_parser("ping", help="check that the server answers")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``opencluster``."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not 0 < args.port < 65536:
+        parser.error(f"--port {args.port} is not a TCP port")
+    if args.command != "ping" and not args.name:
+        parser.error("NAME is empty")
+    if args.command == "set" and args.int:
+        try:
+            args.value = _int(args.value)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"VALUE: {exc}")
+    try:
+        return asyncio.run(_run(args))
+    except (OSError, TimeoutError) as exc:
+        _say(f"opencluster: cannot reach {args.host}:{args.port}: {exc or 'timed out'}")
+        return 1
+    except FqError as exc:
+        _say(f"opencluster: {exc}")
+        return 1
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    client = await OpenClusterClient.connect(args.host, args.port, tls=args.tls, cafile=args.cafile)
+    try:
+        if args.command == "ping":
+            await client.ping()
+            return 0
+        if args.command == "set":
+            await client.set(args.name, args.value, expires=args.expires)
+            return 0
+        value = await client.get(args.name, kind=int if args.int else bytes)
+    finally:
+        await client.close()
+    if value is None:
+        _say(f"opencluster: {args.name}: not found")
+        return 1
+    out = sys.stdout.buffer
+    out.write(str(value).encode() if isinstance(value, int) else value)
+    out.write(b"\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""The OpenCluster listener as a front end of the table: a port of its own, off until
+``[opencluster] listen`` (or ``fqd --opencluster``) names an address; TLS when
+``tls_cert`` is set, as the Figg listener's. Its store (:class:`KVStore`, under
+``queue_dir``/opencluster) is the front end's state: opened before the port, closed after
+the connections (docs/opencluster.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from pathlib import Path
+from typing import Any
+
+from fqbroker.config import OpenCluster, Settings
+from fqbroker.frontends.opencluster.machine import Limits
+from fqbroker.frontends.opencluster.session import OpenClusterHost, OpenClusterSession
+from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.server.tls import server_context
+from fqbroker.storage.kvstore import KVStore
+
+__all__ = ["OPENCLUSTER", "limits_of", "store_path"]
+
+Facts = tuple[tuple[str, str | int], ...]
+
+
+@functools.lru_cache(maxsize=8)
+def limits_of(settings: OpenCluster) -> Limits:
+    """What the listener's connections share."""
+    return Limits(
+        settings.max_name, settings.max_value, settings.max_payload, settings.max_inflight
+    )
+
+
+def store_path(settings: Settings) -> Path:
+    """Where the store's sqlite database is."""
+    return settings.queue_dir / "opencluster" / "kv.sqlite3"
+
+
+def _address(settings: Settings) -> tuple[str, int] | None:
+    return settings.opencluster.address(settings.bind)
+
+
+def _tls(settings: Settings) -> ssl.SSLContext | None:
+    return server_context(settings.opencluster.tls_cert, settings.opencluster.tls_key)
+
+
+def _state(host: OpenClusterHost, settings: Settings) -> KVStore:
+    table = settings.opencluster
+    return KVStore(store_path(settings), sync=table.sync, max_keys=table.max_keys)
+
+
+def _open(
+    host: OpenClusterHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
+) -> asyncio.BaseProtocol:
+    assert isinstance(live.state, KVStore)  # made before the port opened
+    limits = limits_of(host.settings.opencluster)
+    return OpenClusterSession(host, live, transport, live.state, limits)
+
+
+def _describe(protocol: asyncio.BaseProtocol) -> Facts:
+    if not isinstance(protocol, OpenClusterSession):
+        return ()
+    return (("inflight", protocol.machine.inflight),)
+
+
+OPENCLUSTER: FrontEnd[Any] = FrontEnd(
+    name="opencluster",
+    reach=OwnPort(_address, _open, tls=_tls),
+    describe=_describe,
+    state=_state,
+    summary="OpenCluster (seed 001): a durable key/value store, int and string values with expiry",
+)

@@ -1,0 +1,348 @@
+"""One OpenCluster connection's rules, sans I/O: bytes in, reply bytes out, the store
+called in between (docs/opencluster.md).
+
+Theory of operation
+-------------------
+:meth:`Machine.receive` takes what a read brought and returns the bytes to write for it,
+in request order, as one object (the shell writes it at once). Each command is acted on
+when it is read, in order:
+
+* a set changes the store's memory at once and joins its open group-commit batch
+  (:class:`~fqbroker.storage.kvstore.Batch`); its ack may only be written once that
+  batch is committed, so its reply, and every reply behind it on this connection, waits
+  in ``queue``. The shell calls :meth:`committed` when :attr:`waiting` (the batch the
+  first waiting reply needs) is done, and writes what it returns;
+* a get reads the store when it is read: it sees every earlier set of this connection
+  (they are in memory already) and none of the later ones, which is what request order
+  means. Its reply waits its turn like the others. (After a commit that fails, a get
+  read behind one of its sets may have seen the value that was not stored.)
+* hello's ack and the serverlist and hashmasks pushes are one bytes object: the 2011
+  C client needs them in one read. Pushes carry this connection's own counter as user id,
+  from 0;
+* goodbye is answered, and :attr:`finished` says to close once that is written;
+* replies the client sends (its acks of our pushes, whatever their repcmd) are ignored;
+  any other command without an implementation is answered unknown (9).
+
+At most ``max_inflight`` commands are read and not answered: past it the machine takes no
+frame from its decoder until :meth:`committed` empties the queue (:attr:`full` tells the
+shell to stop reading meanwhile). A malformed frame (bad framing, fields that do not add
+up, a name or value over its limit) ends the connection: :attr:`error` says why, after the
+replies to the frames before it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from fqbroker.errors import OpenClusterProtocolError
+from fqbroker.frontends.opencluster import wire
+from fqbroker.storage.kvstore import INT, STRING
+
+if TYPE_CHECKING:
+    from fqbroker.storage.kvstore import Batch, KVStore
+
+__all__ = ["IMPLEMENTED", "Limits", "Machine"]
+
+# What capabilities answers ack for; fail for anything else.
+IMPLEMENTED = frozenset(
+    {
+        wire.HELLO,
+        wire.CAPABILITIES,
+        wire.SHUTTINGDOWN,
+        wire.GOODBYE,
+        wire.PING,
+        wire.SERVERHELLO,
+        wire.SET_INT,
+        wire.SET_STRING,
+        wire.GET_INT,
+        wire.GET_STRING,
+    }
+)
+# Replies a client sends (to our pushes): accepted and ignored.
+_REPLIES = frozenset({wire.ACK, wire.FAIL, wire.FAILINFO, wire.TRYELSEWHERE, wire.UNKNOWN})
+
+# A single node holds every bucket of the 2011 generation's 16 (mask 0x0F), as primary.
+MASK = 0x0F
+_BUCKETS = [(bucket, 0) for bucket in range(MASK + 1)]
+
+_KIND_NAMES = {INT: b"int", STRING: b"string"}
+_NOT_STORED = b"not stored: "
+_STORE_FULL = b"store full"
+
+_SET_INT, _SET_STRING = wire.SET_INT, wire.SET_STRING
+_GET_INT, _GET_STRING = wire.GET_INT, wire.GET_STRING
+_SETS = frozenset({_SET_INT, _SET_STRING})
+_GETS = frozenset({_GET_INT, _GET_STRING})
+_ACK, _FAIL, _FAILINFO, _UNKNOWN = wire.ACK, wire.FAIL, wire.FAILINFO, wire.UNKNOWN
+_ack, _fail, _failinfo = wire.ack, wire.fail, wire.failinfo
+_data_int, _data_str = wire.data_int, wire.data_str
+_decode_get, _decode_set = wire.decode_get, wire.decode_set
+# The hot path's own structs (wire.py's layouts, in one pack or unpack each).
+_set_head_from = struct.Struct(">IIiii").unpack_from  # hashes, expires, full_wait, name length
+_i32_from = struct.Struct(">i").unpack_from
+_hashes_from = struct.Struct(">II").unpack
+_pack_header = struct.Struct(">hhii").pack
+_pack_data_int = struct.Struct(">hhiiIIi").pack  # header, hashes, value
+_pack_data_str = struct.Struct(">hhiiIIi").pack  # header, hashes, the value's length
+_DATA_INT, _DATA_STR = wire.DATA_INT, wire.DATA_STR
+
+# In the queue: goodbye's ack is written, close now.
+_CLOSE = None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What every connection of one listener allows (the ``[opencluster]`` table's)."""
+
+    max_name: int
+    max_value: int
+    max_payload: int
+    max_inflight: int
+
+
+# A reply waiting in the queue: its bytes, a set's (batch, command, userid), or _CLOSE.
+_Pending = bytes | tuple["Batch", int, int] | None
+
+
+class Machine:
+    """One connection's commands, answered in order (see the module's docstring)."""
+
+    __slots__ = (
+        "_bye",
+        "_frames",
+        "decoder",
+        "error",
+        "finished",
+        "limits",
+        "pushes",
+        "queue",
+        "store",
+    )
+
+    def __init__(self, store: KVStore, limits: Limits) -> None:
+        self.store = store
+        self.limits = limits
+        self.decoder = wire.FrameDecoder(limits.max_payload)
+        self.queue: deque[_Pending] = deque()  # replies that wait for a set's commit
+        self.pushes = 0  # user id of our next push
+        self.finished = False  # goodbye answered: close once written
+        self.error: OpenClusterProtocolError | None = None
+        self._bye = False  # goodbye read: nothing after it is
+        self._frames: list[tuple[int, int, int, bytes]] = []
+
+    @property
+    def inflight(self) -> int:
+        """Commands read and not yet answered."""
+        return len(self.queue)
+
+    @property
+    def full(self) -> bool:
+        """Whether reading should stop until :meth:`committed`."""
+        return len(self.queue) >= self.limits.max_inflight
+
+    @property
+    def waiting(self) -> Batch | None:
+        """The batch the first waiting reply needs committed, if any."""
+        queue = self.queue
+        if queue:
+            head = queue[0]
+            if type(head) is tuple:
+                return head[0]
+        return None
+
+    def receive(self, data: bytes) -> bytes:
+        """Bytes read: the replies now due, in order (b"" when none)."""
+        self.decoder.receive_data(data)
+        return self._pump() if not (self._bye or self.error) else b""
+
+    def committed(self) -> bytes:
+        """The batch :attr:`waiting` for is done: the replies now due, including those
+        to frames held back while the queue was full."""
+        out: list[bytes] = []
+        self._drain(out)
+        if not (self._bye or self.error):
+            more = self._pump()
+            if more:
+                out.append(more)
+        return b"".join(out)
+
+    # --- in -------------------------------------------------------------------------------
+
+    def _pump(self) -> bytes:
+        out: list[bytes] = []
+        frames = self._frames
+        take = self.decoder.take
+        max_inflight = self.limits.max_inflight
+        queue = self.queue
+        while not self._bye:
+            room = max_inflight - len(queue)
+            if room <= 0:
+                break
+            try:
+                n = take(frames, room)
+            except OpenClusterProtocolError as exc:
+                self.error = exc
+                n = len(frames)
+            if not n:
+                break
+            try:
+                self._answer(frames, out)
+            except OpenClusterProtocolError as exc:
+                self.error = exc
+            finally:
+                frames.clear()
+            if self.error is not None or n < room:
+                break  # fewer than asked for: no whole frame is left
+        return b"".join(out)
+
+    def _answer(self, frames: list[tuple[int, int, int, bytes]], out: list[bytes]) -> None:
+        """Act on frames in order; a reply goes to ``out``, or to the queue behind a set."""
+        store = self.store
+        queue = self.queue
+        for command, _repcmd, userid, payload in frames:
+            if command in _GETS:
+                if len(payload) != 8:
+                    _decode_get(payload)  # raises, saying why
+                map_hash, key_hash = _hashes_from(payload)
+                entry = store.get((map_hash << 32) | key_hash)
+                if entry is None:
+                    reply = _pack_header(_FAIL, command, userid, 0)
+                elif command == _GET_STRING:
+                    if entry[0] == STRING:
+                        value: bytes = entry[1]  # type: ignore[assignment]
+                        size = len(value)
+                        head = _pack_data_str(
+                            _DATA_STR, _GET_STRING, userid, 12 + size, map_hash, key_hash, size
+                        )
+                        reply = head + value
+                    else:
+                        reply = _wrong_type(command, userid, entry[0])
+                elif entry[0] == INT:
+                    reply = _pack_data_int(
+                        _DATA_INT, _GET_INT, userid, 12, map_hash, key_hash, entry[1]
+                    )
+                else:
+                    reply = _wrong_type(command, userid, entry[0])
+            elif command in _SETS:
+                pending = self._set(command, userid, payload)
+                if pending is not None:
+                    queue.append(pending)
+                    continue
+                reply = _failinfo(command, userid, 3, _STORE_FULL)
+            elif command in _REPLIES:
+                continue  # the client's ack of a push
+            else:
+                reply = self._control(command, userid, payload)
+            if queue:
+                queue.append(reply)
+            else:
+                out.append(reply)
+            if self._bye:
+                if queue:
+                    queue.append(_CLOSE)
+                else:
+                    self.finished = True
+                return
+
+    def _set(self, command: int, userid: int, payload: bytes) -> tuple[Batch, int, int] | None:
+        # wire.decode_set's checks, without its SetValue: every set of a pipelined load
+        # comes through here. Anything it does not accept goes to decode_set, which says why.
+        size = len(payload)
+        limits = self.limits
+        if size >= 24:
+            map_hash, key_hash, expires, _full_wait, n = _set_head_from(payload, 0)
+            end = 20 + n
+            if 0 <= n <= limits.max_name and end + 4 <= size:
+                name = payload[20:end]
+                if command == _SET_STRING:
+                    length = _i32_from(payload, end)[0]
+                    if end + 4 + length == size and 0 <= length <= limits.max_value:
+                        batch = self.store.set(
+                            map_hash, key_hash, name, STRING, payload[end + 4 :], expires
+                        )
+                        return None if batch is None else (batch, command, userid)
+                elif end + 4 == size:
+                    value = _i32_from(payload, end)[0]
+                    batch = self.store.set(map_hash, key_hash, name, INT, value, expires)
+                    return None if batch is None else (batch, command, userid)
+        raise self._bad_set(command, payload)
+
+    def _bad_set(self, command: int, payload: bytes) -> OpenClusterProtocolError:
+        """Why a set was refused: wire.decode_set's reason, or the limit it is over."""
+        try:
+            value = _decode_set(command, payload)
+        except OpenClusterProtocolError as exc:
+            return exc
+        limits = self.limits
+        if len(value.name) > limits.max_name:
+            return OpenClusterProtocolError(
+                f"a name of {len(value.name)} bytes is over the limit of {limits.max_name}"
+            )
+        size = len(value.value) if isinstance(value.value, bytes) else 0
+        return OpenClusterProtocolError(
+            f"a value of {size} bytes is over the limit of {limits.max_value}"
+        )
+
+    def _control(self, command: int, userid: int, payload: bytes) -> bytes:
+        if command == wire.HELLO:
+            _empty(command, payload)
+            first = self.pushes
+            self.pushes += 2
+            return (
+                _ack(command, userid)
+                + wire.serverlist(first, [])
+                + wire.hashmasks(first + 1, MASK, _BUCKETS)
+            )
+        if command in (wire.PING, wire.SHUTTINGDOWN):
+            _empty(command, payload)
+            return _ack(command, userid)
+        if command == wire.GOODBYE:
+            _empty(command, payload)
+            self._bye = True
+            return _ack(command, userid)
+        if command == wire.CAPABILITIES:
+            asked = wire.decode_capabilities(payload)
+            return (_ack if asked in IMPLEMENTED else _fail)(command, userid)
+        if command == wire.SERVERHELLO:
+            wire.decode_serverhello(payload)
+            return _ack(command, userid)
+        return wire.unknown(command, userid)
+
+    # --- out ------------------------------------------------------------------------------
+
+    def _drain(self, out: list[bytes]) -> None:
+        """Move the replies now due from the queue to ``out``."""
+        queue = self.queue
+        while queue:
+            head = queue[0]
+            if head is _CLOSE:
+                self.finished = True
+                queue.clear()
+                return
+            if isinstance(head, bytes):
+                out.append(head)
+            else:
+                batch, command, userid = head
+                if not batch.done:
+                    return
+                if batch.error is None:
+                    out.append(_pack_header(_ACK, command, userid, 0))
+                else:
+                    text = _NOT_STORED + batch.error.encode("utf-8", "replace")
+                    out.append(_failinfo(command, userid, 2, text))
+            queue.popleft()
+
+
+def _wrong_type(command: int, userid: int, kind: int) -> bytes:
+    wanted = b"int" if command == _GET_INT else b"string"
+    text = b"wrong type: " + _KIND_NAMES.get(kind, b"?") + b" value, " + wanted + b" asked"
+    return _failinfo(command, userid, 1, text)
+
+
+def _empty(command: int, payload: bytes) -> None:
+    if payload:
+        name = wire.PROTOCOL_NAMES.get(command, str(command))
+        raise OpenClusterProtocolError(f"{name} with a payload of {len(payload)} bytes")

@@ -1,0 +1,146 @@
+"""The OpenCluster listener's asyncio shell: one client's connection (docs/opencluster.md).
+
+The rules are :class:`~.machine.Machine`'s; this module moves bytes. Each read goes
+through the machine in one pass and what it answers is written with one
+``transport.write``. Replies behind a set wait for its group commit: the session is one
+of the batch's ``waiters`` and writes what the machine then answers. It owns no task.
+
+Reading pauses while ``max_inflight`` commands are read and not answered (flow control,
+not an error), and while the client does not read what we write. A malformed frame is
+logged in one line (counted as bad input, ``opencluster``) and closes this connection
+only, once the commands before it are answered (their sets were applied). Goodbye
+closes once its ack is written; so does EOF, once the replies owed are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Protocol
+
+from fqbroker.frontends.opencluster.machine import Limits, Machine
+from fqbroker.server.connections import peer_address
+
+if TYPE_CHECKING:
+    from fqbroker.config import Settings
+    from fqbroker.server.frontend import LiveFrontEnd
+    from fqbroker.server.limits import Limits as BrokerLimits
+    from fqbroker.storage.kvstore import Batch, KVStore
+
+__all__ = ["OpenClusterHost", "OpenClusterSession"]
+
+# Why reading is paused; reading resumes when none is left.
+_INFLIGHT = 1  # max_inflight commands wait for their replies
+_WRITE = 2  # the client does not read what we write
+_BAD = 4  # bad input: closing once the commands before it are answered
+
+
+class OpenClusterHost(Protocol):
+    """What an OpenCluster session needs of the broker that accepted it."""
+
+    settings: Settings
+    limits: BrokerLimits
+
+    def closed(self, transport: asyncio.Transport) -> None: ...
+
+
+class OpenClusterSession(asyncio.Protocol):
+    """One OpenCluster client's connection."""
+
+    __slots__ = ("_eof", "_holds", "_waiting", "broker", "closing", "live", "machine", "transport")
+
+    def __init__(
+        self,
+        host: OpenClusterHost,
+        live: LiveFrontEnd,
+        transport: asyncio.Transport,
+        store: KVStore,
+        limits: Limits,
+    ) -> None:
+        # Named so because the loop's exception handler asks a protocol for its broker.
+        self.broker = host
+        self.live = live
+        self.transport = transport
+        self.machine = Machine(store, limits)
+        self._waiting: Batch | None = None  # the batch we are a waiter of
+        self._holds = 0
+        self._eof = False
+        self.closing = False
+        counters = live.counters
+        if counters.bytes_in is None:
+            counters.bytes_in = counters.bytes_out = 0
+
+    # --- protocol -------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # set in __init__
+        self._after(self.machine.receive(data))
+
+    def eof_received(self) -> bool:
+        # The replies owed are written before the close (_after); a TLS transport closes
+        # at EOF whatever we answer.
+        self._eof = True
+        if not self.machine.queue:
+            return False
+        return self.transport.get_extra_info("ssl_object") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.broker.closed(self.transport)
+
+    def pause_writing(self) -> None:
+        self._hold(_WRITE)
+
+    def resume_writing(self) -> None:
+        self._release(_WRITE)
+
+    def close(self) -> None:
+        self.closing = True
+        self.transport.close()  # what was written still goes out first
+
+    # --- the machine's answers ------------------------------------------------------------
+
+    def _after(self, out: bytes) -> None:
+        """Write what the machine answered, then act on its state."""
+        machine = self.machine
+        if out:
+            self.live.counters.bytes_out += len(out)  # type: ignore[operator]
+            self.transport.write(out)
+        if machine.error is not None and not self._holds & _BAD:
+            self.broker.limits.bad(
+                "opencluster", "closing OpenCluster connection from %s: %s",
+                "{}:{}".format(*peer_address(self.transport)), machine.error,
+            )  # fmt: skip
+            self._hold(_BAD)  # nothing more is read; the commands before it are answered
+        if machine.finished or (not machine.queue and (self._eof or machine.error is not None)):
+            self.close()
+            return
+        batch = machine.waiting
+        if batch is not None and batch is not self._waiting:
+            self._waiting = batch
+            if batch.done:
+                asyncio.get_running_loop().call_soon(self._committed)
+            else:
+                batch.waiters.append(self._committed)
+        if machine.full:
+            self._hold(_INFLIGHT)
+        elif self._holds & _INFLIGHT:
+            self._release(_INFLIGHT)
+
+    def _committed(self) -> None:
+        self._waiting = None
+        if not self.closing:
+            self._after(self.machine.committed())
+
+    def _hold(self, why: int) -> None:
+        if not self._holds and not self.closing:
+            self.transport.pause_reading()
+        self._holds |= why
+
+    def _release(self, why: int) -> None:
+        if not self._holds & why:
+            return
+        self._holds &= ~why
+        if not self._holds and not self.closing:
+            self.transport.resume_reading()

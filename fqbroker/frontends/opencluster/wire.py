@@ -1,0 +1,550 @@
+"""The OpenCluster binary protocol, Nov-2011 generation, both directions, sans I/O.
+
+Every frame is a 12-byte header (i16 command or reply id, i16 ``repcmd``: the command a
+reply answers, 0 for commands; i32 user id; i32 payload length, the header not counted)
+and a payload. All integers are signed big-endian; a string is an i32 length and its bytes
+(no NUL). A reply echoes the user id of the command it answers. The payloads the seed
+leaves out are those of the 2011 C server and client (docs/opencluster-protocol.md):
+
+================ ===== ==============================================================
+command          dir   payload
+================ ===== ==============================================================
+1 ack, 2 fail    reply none
+3 failinfo       reply i32 code, string text
+4 tryelsewhere   reply string "IP:port"
+9 unknown        reply none (the seed's i16 command is accepted too; never written)
+10 hello         C→S   none; answered ack, then serverlist and hashmasks pushes
+11 capabilities  C→S   i16 command
+15/20/30         C→S   none (shuttingdown, goodbye, ping)
+50 serverhello   S→S   string connect info
+100 serverlist   S→C   i32 count, count of string
+110 hashmasks    S→C   i32 mask, i32 n, n of (i32 bucket, i32 level)
+2000 set_int     C→S   i32 map_hash, i32 key_hash, i32 expires, i32 full_wait, string
+                       name, i32 value
+2020 set_string  C→S   as set_int with a string value
+2100 get_int     C→S   i32 map_hash, i32 key_hash; answered 2105 data_int (map_hash,
+                       key_hash, i32 value)
+2120 get_string  C→S   as get_int; answered 2125 data_str (map_hash, key_hash, string)
+================ ===== ==============================================================
+
+Hashes are the client's (:func:`fnv1a32`) and are returned unsigned (0..2**32-1) by the
+decoders; the encoders take them signed or unsigned and write the 32 bits, which are the
+bytes the C client's ``int`` has. User ids, values, codes, expiry and counts are signed.
+
+A :class:`FrameDecoder` is fed bytes in any split and hands back whole frames. It checks
+the framing only: a negative payload length, or one over ``max_payload`` (checked on the
+header, before the payload is waited for), raises
+:class:`~fqbroker.errors.OpenClusterProtocolError`, and the error is final (every later call
+raises it again), since a peer that got one length wrong gets every later frame wrong too.
+Any command id is framed (an unknown one is answered ``unknown`` by the session). The
+payload decoders (``decode_*``) are strict: fields that do not add up to the payload
+exactly, or a string length that is negative or runs past it, raise the same error.
+
+The encoders check nothing beyond what ``struct`` refuses; tests and the fuzzer build bad
+frames with :func:`encode_frame` and raw bytes.
+
+Contract additions: ``FrameDecoder.take`` (the server's hot path: frames as tuples, no
+object each), ``FrameDecoder.buffered``, ``decode_tryelsewhere``, ``decode_string``,
+``encode_string``, ``set_fields`` (decode_set as a tuple, for the server's hot path),
+``tryelsewhere``, ``shuttingdown``, ``serverhello``, ``PROTOCOL_NAMES``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from fqbroker.errors import OpenClusterProtocolError
+
+__all__ = [
+    "ACK",
+    "CAPABILITIES",
+    "DATA_INT",
+    "DATA_STR",
+    "FAIL",
+    "FAILINFO",
+    "GET_INT",
+    "GET_LONG",
+    "GET_STRING",
+    "GET_TYPE",
+    "GOODBYE",
+    "HASHMASK",
+    "HASHMASKS",
+    "HEADER_SIZE",
+    "HELLO",
+    "LOADLEVEL",
+    "LOCK",
+    "NEVER_SPECIFIED",
+    "NEWSERVER",
+    "PING",
+    "PROTOCOL_NAMES",
+    "SERVERHELLO",
+    "SERVERLIST",
+    "SET_INT",
+    "SET_LONG",
+    "SET_STRING",
+    "SHUTTINGDOWN",
+    "TRYELSEWHERE",
+    "UNKNOWN",
+    "UNLOCK",
+    "Frame",
+    "FrameDecoder",
+    "OpenClusterProtocolError",
+    "SetValue",
+    "ack",
+    "capabilities",
+    "data_int",
+    "data_str",
+    "decode_capabilities",
+    "decode_data_int",
+    "decode_data_str",
+    "decode_failinfo",
+    "decode_get",
+    "decode_hashmasks",
+    "decode_serverhello",
+    "decode_serverlist",
+    "decode_set",
+    "decode_string",
+    "decode_tryelsewhere",
+    "encode_frame",
+    "encode_string",
+    "fail",
+    "failinfo",
+    "fnv1a32",
+    "get_int",
+    "get_string",
+    "goodbye",
+    "hashmasks",
+    "hello",
+    "ping",
+    "serverhello",
+    "serverlist",
+    "set_fields",
+    "set_int",
+    "set_string",
+    "shuttingdown",
+    "tryelsewhere",
+    "unknown",
+]
+
+HEADER_SIZE: Final = 12
+ACK, FAIL, FAILINFO, TRYELSEWHERE, UNKNOWN = 1, 2, 3, 4, 9
+HELLO, CAPABILITIES, SHUTTINGDOWN, GOODBYE, PING, SERVERHELLO = 10, 11, 15, 20, 30, 50
+SERVERLIST, HASHMASKS, HASHMASK, NEWSERVER, LOADLEVEL = 100, 110, 120, 130, 200
+LOCK, UNLOCK = 1000, 1010
+SET_INT, SET_LONG, SET_STRING = 2000, 2010, 2020
+GET_INT, DATA_INT, GET_LONG, GET_STRING, DATA_STR, GET_TYPE = 2100, 2105, 2110, 2120, 2125, 2200
+
+# Named in the seed's command table, but given a payload by no version of the protocol.
+NEVER_SPECIFIED: Final = frozenset(
+    {NEWSERVER, LOADLEVEL, LOCK, UNLOCK, SET_LONG, GET_LONG, GET_TYPE}
+)
+
+PROTOCOL_NAMES: Final = {
+    ACK: "ack",
+    FAIL: "fail",
+    FAILINFO: "failinfo",
+    TRYELSEWHERE: "tryelsewhere",
+    UNKNOWN: "unknown",
+    HELLO: "hello",
+    CAPABILITIES: "capabilities",
+    SHUTTINGDOWN: "shuttingdown",
+    GOODBYE: "goodbye",
+    PING: "ping",
+    SERVERHELLO: "serverhello",
+    SERVERLIST: "serverlist",
+    HASHMASKS: "hashmasks",
+    HASHMASK: "hashmask",
+    NEWSERVER: "newserver",
+    LOADLEVEL: "loadlevel",
+    LOCK: "lock",
+    UNLOCK: "unlock",
+    SET_INT: "set_int",
+    SET_LONG: "set_long",
+    SET_STRING: "set_string",
+    GET_INT: "get_int",
+    DATA_INT: "data_int",
+    GET_LONG: "get_long",
+    GET_STRING: "get_string",
+    DATA_STR: "data_str",
+    GET_TYPE: "get_type",
+}
+
+_FNV_OFFSET: Final = 2166136261
+_FNV_PRIME: Final = 16777619
+_M32: Final = 0xFFFFFFFF
+
+_HEADER = struct.Struct(">hhii")
+_pack_header = _HEADER.pack
+_header_from = _HEADER.unpack_from
+_I32 = struct.Struct(">i")
+_pack_i32 = _I32.pack
+_i32_from = _I32.unpack_from
+_U32 = struct.Struct(">I")
+_u32_from = _U32.unpack_from
+_HASHES = struct.Struct(">II")  # map_hash, key_hash
+_hashes_from = _HASHES.unpack_from
+_pack_hashes = _HASHES.pack
+_SET_HEAD = struct.Struct(">IIiii")  # map_hash, key_hash, expires, full_wait, name length
+_set_head_from = _SET_HEAD.unpack_from
+_pack_set_head = _SET_HEAD.pack
+_DATA_INT = struct.Struct(">IIi")
+_I16 = struct.Struct(">h")
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame: a command (``repcmd`` 0) or a reply to ``repcmd``."""
+
+    command: int
+    repcmd: int
+    userid: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SetValue:
+    """A set_int (``value`` an int) or set_string (``value`` bytes) request."""
+
+    map_hash: int
+    key_hash: int
+    expires: int
+    full_wait: int
+    name: bytes
+    value: int | bytes
+
+
+def fnv1a32(name: bytes) -> int:
+    """FNV-1a, 32 bits, as the 2011 C client computes it: ``hash ^= (int)str[i]`` on a
+    signed ``char`` sign-extends a byte >= 0x80 to 0xFFFFFFxx before the xor, so those bytes
+    flip the top 24 bits as well (standard FNV-1a would not). Unsigned result."""
+    h = _FNV_OFFSET
+    for b in name:
+        h = ((h ^ (b | 0xFFFFFF00 if b & 0x80 else b)) * _FNV_PRIME) & _M32
+    return h
+
+
+# --- encoding ------------------------------------------------------------------------------
+
+
+def encode_frame(command: int, repcmd: int, userid: int, payload: bytes = b"") -> bytes:
+    return _pack_header(command, repcmd, userid, len(payload)) + payload
+
+
+def encode_string(value: bytes) -> bytes:
+    return _pack_i32(len(value)) + value
+
+
+def ack(repcmd: int, userid: int) -> bytes:
+    return _pack_header(ACK, repcmd, userid, 0)
+
+
+def fail(repcmd: int, userid: int) -> bytes:
+    return _pack_header(FAIL, repcmd, userid, 0)
+
+
+def failinfo(repcmd: int, userid: int, code: int, text: bytes) -> bytes:
+    return encode_frame(FAILINFO, repcmd, userid, _pack_i32(code) + encode_string(text))
+
+
+def tryelsewhere(repcmd: int, userid: int, where: bytes) -> bytes:
+    return encode_frame(TRYELSEWHERE, repcmd, userid, encode_string(where))
+
+
+def unknown(repcmd: int, userid: int) -> bytes:
+    """The original server's unknown: an empty payload (``repcmd`` names the command)."""
+    return _pack_header(UNKNOWN, repcmd, userid, 0)
+
+
+def data_int(userid: int, map_hash: int, key_hash: int, value: int) -> bytes:
+    return _pack_header(DATA_INT, GET_INT, userid, 12) + _DATA_INT.pack(
+        map_hash & _M32, key_hash & _M32, value
+    )
+
+
+def data_str(userid: int, map_hash: int, key_hash: int, value: bytes) -> bytes:
+    return (
+        _pack_header(DATA_STR, GET_STRING, userid, 12 + len(value))
+        + _pack_hashes(map_hash & _M32, key_hash & _M32)
+        + _pack_i32(len(value))
+        + value
+    )
+
+
+def serverlist(userid: int, servers: list[bytes]) -> bytes:
+    body = _pack_i32(len(servers)) + b"".join(encode_string(s) for s in servers)
+    return encode_frame(SERVERLIST, 0, userid, body)
+
+
+def hashmasks(userid: int, mask: int, buckets: list[tuple[int, int]]) -> bytes:
+    body = struct.pack(
+        f">ii{2 * len(buckets)}i", mask, len(buckets), *(x for b in buckets for x in b)
+    )
+    return encode_frame(HASHMASKS, 0, userid, body)
+
+
+def _set(command: int, userid: int, name: bytes, tail: bytes, expires: int, map_hash: int) -> bytes:
+    body = _pack_set_head(map_hash & _M32, fnv1a32(name), expires, 0, len(name)) + name + tail
+    return _pack_header(command, 0, userid, len(body)) + body
+
+
+def set_int(userid: int, name: bytes, value: int, *, expires: int = 0, map_hash: int = 0) -> bytes:
+    return _set(SET_INT, userid, name, _pack_i32(value), expires, map_hash)
+
+
+def set_string(
+    userid: int, name: bytes, value: bytes, *, expires: int = 0, map_hash: int = 0
+) -> bytes:
+    return _set(SET_STRING, userid, name, encode_string(value), expires, map_hash)
+
+
+def get_int(userid: int, name: bytes, *, map_hash: int = 0) -> bytes:
+    return _pack_header(GET_INT, 0, userid, 8) + _pack_hashes(map_hash & _M32, fnv1a32(name))
+
+
+def get_string(userid: int, name: bytes, *, map_hash: int = 0) -> bytes:
+    return _pack_header(GET_STRING, 0, userid, 8) + _pack_hashes(map_hash & _M32, fnv1a32(name))
+
+
+def hello(userid: int) -> bytes:
+    return _pack_header(HELLO, 0, userid, 0)
+
+
+def ping(userid: int) -> bytes:
+    return _pack_header(PING, 0, userid, 0)
+
+
+def goodbye(userid: int) -> bytes:
+    return _pack_header(GOODBYE, 0, userid, 0)
+
+
+def shuttingdown(userid: int) -> bytes:
+    return _pack_header(SHUTTINGDOWN, 0, userid, 0)
+
+
+def capabilities(userid: int, command: int) -> bytes:
+    return encode_frame(CAPABILITIES, 0, userid, _I16.pack(command))
+
+
+def serverhello(userid: int, info: bytes) -> bytes:
+    return encode_frame(SERVERHELLO, 0, userid, encode_string(info))
+
+
+# --- decoding payloads ---------------------------------------------------------------------
+
+
+def _bad(what: str, payload: bytes) -> OpenClusterProtocolError:
+    return OpenClusterProtocolError(f"{what} payload of {len(payload)} bytes does not add up")
+
+
+def _string_at(what: str, payload: bytes, at: int) -> tuple[bytes, int]:
+    """The string at ``at`` and where it ends."""
+    if len(payload) - at < 4:
+        raise _bad(what, payload)
+    n = _i32_from(payload, at)[0]
+    at += 4
+    if n < 0:
+        raise OpenClusterProtocolError(f"{what} string of negative length {n}")
+    if len(payload) - at < n:
+        raise OpenClusterProtocolError(f"{what} string of {n} bytes runs past its payload")
+    return payload[at : at + n], at + n
+
+
+def decode_string(payload: bytes) -> bytes:
+    """A payload that is one string and nothing else."""
+    value, at = _string_at("string", payload, 0)
+    if at != len(payload):
+        raise _bad("string", payload)
+    return value
+
+
+def decode_set(command: int, payload: bytes) -> SetValue:
+    """A set_int or set_string payload."""
+    return SetValue(*set_fields(command, payload))
+
+
+def set_fields(command: int, payload: bytes) -> tuple[int, int, int, int, bytes, int | bytes]:
+    """:func:`decode_set` as a tuple (map_hash, key_hash, expires, full_wait, name, value):
+    the server's hot path, without a frozen dataclass's slow ``__init__`` per set."""
+    size = len(payload)
+    if size < 20:
+        raise _bad(PROTOCOL_NAMES.get(command, str(command)), payload)
+    map_hash, key_hash, expires, full_wait, n = _set_head_from(payload, 0)
+    end = 20 + n
+    if command == SET_INT:
+        if n < 0 or size != end + 4:
+            raise _bad_set(command, payload, n)
+        return map_hash, key_hash, expires, full_wait, payload[20:end], _i32_from(payload, end)[0]
+    if command != SET_STRING:
+        raise OpenClusterProtocolError(f"{PROTOCOL_NAMES.get(command, command)} is not a set")
+    if n < 0 or size < end + 4:
+        raise _bad_set(command, payload, n)
+    v = _i32_from(payload, end)[0]
+    if v < 0 or size != end + 4 + v:
+        raise _bad_set(command, payload, n)
+    return map_hash, key_hash, expires, full_wait, payload[20:end], payload[end + 4 :]
+
+
+def _bad_set(command: int, payload: bytes, n: int) -> OpenClusterProtocolError:
+    what = PROTOCOL_NAMES.get(command, str(command))
+    if n < 0:
+        return OpenClusterProtocolError(f"{what} name of negative length {n}")
+    if len(payload) < 20 + n:
+        return OpenClusterProtocolError(f"{what} name of {n} bytes runs past its payload")
+    return _bad(what, payload)
+
+
+def decode_get(payload: bytes) -> tuple[int, int]:
+    """(map_hash, key_hash) of a get_int or get_string."""
+    if len(payload) != 8:
+        raise _bad("get", payload)
+    return _hashes_from(payload, 0)
+
+
+def decode_capabilities(payload: bytes) -> int:
+    if len(payload) != 2:
+        raise _bad("capabilities", payload)
+    return int(_I16.unpack(payload)[0])
+
+
+def decode_serverhello(payload: bytes) -> bytes:
+    return decode_string(payload)
+
+
+def decode_tryelsewhere(payload: bytes) -> bytes:
+    return decode_string(payload)
+
+
+def decode_failinfo(payload: bytes) -> tuple[int, bytes]:
+    if len(payload) < 4:
+        raise _bad("failinfo", payload)
+    text, at = _string_at("failinfo", payload, 4)
+    if at != len(payload):
+        raise _bad("failinfo", payload)
+    return int(_i32_from(payload, 0)[0]), text
+
+
+def decode_data_int(payload: bytes) -> tuple[int, int, int]:
+    if len(payload) != 12:
+        raise _bad("data_int", payload)
+    return _DATA_INT.unpack(payload)
+
+
+def decode_data_str(payload: bytes) -> tuple[int, int, bytes]:
+    if len(payload) < 8:
+        raise _bad("data_str", payload)
+    map_hash, key_hash = _hashes_from(payload, 0)
+    value, at = _string_at("data_str", payload, 8)
+    if at != len(payload):
+        raise _bad("data_str", payload)
+    return map_hash, key_hash, value
+
+
+def decode_serverlist(payload: bytes) -> list[bytes]:
+    if len(payload) < 4:
+        raise _bad("serverlist", payload)
+    count = _i32_from(payload, 0)[0]
+    if count < 0:
+        raise OpenClusterProtocolError(f"serverlist count of {count}")
+    at = 4
+    servers = []
+    for _ in range(count):
+        server, at = _string_at("serverlist", payload, at)
+        servers.append(server)
+    if at != len(payload):
+        raise _bad("serverlist", payload)
+    return servers
+
+
+def decode_hashmasks(payload: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """(mask, [(bucket, level), ...])."""
+    if len(payload) < 8:
+        raise _bad("hashmasks", payload)
+    mask, n = struct.unpack_from(">ii", payload, 0)
+    if n < 0 or len(payload) != 8 + 8 * n:
+        raise _bad("hashmasks", payload)
+    flat = struct.unpack_from(f">{2 * n}i", payload, 8)
+    return mask, list(zip(flat[0::2], flat[1::2], strict=True))
+
+
+# --- framing -------------------------------------------------------------------------------
+
+
+class FrameDecoder:
+    """Whole frames out of a byte stream fed in any split; strict, and its error is final."""
+
+    __slots__ = ("_buf", "_error", "_pos", "max_payload")
+
+    def __init__(self, max_payload: int) -> None:
+        self.max_payload = max_payload
+        self._buf = bytearray()
+        self._pos = 0  # bytes of _buf already decoded: compacted once per receive_data
+        self._error: OpenClusterProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    def _fail(self, command: int, size: int) -> OpenClusterProtocolError:
+        what = PROTOCOL_NAMES.get(command, f"command {command}")
+        if size < 0:
+            reason = f"{what} frame with a negative payload length ({size})"
+        else:
+            reason = f"{what} payload of {size} bytes is over the limit of {self.max_payload}"
+        self._error = OpenClusterProtocolError(reason)
+        return self._error
+
+    def next_frame(self) -> Frame | None:
+        """The next whole frame, or None until more bytes arrive."""
+        if self._error is not None:
+            raise self._error
+        buf, pos = self._buf, self._pos
+        if len(buf) - pos < HEADER_SIZE:
+            return None
+        command, repcmd, userid, size = _header_from(buf, pos)
+        if size < 0 or size > self.max_payload:
+            raise self._fail(command, size)
+        start = pos + HEADER_SIZE
+        end = start + size
+        if end > len(buf):
+            return None
+        self._pos = end
+        return Frame(command, repcmd, userid, bytes(buf[start:end]))
+
+    def take(self, out: list[tuple[int, int, int, bytes]], limit: int = 1 << 30) -> int:
+        """Append up to ``limit`` whole frames as (command, repcmd, userid, payload) tuples
+        to ``out``; returns how many. The server's hot path: one pass over the buffer, no
+        object per frame beyond the tuple. Raises as :meth:`next_frame` does, after
+        appending the good frames before the bad one (so they can be answered first)."""
+        if self._error is not None:
+            raise self._error
+        buf = self._buf
+        pos = self._pos
+        have = len(buf)
+        max_payload = self.max_payload
+        append = out.append
+        count = 0
+        while count < limit and have - pos >= HEADER_SIZE:
+            command, repcmd, userid, size = _header_from(buf, pos)
+            if size < 0 or size > max_payload:
+                self._pos = pos
+                raise self._fail(command, size)
+            start = pos + HEADER_SIZE
+            end = start + size
+            if end > have:
+                break
+            append((command, repcmd, userid, bytes(buf[start:end])))
+            pos = end
+            count += 1
+        self._pos = pos
+        return count
