@@ -112,7 +112,9 @@ async def test_max_keys_refuses_new_keys_only(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_a_failed_commit_says_why_and_restores_memory_from_sqlite(tmp_path: Path) -> None:
+async def test_a_failed_commit_says_why_and_restores_memory_from_sqlite(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     path = tmp_path / "kv.sqlite3"
     store = KVStore(path, sync="normal")
     try:
@@ -123,8 +125,12 @@ async def test_a_failed_commit_says_why_and_restores_memory_from_sqlite(tmp_path
         fresh = store.set(0, 2, b"new", STRING, b"y" * 100_000)
         assert failed.error is not None and "full" in failed.error
         assert store.failed_commits == 1
+        # Operators hear of it, once per WARN_EVERY however many commits fail.
+        warned = [r for r in caplog.records if "a commit failed" in r.getMessage()]
+        assert len(warned) == 1 and "full" in warned[0].getMessage()
         assert store.get(key_of(0, 1)) == (STRING, b"stored", 0.0, b"k")  # as in sqlite
         assert (await committed(fresh)).error is not None
+        assert len([r for r in caplog.records if "a commit failed" in r.getMessage()]) == 1
         assert store.get(key_of(0, 2)) is None and store.keys == 1
         store._db.execute("PRAGMA max_page_count = 1000000")  # room again: carries on
         assert (await committed(store.set(0, 2, b"new", INT, 1))).error is None

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -38,6 +39,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fqbroker.errors import KVStoreError
+
+log = logging.getLogger(__name__)
+WARN_EVERY = 10.0  # seconds between lines about failing commits: a full disk fails them all
 
 __all__ = ["INT", "STRING", "Batch", "KVStore", "key_of"]
 
@@ -125,6 +129,7 @@ class KVStore:
         # Counters, for /stats.json and /metrics.
         self.sets = self.gets = self.hits = self.misses = 0
         self.expired = self.commits = self.failed_commits = 0
+        self._warned_at = -WARN_EVERY
         # (expires, key) of keys set with an expiry; stale pairs (overwritten) are skipped.
         self._expiries: list[tuple[float, int]] = []
         self._expire_before = 0.0  # sqlite rows expiring up to this go with the next commit
@@ -262,6 +267,7 @@ class KVStore:
                 self.commits += 1
             else:
                 self.failed_commits += 1
+                self._warn_failed(error, len(batch.waiters))
                 self._reload(batch)
             batch.done = True
             batch.error = error
@@ -274,6 +280,17 @@ class KVStore:
                     )
         if self._open is not None or self._expire_before:
             self._commit()  # what was set while this one committed
+
+    def _warn_failed(self, error: str, waiters: int) -> None:
+        now = time.monotonic()
+        if now < self._warned_at + WARN_EVERY:
+            return
+        self._warned_at = now
+        log.warning(
+            "opencluster: a commit failed, its sets were answered `not stored` "
+            "(%d failed commits so far; %d connections waited on this one): %s",
+            self.failed_commits, waiters, error,
+        )  # fmt: skip
 
     def _reload(self, batch: Batch) -> None:
         """Memory back to what sqlite holds for a failed batch's keys, except those a
