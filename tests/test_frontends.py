@@ -383,10 +383,7 @@ def test_every_front_end_of_the_table_has_fuzz_targets() -> None:
     registering one without fuzz targets fails here."""
     from bench.frontends import FRONT_ENDS as FUZZED
 
-    # TEMPORARY (P14): the opencluster fuzz entry is p14-bench's, added once it merges
-    # this listener; the exclusion goes with that merge.
-    pending = {"opencluster"} - {fe.name for fe in FUZZED}
-    assert {fe.name for fe in FRONT_ENDS} - pending <= {fe.name for fe in FUZZED}
+    assert {fe.name for fe in FRONT_ENDS} <= {fe.name for fe in FUZZED}
 
 
 def test_an_error_raised_anywhere_in_the_package_is_ours() -> None:

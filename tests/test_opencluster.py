@@ -595,3 +595,40 @@ async def test_opencluster_listener_over_tls(settings: Settings, tmp_path: Path)
             assert await get_string(c, b"secret") == b"over tls"
         finally:
             await c.close()
+
+
+# --- the machine, without a socket ----------------------------------------------------------
+
+
+async def test_the_machine_answers_in_order_and_holds_replies_behind_a_set(
+    tmp_path: Path,
+) -> None:
+    from fqbroker.frontends.opencluster.machine import Limits, Machine
+
+    store = KVStore(tmp_path / "kv.sqlite3")
+    try:
+        machine = Machine(store, Limits(64, 1024, 2048, 3))
+        hello = wire.hello(0)
+        # Fed a byte at a time: nothing until the frame is whole, then all three at once.
+        assert [machine.receive(hello[i : i + 1]) for i in range(11)] == [b""] * 11
+        assert machine.receive(hello[11:]) == HELLO_REPLY
+        assert machine.receive(GOLDEN_SET + wire.ping(1) + wire.get_int(2, b"testdata")) == b""
+        batch = machine.waiting
+        assert batch is not None and not batch.done and machine.inflight == 3
+        assert machine.full  # max_inflight 3: the shell stops reading
+        assert machine.receive(wire.ping(3)) == b""  # buffered, not taken while full
+        done = asyncio.Event()
+        batch.waiters.append(done.set)
+        async with asyncio.timeout(TIMEOUT):
+            await done.wait()
+        assert machine.committed() == (
+            h("0001 07d0 00000000 00000000")
+            + wire.ack(wire.PING, 1)
+            + h("0839 0834 00000002 0000000c 00000000 0a6f8dc5 0000002d")
+            + wire.ack(wire.PING, 3)
+        )
+        assert machine.waiting is None and not machine.full
+        assert machine.receive(wire.goodbye(4) + wire.ping(5)) == wire.ack(wire.GOODBYE, 4)
+        assert machine.finished and machine.error is None
+    finally:
+        await store.close()

@@ -266,7 +266,12 @@ class KVStore:
             batch.done = True
             batch.error = error
             for waiter in batch.waiters:
-                waiter()
+                try:
+                    waiter()
+                except Exception as exc:  # a bug in one connection: the others are answered
+                    self._loop.call_exception_handler(
+                        {"message": "a waiter of an OpenCluster commit failed", "exception": exc}
+                    )
         if self._open is not None or self._expire_before:
             self._commit()  # what was set while this one committed
 

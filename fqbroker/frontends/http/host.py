@@ -30,6 +30,7 @@ __all__ = [
     "FyrehoseSubscriberView",
     "FyrehoseView",
     "HttpHost",
+    "KVStoreView",
     "PeerLinkView",
     "PeeringView",
     "QueueSource",
@@ -141,6 +142,35 @@ class FyrehoseView(Protocol):
     def dropped(self) -> Mapping[str, int]: ...
 
     def subscribers(self) -> Iterable[FyrehoseSubscriberView]: ...
+
+
+@runtime_checkable
+class KVStoreView(Protocol):
+    """The OpenCluster key/value store (fqbroker.storage.kvstore.KVStore) as stats see it.
+
+    The opencluster front end's ``LiveFrontEnd.state`` holds it while the listener runs;
+    as with :class:`FyrehoseView`, that attribute is ``object``, so the stats check it
+    against this Protocol at run time. Every counter counts since the store opened.
+    """
+
+    @property
+    def keys(self) -> int: ...  # keys held
+    @property
+    def bytes(self) -> int: ...  # names + values held
+    @property
+    def sets(self) -> int: ...
+    @property
+    def gets(self) -> int: ...
+    @property
+    def hits(self) -> int: ...
+    @property
+    def misses(self) -> int: ...
+    @property
+    def expired(self) -> int: ...
+    @property
+    def commits(self) -> int: ...  # group commits: sets / commits is the batch size
+    @property
+    def failed_commits(self) -> int: ...
 
 
 class DataChannelView(Protocol):

@@ -81,6 +81,7 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     yield from _memory(snap)
     yield from _topics(snap)
     yield from _fyrehose(snap)
+    yield from _opencluster(snap)
 
 
 # (metric name without _total, FyrehoseSnapshot field, help): the backbone's counters.
@@ -138,6 +139,38 @@ def _fyrehose(snap: Snapshot) -> Iterator[Metric]:
     for reason, count in f.dropped:
         dropped.add_metric([reason], count)
     yield dropped
+
+
+# (metric name without _total, KVSnapshot field, help): the key/value store's counters.
+_OPENCLUSTER_COUNTERS = (
+    ("fq_opencluster_sets", "sets", "set_int and set_string commands answered."),
+    ("fq_opencluster_gets", "gets", "get_int and get_string commands answered."),
+    ("fq_opencluster_hits", "hits", "Gets answered with a value."),
+    ("fq_opencluster_misses", "misses", "Gets answered fail: no such key, or it expired."),
+    ("fq_opencluster_expired", "expired", "Keys removed because their expiry passed."),
+    ("fq_opencluster_commits", "commits", "Group commits to sqlite (each holds a batch of sets)."),
+    (
+        "fq_opencluster_failed_commits",
+        "failed_commits",
+        "Group commits that failed (their sets were answered failinfo, not stored).",
+    ),
+)
+
+
+def _opencluster(snap: Snapshot) -> Iterator[Metric]:
+    kv = snap.opencluster
+    if kv is None:
+        return  # no OpenCluster listener: no opencluster families at all
+    keys = GaugeMetricFamily("fq_opencluster_keys", "Keys the key/value store holds.")
+    keys.add_metric([], kv.keys)
+    yield keys
+    size = GaugeMetricFamily("fq_opencluster_bytes", "Bytes of names and values it holds.")
+    size.add_metric([], kv.bytes)
+    yield size
+    for name, field, doc in _OPENCLUSTER_COUNTERS:
+        counter = CounterMetricFamily(name, doc)
+        counter.add_metric([], getattr(kv, field))
+        yield counter
 
 
 def _topics(snap: Snapshot) -> Iterator[Metric]:

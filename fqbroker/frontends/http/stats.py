@@ -30,6 +30,7 @@ from fqbroker.core.queuespec import UNLIMITED_BYTES
 from fqbroker.core.router import AggregateStats, ClientStats
 from fqbroker.frontends.http.fyrehosestats import FyrehoseSnapshot, fyrehose_json, take_fyrehose
 from fqbroker.frontends.http.host import FqClientView, PeerLinkView, StatsSource
+from fqbroker.frontends.http.kvstats import KVSnapshot, kv_json, take_kv
 from fqbroker.frontends.http.topicstats import TopicSnapshot, take_topics, topics_json
 from fqbroker.server.frontend import ConnectionView, FrontEndCounters, LiveFrontEnd
 from fqbroker.version import FQ_COMPAT_VERSION
@@ -179,6 +180,7 @@ class Snapshot:
     front_ends: tuple[FrontEndSnapshot, ...] = ()
     topics: tuple[TopicSnapshot, ...] | None = None  # None: the broker keeps no topics
     fyrehose: FyrehoseSnapshot | None = None  # None: no fyrehose listener
+    opencluster: KVSnapshot | None = None  # None: no OpenCluster listener
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +255,7 @@ def take_snapshot(broker: StatsSource) -> Snapshot:
         front_ends=front_end_snapshots(broker),
         topics=take_topics(broker),
         fyrehose=take_fyrehose(broker),
+        opencluster=take_kv(broker),
     )
 
 
@@ -420,6 +423,9 @@ def stats_json(snap: Snapshot) -> dict[str, Any]:
     if snap.fyrehose is not None:
         # Likewise (fyrehosestats.py), present only while the fyrehose listener runs.
         out["fyrehose"] = fyrehose_json(snap.fyrehose)
+    if snap.opencluster is not None:
+        # And the key/value store (kvstats.py), only while the OpenCluster listener runs.
+        out["opencluster"] = kv_json(snap.opencluster)
     return out
 
 

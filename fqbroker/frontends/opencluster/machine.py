@@ -80,8 +80,14 @@ _ACK, _FAIL, _FAILINFO, _UNKNOWN = wire.ACK, wire.FAIL, wire.FAILINFO, wire.UNKN
 _ack, _fail, _failinfo = wire.ack, wire.fail, wire.failinfo
 _data_int, _data_str = wire.data_int, wire.data_str
 _decode_get, _decode_set = wire.decode_get, wire.decode_set
+# The hot path's own structs (wire.py's layouts, in one pack or unpack each).
 _set_head_from = struct.Struct(">IIiii").unpack_from  # hashes, expires, full_wait, name length
 _i32_from = struct.Struct(">i").unpack_from
+_hashes_from = struct.Struct(">II").unpack
+_pack_header = struct.Struct(">hhii").pack
+_pack_data_int = struct.Struct(">hhiiIIi").pack  # header, hashes, value
+_pack_data_str = struct.Struct(">hhiiIIi").pack  # header, hashes, the value's length
+_DATA_INT, _DATA_STR = wire.DATA_INT, wire.DATA_STR
 
 # In the queue: goodbye's ack is written, close now.
 _CLOSE = None
@@ -188,8 +194,8 @@ class Machine:
                 self.error = exc
             finally:
                 frames.clear()
-            if self.error is not None:
-                break
+            if self.error is not None or n < room:
+                break  # fewer than asked for: no whole frame is left
         return b"".join(out)
 
     def _answer(self, frames: list[tuple[int, int, int, bytes]], out: list[bytes]) -> None:
@@ -198,17 +204,26 @@ class Machine:
         queue = self.queue
         for command, _repcmd, userid, payload in frames:
             if command in _GETS:
-                map_hash, key_hash = _decode_get(payload)
+                if len(payload) != 8:
+                    _decode_get(payload)  # raises, saying why
+                map_hash, key_hash = _hashes_from(payload)
                 entry = store.get((map_hash << 32) | key_hash)
                 if entry is None:
-                    reply = _fail(command, userid)
+                    reply = _pack_header(_FAIL, command, userid, 0)
                 elif command == _GET_STRING:
                     if entry[0] == STRING:
-                        reply = _data_str(userid, map_hash, key_hash, entry[1])  # type: ignore[arg-type]
+                        value: bytes = entry[1]  # type: ignore[assignment]
+                        size = len(value)
+                        head = _pack_data_str(
+                            _DATA_STR, _GET_STRING, userid, 12 + size, map_hash, key_hash, size
+                        )
+                        reply = head + value
                     else:
                         reply = _wrong_type(command, userid, entry[0])
                 elif entry[0] == INT:
-                    reply = _data_int(userid, map_hash, key_hash, entry[1])  # type: ignore[arg-type]
+                    reply = _pack_data_int(
+                        _DATA_INT, _GET_INT, userid, 12, map_hash, key_hash, entry[1]
+                    )
                 else:
                     reply = _wrong_type(command, userid, entry[0])
             elif command in _SETS:
@@ -314,7 +329,7 @@ class Machine:
                 if not batch.done:
                     return
                 if batch.error is None:
-                    out.append(_ack(command, userid))
+                    out.append(_pack_header(_ACK, command, userid, 0))
                 else:
                     text = _NOT_STORED + batch.error.encode("utf-8", "replace")
                     out.append(_failinfo(command, userid, 2, text))

@@ -14,7 +14,8 @@
 // data-value; a front end's counters are elements with data-field=<counter> and the raw
 // number in data-value, its connections the rows of its table; the fyrehose panel's
 // numbers are elements with data-field=<name> (data-value: the raw number), its
-// subscribers chips with data-remote and data-journaling.
+// subscribers chips with data-remote and data-journaling; the OpenCluster panel's likewise
+// (data-field="keys", "sets-rate", "gets-rate", "hit-ratio", "expired", ...).
 (function () {
   "use strict";
 
@@ -706,6 +707,41 @@
     summary.className = "summary " + (f.unserved ? "warn" : "ok");
   }
 
+  // --- opencluster ------------------------------------------------------------------------
+
+  // The key/value store ("opencluster" in stats.json, only while its listener runs). The
+  // rates are the broker's own (sets_per_second, gets_per_second: over its stats interval),
+  // so the panel, /stats.json and a scrape agree.
+  function renderOpenCluster(kv) {
+    const panel = document.getElementById("opencluster-panel");
+    panel.hidden = !kv;
+    if (!kv) return;
+    const field = fyrehoseField; // same hooks: data-field, raw number in data-value
+    field(panel, "keys", kv.keys, fmtInt(kv.keys));
+    field(panel, "bytes", kv.bytes, fmtBytes(kv.bytes));
+    field(panel, "sets-rate", kv.sets_per_second, fmtRate(kv.sets_per_second) + "/s");
+    field(panel, "sets", kv.sets, fmtInt(kv.sets) + " sets");
+    field(panel, "gets-rate", kv.gets_per_second, fmtRate(kv.gets_per_second) + "/s");
+    field(panel, "gets", kv.gets, fmtInt(kv.gets) + " gets");
+    const answered = kv.hits + kv.misses;
+    const ratio = answered ? kv.hits / answered : null;
+    field(panel, "hit-ratio", ratio === null ? "" : ratio, ratio === null ? "–" : (100 * ratio).toFixed(1) + "%");
+    const plural = (n, one, many) => `${fmtInt(n)} ${n === 1 ? one : many}`;
+    field(panel, "hits", null, `${plural(kv.hits, "hit", "hits")} · ${plural(kv.misses, "miss", "misses")}`);
+    field(panel, "expired", kv.expired, fmtInt(kv.expired));
+    const failed = kv.failed_commits;
+    field(
+      panel,
+      "commits",
+      null,
+      `${fmtInt(kv.commits)} commits` + (failed ? ` · ${fmtInt(failed)} failed` : ""),
+    ).classList.toggle("warn", failed > 0);
+    setText(document.getElementById("opencluster-key-count"), fmtInt(kv.keys));
+    const summary = document.getElementById("opencluster-summary");
+    setText(summary, failed ? `${fmtInt(failed)} failed commits` : `${fmtBytes(kv.bytes)} stored`);
+    summary.className = "summary " + (failed ? "warn" : "ok");
+  }
+
   // --- one poll -------------------------------------------------------------------------
 
   // Flattens the counters that get a rate into one map, so rates() treats them alike.
@@ -775,6 +811,7 @@
     renderPeers(stats.peers || [], r);
     renderTopics(stats.topics, r);
     renderFyrehose(stats.fyrehose, r);
+    renderOpenCluster(stats.opencluster);
 
     document.title = `fq · ${fmtRate(r.get("a:messages"))} msg/s`;
   }
