@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["Decoder", "NeedData", "ReceiveBuffer"]
+__all__ = ["CompactingBuffer", "Decoder", "NeedData", "ReceiveBuffer"]
 
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -121,3 +121,31 @@ class Decoder:
     def unconsumed(self) -> bytes:
         """Bytes fed but not yet decoded (for handing a connection to another protocol)."""
         return self._buf.rest()
+
+
+class CompactingBuffer:
+    """The buffer of a length-prefixed frame decoder that walks it with an offset
+    (Figg's, OpenCluster's): ``_pos`` bytes of ``_buf`` are decoded, and they are dropped
+    once per :meth:`receive_data`, before the append, so the buffer holds one partial
+    frame at most and decoding copies nothing per frame. A subclass sets ``_error`` to its
+    protocol error, after which input is ignored."""
+
+    __slots__ = ("_buf", "_error", "_pos")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+        self._error: Exception | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        if self._pos:
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data

@@ -48,7 +48,7 @@ from fqbroker.errors import FiggProtocolError
 from fqbroker.frontends.acks import DurableAcks
 from fqbroker.frontends.figg import wire
 from fqbroker.frontends.figg.subscription import Subscription
-from fqbroker.server.connections import RemotePeer, peer_address
+from fqbroker.server.connections import WRITE, HeldReading, RemotePeer, peer_address
 
 if TYPE_CHECKING:
     from fqbroker.config import Settings
@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 # Why reading is paused; reading resumes when none is left.
 _ROOM = 1  # a block-policy queue is full
 _BUDGET = 2  # the memory budget is spent
-_WRITE = 4  # the client does not read what we write
+_WRITE = WRITE  # the client does not read what we write
 
 _SENDER_PREFIX = b"figg/"
 
@@ -103,7 +103,7 @@ def sender_for(remote_addr: str, remote_port: int) -> bytes:
     return _SENDER_PREFIX + f"{host}:{remote_port}".encode()
 
 
-class FiggSession(RemotePeer, asyncio.Protocol):
+class FiggSession(HeldReading, RemotePeer, asyncio.Protocol):
     """One Figg client's connection: decode, publish and acknowledge, deliver, answer."""
 
     __slots__ = (
@@ -234,18 +234,6 @@ class FiggSession(RemotePeer, asyncio.Protocol):
 
     def _name(self) -> str:
         return "{}:{}".format(*peer_address(self.transport))
-
-    def _hold(self, why: int) -> None:
-        if not self._holds and not self.closing:
-            self.transport.pause_reading()
-        self._holds |= why
-
-    def _release(self, why: int) -> None:
-        if not self._holds & why:
-            return
-        self._holds &= ~why
-        if not self._holds and not self.closing and not self._eof:
-            self.transport.resume_reading()
 
     def _on_idle(self) -> None:
         loop = asyncio.get_running_loop()

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from fqbroker.errors import FiggProtocolError
+from fqbroker.frontends.decoding import CompactingBuffer
 
 __all__ = [
     "ACK",
@@ -238,34 +239,18 @@ def encode(frame: Frame) -> bytes:
 # --- decoding ------------------------------------------------------------------------------
 
 
-class FrameDecoder:
+class FrameDecoder(CompactingBuffer):
     """Whole frames out of a byte stream, in either direction."""
 
-    __slots__ = ("_buf", "_error", "_pos", "max_frame")
+    __slots__ = ("max_frame",)
 
     def __init__(self, max_frame: int = MAX_FRAME) -> None:
         self.max_frame = max_frame
-        self._buf = bytearray()
-        self._pos = 0  # bytes of _buf already decoded
-        self._error: FiggProtocolError | None = None
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received and not yet decoded."""
-        return len(self._buf) - self._pos
-
-    def receive_data(self, data: bytes) -> None:
-        if self._error is not None:
-            return
-        if self._pos:
-            # Compact before appending, so the buffer holds one partial frame at most.
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        super().__init__()
 
     def _fail(self, reason: str) -> FiggProtocolError:
-        self._error = FiggProtocolError(reason)
-        return self._error
+        self._error = error = FiggProtocolError(reason)
+        return error
 
     def _header(self) -> tuple[int, int] | None:
         """(type, payload length) of the next frame once it has all arrived; else None."""

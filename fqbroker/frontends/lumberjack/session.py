@@ -61,7 +61,7 @@ from fqbroker.frontends.lumberjack.protocol import (
     Window,
     encode_ack,
 )
-from fqbroker.server.connections import RemotePeer, peer_address
+from fqbroker.server.connections import WRITE, HeldReading, RemotePeer, peer_address
 
 if TYPE_CHECKING:
     from fqbroker.config import Settings
@@ -79,7 +79,7 @@ log = logging.getLogger(__name__)
 # Why reading is paused; reading resumes when none is left.
 _ROOM = 1  # a block-policy queue is full
 _BUDGET = 2  # the memory budget is spent
-_WRITE = 4  # the shipper does not read its ACKs
+_WRITE = WRITE  # the client does not read what we write
 
 
 class LumberjackHost(Protocol):
@@ -107,7 +107,7 @@ class Config:
     keepalive: float  # seconds
 
 
-class LumberjackSession(RemotePeer, asyncio.Protocol):
+class LumberjackSession(HeldReading, RemotePeer, asyncio.Protocol):
     """One shipper's connection: decode, publish, acknowledge."""
 
     __slots__ = (
@@ -228,14 +228,6 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._end()
         self.broker.closed(self.transport)
-
-    def pause_writing(self) -> None:
-        # The shipper does not read what we send: stop reading until it does, so neither
-        # our write buffer nor anything else grows without bound.
-        self._hold(_WRITE)
-
-    def resume_writing(self) -> None:
-        self._release(_WRITE)
 
     def close(self) -> None:
         self._end()
@@ -378,19 +370,10 @@ class LumberjackSession(RemotePeer, asyncio.Protocol):
     # --- holding back ---------------------------------------------------------------------
 
     def _hold(self, why: int) -> None:
-        if not self._holds and not self.closing:
-            self.transport.pause_reading()
-        self._holds |= why
+        super()._hold(why)
         if why != _WRITE and self._keepalive is None and not self.closing:
             loop = asyncio.get_running_loop()
             self._keepalive = loop.call_later(self.config.keepalive, self._send_keepalive)
-
-    def _release(self, why: int) -> None:
-        if not self._holds & why:
-            return
-        self._holds &= ~why
-        if not self._holds and not self.closing and not self._eof:
-            self.transport.resume_reading()
 
     def _send_keepalive(self) -> None:
         """ACK(0) while held back with a v2 batch unacknowledged: Beats keep waiting."""

@@ -18,7 +18,7 @@ import asyncio
 from typing import TYPE_CHECKING, Protocol
 
 from fqbroker.frontends.opencluster.machine import Limits, Machine
-from fqbroker.server.connections import peer_address
+from fqbroker.server.connections import WRITE, HeldReading, peer_address
 
 if TYPE_CHECKING:
     from fqbroker.config import Settings
@@ -30,7 +30,7 @@ __all__ = ["OpenClusterHost", "OpenClusterSession"]
 
 # Why reading is paused; reading resumes when none is left.
 _INFLIGHT = 1  # max_inflight commands wait for their replies
-_WRITE = 2  # the client does not read what we write
+_WRITE = WRITE  # the client does not read what we write
 _BAD = 4  # bad input: closing once the commands before it are answered
 
 
@@ -43,7 +43,7 @@ class OpenClusterHost(Protocol):
     def closed(self, transport: asyncio.Transport) -> None: ...
 
 
-class OpenClusterSession(asyncio.Protocol):
+class OpenClusterSession(HeldReading, asyncio.Protocol):
     """One OpenCluster client's connection."""
 
     __slots__ = ("_eof", "_holds", "_waiting", "broker", "closing", "live", "machine", "transport")
@@ -89,12 +89,6 @@ class OpenClusterSession(asyncio.Protocol):
         self.closing = True
         self.broker.closed(self.transport)
 
-    def pause_writing(self) -> None:
-        self._hold(_WRITE)
-
-    def resume_writing(self) -> None:
-        self._release(_WRITE)
-
     def close(self) -> None:
         self.closing = True
         self.transport.close()  # what was written still goes out first
@@ -132,15 +126,3 @@ class OpenClusterSession(asyncio.Protocol):
         self._waiting = None
         if not self.closing:
             self._after(self.machine.committed())
-
-    def _hold(self, why: int) -> None:
-        if not self._holds and not self.closing:
-            self.transport.pause_reading()
-        self._holds |= why
-
-    def _release(self, why: int) -> None:
-        if not self._holds & why:
-            return
-        self._holds &= ~why
-        if not self._holds and not self.closing:
-            self.transport.resume_reading()

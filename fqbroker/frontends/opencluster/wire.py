@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from fqbroker.errors import OpenClusterProtocolError
+from fqbroker.frontends.decoding import CompactingBuffer
 
 __all__ = [
     "ACK",
@@ -471,29 +472,14 @@ def decode_hashmasks(payload: bytes) -> tuple[int, list[tuple[int, int]]]:
 # --- framing -------------------------------------------------------------------------------
 
 
-class FrameDecoder:
+class FrameDecoder(CompactingBuffer):
     """Whole frames out of a byte stream fed in any split; strict, and its error is final."""
 
-    __slots__ = ("_buf", "_error", "_pos", "max_payload")
+    __slots__ = ("max_payload",)
 
     def __init__(self, max_payload: int) -> None:
         self.max_payload = max_payload
-        self._buf = bytearray()
-        self._pos = 0  # bytes of _buf already decoded: compacted once per receive_data
-        self._error: OpenClusterProtocolError | None = None
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received and not yet decoded."""
-        return len(self._buf) - self._pos
-
-    def receive_data(self, data: bytes) -> None:
-        if self._error is not None:
-            return
-        if self._pos:
-            del self._buf[: self._pos]
-            self._pos = 0
-        self._buf += data
+        super().__init__()
 
     def _fail(self, command: int, size: int) -> OpenClusterProtocolError:
         what = PROTOCOL_NAMES.get(command, f"command {command}")
@@ -501,8 +487,8 @@ class FrameDecoder:
             reason = f"{what} frame with a negative payload length ({size})"
         else:
             reason = f"{what} payload of {size} bytes is over the limit of {self.max_payload}"
-        self._error = OpenClusterProtocolError(reason)
-        return self._error
+        self._error = error = OpenClusterProtocolError(reason)
+        return error
 
     def next_frame(self) -> Frame | None:
         """The next whole frame, or None until more bytes arrive."""
