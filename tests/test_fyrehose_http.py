@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import re
 import socket
 from pathlib import Path
 from typing import Any, cast
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from fqbroker.config import Fyrehose, Settings
 from fqbroker.frontends.fyrehose import wire
@@ -21,7 +18,7 @@ from fqbroker.frontends.fyrehose.wire import Deliver, Flags, Forward, Keepalive,
 from fqbroker.server.broker import Broker
 
 from .conftest import TIMEOUT, open_session, running, wait_for
-from .test_http import get
+from .test_http import metrics, stats
 from .test_webui import Chromium, Page, require_chromium, screenshot, until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,25 +86,6 @@ def fyrehose_port(broker: Broker) -> int:
     address = broker.front_ends["fyrehose"].address
     assert address is not None
     return address[1]
-
-
-async def stats(broker: Broker) -> dict[str, Any]:
-    response, body = await get(broker.port, "/stats.json")
-    assert response.status_code == 200
-    out: dict[str, Any] = json.loads(body)
-    return out
-
-
-async def metrics(broker: Broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response, body = await get(broker.port, "/metrics")
-    assert response.status_code == 200
-    samples = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
-            assert key not in samples, f"duplicate series {key}"
-            samples[key] = s.value
-    return samples
 
 
 async def subscribe(

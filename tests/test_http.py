@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 
 import h11
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fqbroker.clients.client import Client
 from fqbroker.config import Settings
@@ -89,6 +90,27 @@ class HttpConn:
         self.writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
+
+
+async def stats(broker: Broker) -> dict[str, Any]:
+    """/stats.json, parsed."""
+    response, body = await get(broker.port, "/stats.json")
+    assert response.status_code == 200
+    out: dict[str, Any] = json.loads(body)
+    return out
+
+
+async def metrics(broker: Broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """/metrics, parsed by prometheus_client: each series once, by name and labels."""
+    response, body = await get(broker.port, "/metrics")
+    assert response.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in samples, f"duplicate series {key}"
+            samples[key] = s.value
+    return samples
 
 
 def header(response: h11.Response, name: bytes) -> bytes | None:

@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from pathlib import Path
-from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from fqbroker.config import OpenCluster, Settings
 from fqbroker.frontends.http.topicstats import RATE_WINDOW
@@ -20,7 +16,7 @@ from fqbroker.frontends.opencluster.wire import Frame
 from fqbroker.server.broker import Broker
 
 from .conftest import TIMEOUT, running, wait_for
-from .test_http import get
+from .test_http import metrics, stats
 from .test_webui import Chromium, Page, require_chromium, screenshot, until
 
 ZERO = {
@@ -96,25 +92,6 @@ def opencluster_port(broker: Broker) -> int:
     address = broker.front_ends["opencluster"].address
     assert address is not None
     return address[1]
-
-
-async def stats(broker: Broker) -> dict[str, Any]:
-    response, body = await get(broker.port, "/stats.json")
-    assert response.status_code == 200
-    out: dict[str, Any] = json.loads(body)
-    return out
-
-
-async def metrics(broker: Broker) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    response, body = await get(broker.port, "/metrics")
-    assert response.status_code == 200
-    samples = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            key = (s.name, tuple(sorted(s.labels.items())))
-            assert key not in samples, f"duplicate series {key}"
-            samples[key] = s.value
-    return samples
 
 
 async def test_no_opencluster_key_nor_families_without_the_listener(broker: Broker) -> None:
