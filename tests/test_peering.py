@@ -329,13 +329,22 @@ async def test_full_mesh_with_dedupe_delivers_once(cluster: Cluster, tmp_path: P
         assert got == collections.Counter(sent)
         await sub.close()
 
-    # Each message (markers too) reached the two brokers that did not publish it by two
-    # paths: one copy each was dropped, and none went into an exchange.
+    # Each message (markers too) reaches each broker that did not publish it directly, and
+    # through the third broker unless that broker took the relayed copy first: then its
+    # hop is on it, and the third broker does not send it back. So 1 or 2 second copies
+    # per message are dropped as duplicates, by which path won (under load the relay can),
+    # and none went into an exchange. Done once the count has settled.
+    total = len(sent) + 2
+    seen: list[int] = []
+
     async def all_second_copies_dropped() -> bool | None:
-        stats = [await n.stats() for n in (a, b, c)]
-        dropped = sum(p["duplicates"] for s in stats for p in s["peers"])
-        assert dropped <= 2 * (len(sent) + 2)
-        return dropped == 2 * (len(sent) + 2) or None
+        stats = [await node.stats() for node in (a, b, c)]
+        duplicates = sum(p["duplicates"] for s in stats for p in s["peers"])
+        assert duplicates <= 2 * total
+        seen.append(duplicates)
+        if duplicates == 2 * total or (duplicates >= total and seen[-10:] == [duplicates] * 10):
+            return True
+        return None
 
     await poll(all_second_copies_dropped)
     assert [await exchange_messages(n) for n in (a, b, c)] == [1002, 1002, 1002]
