@@ -181,7 +181,21 @@ def own_port_args() -> list[str]:
 # The fyrehose window is memory by design (32 MiB of data by default): a small one is full
 # long before the fuzzer's warm-up sample, so RSS stays flat after it, and REQUESTs for
 # evicted ranges (FORWARDs) are fuzzed too.
-OWN_PORT_TABLES = {"fyrehose": {"window_bytes": str(1 << 20)}}
+# The OpenCluster store keeps what is set, and a frame one byte past max_value is read
+# whole before it is refused: with the default 1 MiB values a short run's RSS is those
+# buffers' high water, not a leak (test_fuzz's short run went 41 -> 73 MiB, over its
+# limit). 64 KiB values fuzz the same limits (bench/ocfuzz.py reads these).
+OC_MAX_NAME = 1024
+OC_MAX_VALUE = 64 << 10
+OC_MAX_PAYLOAD = OC_MAX_VALUE + OC_MAX_NAME + 64
+OWN_PORT_TABLES = {
+    "fyrehose": {"window_bytes": str(1 << 20)},
+    "opencluster": {
+        "max_name": str(OC_MAX_NAME),
+        "max_value": str(OC_MAX_VALUE),
+        "max_payload": str(OC_MAX_PAYLOAD),
+    },
+}
 
 
 def broker_from(args: argparse.Namespace, state: Path) -> Broker:

@@ -394,7 +394,7 @@ def report(
     failures: list[str] = []
     warm_at = max(args.check_every, args.frames // 10)
     warm = next((s for n, s in fuzz.samples if n >= warm_at), fuzz.samples[0][1])
-    rss_limit = max(warm.rss * 1.25, warm.rss + 32 * MiB)
+    rss_limit = max(warm.rss * 1.25, warm.rss + args.rss_slack_mib * MiB)
     if end.rss > rss_limit:
         failures.append(f"RSS not flat: {warm.rss // MiB} MiB at warm-up, {end.rss // MiB} at end")
     if end.fds > fd_before + 4:
@@ -508,6 +508,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--check-every", type=int, default=10_000)
     p.add_argument("--max-seconds", type=float, default=3600.0)
     p.add_argument("--settle-seconds", type=float, default=45.0)
+    p.add_argument(
+        "--rss-slack-mib",
+        type=int,
+        default=32,
+        help="RSS may grow this much (or 25%%) after warm-up before it counts as not flat",
+    )
     add_run_options(p, "fuzz")
     return p
 

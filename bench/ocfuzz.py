@@ -31,14 +31,15 @@ import struct
 from fqbroker.errors import OpenClusterProtocolError
 from fqbroker.frontends.opencluster import wire as oc
 
+from .child import OC_MAX_NAME, OC_MAX_PAYLOAD, OC_MAX_VALUE
 from .fuzzconn import ROUND_TRIP_SECONDS, Conn, Target, connect_tcp, mutate_bytes
 
 __all__ = ["mutate_opencluster", "open_opencluster", "opencluster_frame", "round_trip_opencluster"]
 
-# The listener's defaults ([opencluster] in fqbroker/config.py): what "past the limit" means.
-MAX_NAME = 1024
-MAX_VALUE = 1 << 20
-MAX_PAYLOAD = MAX_VALUE + MAX_NAME + 64
+# The limits the fuzzed broker child runs with (bench/child.py): what "past the limit" means.
+MAX_NAME = OC_MAX_NAME
+MAX_VALUE = OC_MAX_VALUE
+MAX_PAYLOAD = OC_MAX_PAYLOAD
 
 NAMES = [b"fz%d" % i for i in range(48)] + [b"", b"\xff\xfe\x80", b"n" * MAX_NAME]
 # The command ids a frame may carry: every one the protocol names, and some it does not.

@@ -22,9 +22,13 @@ from fqbroker.frontends.fq import wire
 
 
 async def test_short_fuzz_run_finds_nothing(tmp_path: Path) -> None:
+    # RSS may grow 64 MiB, not 32: the retained topics' caches (8 MiB of frames each, the
+    # fuzzer's Figg entry writes four topics) fill over a run this short and level off
+    # after it (Figg alone, seed 7: 99 MiB at 20k frames, 102 at 60k, 107 at 150k), so the
+    # warm-up sample at 2,000 frames is not yet the plateau. `make fuzz` keeps 32.
     args = fuzz.parser().parse_args(
         ["--frames", "20000", "--check-every", "2000", "--max-seconds", "120",
-         "--state", str(tmp_path / "fuzz")]
+         "--rss-slack-mib", "64", "--state", str(tmp_path / "fuzz")]
     )  # fmt: skip
     result = await fuzz.run(args)
     fuzz.print_summary(result)
