@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fqbroker.frontends.http.host import FyrehoseView, StatsSource
+from fqbroker.frontends.http.host import FyrehoseView, StatsSource, front_end_state
 
 __all__ = [
     "DROP_REASONS",
@@ -71,8 +71,7 @@ class FyrehoseSnapshot:
 
 def backbone_of(broker: StatsSource) -> FyrehoseView | None:
     """The running fyrehose backbone of ``broker``; None when the listener is off."""
-    live = broker.front_ends.get(NAME)
-    state = None if live is None else live.state
+    state = front_end_state(broker, NAME)
     return state if isinstance(state, FyrehoseView) else None
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "TopicSource",
     "TopicView",
     "TopicsView",
+    "front_end_state",
 ]
 
 
@@ -254,6 +255,13 @@ class StatsSource(QueueSource, TopicSource, Protocol):
     def budget(self) -> MemoryBudget: ...
     @property
     def front_ends(self) -> Mapping[str, LiveFrontEnd]: ...
+
+
+def front_end_state(broker: StatsSource, name: str) -> object | None:
+    """The running state of front end ``name`` (``LiveFrontEnd.state``): what its stats
+    read, checked by the caller against its runtime-checkable view; None while it is off."""
+    live = broker.front_ends.get(name)
+    return None if live is None else live.state
 
 
 class HttpHost(StatsSource, Protocol):

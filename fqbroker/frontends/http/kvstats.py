@@ -25,7 +25,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Final
 
-from fqbroker.frontends.http.host import KVStoreView, StatsSource
+from fqbroker.frontends.http.host import KVStoreView, StatsSource, front_end_state
 from fqbroker.frontends.http.topicstats import RATE_WINDOW
 
 __all__ = ["KVSnapshot", "kv_json", "store_of", "take_kv"]
@@ -76,8 +76,7 @@ _rates: weakref.WeakKeyDictionary[StatsSource, _Rates] = weakref.WeakKeyDictiona
 
 def store_of(broker: StatsSource) -> KVStoreView | None:
     """The running store of ``broker``; None when the OpenCluster listener is off."""
-    live = broker.front_ends.get(NAME)
-    state = None if live is None else live.state
+    state = front_end_state(broker, NAME)
     return state if isinstance(state, KVStoreView) else None
 
 
