@@ -326,20 +326,3 @@ async def test_web_ui_shows_the_fyrehose_panel(settings: Settings, tmp_path: Pat
             await browser.close()
             subscriber.close()
             publisher.close()
-
-
-async def test_web_ui_hides_the_panel_without_the_listener(broker: Broker, tmp_path: Path) -> None:
-    chromium = require_chromium()
-    browser = await Chromium.launch(chromium, tmp_path / "profile", tmp_path / "chromium.log")
-    try:
-        async with asyncio.timeout(60):
-            page = await Page.open(browser, f"http://127.0.0.1:{broker.port}/")
-            await page.wait_for(
-                '(() => { const e = document.getElementById("status");'
-                ' return e && e.dataset.state === "live"; })()'
-            )
-            await page.rendered_polls(1)
-            assert await page.evaluate(FYREHOSE_PANEL) is None
-            assert page.errors() == []
-    finally:
-        await browser.close()

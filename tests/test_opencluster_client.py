@@ -21,28 +21,21 @@ from fqbroker.frontends.opencluster import wire
 from .conftest import TIMEOUT, running
 from .pki import make_pki
 from .procs import Proc
-
-
-def _hex(text: str) -> bytes:
-    return bytes.fromhex("".join(text.replace("|", " ").split()))
-
-
-GOLDEN_SET_INT = _hex(
-    "07d0 0000 00000000 00000020 | 00000000 0a6f8dc5 00000000 00000000 00000008"
-    " 7465737464617461 0000002d"
+from .test_opencluster_wire import (
+    ACK_HELLO,
+    DATA_INT_45,
+    FAIL_GET_INT,
+    GET_INT_TESTDATA,
+    GOLDEN_SET_INT,
+    HASHMASKS_UID1,
+    HELLO,
+    SERVERLIST_0,
+    h,
 )
-HELLO = _hex("000a 0000 00000000 00000000")
-ACK_HELLO = _hex("0001 000a 00000000 00000000")
-SERVERLIST_0 = _hex("0064 0000 00000000 00000004 00000000")
-HASHMASKS_UID1 = _hex("006e 0000 00000001 00000088 0000000f 00000010") + b"".join(
-    struct.pack(">ii", bucket, 0) for bucket in range(16)
-)
-GET_INT_TESTDATA = _hex("0834 0000 00000000 00000008 00000000 0a6f8dc5")
-DATA_INT_45 = _hex("0839 0834 00000000 0000000c 00000000 0a6f8dc5 0000002d")
-FAIL_GET_INT = _hex("0002 0834 00000000 00000000")
+
 # What the 2011 C client answered the two pushes: an ack with repcmd 100 for both.
-ACK_SERVERLIST_UID0 = _hex("0001 0064 00000000 00000000")
-ACK_HASHMASKS_AS_2011_UID1 = _hex("0001 0064 00000001 00000000")
+ACK_SERVERLIST_UID0 = h("0001 0064 00000000 00000000")
+ACK_HASHMASKS_AS_2011_UID1 = h("0001 0064 00000001 00000000")
 
 
 def feed(m: OCMachine, data: bytes, one_byte_at_a_time: bool = False) -> list[Answer]:

@@ -662,3 +662,33 @@ async def wait_durable(broker: Broker, topic: Any) -> None:
     while topic.last_offset != before:
         before = topic.last_offset
         await asyncio.sleep(0.3)
+
+
+# The panels of front ends on ports of their own that are off unless configured.
+OPTIONAL_PANELS = ("fyrehose-panel", "opencluster-panel")
+
+
+async def test_web_ui_hides_the_panels_of_listeners_that_are_off(
+    broker: Broker, tmp_path: Path
+) -> None:
+    # Their stats keys are absent without the listener (tests/test_fyrehose_http.py and
+    # tests/test_opencluster_http.py show the panels with it); so are their panels.
+    chromium = require_chromium()
+    browser = await Chromium.launch(chromium, tmp_path / "profile", tmp_path / "chromium.log")
+    try:
+        async with asyncio.timeout(60):
+            page = await Page.open(browser, f"http://127.0.0.1:{broker.port}/")
+            await page.wait_for(
+                '(() => { const e = document.getElementById("status");'
+                ' return e && e.dataset.state === "live"; })()'
+            )
+            await page.rendered_polls(1)
+            for panel in OPTIONAL_PANELS:
+                shown = await page.evaluate(
+                    f'(() => {{ const p = document.getElementById("{panel}");'
+                    " return !!p && !p.hidden && p.getBoundingClientRect().height > 0; })()"
+                )
+                assert shown is False, panel
+            assert page.errors() == []
+    finally:
+        await browser.close()
