@@ -221,8 +221,13 @@ class Relay(System):
 
 
 class Redis(System):
-    def __init__(self) -> None:
-        super().__init__("redis", "redis")
+    """Without persistence (as the pub/sub rows want it), or with an append-only file
+    fsynced as ``appendfsync`` says (as the OpenCluster rows compare promises)."""
+
+    def __init__(self, appendfsync: str | None = None) -> None:
+        name = "redis" if appendfsync is None else f"redis, appendfsync {appendfsync}"
+        super().__init__(name, "redis")
+        self.appendfsync = appendfsync
 
     def available(self) -> str | None:
         if shutil.which("redis-server") is None:
@@ -230,9 +235,12 @@ class Redis(System):
         return None
 
     def command(self) -> list[str]:
+        aof = ["--appendonly", "no"]
+        if self.appendfsync is not None:  # its file in the workdir, on the disk under ./var
+            aof = ["--appendonly", "yes", "--appendfsync", self.appendfsync]
         return [
             "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--client-output-buffer-limit", "pubsub 0 0 0",
+            *aof, "--client-output-buffer-limit", "pubsub 0 0 0",
         ]  # fmt: skip
 
 

@@ -8,14 +8,19 @@ commands over the time from its first write to its last reply; us is the server'
 
 * fqbroker: an OpenCluster listener (``--opencluster``) driven by bench/ocload.py, in
   :data:`PROCS` processes of 25 connections each, every reply checked byte for byte. An
-  ack of a set means it is committed to the store's sqlite database; with ``[opencluster]
+  ack of a set means it is written to the store's journal; with ``[opencluster]
   sync = "full"`` (the default) also fsynced, with ``"normal"`` on disk once the OS writes
-  it (it survives kill -9 of fqd, not a power cut).
+  it (it survives kill -9 of fqd, not a power cut). The store journals sets and folds the
+  journals into sqlite in the background (docs/opencluster.md).
 * Redis: redis-server as bench/harness.py starts it (no persistence: ``--save ""``,
   ``--appendonly no``), driven by ``redis-benchmark -c 50 -P 16 -d 100 -t set`` (then
   ``get``), in the same interleaved runs. bench/ocload.py with ``--proto redis`` is run
   against it too: the same generator's figure on a server three times faster or more than
   ours says whether the generator could be what limits ours.
+* Redis with the promise of ours (redis-benchmark, SET only): ``appendonly yes`` with
+  ``appendfsync always`` (each reply after its write is fsynced, as ``sync = "full"``)
+  and ``everysec`` (written before the reply, fsynced each second: survives kill -9 of
+  the server, not a power cut, as ``"normal"``).
 """
 
 from __future__ import annotations
@@ -104,6 +109,9 @@ def oc_run(system: System, run: int, scale: float) -> dict[str, float]:
     if not isinstance(system, Redis):
         return generator_run(system, count)
     result: dict[str, float] = {}
+    if system.appendfsync is not None:
+        result["set"], result["set_us"] = redis_benchmark(system, "set", count)
+        return result
     for op in OPS:
         result[op], result[f"{op}_us"] = redis_benchmark(system, op, count)
     ours = generator_run(system, count)
@@ -122,7 +130,7 @@ def oc_systems(with_redis: bool) -> list[System]:
         FqBroker(opencluster="normal", name=OC_NORMAL),
     ]
     if with_redis and redis_available() is None:
-        systems.append(Redis())
+        systems += [Redis(), Redis(appendfsync="always"), Redis(appendfsync="everysec")]
     return systems
 
 
@@ -146,6 +154,24 @@ def oc_rows(res: Figures) -> list[tuple[str, Figures, str]]:
 
 def _k(rate: float) -> str:
     return f"{rate / 1000:,.0f}k"
+
+
+def oc_promise_notes(res: Figures) -> list[list[str]]:
+    """Rows: Redis with the promise of ours, each beside our SET of that promise."""
+    rows = []
+    for fsync, ours, promise in (
+        ("always", "fqbroker", "sync=full: an ack fsynced"),
+        ("everysec", OC_NORMAL, "sync=normal: an ack survives kill -9"),
+    ):
+        redis = res.get(f"redis, appendfsync {fsync}")
+        if redis is None:
+            continue
+        ratio = res[ours]["set"] / redis["set"]
+        rows.append([
+            f"  Redis SET with the promise of {promise} (appendfsync {fsync})",
+            _k(redis["set"]), f"{redis['set_us']:.2f}", f"ours {ratio:.2f}x of it",
+        ])  # fmt: skip
+    return rows
 
 
 def oc_generator_note(redis: dict[str, float]) -> list[str]:

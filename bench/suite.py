@@ -35,7 +35,7 @@ from .harness import (
     rss_bytes,
     version,
 )
-from .ocsuite import oc_generator_note, oc_rows, oc_run, oc_systems
+from .ocsuite import oc_generator_note, oc_promise_notes, oc_rows, oc_run, oc_systems
 
 # No byte limit (docs/memory.md): the flows measure speed, not where a backlog is cut.
 QUEUE = "mem:backlog=4000000,backlog_bytes=0"
@@ -554,6 +554,8 @@ def scenario_opencluster(cfg: Config, table: Table) -> None:
         table.flow(label, row, target)
     if "redis" in res:
         table.add(oc_generator_note(res["redis"]))
+    for note in oc_promise_notes(res):
+        table.add(note)
 
 
 SCENARIOS = [

@@ -356,10 +356,10 @@ class Fyrehose:
 class OpenCluster:
     """The ``[opencluster]`` table: the OpenCluster key/value listener (docs/opencluster.md).
 
-    Off while ``listen`` is None (or empty in the TOML file). Values live in memory and in
-    sqlite under ``queue_dir``; a set is acknowledged once committed there, fsynced
-    (``sync = "full"``) or only written to the WAL (``"normal"``: survives kill -9, not a
-    power cut). A frame over a limit closes that connection; ``max_keys`` refuses new keys
+    Off while ``listen`` is None (or empty in the TOML file). Values live in memory, and
+    in a journal folded into sqlite under ``queue_dir``; a set is acknowledged once its
+    batch is written to the journal, fsynced (``sync = "full"``) or not (``"normal"``:
+    survives kill -9, not a power cut). A frame over a limit closes that connection; ``max_keys`` refuses new keys
     (failinfo); ``max_inflight`` stops reading a connection until its replies go out.
     """
 

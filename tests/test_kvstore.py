@@ -1,9 +1,13 @@
-"""The OpenCluster store on its own: memory reads, group commits to a real sqlite file,
-expiry, max_keys, a commit that fails (sqlite's own "database or disk is full"), reopen."""
+"""The OpenCluster store on its own: memory reads, group commits to a real journal file,
+folds into a real sqlite file, expiry, max_keys, writes that fail (a journal on /dev/full:
+the kernel's own "No space left on device"), reopen, and what a crash leaves (the
+directory copied while the store runs: what kill -9 leaves on disk)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
 import sqlite3
 import time
 from pathlib import Path
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fqbroker.errors import KVStoreError
+from fqbroker.storage.kvjournal import journal_path, journals, replay
 from fqbroker.storage.kvstore import INT, STRING, Batch, KVStore, key_of
 
 from .conftest import TIMEOUT, wait_for
@@ -31,6 +36,21 @@ def rows(path: Path) -> list[tuple[object, ...]]:
         return db.execute("SELECT * FROM kv ORDER BY map_hash, key_hash").fetchall()
 
 
+def journaled(path: Path) -> list[tuple[object, ...]]:
+    """The records of the journals beside ``path``, as a restart replays them."""
+    return [record for _, journal in journals(path) for record in replay(journal)]
+
+
+def crash_copy(path: Path, to: Path) -> Path:
+    """What kill -9 would leave of a running store: its directory as the kernel has it."""
+    shutil.copytree(path.parent, to)
+    return to / path.name
+
+
+async def folded(store: KVStore) -> None:
+    await wait_for(lambda: store._folding is None)
+
+
 async def test_sets_are_read_at_once_and_committed_together(tmp_path: Path) -> None:
     path = tmp_path / "kv.sqlite3"
     store = KVStore(path)
@@ -41,7 +61,7 @@ async def test_sets_are_read_at_once_and_committed_together(tmp_path: Path) -> N
         assert store.get(key_of(0, 7)) == (INT, 7, 0.0, b"k7") and not batch.done
         await committed(batch)
         assert batch.error is None and store.commits == 1 and store.sets == 100
-        assert len(rows(path)) == 100  # in sqlite, as another reader sees it
+        assert len(journaled(path)) == 100  # in the journal, as a restart reads it
         assert store.get(key_of(0, 1000)) is None
         assert (store.gets, store.hits, store.misses) == (2, 1, 1)
         assert store.keys == 100 and store.bytes == sum(len(b"k%d" % n) + 4 for n in range(100))
@@ -54,9 +74,10 @@ async def test_signed_and_unsigned_hashes_are_one_key(tmp_path: Path) -> None:
     try:
         await committed(store.set(-1, -2, b"n", STRING, b"v"))
         assert store.get(key_of(0xFFFFFFFF, 0xFFFFFFFE)) == (STRING, b"v", 0.0, b"n")
-        assert rows(tmp_path / "kv.sqlite3")[0][:2] == (0xFFFFFFFF, 0xFFFFFFFE)
+        assert journaled(tmp_path / "kv.sqlite3")[0][:2] == (0xFFFFFFFF, 0xFFFFFFFE)
     finally:
         await store.close()
+    assert rows(tmp_path / "kv.sqlite3")[0][:2] == (0xFFFFFFFF, 0xFFFFFFFE)
 
 
 async def test_values_survive_close_and_reopen_and_expired_ones_are_dropped(
@@ -67,7 +88,8 @@ async def test_values_survive_close_and_reopen_and_expired_ones_are_dropped(
     store.set(1, 2, b"int", INT, -5)
     store.set(1, 3, b"str", STRING, b"\x00\xff" * 10)
     store.set(1, 4, b"later", STRING, b"x", expires=3600)
-    await store.close()  # commits what is pending
+    await store.close()  # writes what is pending and folds it into sqlite
+    assert len(rows(path)) == 3 and journals(path) == []  # a clean restart reads sqlite alone
     with sqlite3.connect(path) as db:  # one that expired while the broker was down
         db.execute("INSERT INTO kv VALUES (1, 5, 'gone', 1, 9, ?)", (time.time() - 1,))
     store = KVStore(path)
@@ -94,10 +116,10 @@ async def test_expired_keys_are_never_returned_and_are_reclaimed(tmp_path: Path)
         await committed(store.set(0, 3, b"renewed", INT, 4, expires=60))
         await wait_for(lambda: store.get(key_of(0, 1)) is None)
         await wait_for(lambda: store.expired == 1 and store.keys == 2)
-        await wait_for(lambda: [r[1] for r in rows(path)] == [2, 3])
         assert store.get(key_of(0, 3)) is not None
     finally:
         await store.close()
+    assert [r[1] for r in rows(path)] == [2, 3]  # the fold left the expired key out
 
 
 async def test_max_keys_refuses_new_keys_only(tmp_path: Path) -> None:
@@ -112,31 +134,137 @@ async def test_max_keys_refuses_new_keys_only(tmp_path: Path) -> None:
         await store.close()
 
 
-async def test_a_failed_commit_says_why_and_restores_memory_from_sqlite(
+def full_disk(path: Path, gen: int) -> None:
+    """The journal of ``gen`` will be /dev/full: every write to it fails with ENOSPC."""
+    journal_path(path, gen).symlink_to("/dev/full")
+
+
+async def test_a_failed_write_says_why_and_restores_memory(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / "kv.sqlite3"
-    store = KVStore(path, sync="normal")
+    store = KVStore(path, sync="normal", fold_bytes=1)  # a fold after each write
     try:
         await committed(store.set(0, 1, b"k", STRING, b"stored"))
-        pages = store._db.execute("PRAGMA page_count").fetchone()[0]
-        store._db.execute(f"PRAGMA max_page_count = {pages}")  # sqlite: the disk is full
+        await folded(store)
+        full_disk(path, 2)
+        full_disk(path, 3)
         failed = await committed(store.set(0, 1, b"k", STRING, b"x" * 100_000))
         fresh = store.set(0, 2, b"new", STRING, b"y" * 100_000)
-        assert failed.error is not None and "full" in failed.error
+        assert failed.error is not None and "No space left" in failed.error
         assert store.failed_commits == 1
-        # Operators hear of it, once per WARN_EVERY however many commits fail.
-        warned = [r for r in caplog.records if "a commit failed" in r.getMessage()]
-        assert len(warned) == 1 and "full" in warned[0].getMessage()
-        assert store.get(key_of(0, 1)) == (STRING, b"stored", 0.0, b"k")  # as in sqlite
+        # Operators hear of it, once per WARN_EVERY however many writes fail.
+        warned = [r for r in caplog.records if "journal write failed" in r.getMessage()]
+        assert len(warned) == 1 and "No space left" in warned[0].getMessage()
+        assert store.get(key_of(0, 1)) == (STRING, b"stored", 0.0, b"k")  # as on disk
         assert (await committed(fresh)).error is not None
-        assert len([r for r in caplog.records if "a commit failed" in r.getMessage()]) == 1
+        assert len([r for r in caplog.records if "journal write failed" in r.getMessage()]) == 1
         assert store.get(key_of(0, 2)) is None and store.keys == 1
-        store._db.execute("PRAGMA max_page_count = 1000000")  # room again: carries on
+        # The journal goes on in a new file (gen 4): the store carries on.
         assert (await committed(store.set(0, 2, b"new", INT, 1))).error is None
     finally:
         await store.close()
-    assert [r[1] for r in rows(path)] == [1, 2]
+    assert [r[1] for r in rows(path)] == [1, 2] and rows(path)[0][4] == b"stored"
+
+
+async def test_two_failed_writes_in_a_row_restore_the_value_before_both(tmp_path: Path) -> None:
+    path = tmp_path / "kv.sqlite3"
+    store = KVStore(path, sync="normal", fold_bytes=1)
+    try:
+        await committed(store.set(0, 1, b"k", STRING, b"v0"))
+        await folded(store)
+        full_disk(path, 2)
+        full_disk(path, 3)
+        first = store.set(0, 1, b"k", STRING, b"v1")
+        await asyncio.sleep(0)  # v1's batch is being written: v2 joins the next one
+        second = store.set(0, 1, b"k", STRING, b"v2")
+        assert first is not second
+        assert (await committed(first)).error is not None
+        assert store.get(key_of(0, 1)) == (STRING, b"v2", 0.0, b"k")  # v2 still pending
+        assert (await committed(second)).error is not None
+        assert store.get(key_of(0, 1)) == (STRING, b"v0", 0.0, b"k")
+    finally:
+        await store.close()
+    store = KVStore(path)
+    try:
+        assert store.get(key_of(0, 1)) == (STRING, b"v0", 0.0, b"k")
+    finally:
+        await store.close()
+
+
+async def test_folds_run_while_sets_go_on_and_a_crash_at_any_point_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db" / "kv.sqlite3"
+    store = KVStore(path, sync="normal", fold_bytes=4096)
+    try:
+        for round_ in range(40):
+            for n in range(50):
+                store.set(0, n, b"k%d" % n, INT, round_ * 100 + n)
+            last = store.set(1, round_, b"r%d" % round_, STRING, b"x" * 100)
+            await committed(last)
+            if round_ % 8 == 7:
+                await folded(store)  # else the sets outrun the fold thread: fewer folds
+        assert store.folds >= 4
+        crashed = crash_copy(path, tmp_path / "crash")  # sets since the last fold: journaled
+    finally:
+        await store.close()
+    assert journals(path) == []
+    for each in (path, crashed):
+        store = KVStore(each)
+        try:
+            assert store.keys == 90
+            assert all(
+                store.get(key_of(0, n)) == (INT, 3900 + n, 0.0, b"k%d" % n) for n in range(50)
+            )
+            assert all(store.get(key_of(1, r)) is not None for r in range(40))
+        finally:
+            await store.close()
+
+
+async def test_a_journal_folded_before_a_crash_is_not_replayed_over_newer_values(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "kv.sqlite3"
+    store = KVStore(path, sync="normal", fold_bytes=1)
+    try:
+        await committed(store.set(0, 1, b"k", STRING, b"old"))
+        stale = journal_path(path, 1).read_bytes()
+        await folded(store)
+        await committed(store.set(0, 1, b"k", STRING, b"new"))
+        await folded(store)
+    finally:
+        await store.close()
+    journal_path(path, 1).write_bytes(stale)  # as if the crash came before its unlink
+    store = KVStore(path)
+    try:
+        assert store.get(key_of(0, 1)) == (STRING, b"new", 0.0, b"k")
+        assert not journal_path(path, 1).exists()
+    finally:
+        await store.close()
+
+
+async def test_a_torn_last_batch_is_ignored_and_the_batches_before_it_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "db" / "kv.sqlite3"
+    store = KVStore(path)
+    try:
+        await committed(store.set(0, 1, b"a", INT, 1))
+        await committed(store.set(0, 2, b"b", INT, 2))
+        crashed = crash_copy(path, tmp_path / "crash")
+    finally:
+        await store.close()
+    ((_, journal),) = journals(crashed)
+    data = journal.read_bytes()
+    journal.write_bytes(data[:-3])  # the second batch's write never finished
+    caplog.set_level(logging.WARNING)
+    store = KVStore(crashed)
+    try:
+        assert store.get(key_of(0, 1)) == (INT, 1, 0.0, b"a") and store.get(key_of(0, 2)) is None
+        assert any("never finished" in r.getMessage() for r in caplog.records)
+    finally:
+        await store.close()
 
 
 async def test_a_store_that_cannot_be_opened_is_one_clear_error(tmp_path: Path) -> None:

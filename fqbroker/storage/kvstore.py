@@ -1,29 +1,41 @@
-"""The OpenCluster listener's key/value store: memory for reads, sqlite for what survives.
+"""The OpenCluster listener's key/value store: memory for reads, a journal for acks,
+sqlite for what the journal folds into.
 
 Theory of operation
 -------------------
 **Reads** come from a dict in memory, keyed by ``(map_hash << 32) | key_hash`` (the 32-bit
 hashes the client computed; the server never hashes). It is the source of truth for
-every get; sqlite is only read at startup, and after a commit fails.
+every get; the disk is only read at startup.
 
 **Writes** change the dict at once and join the open :class:`Batch`. Every set of one
-turn of the event loop (the sets of a read, across connections) goes into one batch,
-and a batch is one sqlite transaction (one ``executemany`` and a commit), run in the
-store's one worker thread so the loop keeps reading. While a commit runs, new sets join
-the next batch: the busier the store, the larger its batches (group commit). A batch's
-``waiters`` are called on the loop once its commit returned: only then may a set be
-acknowledged. ``sync = "full"`` (``PRAGMA synchronous=FULL``): the commit fsyncs the WAL,
-an ack survives a power cut; ``"normal"``: the WAL is written, not fsynced, at each
-commit, and an ack survives kill -9 of the broker, not a power cut.
+turn of the event loop (the sets of a read, across connections) goes into one batch, and
+a batch is one append to the journal (:mod:`~fqbroker.storage.kvjournal`): one write, and
+with ``sync = "full"`` one fdatasync, in the store's journal thread so the loop keeps
+reading. While a batch is written, new sets join the next one: the busier the store, the
+larger its batches (group commit). A batch's ``waiters`` are called on the loop once its
+write returned: only then may a set be acknowledged. ``"full"``: an ack survives a power
+cut; ``"normal"``: the batch is written, not fsynced, and an ack survives kill -9 of the
+broker, not a power cut.
 
-**A failed commit** (a full disk): its batch carries the error, its sets are answered
-"not stored", and the memory values of its keys are read back from sqlite (unless a
-later set, still to be committed, changed them since). The store carries on.
+**Folding.** Once the journals hold :attr:`KVStore.fold_bytes`, the store closes the
+current one and hands the latest committed value of every key set since the last fold
+to its fold thread, which writes them to sqlite (``<stem>.sqlite3``, WAL, fsynced) in one
+transaction that also records the generation folded (``meta.fold_gen``), then deletes
+the journals up to it. Startup loads sqlite, then replays the journals above
+``fold_gen`` in order; so a crash at any point of a fold loses nothing and replays
+nothing twice over newer values. ``close()`` folds everything: a clean restart reads
+sqlite alone.
+
+**A failed write** (a full disk): its batch carries the error, its sets are answered
+"not stored", and each of its keys goes back in memory to its value before the batch
+(unless a later set, still to be written, changed it since: that one's batch now
+restores the older value if it fails too). The journal goes on in a new file, as the
+failed one may end in a torn batch; the store carries on.
 
 **Expiry** is a wall-clock time (seconds since the epoch, 0 = never), so that it means
 the same after a restart. An expired key is never returned; a sweep at least once a
-second deletes expired keys from memory (counted ``expired``) and from sqlite (with the
-next commit). Loading at startup drops what expired meanwhile.
+second deletes expired keys from memory (counted ``expired``); sqlite's expired rows go
+at the next fold, and loading drops what expired meanwhile.
 """
 
 from __future__ import annotations
@@ -39,9 +51,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fqbroker.errors import KVStoreError
+from fqbroker.storage.kvjournal import RECORD, JournalWriter, journals, replay, set_payload
 
 log = logging.getLogger(__name__)
-WARN_EVERY = 10.0  # seconds between lines about failing commits: a full disk fails them all
+WARN_EVERY = 10.0  # seconds between lines about failing writes: a full disk fails them all
 
 __all__ = ["INT", "STRING", "Batch", "KVStore", "key_of"]
 
@@ -49,15 +62,16 @@ INT = 1  # the kind of an i32 value
 STRING = 2  # the kind of a byte-string value
 
 SWEEP_SECONDS = 0.5  # expired keys are reclaimed within a second
+FOLD_BYTES = 64 << 20  # journal bytes that start a fold into sqlite
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS kv(map_hash INTEGER, key_hash INTEGER, name BLOB,"
-    " kind INTEGER, value, expires REAL, PRIMARY KEY(map_hash, key_hash)) WITHOUT ROWID"
+    " kind INTEGER, value, expires REAL, PRIMARY KEY(map_hash, key_hash)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value)",
 )
 # Rows go in by multi-row statements of at most CHUNK rows: one sqlite3_step (run without
 # the GIL) per statement, where executemany takes and drops the GIL for every row while
-# the event loop wants it. Each size's statement text is made once, and sqlite3 caches
-# the prepared statements (up to CHUNK + a few).
+# the event loop wants it. sqlite3 caches the prepared statements (up to CHUNK + a few).
 CHUNK = 256
 _COLUMNS = 6
 _UPSERTS: dict[int, str] = {}
@@ -73,27 +87,23 @@ def _upsert(rows: int) -> str:
 
 
 _EXPIRE = "DELETE FROM kv WHERE expires > 0 AND expires <= ?"
+_DELETE = "DELETE FROM kv WHERE map_hash = ? AND key_hash = ?"
+_FOLD_GEN = "SELECT value FROM meta WHERE name = 'fold_gen'"
+_SET_FOLD_GEN = "INSERT OR REPLACE INTO meta VALUES ('fold_gen', ?)"
 
 _Bytes = bytes  # in KVStore, whose ``bytes`` property hides the type
+_pack_record = RECORD.pack
 
 # One value in memory: (kind, value, expires, name).
 Entry = tuple[int, int | bytes, float, bytes]
-# A batch's rows, flat: (map_hash, key_hash, name, kind, value, expires) one after the
-# other; the hashes as unsigned 32-bit numbers, whatever the client sent.
+# What a fold writes: the rows to upsert, flat (_COLUMNS values a row), and keys to delete.
 Params = list[int | bytes | float]
+_ABSENT: Entry | None = None
 
 
 def key_of(map_hash: int, key_hash: int) -> int:
     """The dict key of a (map_hash, key_hash) pair, signed or unsigned 32-bit alike."""
     return ((map_hash & 0xFFFFFFFF) << 32) | (key_hash & 0xFFFFFFFF)
-
-
-def _keys(params: Params) -> list[int]:
-    """The dict keys of a batch's rows."""
-    return [
-        key_of(params[at], params[at + 1])  # type: ignore[arg-type]
-        for at in range(0, len(params), _COLUMNS)
-    ]
 
 
 def _size(entry: Entry) -> int:
@@ -102,42 +112,54 @@ def _size(entry: Entry) -> int:
 
 
 class Batch:
-    """The sets of one group commit. ``error`` is None once committed, or says why the
-    commit failed; ``waiters`` are called (on the loop) when ``done``."""
+    """The sets of one group commit. ``error`` is None once written, or says why the
+    write failed; ``waiters`` are called (on the loop) when ``done``."""
 
-    __slots__ = ("done", "error", "params", "waiters")
+    __slots__ = ("done", "error", "olds", "parts", "size", "waiters")
 
     def __init__(self) -> None:
-        self.params: Params = []  # _COLUMNS values a row
+        self.parts: list[bytes] = []  # the journal records, in pieces, until written
+        self.size = 0  # bytes written to the journal
+        # Each key's entry before the batch's first set of it (None: there was none).
+        self.olds: dict[int, Entry | None] = {}
         self.waiters: list[Callable[[], None]] = []
         self.done = False
         self.error: str | None = None
 
 
 class KVStore:
-    """Keys and values of the OpenCluster listener, in memory and in sqlite at ``path``.
+    """Keys and values of the OpenCluster listener: in memory, in journals beside
+    ``path`` and in the sqlite database at ``path``.
 
-    Made where an event loop runs (its sweep and commits use it); ``close()`` commits
-    what is pending and closes the database.
+    Made where an event loop runs (its sweep and writes use it); ``close()`` writes what
+    is pending, folds the journals into sqlite and closes it.
     """
 
-    def __init__(self, path: Path, *, sync: str = "full", max_keys: int = 1_000_000) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        sync: str = "full",
+        max_keys: int = 1_000_000,
+        fold_bytes: int = FOLD_BYTES,
+    ) -> None:
         self.path = path
         self.max_keys = max_keys
+        self.fold_bytes = fold_bytes
         self._values: dict[int, Entry] = {}
         self._bytes = 0
         # Counters, for /stats.json and /metrics.
         self.sets = self.gets = self.hits = self.misses = 0
-        self.expired = self.commits = self.failed_commits = 0
+        self.expired = self.commits = self.failed_commits = self.folds = 0
         self._warned_at = -WARN_EVERY
         # (expires, key) of keys set with an expiry; stale pairs (overwritten) are skipped.
         self._expiries: list[tuple[float, int]] = []
-        self._expire_before = 0.0  # sqlite rows expiring up to this go with the next commit
         self._loop = asyncio.get_running_loop()
-        # One thread: sqlite's connection is used by it alone, commits in order.
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="fq-kvstore")
-        self._open: Batch | None = None  # taking sets, not yet committing
+        self._open: Batch | None = None  # taking sets, not yet written
         self._committing: asyncio.Future[str | None] | None = None
+        self._folding: asyncio.Future[str | None] | None = None
+        self._dirty: set[int] = set()  # keys written to journals since the last fold
+        self._unfolded = 0  # bytes of the journals not folded
         self._closed = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,27 +167,51 @@ class KVStore:
                 path, isolation_level=None, check_same_thread=False, cached_statements=CHUNK + 16
             )
             self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
-            self._db.execute(_SCHEMA)
-            self._load()
+            self._db.execute("PRAGMA synchronous=FULL")  # folds are rare: always durable
+            for statement in _SCHEMA:
+                self._db.execute(statement)
+            gen = self._load()
         except (OSError, sqlite3.Error) as exc:
-            self._thread.shutdown(wait=False)
+            with contextlib.suppress(Exception):
+                self._db.close()
             raise KVStoreError(f"opencluster store {path} cannot be opened: {exc}") from None
+        self._journal = JournalWriter(path, gen, sync=sync == "full")
+        # One thread each: journal flushes run in order, and a fold (sqlite's connection
+        # is its alone) does not hold them up.
+        self._flusher = ThreadPoolExecutor(1, thread_name_prefix="fq-kvjournal")
+        self._folder = ThreadPoolExecutor(1, thread_name_prefix="fq-kvfold")
         self._sweeper = self._loop.call_later(SWEEP_SECONDS, self._sweep)
 
-    def _load(self) -> None:
+    def _load(self) -> int:
+        """sqlite's rows, then the journals not folded; the next journal's generation."""
         now = time.time()
-        self._db.execute(_EXPIRE, (now,))  # expired while the broker was down
-        rows = self._db.execute("SELECT map_hash, key_hash, name, kind, value, expires FROM kv")
+        db = self._db
+        db.execute(_EXPIRE, (now,))  # expired while the broker was down
+        row = db.execute(_FOLD_GEN).fetchone()
+        folded = int(row[0]) if row else 0
         values = self._values
+        rows = db.execute("SELECT map_hash, key_hash, name, kind, value, expires FROM kv")
         for map_hash, key_hash, name, kind, value, expires in rows:
-            entry: Entry = (kind, value, expires, name)
-            key = key_of(map_hash, key_hash)
-            values[key] = entry
-            self._bytes += _size(entry)
-            if expires:
-                self._expiries.append((expires, key))
+            if not expires or expires > now:
+                values[key_of(map_hash, key_hash)] = (kind, value, expires, name)
+        last = folded
+        for gen, journal in journals(self.path):
+            last = max(last, gen)
+            if gen <= folded:
+                journal.unlink(missing_ok=True)  # folded; the crash came before its unlink
+                continue
+            for map_hash, key_hash, kind, value, expires, name in replay(journal):
+                key = key_of(map_hash, key_hash)
+                self._dirty.add(key)
+                if expires and expires <= now:
+                    values.pop(key, None)
+                else:
+                    values[key] = (kind, value, expires, name)
+            self._unfolded += journal.stat().st_size
+        self._bytes = sum(_size(entry) for entry in values.values())
+        self._expiries = [(e[2], k) for k, e in values.items() if e[2]]
         heapq.heapify(self._expiries)
+        return last + 1
 
     # --- what stats read ------------------------------------------------------------------
 
@@ -201,10 +247,12 @@ class KVStore:
         kind: int,
         value: int | _Bytes,
         expires: int = 0,
+        payload: _Bytes | None = None,
     ) -> Batch | None:
-        """Set a value now (reads see it at once); the batch whose commit makes it
+        """Set a value now (reads see it at once); the batch whose write makes it
         durable, or None when the store is full (``max_keys``) and ``key`` is new.
-        ``expires``: seconds from now, 0 (or less) for never."""
+        ``expires``: seconds from now, 0 (or less) for never. ``payload``: the set as
+        OpenCluster carried it, holding these same fields (the journal keeps it)."""
         key = ((map_hash & 0xFFFFFFFF) << 32) | (key_hash & 0xFFFFFFFF)
         values = self._values
         old = values.get(key)
@@ -216,10 +264,12 @@ class KVStore:
         else:
             size -= len(old[3]) + (len(old[1]) if old[0] == STRING else 4)  # type: ignore[arg-type]
         self._bytes += size
-        at = time.time() + expires if expires > 0 else 0.0
-        values[key] = (kind, value, at, name)
-        if at:
+        if expires > 0:
+            at = time.time() + expires
             heapq.heappush(self._expiries, (at, key))
+        else:
+            at = 0.0
+        values[key] = (kind, value, at, name)
         self.sets += 1
         batch = self._open
         if batch is None:
@@ -227,59 +277,74 @@ class KVStore:
             if self._committing is None:
                 # At the end of this turn of the loop: every set read meanwhile joins.
                 self._loop.call_soon(self._commit)
-        batch.params += (key >> 32, key & 0xFFFFFFFF, name, kind, value, at)
+        olds = batch.olds
+        if key not in olds:
+            olds[key] = old
+        if payload is None:
+            payload = set_payload(key >> 32, key & 0xFFFFFFFF, name, kind, value)
+        batch.parts += (_pack_record(kind, at, len(payload)), payload)
         return batch
 
     def _commit(self) -> None:
+        """Write the open batch to the journal, here on the loop: a write to the page
+        cache costs less than handing the batch to a thread. ``"normal"``: done;
+        ``"full"``: its fdatasync runs in the journal thread, and sets that come
+        meanwhile wait for the next batch (group commit)."""
         batch = self._open
-        if self._committing is not None or (batch is None and not self._expire_before):
+        if self._committing is not None or batch is None:
             return
         self._open = None
-        params = batch.params if batch is not None else []
-        expire_before, self._expire_before = self._expire_before, 0.0
-        future = self._loop.run_in_executor(self._thread, self._write, params, expire_before)
-        self._committing = future
-        future.add_done_callback(lambda f: self._committed(batch, f))
-
-    def _write(self, params: Params, before: float) -> str | None:
-        """In the worker thread: one transaction; None, or why it failed."""
-        db = self._db
-        step = CHUNK * _COLUMNS
+        journal = self._journal
         try:
-            db.execute("BEGIN")
-            if before:
-                db.execute(_EXPIRE, (before,))
-            for at in range(0, len(params), step):
-                chunk = params[at : at + step]
-                db.execute(_upsert(len(chunk) // _COLUMNS), chunk)
-            db.execute("COMMIT")
-        except (sqlite3.Error, OSError) as exc:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
+            batch.size = journal.write(batch.parts)
+        except OSError as exc:
+            self._finish(batch, str(exc) or type(exc).__name__)
+            return
+        batch.parts = []
+        if not journal.sync:
+            self._finish(batch, None)
+            return
+        future = self._loop.run_in_executor(self._flusher, self._flush)
+        self._committing = future
+        future.add_done_callback(lambda f: self._flushed(batch, f))
+
+    def _flush(self) -> str | None:
+        """In the journal thread: None, or why the fdatasync failed."""
+        try:
+            self._journal.flush()
+        except OSError as exc:
             return str(exc) or type(exc).__name__
         return None
 
-    def _committed(self, batch: Batch | None, future: asyncio.Future[str | None]) -> None:
+    def _flushed(self, batch: Batch, future: asyncio.Future[str | None]) -> None:
         self._committing = None
         error = future.result() if not future.cancelled() else "cancelled"
-        if batch is not None:
-            if error is None:
-                self.commits += 1
-            else:
-                self.failed_commits += 1
-                self._warn_failed(error, len(batch.waiters))
-                self._reload(batch)
-            batch.done = True
-            batch.error = error
-            for waiter in batch.waiters:
-                try:
-                    waiter()
-                except Exception as exc:  # a bug in one connection: the others are answered
-                    self._loop.call_exception_handler(
-                        {"message": "a waiter of an OpenCluster commit failed", "exception": exc}
-                    )
-        if self._open is not None or self._expire_before:
-            self._commit()  # what was set while this one committed
+        if error is not None:
+            self._journal.discard()
+        self._finish(batch, error)
+        self._commit()  # the sets that came while this batch was flushed
+
+    def _finish(self, batch: Batch, error: str | None) -> None:
+        """A batch is on disk (``error`` None) or not: answer its waiters."""
+        if error is None:
+            self.commits += 1
+            self._dirty.update(batch.olds)
+            self._unfolded += batch.size
+            if self._unfolded >= self.fold_bytes and self._folding is None:
+                self._fold()
+        else:
+            self.failed_commits += 1
+            self._warn_failed(error, len(batch.waiters))
+            self._restore(batch)
+        batch.done = True
+        batch.error = error
+        for waiter in batch.waiters:
+            try:
+                waiter()
+            except Exception as exc:  # a bug in one connection: the others are answered
+                self._loop.call_exception_handler(
+                    {"message": "a waiter of an OpenCluster commit failed", "exception": exc}
+                )
 
     def _warn_failed(self, error: str, waiters: int) -> None:
         now = time.monotonic()
@@ -287,34 +352,89 @@ class KVStore:
             return
         self._warned_at = now
         log.warning(
-            "opencluster: a commit failed, its sets were answered `not stored` "
-            "(%d failed commits so far; %d connections waited on this one): %s",
+            "opencluster: a journal write failed, its sets were answered `not stored` "
+            "(%d failed writes so far; %d connections waited on this one): %s",
             self.failed_commits, waiters, error,
         )  # fmt: skip
 
-    def _reload(self, batch: Batch) -> None:
-        """Memory back to what sqlite holds for a failed batch's keys, except those a
-        later set (still to be committed) changed since."""
-        later = set(_keys(self._open.params)) if self._open is not None else set()
-        keys = [key for key in dict.fromkeys(_keys(batch.params)) if key not in later]
-        found: dict[int, Entry] = {}
-        try:
-            for key in keys:
-                for row in self._db.execute(
-                    "SELECT kind, value, expires, name FROM kv WHERE map_hash = ? AND key_hash = ?",
-                    (key >> 32, key & 0xFFFFFFFF),
-                ):
-                    found[key] = (row[0], row[1], row[2], row[3])
-        except sqlite3.Error:
-            pass  # unreadable too: the keys are dropped from memory, as not stored
-        for key in keys:
-            old = self._values.pop(key, None)
+    def _restore(self, batch: Batch) -> None:
+        """Memory back to each key's value before a failed batch; a key the open batch
+        set since keeps that value, and the open batch restores to the older one."""
+        later = self._open.olds if self._open is not None else {}
+        values = self._values
+        for key, old in batch.olds.items():
+            if key in later:
+                later[key] = old
+                continue
+            now = values.pop(key, None)
+            if now is not None:
+                self._bytes -= _size(now)
             if old is not None:
-                self._bytes -= _size(old)
-            entry = found.get(key)
-            if entry is not None:
-                self._values[key] = entry
-                self._bytes += _size(entry)
+                values[key] = old
+                self._bytes += _size(old)
+
+    # --- folding --------------------------------------------------------------------------
+
+    def _fold(self) -> None:
+        """Close the journal and fold the committed value of each key set since the last
+        fold into sqlite, in the fold thread. Only while no batch is being written."""
+        assert self._committing is None
+        later = self._open.olds if self._open is not None else {}
+        values = self._values
+        upserts: Params = []
+        deletes: list[tuple[int, int]] = []
+        for key in self._dirty:
+            entry = later[key] if key in later else values.get(key)
+            if entry is None:
+                deletes.append((key >> 32, key & 0xFFFFFFFF))
+            else:
+                kind, value, at, name = entry
+                upserts += (key >> 32, key & 0xFFFFFFFF, name, kind, value, at)
+        dirty, self._dirty = self._dirty, set()
+        unfolded, self._unfolded = self._unfolded, 0
+        gen = self._journal.rotate()
+        future = self._loop.run_in_executor(
+            self._folder, self._write_fold, upserts, deletes, gen, time.time()
+        )
+        self._folding = future
+
+        def folded(f: asyncio.Future[str | None]) -> None:
+            self._folding = None
+            error = f.result() if not f.cancelled() else "cancelled"
+            if error is None:
+                self.folds += 1
+                return
+            # The journals stay; the next fold takes their keys again.
+            log.warning("opencluster: folding the journals into %s failed: %s", self.path, error)
+            self._dirty |= dirty
+            self._unfolded += unfolded
+
+        future.add_done_callback(folded)
+
+    def _write_fold(
+        self, upserts: Params, deletes: list[tuple[int, int]], gen: int, now: float
+    ) -> str | None:
+        """In the fold thread: one sqlite transaction, then the journals it folded go."""
+        db = self._db
+        step = CHUNK * _COLUMNS
+        try:
+            db.execute("BEGIN")
+            for at in range(0, len(upserts), step):
+                chunk = upserts[at : at + step]
+                db.execute(_upsert(len(chunk) // _COLUMNS), chunk)
+            if deletes:
+                db.executemany(_DELETE, deletes)
+            db.execute(_EXPIRE, (now,))
+            db.execute(_SET_FOLD_GEN, (gen,))
+            db.execute("COMMIT")
+        except (sqlite3.Error, OSError) as exc:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            return str(exc) or type(exc).__name__
+        for old, journal in journals(self.path):
+            if old <= gen:
+                journal.unlink(missing_ok=True)
+        return None
 
     # --- expiry ---------------------------------------------------------------------------
 
@@ -330,10 +450,7 @@ class KVStore:
                 del values[key]
                 self._bytes -= _size(entry)
                 gone += 1
-        if gone:
-            self.expired += gone
-            self._expire_before = now
-            self._commit()
+        self.expired += gone
         if len(heap) > 2 * len(values) + 1024:
             # Keys set again and again with an expiry leave stale pairs: start afresh.
             self._expiries = [(e[2], k) for k, e in values.items() if e[2]]
@@ -342,7 +459,7 @@ class KVStore:
     # --- closing --------------------------------------------------------------------------
 
     async def close(self) -> None:
-        """Commit what is pending, then close the database and the worker thread."""
+        """Write what is pending, fold the journals into sqlite, close both threads."""
         if self._closed:
             return
         self._closed = True
@@ -354,5 +471,17 @@ class KVStore:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(self._committing)
                 await asyncio.sleep(0)  # its done callback runs
-        await self._loop.run_in_executor(self._thread, self._db.close)
-        self._thread.shutdown(wait=True)
+        await self._folded()  # one running
+        if self._dirty or self._unfolded:
+            self._fold()  # everything left: a clean restart reads sqlite alone
+            await self._folded()
+        await self._loop.run_in_executor(self._folder, self._db.close)
+        self._journal.close()
+        self._flusher.shutdown(wait=True)
+        self._folder.shutdown(wait=True)
+
+    async def _folded(self) -> None:
+        if self._folding is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(self._folding)
+            await asyncio.sleep(0)  # its done callback runs

@@ -148,7 +148,11 @@ _OPENCLUSTER_COUNTERS = (
     ("fq_opencluster_hits", "hits", "Gets answered with a value."),
     ("fq_opencluster_misses", "misses", "Gets answered fail: no such key, or it expired."),
     ("fq_opencluster_expired", "expired", "Keys removed because their expiry passed."),
-    ("fq_opencluster_commits", "commits", "Group commits to sqlite (each holds a batch of sets)."),
+    (
+        "fq_opencluster_commits",
+        "commits",
+        "Group commits written to the journal (each holds a batch of sets).",
+    ),
     (
         "fq_opencluster_failed_commits",
         "failed_commits",

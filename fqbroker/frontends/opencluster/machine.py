@@ -85,6 +85,7 @@ _set_head_from = struct.Struct(">IIiii").unpack_from  # hashes, expires, full_wa
 _i32_from = struct.Struct(">i").unpack_from
 _hashes_from = struct.Struct(">II").unpack
 _pack_header = struct.Struct(">hhii").pack
+_unpack_header = struct.Struct(">hhii").unpack_from
 _pack_data_int = struct.Struct(">hhiiIIi").pack  # header, hashes, value
 _pack_data_str = struct.Struct(">hhiiIIi").pack  # header, hashes, the value's length
 _DATA_INT, _DATA_STR = wire.DATA_INT, wire.DATA_STR
@@ -103,8 +104,21 @@ class Limits:
     max_inflight: int
 
 
-# A reply waiting in the queue: its bytes, a set's (batch, command, userid), or _CLOSE.
-_Pending = bytes | tuple["Batch", int, int] | None
+class _Acks:
+    """The acks of consecutive sets of one batch, waiting for its commit: one queue entry
+    for a pipelined run of sets, not one each."""
+
+    __slots__ = ("acks", "batch")
+
+    def __init__(self, batch: Batch, ack: bytes) -> None:
+        self.batch = batch
+        self.acks = bytearray(ack)  # _ACK_SIZE bytes a set
+
+
+_ACK_SIZE = wire.HEADER_SIZE
+
+# A reply waiting in the queue: its bytes, the acks of a run of sets, or _CLOSE.
+_Pending = bytes | _Acks | None
 
 
 class Machine:
@@ -113,6 +127,7 @@ class Machine:
     __slots__ = (
         "_bye",
         "_frames",
+        "_held",
         "decoder",
         "error",
         "finished",
@@ -132,16 +147,17 @@ class Machine:
         self.error: OpenClusterProtocolError | None = None
         self._bye = False  # goodbye read: nothing after it is
         self._frames: list[tuple[int, int, int, bytes]] = []
+        self._held = 0  # commands whose replies are in the queue
 
     @property
     def inflight(self) -> int:
         """Commands read and not yet answered."""
-        return len(self.queue)
+        return self._held
 
     @property
     def full(self) -> bool:
         """Whether reading should stop until :meth:`committed`."""
-        return len(self.queue) >= self.limits.max_inflight
+        return self._held >= self.limits.max_inflight
 
     @property
     def waiting(self) -> Batch | None:
@@ -149,8 +165,8 @@ class Machine:
         queue = self.queue
         if queue:
             head = queue[0]
-            if type(head) is tuple:
-                return head[0]
+            if type(head) is _Acks:
+                return head.batch
         return None
 
     def receive(self, data: bytes) -> bytes:
@@ -176,9 +192,8 @@ class Machine:
         frames = self._frames
         take = self.decoder.take
         max_inflight = self.limits.max_inflight
-        queue = self.queue
         while not self._bye:
-            room = max_inflight - len(queue)
+            room = max_inflight - self._held
             if room <= 0:
                 break
             try:
@@ -227,9 +242,15 @@ class Machine:
                 else:
                     reply = _wrong_type(command, userid, entry[0])
             elif command in _SETS:
-                pending = self._set(command, userid, payload)
-                if pending is not None:
-                    queue.append(pending)
+                batch = self._set(command, payload)
+                if batch is not None:
+                    ack = _pack_header(_ACK, command, userid, 0)
+                    tail = queue[-1] if queue else None
+                    if type(tail) is _Acks and tail.batch is batch:
+                        tail.acks += ack
+                    else:
+                        queue.append(_Acks(batch, ack))
+                    self._held += 1
                     continue
                 reply = _failinfo(command, userid, 3, _STORE_FULL)
             elif command in _REPLIES:
@@ -238,6 +259,7 @@ class Machine:
                 reply = self._control(command, userid, payload)
             if queue:
                 queue.append(reply)
+                self._held += 1
             else:
                 out.append(reply)
             if self._bye:
@@ -247,7 +269,7 @@ class Machine:
                     self.finished = True
                 return
 
-    def _set(self, command: int, userid: int, payload: bytes) -> tuple[Batch, int, int] | None:
+    def _set(self, command: int, payload: bytes) -> Batch | None:
         # wire.decode_set's checks, without its SetValue: every set of a pipelined load
         # comes through here. Anything it does not accept goes to decode_set, which says why.
         size = len(payload)
@@ -260,14 +282,12 @@ class Machine:
                 if command == _SET_STRING:
                     length = _i32_from(payload, end)[0]
                     if end + 4 + length == size and 0 <= length <= limits.max_value:
-                        batch = self.store.set(
-                            map_hash, key_hash, name, STRING, payload[end + 4 :], expires
+                        return self.store.set(
+                            map_hash, key_hash, name, STRING, payload[end + 4 :], expires, payload
                         )
-                        return None if batch is None else (batch, command, userid)
                 elif end + 4 == size:
                     value = _i32_from(payload, end)[0]
-                    batch = self.store.set(map_hash, key_hash, name, INT, value, expires)
-                    return None if batch is None else (batch, command, userid)
+                    return self.store.set(map_hash, key_hash, name, INT, value, expires, payload)
         raise self._bad_set(command, payload)
 
     def _bad_set(self, command: int, payload: bytes) -> OpenClusterProtocolError:
@@ -321,18 +341,24 @@ class Machine:
             if head is _CLOSE:
                 self.finished = True
                 queue.clear()
+                self._held = 0
                 return
-            if isinstance(head, bytes):
-                out.append(head)
-            else:
-                batch, command, userid = head
+            if type(head) is _Acks:
+                batch = head.batch
                 if not batch.done:
                     return
+                acks = head.acks
+                self._held -= len(acks) // _ACK_SIZE
                 if batch.error is None:
-                    out.append(_pack_header(_ACK, command, userid, 0))
+                    out.append(bytes(acks))
                 else:
                     text = _NOT_STORED + batch.error.encode("utf-8", "replace")
-                    out.append(_failinfo(command, userid, 2, text))
+                    for at in range(0, len(acks), _ACK_SIZE):
+                        _, command, userid, _ = _unpack_header(acks, at)
+                        out.append(_failinfo(command, userid, 2, text))
+            else:
+                out.append(head)  # type: ignore[arg-type]  # bytes: _CLOSE and _Acks are out
+                self._held -= 1
             queue.popleft()
 
 
