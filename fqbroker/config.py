@@ -359,8 +359,9 @@ class OpenCluster:
     Off while ``listen`` is None (or empty in the TOML file). Values live in memory, and
     in a journal folded into sqlite under ``queue_dir``; a set is acknowledged once its
     batch is written to the journal, fsynced (``sync = "full"``) or not (``"normal"``:
-    survives kill -9, not a power cut). A frame over a limit closes that connection; ``max_keys`` refuses new keys
-    (failinfo); ``max_inflight`` stops reading a connection until its replies go out.
+    survives kill -9, not a power cut). A frame over a limit closes that connection;
+    ``max_keys`` refuses new keys (failinfo); ``max_inflight`` stops reading a connection
+    until its replies go out.
     """
 
     listen: str | None = None  # "HOST:PORT", "[V6]:PORT" or "PORT" (on ``bind``); 0 picks one
