@@ -32,9 +32,11 @@ from typing import Self
 from fqbroker.clients.channel import (
     Authenticated,
     CommandChannel,
+    Name,
     Refused,
     Reply,
     Request,
+    as_bytes,
     parse_source,
 )
 from fqbroker.clients.tls import client_ssl
@@ -44,7 +46,7 @@ from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 
 __all__ = ["Authenticated", "Client", "ClientClosed", "ClientError", "CommandChannel"]
-__all__ += ["Refused", "Reply", "parse_source"]
+__all__ += ["Name", "Refused", "Reply", "parse_source"]
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +105,8 @@ class Client:
         self,
         host: str = "127.0.0.1",
         port: int = 8765,
-        source: str = "user",
-        password: str = "pass",
+        source: Name = "user",
+        password: Name = "pass",
         heartbeat_ms: int = 0,
         reconnect: bool = True,
         *,
@@ -119,7 +121,7 @@ class Client:
         self.host = host
         self.port = port
         self.user, self.queue_field = parse_source(source)
-        self.password = password.encode()
+        self.password = as_bytes(password)
         self.heartbeat_ms = heartbeat_ms
         self.reconnect = reconnect
         self.backlog = backlog
@@ -189,11 +191,12 @@ class Client:
 
     # --- commands -------------------------------------------------------------------------
 
-    async def bind(self, exchange: bytes, program: bytes, flags: int = wire.BindFlags.TRANS) -> int:
+    async def bind(self, exchange: Name, program: Name, flags: int = wire.BindFlags.TRANS) -> int:
         """Bind our queue to ``exchange``; the route id, or ``BIND_ILLEGAL`` on failure.
 
         The binding is remembered and made again after every reconnect.
         """
+        exchange, program = as_bytes(exchange), as_bytes(program)
         reply = await self._request(wire.BindRequest(flags, exchange, program))
         assert isinstance(reply, wire.BindResponse)
         route_id = reply.route_id
@@ -203,7 +206,8 @@ class Client:
             self._bindings.append(_Binding(exchange, program, flags, route_id, route_id))
         return route_id
 
-    async def unbind(self, exchange: bytes, route_id: int) -> bool:
+    async def unbind(self, exchange: Name, route_id: int) -> bool:
+        exchange = as_bytes(exchange)
         binding = self._find_binding(exchange, route_id)
         current = binding.route_id if binding else route_id
         reply = await self._request(wire.UnbindRequest(current, exchange))
@@ -264,7 +268,7 @@ class Client:
     # --- messages -------------------------------------------------------------------------
 
     def publish(
-        self, exchange: bytes, route: bytes, payload: bytes, msgid: bytes | None = None
+        self, exchange: Name, route: Name, payload: bytes, msgid: bytes | None = None
     ) -> bool:
         """Queue one message for the data socket; ``flush()`` waits until it is written.
 
@@ -274,6 +278,10 @@ class Client:
         """
         if self.closed:
             raise ClientClosed("client is closed")
+        if isinstance(exchange, str):
+            exchange = exchange.encode()
+        if isinstance(route, str):
+            route = route.encode()
         if len(exchange) > wire.MAX_RK_LEN or len(route) > wire.MAX_RK_LEN:
             raise ValueError("exchange and route are at most 127 bytes")
         if msgid is not None and len(msgid) != 16:
