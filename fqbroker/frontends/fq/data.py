@@ -389,11 +389,14 @@ class DataSession(RemotePeer, asyncio.Protocol):
         queue = owner.queue
         stats = owner.stats
         outgoing = self.channel.outgoing
+        took = False
         while not self._paused:
-            batch = taken = queue.take(BATCH)
+            # Others woken for what is held get their share: we queue up behind them.
+            batch = taken = queue.take(BATCH) if not (took and queue.contended) else []
             if not batch:
                 self._ready = queue.notify_ready(self)
                 break
+            took = True
             batch = outgoing(batch)
             data = b"".join(batch)  # one message: that message, not a copy
             stats.msgs_out += len(batch)
