@@ -50,7 +50,8 @@ __all__ += ["Name", "Refused", "Reply", "parse_source"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BACKLOG = 10000  # what every fq tool sets with fq_client_set_backlog (§6.2)
+# What every fq tool sets with fq_client_set_backlog (docs/fq-protocol.md §6.2).
+DEFAULT_BACKLOG = 10000
 INBOX_LIMIT = 10000  # received messages held before we stop reading the data socket
 BACKOFF_START = 0.016
 BACKOFF_MAX = 1.0
@@ -58,7 +59,8 @@ JITTER = 0.004
 READ_SIZE = 256 * 1024
 GOODBYE_SECONDS = 2.0
 
-# One counter per process, as libfq has: ids stay unique across clients (§1.11).
+# One counter per process, as libfq has: ids stay unique across clients (docs/fq-protocol.md
+# §1.11).
 _MSGIDS = MsgIdCounter()
 
 
@@ -126,8 +128,9 @@ class Client:
         self.reconnect = reconnect
         self.backlog = backlog
         self.connect_timeout = connect_timeout
-        # A broker pulling from another opens its data channel in peer mode with its node
-        # id (§5.2): the upstream then withholds messages that already passed through it.
+        # A broker pulling from another opens its data channel in peer mode with its node id
+        # (docs/fq-protocol.md §5.2): the upstream then withholds messages that already
+        # passed through it.
         if peer_id is not None and len(peer_id) != 4:
             raise ValueError("a peer id is a 4-byte IPv4 address")
         self.peer_id = peer_id
@@ -223,7 +226,8 @@ class Client:
         return found[0] if found else None
 
     async def status(self) -> dict[str, int]:
-        """The broker's counters for this client, in fq's order (§1.6)."""
+        """The broker's counters for this client, in fq's order (docs/fq-protocol.md
+        §1.6)."""
         reply = await self._request(wire.StatusRequest())
         assert isinstance(reply, wire.Status)
         return reply.as_dict()
@@ -290,7 +294,8 @@ class Client:
             self.dropped += 1
             return False
         msg = Message(exchange, route, payload, msgid or _MSGIDS.next(), sender=self.user)
-        # A peer channel carries the peer format both ways (§5.3: fqd gets this wrong).
+        # A peer channel carries the peer format both ways (docs/fq-protocol.md §5.3: fqd
+        # gets this wrong).
         frame = msg.publish_frame() if self.peer_id is None else msg.peer_frame()
         self._pending.append(frame)
         if self.connected and self._write_handle is None:

@@ -8,7 +8,7 @@ and counted in ``dropped_to``; ``backlog=0`` therefore drops everything. Under *
 the message is accepted and the queue reports ``is_full``: the publishing session then
 waits on :meth:`Queue.wait_not_full` before it reads more from its socket. That stalls
 only the publishers writing into the full queue, not every publisher as fqd's worker
-thread does (§1.13, §9), and nothing a publisher handed over is lost.
+thread does (docs/fq-protocol.md §1.13, §9), and nothing a publisher handed over is lost.
 
 A memory queue has a limit in bytes beside the message count (``backlog_bytes``,
 docs/memory.md) under the same policy: a message is taken while the bytes held are under
@@ -17,11 +17,12 @@ one message. The bytes are those of the frames held, which the broker-wide
 :class:`~fqbroker.core.budget.MemoryBudget` counts too. A disk queue keeps its messages in its
 files; what it holds in memory is its cache, which it bounds itself.
 
-Consumers are data channels of the queue's clients (1 for a private queue, 16 for a
-public one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) and
-is called back the moment a message arrives (fqd polls, §1.13). Waiting consumers are
+Consumers are data channels of the queue's clients (1 for a private queue, 16 for a public
+one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) and is called back
+the moment a message arrives (fqd polls, docs/fq-protocol.md §1.13). Waiting consumers are
 served first come, first served, and a public queue shares fairly under light load too,
-where fqd hands everything to one consumer (§3.4; what "fair" means: docs/queues.md):
+where fqd hands everything to one consumer (docs/fq-protocol.md §3.4; what "fair" means:
+docs/queues.md):
 
 * messages arriving wake as many waiting consumers as there are new messages, up to all
   of them (one, for a private queue or a lone consumer: nothing more on the hot path);
@@ -31,10 +32,10 @@ where fqd hands everything to one consumer (§3.4; what "fair" means: docs/queue
   (:attr:`Queue.contended`) instead of taking theirs; under load this turns consumers
   round-robin, a batch each, while a consumer whose socket is full is skipped.
 
-Messages live in a :class:`MemoryStore`; disk queues swap in another store with the
-same small interface. A queue holds each message as the peer frame its consumers
-receive (§1.10): nothing is decoded or built again on the way out, and a message routed
-to several queues is one shared ``bytes`` object.
+Messages live in a :class:`MemoryStore`; disk queues swap in another store with the same
+small interface. A queue holds each message as the peer frame its consumers receive
+(docs/fq-protocol.md §1.10): nothing is decoded or built again on the way out, and a message
+routed to several queues is one shared ``bytes`` object.
 """
 
 from __future__ import annotations
@@ -250,7 +251,8 @@ class Queue:
     # --- clients --------------------------------------------------------------------------
 
     def check_attach(self, spec: QueueSpec) -> None:
-        """fqd's checks for attaching to an existing queue, in its order (§3.2)."""
+        """fqd's checks for attaching to an existing queue, in its order
+        (docs/fq-protocol.md §3.2)."""
         if self.private and self.clients:
             raise QueueError("requested queue is private and in use\n")
         if spec.kind != self.kind:
