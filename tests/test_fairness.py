@@ -9,7 +9,7 @@ from fqbroker.clients.client import Client
 from fqbroker.core.message import Message
 from fqbroker.server.broker import Broker
 
-from .conftest import wait_for
+from .conftest import open_session, wait_for
 
 
 async def drain(client: Client, got: list[Message]) -> None:
@@ -68,3 +68,36 @@ async def test_one_consumer_still_takes_a_burst_at_once(broker: Broker) -> None:
     got = await split(broker, 1, 1000)
     assert [len(g) for g in got] == [1000]
     assert [int(m.payload) for m in got[0]] == list(range(1000))  # in order
+
+
+async def test_a_consumer_that_stops_reading_leaves_the_rest_to_the_others(
+    broker: Broker,
+) -> None:
+    """One consumer never reads its data socket: once its socket is full, what it cannot
+    take goes to the other consumer rather than wait for it."""
+    stuck = await open_session(broker.port, b"worker", b"stuck\x00mem:public,backlog=-1")
+    reader = Client(port=broker.port, source="worker/stuck/mem:public,backlog=-1")
+    publisher = Client(port=broker.port, source="publisher")
+    got: list[Message] = []
+    task: asyncio.Task[None] | None = None
+    try:
+        await reader.connect()
+        await reader.bind("stuck", "prefix:")
+        queue = broker.queues[b"stuck"]
+        await wait_for(lambda: len(queue._getters) == 2)
+        task = asyncio.create_task(drain(reader, got))
+        await publisher.connect()
+        payload = b"x" * 65536
+        n = 400  # 26 MB: far more than the stuck consumer's socket buffers hold
+        for i in range(n):
+            publisher.publish("stuck", "job", payload[:-8] + b"%08d" % i)
+        await publisher.flush()
+        written = broker.clients[stuck.key].stats  # what went into the stuck one's socket
+        await wait_for(lambda: queue.backlog == 0 and len(got) + written.msgs_out == n)
+        assert got
+    finally:
+        if task is not None:
+            task.cancel()
+        await stuck.close()
+        for client in (reader, publisher):
+            await client.close()
