@@ -1,10 +1,11 @@
-"""The README's quick start and Python example, run as the README writes them.
+"""The README's examples, run as the README writes them.
 
-The blocks are read from README.md itself (the ``sh`` and ``python`` blocks of its "Quick
-start" section), not copied here, so an edit to the README that breaks them fails this
-test. They are run unchanged, against the broker ``make run`` starts (its install step
-skipped: the venv running the tests is the one used, linked as ``.venv`` in a scratch
-directory), which listens on 127.0.0.1:8765 as the README says.
+The blocks are read from README.md itself, not copied here, so an edit to the README that
+breaks them fails this test: the ``sh`` and ``python`` blocks of "Quick start" (against the
+broker ``make run`` starts, its install step skipped), then those of the Lumberjack and the
+Figg sections (against the ``fqd`` line of each). The venv running the tests is the one
+used, linked as ``.venv`` in a scratch directory, and every broker listens on
+127.0.0.1:8765 as the README says.
 
 The port is the README's 8765, not one the test picks: the blocks name no port, and
 changing them would not test what a reader runs. So that 8765 never collides with a
@@ -45,8 +46,8 @@ TIMEOUT = 30.0
 
 
 def section(text: str, title: str) -> str:
-    """The body of the ``## title`` section (up to the next ``## ``)."""
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", text, re.M | re.S)
+    """The body of the ``## title...`` section (up to the next ``## ``)."""
+    match = re.search(rf"^## {re.escape(title)}[^\n]*\n(.*?)(?=^## )", text, re.M | re.S)
     assert match, f"README.md has no '## {title}' section"
     return match.group(1)
 
@@ -55,21 +56,50 @@ def blocks(text: str, lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", text, re.M | re.S)
 
 
+def commands_of(shell: str) -> list[str]:
+    return [line for line in shell.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def section_blocks(title: str) -> tuple[list[str], str]:
+    """A section's first shell block, as commands, and its first Python block."""
+    body = section(README.read_text(encoding="utf-8"), title)
+    return commands_of(blocks(body, "sh")[0]), blocks(body, "python")[0]
+
+
 def quick_start() -> tuple[list[str], str]:
     """The quick start's shell commands (comments dropped) and its Python example."""
     body = section(README.read_text(encoding="utf-8"), "Quick start")
     (shell,) = blocks(body, "sh")
     (python,) = blocks(body, "python")
-    commands = [line for line in shell.splitlines() if line.strip() and not line.startswith("#")]
-    return commands, python
+    return commands_of(shell), python
 
 
-def test_the_quick_start_is_what_this_test_expects() -> None:
-    """The shape :func:`drive` relies on: a receiver to start first, then a sender."""
+def lumberjack() -> tuple[list[str], str]:
+    return section_blocks("Log shippers")
+
+
+def figg() -> tuple[list[str], str]:
+    return section_blocks("Retained topics")
+
+
+def test_the_examples_are_what_this_test_expects() -> None:
+    """The shape :func:`drive` relies on: which command is which terminal."""
     commands, python = quick_start()
     assert len(commands) == 2, commands
     assert "fq-recv" in commands[0] and "fq-send" in commands[1], commands
     assert "Client(port=8765" in python
+    shell, python = lumberjack()
+    assert "--lumberjack" in shell[0] and "fq-recv" in shell[1], shell
+    assert "PyLogBeatClient" in python
+    shell, python = figg()
+    assert "--figg" in shell[0], shell
+    assert "FiggClient" in python
+
+
+def test_every_python_block_of_the_readme_compiles() -> None:
+    text = README.read_text(encoding="utf-8")
+    for number, block in enumerate(blocks(text, "python")):
+        compile(block, f"README.md python block {number}", "exec")
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -131,65 +161,98 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def drive(work: Path, venv: Path, netns: bool) -> dict[str, object]:
-    """Run ``make run``, then the quick start and the Python example, in ``work``."""
-    if netns:
-        _lo_up()
-    commands, python = quick_start()
-    (work / ".venv").symlink_to(venv)
-    (work / "example.py").write_text(python, encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}
-    started: list[subprocess.Popen[bytes]] = []
+class _Run:
+    """The processes one README walk-through starts, in ``work``, all stopped at the end."""
 
-    def start(args: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(args, env=env, start_new_session=True, **kw)  # type: ignore[call-overload]
-        started.append(proc)
-        return proc
+    def __init__(self, work: Path, venv: Path) -> None:
+        self.work = work
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+            "XDG_STATE_HOME": str(work / "state"),  # a data directory of the test's own
+        }
+        self.started: list[subprocess.Popen[bytes]] = []
 
-    report: dict[str, object] = {}
-    try:
-        # make run, as the quick start has it going in terminal 1 (-o install: no pip).
-        make = [shutil.which("make") or "make", "--no-print-directory", "-o", "install", "run"]
-        broker = start(
-            [*make, f"VENV={work / '.venv'}", f"VARDIR={work / 'var'}"],
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        listening = _read_until(broker.stderr, lambda got: b"Listening on port:" in got)
-        report["listening"] = re.findall(r"Listening on port: \d+", listening.decode())
-
-        # Terminal 2, then terminal 3 once terminal 2 has bound its queue.
-        receiver = start(
-            ["sh", "-c", commands[0]],
-            cwd=work,
+    def start(self, command: str | list[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        """A terminal of the README: ``command`` runs in the background."""
+        args = ["sh", "-c", command] if isinstance(command, str) else command
+        proc = subprocess.Popen(
+            args,
+            cwd=cwd or self.work,
+            env=self.env,
+            start_new_session=True,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        _until(lambda: _bound("maryland") or receiver.poll() is not None, "fq-recv to bind")
-        sender = subprocess.run(
-            ["sh", "-c", commands[1]], cwd=work, env=env, capture_output=True, timeout=TIMEOUT
-        )
-        report["send"] = [sender.returncode, sender.stderr.decode()]
-        out = _read_until(receiver.stdout, lambda got: got.count(b"\n") >= 2)
-        report["recv"] = out.decode().splitlines(keepends=True)
-        _stop(receiver)
-        report["recv_stderr"] = _read_until(receiver.stderr, lambda got: False).decode()
+        self.started.append(proc)
+        return proc
 
-        # The Python example, as a file run with the venv's Python.
-        example = subprocess.run(
-            [str(work / ".venv" / "bin" / "python"), "example.py"],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            timeout=TIMEOUT,
+    def broker(self, command: str | list[str], cwd: Path | None = None) -> list[str]:
+        proc = self.start(command, cwd)
+        listening = _read_until(proc.stderr, lambda got: b"Listening on port:" in got)
+        return re.findall(r"Listening on port: \d+", listening.decode())
+
+    def run(self, command: str) -> list[object]:
+        """A command of the README that ends by itself: [status, stdout, stderr]."""
+        done = subprocess.run(
+            ["sh", "-c", command], cwd=self.work, env=self.env, capture_output=True, timeout=TIMEOUT
         )
-        report["example"] = [example.returncode, example.stdout.decode(), example.stderr.decode()]
-    finally:
-        for proc in reversed(started):
+        return [done.returncode, done.stdout.decode(), done.stderr.decode()]
+
+    def lines(self, proc: subprocess.Popen[bytes], n: int) -> list[str]:
+        """The first ``n`` lines ``proc`` prints (fewer if it stops or times out)."""
+        out = _read_until(proc.stdout, lambda got: got.count(b"\n") >= n)
+        return out.decode().splitlines(keepends=True)
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.started):
             _stop(proc)
+        self.started.clear()
+
+
+def drive(work: Path, venv: Path, netns: bool) -> dict[str, object]:
+    """Walk through the README's examples in ``work``: what each printed."""
+    if netns:
+        _lo_up()
+    (work / ".venv").symlink_to(venv)
+    run = _Run(work, venv)
+    report: dict[str, object] = {}
+    try:
+        # The quick start: make run in terminal 1 (-o install: no pip), fq-recv in
+        # terminal 2, fq-send in terminal 3 once fq-recv has bound its queue.
+        commands, python = quick_start()
+        make = [shutil.which("make") or "make", "--no-print-directory", "-o", "install", "run"]
+        make += [f"VENV={work / '.venv'}", f"VARDIR={work / 'var'}"]
+        report["listening"] = run.broker(make, cwd=ROOT)
+        receiver = run.start(commands[0])
+        _until(lambda: _bound("maryland") or receiver.poll() is not None, "fq-recv to bind")
+        report["send"] = run.run(commands[1])
+        report["recv"] = run.lines(receiver, 2)
+        # The Python example, as a file run with the venv's Python, with make run going.
+        (work / "example.py").write_text(python, encoding="utf-8")
+        report["example"] = run.run(".venv/bin/python example.py")
+        run.stop_all()
+
+        # Lumberjack: fqd with the listener, fq-recv, then the pylogbeat example.
+        shell, python = lumberjack()
+        report["lj_listening"] = run.broker(shell[0])
+        receiver = run.start(shell[1])
+        _until(lambda: _bound("logging") or receiver.poll() is not None, "fq-recv to bind")
+        (work / "shipper.py").write_text(python, encoding="utf-8")
+        report["lj_example"] = run.run(".venv/bin/python shipper.py")
+        report["lj_recv"] = run.lines(receiver, 2)
+        run.stop_all()
+
+        # Figg: fqd with the listener, then the Python example, which publishes, then
+        # follows the topic for ever: its first line is all there is to see.
+        shell, python = figg()
+        report["figg_listening"] = run.broker(shell[0])
+        (work / "topics.py").write_text(python, encoding="utf-8")
+        report["figg_example"] = run.lines(run.start(".venv/bin/python topics.py"), 1)
+    finally:
+        run.stop_all()
     return report
 
 
@@ -214,8 +277,10 @@ def _port_free() -> bool:
     return True
 
 
-def test_quick_start_and_python_example_run_as_written(tmp_path: Path) -> None:
-    from .prereqs import missing
+def test_the_examples_run_as_written(tmp_path: Path) -> None:
+    from .prereqs import missing, require_module
+
+    require_module("pylogbeat", "the Lumberjack example's shipper (the dev extra)")
 
     prefix = _namespace_command()
     if prefix is None and not _port_free():
@@ -226,12 +291,21 @@ def test_quick_start_and_python_example_run_as_written(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr.decode()
     report = json.loads(run.stdout)
-    assert report["listening"] == [f"Listening on port: {PORT}"], report
+    listening = [f"Listening on port: {PORT}"]
+    assert report["listening"] == listening, report
     assert report["send"][0] == 0, report
     assert report["recv"] == ["[test.prefix.boo] hello\n", "[test.prefix.boo] world\n"], report
     code, out, err = report["example"]
     assert (code, out) == (0, "test.one me b'payload'\n"), err
-    assert "Traceback" not in err
+
+    assert report["lj_listening"] == listening, report
+    assert report["lj_example"][0] == 0, report
+    nginx, metricbeat = report["lj_recv"]
+    assert nginx.startswith("[nginx] {") and '"GET / 200"' in nginx, report
+    assert metricbeat.startswith("[metricbeat] {") and "disk 91% full" in metricbeat, report
+
+    assert report["figg_listening"] == listening, report
+    assert report["figg_example"] == ["1 b'hello'\n"], report
 
 
 if __name__ == "__main__":
