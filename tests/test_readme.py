@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import http.client
 import json
 import os
 import re
@@ -31,7 +32,6 @@ import struct
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -116,11 +116,15 @@ def _lo_up() -> None:
 
 def _bound(exchange: str) -> bool:
     """Whether the broker on the README's port has a binding on ``exchange``."""
+    # http.client, not urllib: no proxy from the environment can come between.
+    conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=2)
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/stats.json", timeout=2) as r:
-            stats = json.load(r)
-    except OSError:
+        conn.request("GET", "/stats.json")
+        stats = json.load(conn.getresponse())
+    except (OSError, http.client.HTTPException, ValueError):
         return False
+    finally:
+        conn.close()
     return bool(stats.get("exchanges", {}).get(exchange, {}).get("routes"))
 
 
