@@ -224,8 +224,8 @@ def garbage(seed: int, n: int, first: bytes = b"") -> bytes:
 
 
 GARBAGE_BEFORE_AUTH = [
-    # What arrives where the auth request should be, and fqd's answer (docs/fq-protocol.md
-    # §1.3, §1.9).
+    # What arrives where the auth request should be, and fqd's answer
+    # (docs/fq-protocol.md §1.3, §1.9).
     ("random bytes", garbage(1, 4096), "auth command expected"),
     ("a heartbeat", wire.encode(wire.Heartbeat()), "auth command expected"),
     ("a status request", wire.encode(wire.StatusRequest()), "auth command expected"),

@@ -1,5 +1,5 @@
-"""The data channel's protocol without a socket: bytes in, events out (docs/fq-protocol.md
-§1.4, §1.10, §5.3)."""
+"""The data channel's protocol without a socket: bytes in, events out
+(docs/fq-protocol.md §1.4, §1.10, §5.3)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Route-program compiler and rule functions (fqbroker/core/program.py; docs/fq-protocol.md
-§2.2-2.4)."""
+"""Route-program compiler and rule functions (fqbroker/core/program.py;
+docs/fq-protocol.md §2.2-2.4)."""
 
 from __future__ import annotations
 

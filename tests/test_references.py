@@ -2,8 +2,9 @@
 documents leads somewhere that exists.
 
 A section reference is written ``docs/fq-protocol.md §4.2`` in code and
-``[fq-protocol.md](fq-protocol.md) §4.2`` in the documents; several sections may follow one
-name (``§1.3, §9``, ``§1.3-§1.8``, ``§2.2-2.4``, ``§9 point 6``). The named file must be
+``[fq-protocol.md](fq-protocol.md) §4.2`` in the documents, on one line, so that a grep for
+"§" shows what each one cites; several sections may follow one name (``§1.3, §9``,
+``§1.3-§1.8``, ``§2.2-2.4``, ``§9 point 6``). The named file must be
 under docs/ and have a heading numbered with each section cited. Inside a document, a bare
 "§N" is that document's own section N, and must be one of its headings. Nothing may point
 at the notes the project was written from, which are not in the repository.
@@ -25,9 +26,10 @@ SKIP_DIRS = {"node_modules", "__pycache__", ".venv", ".git"}
 
 # A document's name, as a path or a Markdown link, then its sections.
 NUMBER = r"\d+(?:\.\d+)*"
+GAP = r"[ \t]*"  # within a line: a reference is never wrapped
 REFERENCE = re.compile(
-    rf"(?P<file>[\w./-]+\.md)(?:\]\((?P<link>[^)\s]*)\))?\s+"
-    rf"(?P<sections>§{NUMBER}(?:\s*(?:,|/|-|\u2013|and|or)\s*§?{NUMBER}|\s+point\s+\d+)*)"
+    rf"(?P<file>[\w./-]+\.md)(?:\]\((?P<link>[^)\s]*)\))?[ \t]+"
+    rf"(?P<sections>§{NUMBER}(?:{GAP}(?:,|/|-|\u2013|and|or){GAP}§?{NUMBER}|{GAP}point{GAP}\d+)*)"
 )
 SECTION = re.compile(rf"(?:§|[,/\u2013-]\s*§?|\b(?:and|or)\s+§?)({NUMBER})")
 HEADING = re.compile(rf"^#{{1,6}} ({NUMBER})\.? ", re.M)
@@ -46,14 +48,6 @@ def scanned_files() -> Iterator[Path]:
                 yield path
 
 
-def unwrapped(path: Path) -> str:
-    """The text with its lines joined (comment markers dropped), so that a reference
-    wrapped across lines reads as one."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    marker = r"(?:#\s*)?" if path.suffix == ".py" else r"(?:>\s*)?"
-    return re.sub(rf"[ \t]*\n[ \t]*{marker}", " ", text)
-
-
 def sections_of(doc: Path) -> set[str]:
     return set(HEADING.findall(doc.read_text(encoding="utf-8")))
 
@@ -63,7 +57,7 @@ def cited(sections: str) -> list[str]:
 
 
 def problems_in(path: Path) -> list[str]:
-    text = unwrapped(path)
+    text = path.read_text(encoding="utf-8", errors="replace")
     where = path.relative_to(ROOT)
     found: list[str] = []
     covered: set[int] = set()

@@ -59,8 +59,8 @@ JITTER = 0.004
 READ_SIZE = 256 * 1024
 GOODBYE_SECONDS = 2.0
 
-# One counter per process, as libfq has: ids stay unique across clients (docs/fq-protocol.md
-# §1.11).
+# One counter per process, as libfq has: ids stay unique across clients
+# (docs/fq-protocol.md §1.11).
 _MSGIDS = MsgIdCounter()
 
 
@@ -226,8 +226,8 @@ class Client:
         return found[0] if found else None
 
     async def status(self) -> dict[str, int]:
-        """The broker's counters for this client, in fq's order (docs/fq-protocol.md
-        §1.6)."""
+        """The broker's counters for this client, in fq's order
+        (docs/fq-protocol.md §1.6)."""
         reply = await self._request(wire.StatusRequest())
         assert isinstance(reply, wire.Status)
         return reply.as_dict()

@@ -144,8 +144,8 @@ def _apply_params(spec: QueueSpec, params: str) -> QueueSpec:
 
 
 def parse_queue_field(field: bytes) -> QueueSpec:
-    """Parse the auth request's queue field exactly as fqd does (docs/fq-protocol.md
-    §1.3)."""
+    """Parse the auth request's queue field exactly as fqd does
+    (docs/fq-protocol.md §1.3)."""
     nul = field.find(0)
     if nul < 0:
         if len(field) > MAX_QUEUE_NAME:
@@ -153,8 +153,8 @@ def parse_queue_field(field: bytes) -> QueueSpec:
         name, rest = field, None
     else:
         name, rest = field[:nul], field[nul + 1 :]
-        # fqd overflows its 127-byte name buffer here; we refuse (docs/fq-protocol.md §1.3,
-        # §9).
+        # fqd overflows its 127-byte name buffer here; we refuse
+        # (docs/fq-protocol.md §1.3, §9).
         if len(name) > MAX_QUEUE_NAME:
             raise AuthError("queue name is too long")
     kind_text, params = "mem", ""

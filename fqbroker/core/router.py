@@ -127,9 +127,9 @@ class Sink:
 
 
 class Counts(Protocol):
-    """The outcome counters a publish adds to besides the aggregate (docs/fq-protocol.md
-    §1.6): a publisher's :class:`ClientStats`, or the :class:`PublishResult` of one
-    message."""
+    """The outcome counters a publish adds to besides the aggregate
+    (docs/fq-protocol.md §1.6): a publisher's :class:`ClientStats`, or the
+    :class:`PublishResult` of one message."""
 
     no_exchange: int
     no_route: int
@@ -339,8 +339,8 @@ class Router:
             return BIND_ILLEGAL
 
     def unbind(self, exchange: bytes, route_id: int, queue: Target) -> Binding | None:
-        """Remove the caller's own binding; None when nothing matched (docs/fq-protocol.md
-        §2.5)."""
+        """Remove the caller's own binding; None when nothing matched
+        (docs/fq-protocol.md §2.5)."""
         ex = self.exchanges.get(exchange)
         if ex is None:
             return None

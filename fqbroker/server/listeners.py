@@ -5,12 +5,12 @@ This is fqd_listener.c made a table: :class:`Listeners` opens what each
 connection against the limits (docs/limits.md) the same way whatever front end it is
 for, and closes everything at stop.
 
-On the main port a connection says what it is in its first 4 bytes (docs/fq-protocol.md
-§1.2): a :class:`_Sniffer` waits for them (at most ``idle_sniff_timeout``), then hands the
-transport to the front end whose preambles hold them, or closes it. On a port of its own
-the front end gets the connection as soon as the limits let it in. Either way the front
-end's protocol replaces ours on the transport: no task per connection, and nothing of
-ours in the path of its reads.
+On the main port a connection says what it is in its first 4 bytes
+(docs/fq-protocol.md §1.2): a :class:`_Sniffer` waits for them (at most
+``idle_sniff_timeout``), then hands the transport to the front end whose preambles hold
+them, or closes it. On a port of its own the front end gets the connection as soon as the
+limits let it in. Either way the front end's protocol replaces ours on the transport: no
+task per connection, and nothing of ours in the path of its reads.
 
 With ``tls_cert`` set, each main-port connection is looked at before anything is read
 (:meth:`Listeners.take_over`): one opening with a TLS ClientHello is served over TLS and

@@ -354,8 +354,8 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             self.transport.write(out)
 
     def _refused(self, exc: AuthError | QueueError) -> None:
-        """The machine queued the error frame: send it, end, and linger (docs/fq-protocol.md
-        §1.8)."""
+        """The machine queued the error frame: send it, end, and linger
+        (docs/fq-protocol.md §1.8)."""
         if isinstance(exc, AuthError):
             self.host.limits.bad("command", "refusing %s: %r", self.pretty, exc.text)
         else:  # not bad input; a limit's refusal is counted where it is raised

@@ -1,5 +1,5 @@
-"""Peering: pull exchanges from upstream brokers into ours (fqd_peer.c, docs/fq-protocol.md
-§5).
+"""Peering: pull exchanges from upstream brokers into ours (fqd_peer.c,
+docs/fq-protocol.md §5).
 
 Theory of operation
 -------------------

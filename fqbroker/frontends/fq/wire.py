@@ -19,9 +19,9 @@ All of them read on the base of :mod:`fqbroker.frontends.decoding` and only buff
 are fed. ``next_*()`` returns a whole frame, or ``None`` when more bytes are needed, and
 then consumes nothing: any split of the input yields the same frames. Bad input raises a
 :class:`~fqbroker.errors.ProtocolError` naming the field; on the auth frame it is an
-:class:`~fqbroker.errors.AuthError` whose text is fq's exact error text (docs/fq-protocol.md
-§1.8). Limits are checked on the length field, before the bytes arrive, so a hostile length
-never makes us buffer.
+:class:`~fqbroker.errors.AuthError` whose text is fq's exact error text
+(docs/fq-protocol.md §1.8). Limits are checked on the length field, before the bytes arrive,
+so a hostile length never makes us buffer.
 
 Encoders are pure functions returning bytes. All integers are big-endian. The limits of
 message frames (``MAX_RK_LEN``, ``MAX_HOPS``, ``MAX_MESSAGE_SIZE``) and the bind flags

@@ -341,8 +341,8 @@ class _Connection:
         return reply
 
     async def _submit(self, headers: dict[bytes, bytes]) -> Reply:
-        """Publish the body as one message, as fqd's /submit does (docs/fq-protocol.md §4.2,
-        §1.11)."""
+        """Publish the body as one message, as fqd's /submit does
+        (docs/fq-protocol.md §4.2, §1.11)."""
         broker = self.broker
         if b"transfer-encoding" in headers or b"content-length" not in headers:
             # fqd needs the length up front; chunked bodies get the same answer.
@@ -418,8 +418,8 @@ class _Connection:
             status = "success"
         except checkpoints.CheckpointError as exc:
             text, status = exc.message, "error"
-        # fqd answers 200 either way and puts the outcome in "status" (docs/fq-protocol.md
-        # §4.2).
+        # fqd answers 200 either way and puts the outcome in "status"
+        # (docs/fq-protocol.md §4.2).
         body = json.dumps({"status": status, "message": text}, indent=1, ensure_ascii=False)
         return Reply(200, body.encode() + b"\n")
 

@@ -353,9 +353,9 @@ def _client_snapshot(client: object, queue: bytes) -> ClientSnapshot:
 
 
 def _text(name: bytes) -> str:
-    # fqd writes names raw and unescaped, so a quote breaks its JSON (docs/fq-protocol.md
-    # §4.2). Names are bytes on the wire; we show them as UTF-8, invalid bytes as U+FFFD,
-    # and let the JSON encoder escape them.
+    # fqd writes names raw and unescaped, so a quote breaks its JSON
+    # (docs/fq-protocol.md §4.2). Names are bytes on the wire; we show them as UTF-8,
+    # invalid bytes as U+FFFD, and let the JSON encoder escape them.
     return name.decode("utf-8", errors="replace")
 
 
@@ -365,8 +365,8 @@ _CLIENT_COUNTERS = tuple(f.name for f in dataclasses.fields(ClientStats) if f.na
 
 
 def stats_json(snap: Snapshot) -> dict[str, Any]:
-    """fqd's /stats.json object: same keys, same order, same types (docs/fq-protocol.md
-    §4.2)."""
+    """fqd's /stats.json object: same keys, same order, same types
+    (docs/fq-protocol.md §4.2)."""
     exchanges: dict[str, Any] = {}
     for ex in snap.exchanges:
         exchanges[_text(ex.name)] = {
