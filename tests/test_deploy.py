@@ -38,7 +38,7 @@ from fqbroker.clients.client import Client
 from fqbroker.clients.figg import FiggClient
 from fqbroker.config import Settings
 from tests.prereqs import missing, require_module
-from tests.procs import ROOT, Proc
+from tests.procs import ENV, ROOT, Proc
 from tests.test_http import get
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -177,6 +177,35 @@ def test_exec_start_adds_the_config_file_only_when_it_exists(tmp_path: Path) -> 
     assert run() == []
     (etc / "fqd.toml").write_text("[fqd]\n")
     assert run() == ["--config", str(etc / "fqd.toml")]
+
+
+async def test_exec_start_runs_fqd_as_the_unit_does(tmp_path: Path, procs: list[Proc]) -> None:
+    """ExecStart with the environment and working directory systemd gives it: a settings
+    file in the configuration directory is read, and the state lands in the state
+    directory without a path flag."""
+    state, etc = tmp_path / "state", tmp_path / "etc"
+    state.mkdir()
+    etc.mkdir()
+    (etc / "fqd.toml").write_text('[fqd]\nport = 0\nbind = "127.0.0.1"\nnode_id = "10.1.2.3"\n')
+    fqd = tmp_path / "fqd"  # this checkout's fqd, as the installed script would run it
+    fqd.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m fqbroker "$@"\n')
+    fqd.chmod(0o755)
+    env = {**ENV, "STATE_DIRECTORY": str(state), "CONFIGURATION_DIRECTORY": str(etc)}
+    argv = exec_start_argv(str(fqd))
+    devnull, pipe = asyncio.subprocess.DEVNULL, asyncio.subprocess.PIPE
+    process = await asyncio.create_subprocess_exec(
+        *argv, cwd=state, env=env, stdin=devnull, stdout=devnull, stderr=pipe
+    )
+    child = Proc(process)
+    procs.append(child)
+    port = int((await child.wait_stderr("Listening on port: ")).rsplit(" ", 1)[1])
+    stats = await _stats(port)
+    assert stats["version"]
+    child.proc.terminate()  # what systemctl stop sends
+    status, _, err = await asyncio.wait_for(child.finish(), 30)
+    assert status == 0, err
+    assert list(state.rglob("fqd.sqlite")), sorted(state.rglob("*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["etc", "fqd", "state"]
 
 
 def unit_copy(tmp_path: Path) -> Path:
