@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tomllib
 import uuid
+import zipfile
 from collections.abc import Iterator
 from email.parser import Parser
 from pathlib import Path
@@ -64,31 +65,31 @@ def test_license_changelog_and_their_declarations() -> None:
     assert "\n## [Unreleased]\n" in changelog
 
 
-def test_metadata_builds_with_the_setuptools_it_requires(tmp_path: Path) -> None:
-    """The metadata PyPI would show, made by prepare_metadata_for_build_wheel in a copy of
-    the tree (nothing written into the checkout) with this venv's setuptools, which must
-    satisfy build-system.requires (the dev extra installs it)."""
+PACKAGES = ("fqbroker", "pyspark_fqbroker")
+
+
+def build_backend(tmp_path: Path, hook: str) -> Path:
+    """Run setuptools' ``hook`` (prepare_metadata_for_build_wheel, build_wheel) on a copy of
+    the checkout (nothing is written into it) with this venv's setuptools, which must
+    satisfy build-system.requires (the dev extra installs it), offline; what it made."""
     import setuptools
 
     (wanted,) = [Requirement(r) for r in PYPROJECT["build-system"]["requires"]]
     assert wanted.name == "setuptools"
     if Version(setuptools.__version__) not in wanted.specifier:
-        missing(f"setuptools {setuptools.__version__} here; the metadata needs {wanted}")
-    trove = require_module("trove_classifiers", "trove-classifiers (the dev extra)")
+        missing(f"setuptools {setuptools.__version__} here; the package needs {wanted}")
+    require_module("trove_classifiers", "trove-classifiers (the dev extra)")
     src = tmp_path / "src"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    src.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
-        src.mkdir(exist_ok=True)
         shutil.copy(ROOT / name, src / name)
-    for package in ("fqbroker", "pyspark_fqbroker"):
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for package in PACKAGES:
         shutil.copytree(ROOT / package, src / package, ignore=ignore)
     out = tmp_path / "out"
     out.mkdir()
-    code = (
-        "import sys; from setuptools import build_meta; "
-        "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))"
-    )
-    # No network: classifiers are checked against the trove-classifiers package.
+    code = f"import sys; from setuptools import build_meta; print(build_meta.{hook}(sys.argv[1]))"
+    # Classifiers are checked against the trove-classifiers package, not PyPI's list.
     env = {**os.environ, "VALIDATE_PYPROJECT_NO_NETWORK": "1", "PYTHONWARNINGS": "default"}
     done = subprocess.run(
         [sys.executable, "-c", code, str(out)],
@@ -96,7 +97,13 @@ def test_metadata_builds_with_the_setuptools_it_requires(tmp_path: Path) -> None
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "Deprecat" not in done.stdout + done.stderr, done.stdout + done.stderr
-    info = out / done.stdout.strip().splitlines()[-1]
+    return out / done.stdout.strip().splitlines()[-1]
+
+
+def test_metadata_builds_with_the_setuptools_it_requires(tmp_path: Path) -> None:
+    """The metadata PyPI would show."""
+    info = build_backend(tmp_path, "prepare_metadata_for_build_wheel")
+    trove = require_module("trove_classifiers", "trove-classifiers (the dev extra)")
     meta = Parser().parsestr((info / "METADATA").read_text())
     assert meta["Name"] == "fqbroker"
     assert meta["License-Expression"] == "MIT"
@@ -115,6 +122,33 @@ def test_metadata_builds_with_the_setuptools_it_requires(tmp_path: Path) -> None
     assert f"Programming Language :: Python :: {sys.version_info[0]}.{sys.version_info[1]}" in (
         classifiers
     )
+
+
+def test_wheel_carries_what_an_installed_fqd_needs(tmp_path: Path) -> None:
+    """What `pip install` of the clone (the Dockerfile's, docs/deploy.md's) installs: every
+    module, the web UI and other package data, the license and the console scripts."""
+    wheel = build_backend(tmp_path, "build_wheel")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        (info,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
+        entry_points = archive.read(f"{info}/entry_points.txt").decode()
+        license_text = archive.read(f"{info}/licenses/LICENSE").decode()
+    tracked = subprocess.run(
+        ["git", "ls-files", "--", *PACKAGES], cwd=ROOT, capture_output=True, text=True
+    )
+    if tracked.returncode != 0:
+        pytest.skip(f"not a git checkout: {tracked.stderr.strip()}")
+    shipped = [
+        path
+        for path in tracked.stdout.splitlines()
+        if not path.endswith((".gitignore", ".md")) and (ROOT / path).is_file()
+    ]
+    assert len(shipped) > 100
+    assert not [path for path in shipped if path not in names]
+    assert "fqbroker/frontends/http/web/index.html" in names
+    assert license_text == (ROOT / "LICENSE").read_text()
+    for script, target in PYPROJECT["project"]["scripts"].items():
+        assert f"{script} = {target}" in entry_points
 
 
 # --- the systemd unit ---------------------------------------------------------------------
