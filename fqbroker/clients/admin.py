@@ -184,6 +184,91 @@ class AdminClient:
             body["sender"] = sender
         return self.post("publish", body)
 
+    def checkpoints(self, queue: str | None = None) -> list[dict[str, Any]]:
+        """Each disk queue's checkpoints (only ``queue``'s when given)."""
+        rows: list[dict[str, Any]] = self.get("checkpoints", queue=queue)["queues"]
+        return rows
+
+    def add_checkpoint(self, queue: str, name: str, position: str | None = None) -> dict[str, Any]:
+        body = {"queue": queue, "name": name}
+        if position is not None:
+            body["position"] = position
+        return self.post("checkpoints/add", body)
+
+    def remove_checkpoint(self, queue: str, name: str) -> dict[str, Any]:
+        return self.post("checkpoints/remove", {"queue": queue, "name": name})
+
+    def reset_checkpoint(self, queue: str, name: str) -> dict[str, Any]:
+        return self.post("checkpoints/reset", {"queue": queue, "name": name})
+
+    def peers(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.get("peers")["peers"]
+        return rows
+
+    def add_peer(
+        self,
+        host: str,
+        exchange: str,
+        source: str,
+        *,
+        port: int = 8765,
+        password: str = "",
+        program: str = "prefix:",
+        permanent: bool = False,
+    ) -> dict[str, Any]:
+        body = {
+            "host": host,
+            "port": port,
+            "source": source,
+            "password": password,
+            "exchange": exchange,
+            "program": program,
+            "permanent": permanent,
+        }
+        return self.post("peers/add", body)
+
+    def remove_peer(
+        self,
+        host: str,
+        exchange: str,
+        *,
+        port: int = 8765,
+        program: str | None = None,
+        source: str | None = None,
+    ) -> int:
+        body: dict[str, Any] = {"host": host, "port": port, "exchange": exchange}
+        if program is not None:
+            body["program"] = program
+        if source is not None:
+            body["source"] = source
+        removed: int = self.post("peers/remove", body)["removed"]
+        return removed
+
+    def users(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.get("users")["users"]
+        return rows
+
+    def add_user(
+        self, name: str, password: str, *, iterations: int | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": name, "password": password}
+        if iterations is not None:
+            body["iterations"] = iterations
+        return self.post("users/add", body)
+
+    def remove_user(self, name: str) -> dict[str, Any]:
+        return self.post("users/remove", {"name": name})
+
+    def allow(self, name: str, kind: str, pattern: str) -> dict[str, Any]:
+        return self.post("users/allow", {"name": name, "kind": kind, "pattern": pattern})
+
+    def deny(self, name: str, kind: str, pattern: str) -> dict[str, Any]:
+        return self.post("users/deny", {"name": name, "kind": kind, "pattern": pattern})
+
+    def topics(self) -> dict[str, Any]:
+        """``{"configured": bool, "topics": [...]}``."""
+        return self.get("topics")
+
 
 def _query_value(value: object) -> str:
     if isinstance(value, bool):
