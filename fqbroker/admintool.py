@@ -113,8 +113,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     create = command(queue, "create", "create a queue (as an fq client's attach would)")
     create.add_argument("name")
-    create.add_argument("--type", choices=("mem", "disk"), default="mem")
-    create.add_argument("--policy", choices=("drop", "block"), default="drop")
+    create.add_argument("--type", choices=("mem", "disk"), default="mem", help="where it keeps")
+    create.add_argument(
+        "--policy", choices=("drop", "block"), default="drop", help="what a full queue does"
+    )
     create.add_argument("--public", action="store_true", help="up to 16 clients share it")
     create.add_argument("--permanent", action="store_true", help="kept across restarts")
     create.add_argument("--backlog-limit", type=int, help="messages held at most")
