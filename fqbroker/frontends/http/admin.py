@@ -131,9 +131,14 @@ def route(method: str, path: str) -> Callable[[Handler], Handler]:
     return register
 
 
+def payload_limit(broker: HttpHost) -> int:
+    """The largest payload published here: what /submit takes."""
+    return min(broker.settings.max_message_size, broker.settings.http_max_body)
+
+
 def body_limit(broker: HttpHost) -> int:
     """The largest request body read: a publish's payload in base64, and its fields."""
-    return broker.settings.max_message_size * 4 // 3 + MAX_BODY_OVERHEAD
+    return payload_limit(broker) * 4 // 3 + MAX_BODY_OVERHEAD
 
 
 async def respond(
@@ -287,10 +292,8 @@ async def _publish(broker: HttpHost, params: Params, who: str) -> dict[str, Any]
             raise Refused(400, "'payload_base64' is not base64") from None
     else:
         payload = params.text("payload", allow_empty=True).encode("utf-8", "surrogateescape")
-    if len(payload) > broker.settings.max_message_size:
-        raise Refused(
-            400, f"the payload is over max_message_size ({broker.settings.max_message_size})"
-        )
+    if len(payload) > payload_limit(broker):
+        raise Refused(400, f"the payload is over {payload_limit(broker)} bytes (http_max_body)")
     # As /submit: the budget holds the payload and its frame while it is routed, and the
     # answer waits until disk queues have it durably (and, under block, for room).
     reserve = 2 * len(payload)
@@ -302,7 +305,7 @@ async def _publish(broker: HttpHost, params: Params, who: str) -> dict[str, Any]
         if not await publisher.durable():
             raise Refused(409, "a disk queue's write failed: the message is not stored")
         if not room:
-            await publisher.wait_for_room()
+            await publisher.finish()  # block policy: the answer waits for room
     finally:
         broker.budget.release(reserve)
     result = publisher.stats
