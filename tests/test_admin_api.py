@@ -263,6 +263,9 @@ async def test_raw_requests(broker: Broker) -> None:
             answer = json.loads(body)
             assert answer["status"] == "error" and "\n" not in answer["error"]
         broker.settings.http_max_body = 1 << 16
+        body = b'{"exchange": "e", "route": "\\ud800", "payload": "p"}'
+        response, body = await conn.request("POST", "/admin/publish", [], body)
+        assert response.status_code == 400, body
         big = b"x" * (1 << 18)
         response, body = await conn.request("POST", "/admin/publish", [], big)
         assert response.status_code == 413
