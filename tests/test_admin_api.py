@@ -18,6 +18,7 @@ import pytest
 from fqbroker.clients.admin import AdminClient
 from fqbroker.config import Settings
 from fqbroker.errors import AdminError
+from fqbroker.frontends.fq import wire
 from fqbroker.server.broker import Broker
 from fqbroker.storage.state import ConfigStore
 
@@ -97,6 +98,25 @@ async def test_binding_added_over_http_routes_to_an_fq_client(
         await call(admin, "unbind", "logs", 'prefix:"app."', "q1")
         assert await call(admin, "bindings") == []
         assert (await refused(admin, "unbind", "logs", 'prefix:"app."', "q1")).status == 404
+    finally:
+        await session.close()
+
+
+async def test_an_http_binding_is_the_one_an_fq_client_would_make(
+    broker: Broker, admin: AdminClient
+) -> None:
+    session = await open_session(broker.port, queue_field=b"q2\x00mem:public,permanent")
+    try:
+        added = (await call(admin, "bind", "ex", 'prefix:"a."', "q2", permanent=True))["binding"]
+        assert added["stored"] is True
+        # The client binding the same program on its queue gets the same binding back...
+        assert await session.bind(b"ex", b'prefix:"a."', 0x110) == added["id"]
+        # ...and may unbind it by that id, as if it had made it: the stored row goes too.
+        await session.cmd.send(wire.encode(wire.UnbindRequest(added["id"], b"ex")))
+        reply = await session.cmd.reply()
+        assert isinstance(reply, wire.UnbindResponse) and reply.route_id == added["id"]
+        assert await call(admin, "bindings") == []
+        assert broker.catalog.config.bindings() == []
     finally:
         await session.close()
 
