@@ -237,6 +237,20 @@ async def test_purge_lets_a_blocked_publisher_go_on(broker: Broker, admin: Admin
         assert (await second)["routed"] == 1
 
 
+async def test_purge_frees_a_big_memory_backlog(broker: Broker, admin: AdminClient) -> None:
+    await call(admin, "create_queue", "big", public=True)
+    await call(admin, "bind", "ex", "prefix:", "big")
+    before = broker.budget.used
+    payload = base64.b64encode(b"x" * 300_000).decode()
+    for _ in range(10):  # 3 MB: more than one consumer batch (TAKE_BYTES)
+        await call(
+            admin, "post", "publish", {"exchange": "ex", "route": "r", "payload_base64": payload}
+        )
+    assert broker.budget.used >= before + 3_000_000
+    assert await call(admin, "purge_queue", "big") == 10
+    assert broker.queues[b"big"].backlog == 0 and broker.budget.used == before
+
+
 async def test_forced_delete_of_a_permanent_disk_queue(settings: Settings) -> None:
     async with running(settings) as broker:
         admin = client(broker)
