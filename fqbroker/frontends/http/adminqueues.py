@@ -132,7 +132,10 @@ async def _delete(broker: HttpHost, params: Params, who: str) -> dict[str, Any]:
 @route("POST", "queues/purge")
 async def _purge(broker: HttpHost, params: Params, who: str) -> dict[str, Any]:
     queue = find_queue(broker, params)
-    purged = queue.purge()
+    try:
+        purged = queue.purge()
+    except OSError as exc:  # a disk queue's checkpoint could not be written
+        raise Refused(409, f"cannot purge queue {text(queue.name)!r}: {exc}") from None
     changed(who, "purged %d messages from queue %r", purged, queue.name)
     return {"purged": purged}
 
