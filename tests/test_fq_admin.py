@@ -227,6 +227,11 @@ async def test_user_commands_over_http(admin: Admin) -> None:
     assert ["bob", "yes", "allow:admin:*"] in lines(out)
     users = {u["name"]: u for u in (await admin.json("user", "list"))["users"]}
     assert users["bob"]["admin"] is True
+    assert (await admin.json("users"))["users"] == list(users.values())
+    assert await admin.table("user", "list") == out
+    assert await admin.table("user", "deny", "bob", "publish", "secret") == (
+        "bob: denied publish on secret\n"
+    )
     assert await admin.table("user", "remove", "alice") == "removed user alice\n"
     assert (await admin.json("user", "remove", "bob"))["removed"] == "bob"
     code, _, err = await admin.run("user", "remove", "bob")
