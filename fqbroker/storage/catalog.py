@@ -111,7 +111,8 @@ class Catalog:
         """Make a queue no client asked for (the admin API); QueueError if it exists.
 
         A permanent one is stored as an attach would store it. A transient one lives until
-        it is removed, or until a client that attached to it leaves (§3.5)."""
+        it is removed, or until a client that attached to it leaves
+        (docs/fq-protocol.md §3.5)."""
         if spec.name in self.queues:
             raise QueueError(f"queue {spec.name.decode(errors='replace')!r} exists")
         queue = self._make_queue(spec)
