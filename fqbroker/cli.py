@@ -15,6 +15,7 @@ import os
 import resource
 import signal
 import sqlite3
+import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -244,10 +245,11 @@ async def _run(settings: Settings) -> None:
         broker = Broker(settings)
     except sqlite3.Error as exc:
         raise ConfigError(f"config database {settings.config_db}: {exc}") from None
-    # Said once it is open, so that a database fqd cannot use is the only line.
+    await broker.start()
+    # fqd's lines, said once the broker listens, so that when it cannot (a database or a
+    # port it cannot use) the error is the only line.
     _say(f"Opening configdb {settings.config_db}")
     _say("Established {} exchanges, {} queues, {} bindings".format(*broker.established))
-    await broker.start()
     _say(f"Listening on port: {broker.port}")
     if broker.users is not None:
         count = len(broker.users.names())
@@ -281,6 +283,7 @@ def _main(argv: Sequence[str] | None) -> int:
     _configure_logging(settings.debug)
     _accept_fqd_flags(args)
     _make_directories(settings)
+    _check_files(settings)
     _raise_descriptor_limit()
     runner = _event_loop_runner()
     with runner:
@@ -325,6 +328,35 @@ def _make_directories(settings: Settings) -> None:
             directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"{what}: cannot create {directory}: {exc.strerror or exc}") from None
+
+
+def _check_files(settings: Settings) -> None:
+    """The certificates and keys load, or a ConfigError names the setting and file (ssl's
+    own errors name neither)."""
+    from fqbroker.server.tls import server_context
+
+    if settings.web_root is not None and not settings.web_root.is_dir():
+        raise ConfigError(f"web_root {settings.web_root}: no such directory")
+    for what, table in (
+        ("", settings),
+        ("lumberjack ", settings.lumberjack),
+        ("figg ", settings.figg),
+        ("opencluster ", settings.opencluster),
+    ):
+        cert, key = table.tls_cert, table.tls_key
+        for name, path in ((f"{what}tls_cert", cert), (f"{what}tls_key", key)):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{name} {path}: no such file")
+        try:
+            server_context(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            files = f"{cert} and {key}" if key is not None else f"{cert}"
+            reason = (
+                "not a PEM certificate chain and its key"
+                if isinstance(exc, ssl.SSLError)
+                else exc.strerror or exc
+            )
+            raise ConfigError(f"{what}tls_cert/tls_key {files}: will not load: {reason}") from None
 
 
 def _raise_descriptor_limit() -> None:
