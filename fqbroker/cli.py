@@ -245,6 +245,10 @@ async def _run(settings: Settings) -> None:
         broker = Broker(settings)
     except sqlite3.Error as exc:
         raise ConfigError(f"config database {settings.config_db}: {exc}") from None
+    stop = broker.shutdown_requested
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     await broker.start()
     # fqd's lines, said once the broker listens, so that when it cannot (a database or a
     # port it cannot use) the error is the only line.
@@ -266,10 +270,6 @@ async def _run(settings: Settings) -> None:
         front_end = broker.front_ends.get(name)
         if front_end is not None and front_end.address is not None:
             _say(f"{label} listening on port: {front_end.address[1]}")
-    stop = broker.shutdown_requested
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await broker.stop()
 

@@ -50,8 +50,8 @@ def _seconds(text: str) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = Parser("opencluster", description="Get and set values on an OpenCluster server.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=port_type(), default=DEFAULT_PORT)
+    p.add_argument("--host", default="127.0.0.1", help="server host")
+    p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its OpenCluster port")
     p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
     p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
     sub = p.add_subparsers(dest="command", required=True)

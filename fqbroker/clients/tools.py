@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import stat
 import sys
 import time
@@ -104,7 +105,7 @@ def _connection_arguments(p: argparse.ArgumentParser, *, user: str, password: st
         help="host and port in one, as fqs's -a; --host and --port override it",
     )
     p.add_argument("-u", "--user", default=user, help="USER[/QUEUE[/TYPE:PARAMS]]")
-    p.add_argument("-P", "--password", default=password)
+    p.add_argument("-P", "--password", default=password, help="password (fqd: any, unless auth)")
     p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
     p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
 
@@ -126,8 +127,8 @@ def _send_parser() -> argparse.ArgumentParser:
         "or, with --count, COUNT messages of SIZE zero bytes, like fq_sndr.",
     )
     _connection_arguments(p, user="user", password="pass")
-    p.add_argument("-x", "-e", "--exchange", default="maryland")
-    p.add_argument("-r", "--route", default="test.prefix.boo")
+    p.add_argument("-x", "-e", "--exchange", default="maryland", help="exchange to publish on")
+    p.add_argument("-r", "--route", default="test.prefix.boo", help="route of every message")
     p.add_argument("--count", type=_number(0), help="send COUNT generated messages, ignore stdin")
     p.add_argument("--size", type=_number(0), default=0, help="payload bytes with --count")
     p.add_argument(
@@ -307,7 +308,7 @@ def _recv_parser() -> argparse.ArgumentParser:
         "the two is in each object.",
     )
     _connection_arguments(p, user="guest", password="guest")
-    p.add_argument("-x", "-e", "--exchange", default="maryland")
+    p.add_argument("-x", "-e", "--exchange", default="maryland", help="exchange to bind to")
     p.add_argument("-b", "--program", default='prefix:""', help="route program to bind")
     p.add_argument("-s", "--stats", action="store_true", help="print rates, not messages")
     p.add_argument("--json", action="store_true", help="print one JSON object per message")
@@ -423,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def os_reason(exc: OSError) -> str:
     """What went wrong, without asyncio's "Connect call failed (...)" wrapping."""
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS: {exc}"
     if isinstance(exc, socket.gaierror) or not exc.errno or exc.errno < 0:
         return exc.strerror or str(exc) or type(exc).__name__
     return os.strerror(exc.errno)
