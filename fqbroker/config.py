@@ -216,7 +216,11 @@ class Settings:
                 if not isinstance(value, str | Path):
                     raise ValueError(f"{key} must be a path, not {value!r}")
                 value = Path(value)
+            elif name in TABLES[1:] and isinstance(value, str | int | float):  # bool is an int
+                raise ValueError(f"{name} must be a table, not {value!r}")
             elif name == "upstream":
+                if not isinstance(value, list):
+                    raise ValueError("upstream must be an array of tables ([[upstream]])")
                 value = [v if isinstance(v, Upstream) else Upstream.from_table(v) for v in value]
             elif name == "lumberjack" and not isinstance(value, Lumberjack):
                 value = Lumberjack.from_table(value)
@@ -246,6 +250,16 @@ class Settings:
                 raise ValueError(f"{f.name} must be {_KIND_NAMES[str(f.type)]}, not {value!r}")
         check_port("port", self.port)
         debug_flags(self.debug)
+        for name in _POSITIVE:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)!r}")
+        for name in _NOT_NEGATIVE:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)!r}")
+        if self.fsync not in ("always", "interval", "never"):
+            raise ValueError(f"fsync must be always, interval or never, not {self.fsync!r}")
+        if not isinstance(self.modules, list) or not all(isinstance(m, str) for m in self.modules):
+            raise ValueError("modules must be a list of module names")
         if self.auth not in AUTH_MODES:
             raise ValueError(f"auth must be one of {', '.join(AUTH_MODES)}, not {self.auth!r}")
         if not isinstance(self.allow_open_network, bool):
@@ -288,6 +302,15 @@ class Settings:
 _SCALARS: dict[str, type | tuple[type, ...]] = {
     "int": int, "float": (int, float), "str": str, "bool": bool
 }  # fmt: skip
+_POSITIVE = (
+    "max_message_size", "idle_sniff_timeout", "fsync_interval_ms", "segment_bytes",
+    "peer_poll_seconds", "confirm_pair_timeout", "http_max_body",
+)  # fmt: skip
+_NOT_NEGATIVE = (
+    "default_backlog", "peer_dedupe", "max_connections", "max_connections_per_address",
+    "max_queues_per_user", "disk_queues_per_second", "log_lines_per_second", "backlog_bytes",
+    "memory_budget",
+)  # fmt: skip
 _KIND_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
 
 

@@ -100,6 +100,24 @@ ROWS = {
         "config file debug.toml: debug flag 'loud' is not one of",
         _file("debug.toml", '[fqd]\ndebug = "loud"\n'),
     ),
+    "fqd-bad-fsync-setting": Row(
+        (*FQD, "--config", "fsync.toml"),
+        2,
+        "config file fsync.toml: fsync must be always, interval or never, not 'sometimes'",
+        _file("fsync.toml", '[fqd]\nfsync = "sometimes"\n'),
+    ),
+    "fqd-negative-limit-setting": Row(
+        (*FQD, "--config", "limit.toml"),
+        2,
+        "config file limit.toml: max_connections must be 0 or more, not -5",
+        _file("limit.toml", "[fqd]\nmax_connections = -5\n"),
+    ),
+    "fqd-scalar-for-a-table": Row(
+        (*FQD, "--config", "scalar.toml"),
+        2,
+        "config file scalar.toml: figg must be a table, not 5",
+        _file("scalar.toml", "[fqd]\nfigg = 5\n"),
+    ),
     "fqd-missing-config-file": Row(
         (*FQD, "--config", "nope.toml"), 2, "config file nope.toml: no such file"
     ),
