@@ -14,6 +14,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sqlite3
 import ssl
 import sys
@@ -283,7 +284,7 @@ def _main(argv: Sequence[str] | None) -> int:
     _configure_logging(settings.debug)
     _accept_fqd_flags(args)
     _make_directories(settings)
-    _check_files(settings)
+    _check_settings(settings)
     _raise_descriptor_limit()
     runner = _event_loop_runner()
     with runner:
@@ -330,11 +331,24 @@ def _make_directories(settings: Settings) -> None:
             raise ConfigError(f"{what}: cannot create {directory}: {exc.strerror or exc}") from None
 
 
-def _check_files(settings: Settings) -> None:
-    """The certificates and keys load, or a ConfigError names the setting and file (ssl's
-    own errors name neither)."""
+def _check_settings(settings: Settings) -> None:
+    """The listen addresses resolve, the web root is there, the certificates and keys
+    load; else a ConfigError names the setting and its value (what the resolver and ssl
+    say names neither)."""
     from fqbroker.server.tls import server_context
 
+    for what, address in (
+        ("bind", (settings.bind, settings.port)),
+        ("lumberjack listen", settings.lumberjack.address(settings.bind)),
+        ("figg listen", settings.figg.address(settings.bind)),
+        ("fyrehose listen", settings.fyrehose.address(settings.bind)),
+        ("opencluster listen", settings.opencluster.address(settings.bind)),
+    ):
+        if address is not None and address[0]:
+            try:
+                socket.getaddrinfo(address[0], address[1], type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                raise ConfigError(f"{what} {address[0]!r}: {exc.strerror}") from None
     if settings.web_root is not None and not settings.web_root.is_dir():
         raise ConfigError(f"web_root {settings.web_root}: no such directory")
     for what, table in (

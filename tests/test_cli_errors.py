@@ -164,6 +164,11 @@ ROWS = {
         "tls_cert/tls_key junk.pem: will not load: not a PEM certificate",
         _file("junk.pem", "junk\n"),
     ),
+    "fqd-bind-unresolvable": Row(
+        (*FQD, "-p", "0", "--bind", "no-such-host.invalid"),
+        2,
+        "bind 'no-such-host.invalid': ",
+    ),
     "fqd-web-root-missing": Row((*FQD, "-w", "noweb"), 2, "web_root noweb: no such directory"),
     "fqd-open-network-without-auth": Row(
         (*FQD, "-p", "0", "--bind", "0.0.0.0"),
