@@ -105,7 +105,12 @@ def _connection_arguments(p: argparse.ArgumentParser, *, user: str, password: st
         help="host and port in one, as fqs's -a; --host and --port override it",
     )
     p.add_argument("-u", "--user", default=user, help="USER[/QUEUE[/TYPE:PARAMS]]")
-    p.add_argument("-P", "--password", default=password, help="password (fqd: any, unless auth)")
+    p.add_argument(
+        "-P",
+        "--password",
+        default=password,
+        help='password (checked when fqd runs with auth = "password")',
+    )
     p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
     p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
 
