@@ -278,7 +278,11 @@ async def _run(settings: Settings) -> None:
 def _main(argv: Sequence[str] | None) -> int:
     args = _fqd_parser().parse_args(argv)
     if args.print_config:
-        sys.stdout.write(sample_config())
+        try:
+            sys.stdout.write(sample_config())
+            sys.stdout.flush()
+        except BrokenPipeError:  # `fqd --print-config | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     settings = _settings(args)
     _configure_logging(settings.debug)
