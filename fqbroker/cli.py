@@ -227,10 +227,13 @@ def _not_printed(record: logging.LogRecord) -> bool:
 
 
 def _configure_logging(debug: str) -> None:
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "fqd", False)]:
+        root.removeHandler(old)  # fqd() run again in one process: still one handler
     handler = logging.StreamHandler()
+    handler.fqd = True  # type: ignore[attr-defined]
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     handler.addFilter(_not_printed)
-    root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if debug_flags(debug) else logging.WARNING)
 

@@ -282,3 +282,13 @@ def test_bad_fq_debug_environment_is_named(tmp_path: Path) -> None:
     status, err = run(FQD, tmp_path, {**QUIET_ENV, "FQ_DEBUG": "chatty"})
     assert status == 2 and err.count("\n") == 1
     assert err.startswith("fqd: FQ_DEBUG: debug flag 'chatty'")
+
+
+def test_port_in_use_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        status, err = run((*FQD, "-p", port), tmp_path)
+    assert status == 1 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith("fqd: ") and port in err and "address already in use" in err
