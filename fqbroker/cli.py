@@ -1,4 +1,9 @@
-"""``fqd``: run the broker (fqd.c). Flags follow fqd's where they mean the same thing."""
+"""``fqd``: run the broker (fqd.c). Flags follow fqd's where they mean the same thing.
+
+Bad input (a flag, a setting, a settings file, a config database fqd cannot open) is one
+line on stderr and exit 2; a failure to run (a port in use) one line and exit 1;
+``FQBROKER_DEBUG=1`` adds the traceback (fqbroker/console.py).
+"""
 
 from __future__ import annotations
 
@@ -6,59 +11,149 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import signal
+import socket
+import sqlite3
+import ssl
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from fqbroker.config import DEFAULT_PORT, Settings
+from fqbroker.config import DEFAULT_PORT, Settings, debug_flags
+from fqbroker.console import Parser, port_type, run_script
+from fqbroker.datadir import sample_config
+from fqbroker.errors import ConfigError
 
-__all__ = ["fqd"]
+__all__ = ["fqd", "settings_from_args"]
+
+log = logging.getLogger(__name__)
 
 DEBUG_FLAGS = ("mem", "msg", "route", "io", "conn", "config", "peer", "http")
 
+EPILOG = """\
+data directory:
+  config_db (fqd.sqlite) and queue_dir (queues/) default under the data directory, which
+  is --data-dir or the data_dir setting; else $STATE_DIRECTORY (systemd's StateDirectory=);
+  else ./var when started at the top of a source checkout (as `make run` does); else
+  $XDG_STATE_HOME/fqbroker (~/.local/state/fqbroker).
+
+settings:
+  flags override the --config file, which overrides the defaults; `fqd --print-config`
+  writes the annotated sample file with every setting and its default. docs/cli.md has it all.
+"""
+
+
+def _debug(text: str) -> str:
+    try:
+        debug_flags(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _threads(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of threads (1 or more)")
+    return value
+
 
 def _fqd_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fqd", description="fq-compatible message broker")
-    p.add_argument("--config", type=Path, help="TOML settings file (see conf/fqd.toml)")
-    p.add_argument("-p", "--port", type=int, help=f"port (default {DEFAULT_PORT}; 0 picks one)")
-    p.add_argument("--bind", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("-n", "--node-id", help="IPv4 node id used in hops")
-    p.add_argument("-c", "--config-db", type=Path, help="sqlite configuration database")
-    p.add_argument("-q", "--queue-dir", type=Path, help="disk queue directory")
-    p.add_argument("-w", "--web-root", type=Path, help="web UI root directory")
+    p = Parser("fqd", description="fq-compatible message broker (fqd's flags).", epilog=EPILOG)
     p.add_argument(
-        "-m", "--module", dest="modules", action="append", help="rule-function module to load"
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML settings file (fqd --print-config writes a sample)",
     )
     p.add_argument(
-        "-D",
-        "--foreground",
-        action="store_true",
-        help="accepted; fqd always runs in the foreground",
-    )
-    p.add_argument("-v", "--debug", help="debug flags: " + ",".join(DEBUG_FLAGS))
-    p.add_argument(
-        "--lumberjack",
-        metavar="ADDR:PORT",
-        help="serve Lumberjack/Beats log shippers here (off by default; port 0 picks one)",
+        "--print-config", action="store_true", help="write the sample settings file and exit"
     )
     p.add_argument(
-        "--figg",
-        metavar="ADDR:PORT",
-        help="serve retained topics to Figg clients here (off by default; port 0 picks one)",
+        "-p",
+        "--port",
+        type=port_type(zero=True),
+        help=f"port (default {DEFAULT_PORT}; 0 picks one)",
+    )
+    p.add_argument("--bind", metavar="ADDR", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "-n", "--node-id", metavar="IP", help="IPv4 node id used in hops (default: the host's)"
     )
     p.add_argument(
-        "--fyrehose",
-        metavar="ADDR:PORT",
-        help="serve the fyrehose backbone over UDP here (off by default; port 0 picks one)",
+        "--data-dir", type=Path, metavar="DIR", help="state directory (default: see below)"
     )
     p.add_argument(
-        "--opencluster",
-        metavar="ADDR:PORT",
-        help="serve the OpenCluster key/value store here (off by default; port 0 picks one)",
+        "-c",
+        "--config-db",
+        type=Path,
+        metavar="FILE",
+        help="sqlite configuration database (DATA_DIR/fqd.sqlite)",
     )
-    p.add_argument("--tls-cert", type=Path, help="PEM certificate chain: TLS on the main port")
-    p.add_argument("--tls-key", type=Path, help="PEM private key (default: in --tls-cert)")
+    p.add_argument(
+        "-q", "--queue-dir", type=Path, metavar="DIR", help="disk queue directory (DATA_DIR/queues)"
+    )
+    p.add_argument(
+        "-w", "--web-root", type=Path, metavar="DIR", help="web UI root (default: the packaged UI)"
+    )
+    p.add_argument(
+        "-m",
+        "--module",
+        dest="modules",
+        action="append",
+        metavar="NAME",
+        help="rule-function module to load",
+    )
+    p.add_argument(
+        "-l",
+        "--module-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory searched first for -m modules",
+    )
+    p.add_argument(
+        "-D", "--foreground", action="store_true", help="accepted; fqd runs in the foreground"
+    )
+    p.add_argument(
+        "-t",
+        "--threads",
+        type=_threads,
+        metavar="N",
+        help="fqd's routing threads: accepted, one event loop routes here",
+    )
+    p.add_argument(
+        "-B", dest="bcd", action="store_const", const=True, help="fqd's libbcd on: accepted"
+    )
+    p.add_argument(
+        "-b", dest="bcd", action="store_const", const=False, help="fqd's libbcd off: accepted"
+    )
+    p.add_argument(
+        "-v",
+        "--debug",
+        type=_debug,
+        metavar="FLAGS",
+        help="debug flags: comma-separated " + ",".join(DEBUG_FLAGS) + ", or their bits as a"
+        " number; overrides $FQ_DEBUG (default: warnings only)",
+    )
+    for name, what in (
+        ("lumberjack", "serve Lumberjack/Beats log shippers here"),
+        ("figg", "serve retained topics to Figg clients here"),
+        ("fyrehose", "serve the fyrehose backbone over UDP here"),
+        ("opencluster", "serve the OpenCluster key/value store here"),
+    ):
+        p.add_argument(
+            f"--{name}", metavar="ADDR:PORT", help=f"{what} (off by default; port 0 picks one)"
+        )
+    p.add_argument(
+        "--tls-cert", type=Path, metavar="FILE", help="PEM certificate chain: TLS on the main port"
+    )
+    p.add_argument(
+        "--tls-key", type=Path, metavar="FILE", help="PEM private key (default: in --tls-cert)"
+    )
     p.add_argument(
         "--tls-required",
         action="store_true",
@@ -73,17 +168,31 @@ def _fqd_parser() -> argparse.ArgumentParser:
     return p
 
 
-def settings_from_args(argv: list[str] | None = None) -> Settings:
-    args = _fqd_parser().parse_args(argv)
+def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
+    """The settings of fqd's command line (and its --config file); ValueError (exit 2
+    with fqd) for any that fqd cannot work with."""
+    return _settings(_fqd_parser().parse_args(argv))
+
+
+def _settings(args: argparse.Namespace) -> Settings:
     settings = Settings.from_toml(args.config) if args.config else Settings()
+    debug = args.debug
+    if debug is None and os.environ.get("FQ_DEBUG"):
+        # fqd reads FQ_DEBUG when -v is not given.
+        try:
+            debug_flags(os.environ["FQ_DEBUG"])
+        except ValueError as exc:
+            raise ValueError(f"FQ_DEBUG: {exc}") from None
+        debug = os.environ["FQ_DEBUG"]
     overrides = {
         "port": args.port,
         "bind": args.bind,
         "node_id": args.node_id,
+        "data_dir": args.data_dir,
         "config_db": args.config_db,
         "queue_dir": args.queue_dir,
         "web_root": args.web_root,
-        "debug": args.debug,
+        "debug": debug,
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "tls_required": args.tls_required,
@@ -103,66 +212,172 @@ def settings_from_args(argv: list[str] | None = None) -> Settings:
     return settings
 
 
+# The broker logs these for whoever embeds it; fqd prints them itself, bare, as fqd.c does
+# (scripts wait for "Listening on port: "), so its log handler drops them: once each.
+_PRINTED = {
+    ("fqbroker.server.broker", "Opening configdb %s"),
+    ("fqbroker.server.broker", "Established %d exchanges, %d queues, %d bindings"),
+    ("fqbroker.server.broker", "Listening on port: %d"),
+    ("fqbroker.server.listeners", "%s listening on %s:%d"),
+}
+
+
+def _not_printed(record: logging.LogRecord) -> bool:
+    return (record.name, record.msg) not in _PRINTED
+
+
 def _configure_logging(debug: str) -> None:
-    level = logging.DEBUG if debug else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "fqd", False)]:
+        root.removeHandler(old)  # fqd() run again in one process: still one handler
+    handler = logging.StreamHandler()
+    handler.fqd = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.addFilter(_not_printed)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if debug_flags(debug) else logging.WARNING)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 async def _run(settings: Settings) -> None:
     from fqbroker.server.broker import Broker
 
-    print(f"Opening configdb {settings.config_db}", file=sys.stderr, flush=True)
-    broker = Broker(settings)
-    print(
-        "Established {} exchanges, {} queues, {} bindings".format(*broker.established),
-        file=sys.stderr,
-        flush=True,
-    )
-    await broker.start()
-    print(f"Listening on port: {broker.port}", file=sys.stderr, flush=True)
-    if broker.users is not None:
-        count = len(broker.users.names())
-        hint = "" if count else ": nobody can log in until `fq-admin -c DB user add NAME`"
-        print(f"Authenticating {count} users{hint}", file=sys.stderr, flush=True)
-    # Front ends on ports of their own say where they listen too, beside fq's line (port
-    # 0 picks one, and whoever started fqd reads it here).
-    lumberjack = broker.front_ends.get("lumberjack")
-    if lumberjack is not None and lumberjack.address is not None:
-        print(f"Lumberjack listening on port: {lumberjack.address[1]}", file=sys.stderr, flush=True)
-    figg = broker.front_ends.get("figg")
-    if figg is not None and figg.address is not None:
-        print(f"Figg listening on port: {figg.address[1]}", file=sys.stderr, flush=True)
-    fyrehose = broker.front_ends.get("fyrehose")
-    if fyrehose is not None and fyrehose.address is not None:
-        print(f"fyrehose listening on port: {fyrehose.address[1]}", file=sys.stderr, flush=True)
-    opencluster = broker.front_ends.get("opencluster")
-    if opencluster is not None and opencluster.address is not None:
-        port = opencluster.address[1]
-        print(f"OpenCluster listening on port: {port}", file=sys.stderr, flush=True)
+    try:
+        broker = Broker(settings)
+    except sqlite3.Error as exc:
+        raise ConfigError(f"config database {settings.config_db}: {exc}") from None
     stop = broker.shutdown_requested
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    # fqd's lines, said once the broker listens, so that when it cannot (a database or a
+    # port it cannot use) the error is the only line.
+    _say(f"Opening configdb {settings.config_db}")
+    _say("Established {} exchanges, {} queues, {} bindings".format(*broker.established))
+    _say(f"Listening on port: {broker.port}")
+    if broker.users is not None:
+        count = len(broker.users.names())
+        hint = "" if count else ": nobody can log in until `fq-admin -c DB user add NAME`"
+        _say(f"Authenticating {count} users{hint}")
+    # Front ends on ports of their own say where they listen too, beside fq's line (port
+    # 0 picks one, and whoever started fqd reads it here).
+    for name, label in (
+        ("lumberjack", "Lumberjack"),
+        ("figg", "Figg"),
+        ("fyrehose", "fyrehose"),
+        ("opencluster", "OpenCluster"),
+    ):
+        front_end = broker.front_ends.get(name)
+        if front_end is not None and front_end.address is not None:
+            _say(f"{label} listening on port: {front_end.address[1]}")
     await stop.wait()
     await broker.stop()
 
 
-def fqd(argv: list[str] | None = None) -> int:
-    try:
-        settings = settings_from_args(argv)
-    except (ValueError, OSError) as exc:  # a bad setting, flag or file: one line, no traceback
-        print(f"fqd: {exc}", file=sys.stderr)
-        return 2
+def _main(argv: Sequence[str] | None) -> int:
+    args = _fqd_parser().parse_args(argv)
+    if args.print_config:
+        try:
+            sys.stdout.write(sample_config())
+            sys.stdout.flush()
+        except BrokenPipeError:  # `fqd --print-config | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    settings = _settings(args)
     _configure_logging(settings.debug)
+    _accept_fqd_flags(args)
+    _make_directories(settings)
+    _check_settings(settings)
     _raise_descriptor_limit()
-    try:
-        runner = _event_loop_runner()
-        with runner:
-            runner.run(_run(settings))
-    except (ValueError, ImportError, OSError) as exc:
-        print(f"fqd: {exc}", file=sys.stderr)
-        return 2
+    runner = _event_loop_runner()
+    with runner:
+        runner.run(_run(settings))
     return 0
+
+
+def fqd(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``fqd``."""
+    return run_script(
+        "fqd",
+        _main,
+        argv,
+        usage_errors=(ValueError, ImportError),
+        failures=(OSError, sqlite3.Error),
+    )
+
+
+def _accept_fqd_flags(args: argparse.Namespace) -> None:
+    """fqd's flags that mean nothing here are accepted (service files carry them) and
+    said once; -l means what it says."""
+    if args.threads is not None:
+        log.warning("-t %d ignored: one event loop routes every message here", args.threads)
+    if args.bcd is not None:
+        log.warning("-%s ignored: no libbcd crash reporting here", "B" if args.bcd else "b")
+    if args.module_dir is not None:
+        if not args.module_dir.is_dir():
+            raise ConfigError(f"-l {args.module_dir}: no such directory")
+        sys.path.insert(0, str(args.module_dir))
+
+
+def _make_directories(settings: Settings) -> None:
+    # Created here so that a path fqd cannot use is named in one line before anything
+    # opens it (the default data directory may not exist yet on a fresh install).
+    for what, directory in (
+        ("config_db", settings.config_db.parent),
+        ("queue_dir", settings.queue_dir),
+    ):
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"{what}: {directory} is not a directory")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{what}: cannot create {directory}: {exc.strerror or exc}") from None
+
+
+def _check_settings(settings: Settings) -> None:
+    """The listen addresses resolve, the web root is there, the certificates and keys
+    load; else a ConfigError names the setting and its value (what the resolver and ssl
+    say names neither)."""
+    from fqbroker.server.tls import server_context
+
+    for what, address in (
+        ("bind", (settings.bind, settings.port)),
+        ("lumberjack listen", settings.lumberjack.address(settings.bind)),
+        ("figg listen", settings.figg.address(settings.bind)),
+        ("fyrehose listen", settings.fyrehose.address(settings.bind)),
+        ("opencluster listen", settings.opencluster.address(settings.bind)),
+    ):
+        if address is not None and address[0]:
+            try:
+                socket.getaddrinfo(address[0], address[1], type=socket.SOCK_STREAM)
+            except socket.gaierror as exc:
+                raise ConfigError(f"{what} {address[0]!r}: {exc.strerror}") from None
+    if settings.web_root is not None and not settings.web_root.is_dir():
+        raise ConfigError(f"web_root {settings.web_root}: no such directory")
+    for what, table in (
+        ("", settings),
+        ("lumberjack ", settings.lumberjack),
+        ("figg ", settings.figg),
+        ("opencluster ", settings.opencluster),
+    ):
+        cert, key = table.tls_cert, table.tls_key
+        for name, path in ((f"{what}tls_cert", cert), (f"{what}tls_key", key)):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{name} {path}: no such file")
+        try:
+            server_context(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            files = f"{cert} and {key}" if key is not None else f"{cert}"
+            reason = (
+                "not a PEM certificate chain and its key"
+                if isinstance(exc, ssl.SSLError)
+                else exc.strerror or exc
+            )
+            raise ConfigError(f"{what}tls_cert/tls_key {files}: will not load: {reason}") from None
 
 
 def _raise_descriptor_limit() -> None:

@@ -12,7 +12,16 @@ from collections.abc import Callable, Sequence
 
 from fqbroker.version import FQ_COMPAT_VERSION, __version__
 
-__all__ = ["EXIT_FAILURE", "EXIT_USAGE", "Parser", "run_script", "say_error", "version_text"]
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "Parser",
+    "address_type",
+    "port_type",
+    "run_script",
+    "say_error",
+    "version_text",
+]
 
 EXIT_FAILURE = 1  # the work failed: a refused connection, a broker's error
 EXIT_USAGE = 2  # bad input: a flag, a setting, a file (argparse's own code)
@@ -27,6 +36,13 @@ def version_text(prog: str) -> str:
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults shown in ``--help``; descriptions keep their line breaks."""
 
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # No "(default: None)" or "(default: False)": an unset flag or a switch has none
+        # worth saying (its help says what applies when it is not given).
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser with ``--version`` and the defaults in ``--help``; its errors
@@ -40,6 +56,43 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         say_error(self.prog, message)
         sys.exit(EXIT_USAGE)
+
+
+def port_type(*, zero: bool = False) -> Callable[[str], int]:
+    """An argparse ``type``: a port number, 1 to 65535 (0, "pick one", only when ``zero``)."""
+    low = 0 if zero else 1
+
+    def port(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = -1
+        if not low <= value <= 65535:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port ({low} to 65535)")
+        return value
+
+    return port
+
+
+def address_type(default_port: int) -> Callable[[str], tuple[str, int]]:
+    """An argparse ``type``: ``HOST:PORT``, ``[V6ADDR]:PORT`` or a bare ``HOST`` (on
+    ``default_port``), as (host, port)."""
+    to_port = port_type()
+
+    def address(text: str) -> tuple[str, int]:
+        host, port = text, ""
+        if text.startswith("["):
+            host, sep, rest = text[1:].partition("]")
+            if not sep or (rest and not rest.startswith(":")):
+                raise argparse.ArgumentTypeError(f"{text!r} is not [ADDR]:PORT")
+            port = rest[1:]
+        elif text.count(":") == 1:
+            host, _, port = text.partition(":")
+        if not host:
+            raise argparse.ArgumentTypeError(f"{text!r} names no host")
+        return host, to_port(port) if port else default_port
+
+    return address
 
 
 def say_error(prog: str, message: object) -> None:

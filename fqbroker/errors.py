@@ -17,6 +17,8 @@
                              (also a ValueError, so fqd says why in one line)
     ├── KVStoreError         the OpenCluster store cannot be opened: fqd does not start
                              (also a ValueError)
+    ├── ConfigError          a settings file or the config database fqd cannot use; the
+                             message names the file (also a ValueError: one line, exit 2)
     ├── ClientError          a broker refused the client; .text is its exact error text
     │   └── ClientClosed     the client is closed (also a ConnectionError)
     │       └── FyrehoseClosed  the fyrehose client is closed (clients/fyrehose)
@@ -58,6 +60,7 @@ __all__ = [
     "CheckpointError",
     "ClientClosed",
     "ClientError",
+    "ConfigError",
     "DataLossError",
     "DataLost",
     "FiggProtocolError",
@@ -160,6 +163,11 @@ class SequenceFileError(FqError, ValueError):
 class KVStoreError(FqError, ValueError):
     """The OpenCluster store's database cannot be opened or read; the listener does not
     start (storage/kvstore.py)."""
+
+
+class ConfigError(FqError, ValueError):
+    """A settings file fqd cannot read or use, or a config database it cannot open; the
+    message names the file (config.py, cli.py)."""
 
 
 # --- the clients': what a broker's answer can cause ----------------------------------------

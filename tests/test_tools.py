@@ -54,8 +54,9 @@ def test_format_json() -> None:
         "sender": "alice",
         "hops": [NODE_ID, "127.0.0.1"],
         "msgid": "000102030405060708090a0b0c0d0e0f",
-        "payload": "café \ufffd\n",
+        "payload_base64": "Y2Fmw6kg/wo=",  # not UTF-8: base64, exactly
     }
+    assert json.loads(format_json(Message(b"ex", b"r", "café\n".encode())))["payload"] == "café\n"
 
 
 async def test_lines_keep_newlines_across_chunks() -> None:

@@ -18,10 +18,18 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from fqbroker.clients.figg import DEFAULT_PORT, FiggClient, Message
-from fqbroker.clients.tools import _stdin_chunks, _until_signal, json_line, reader_went_away
+from fqbroker.clients.tools import (
+    _stdin_chunks,
+    _until_signal,
+    json_line,
+    os_reason,
+    reader_went_away,
+)
+from fqbroker.console import Parser, port_type, run_script
+from fqbroker.errors import FqError
 from fqbroker.frontends.figg.wire import MAX_TOPIC
 
 __all__ = ["format_json", "main"]
@@ -61,9 +69,9 @@ def _count(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="figg", description="Publish to and read Figg topics.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p = Parser("figg", description="Publish to and read Figg topics.")
+    p.add_argument("--host", default="127.0.0.1", help="broker host")
+    p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its Figg port")
     p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
     p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -72,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     for q in (pub, sub_):
         q.add_argument("topic", type=_topic)
         q.add_argument("--host", default=argparse.SUPPRESS)
-        q.add_argument("--port", type=int, default=argparse.SUPPRESS)
+        q.add_argument("--port", type=port_type(), default=argparse.SUPPRESS)
         q.add_argument("--tls", action="store_true", default=argparse.SUPPRESS)
         q.add_argument("--cafile", default=argparse.SUPPRESS)
         q.add_argument("--count", type=_count, help="stop after COUNT messages")
@@ -81,17 +89,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``figg``."""
+    return run_script("figg", _main, argv, failures=(OSError, FqError))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
-    if not 0 < args.port < 65536:
-        _parser().error(f"--port {args.port} is not a TCP port")
     work = _pub(args) if args.command == "pub" else _sub(args)
     try:
         return asyncio.run(_until_signal(work))
-    except (OSError, TimeoutError) as exc:
-        _log(f"figg: cannot reach {args.host}:{args.port}: {exc or 'timed out'}")
-        return 1
+    except TimeoutError:
+        _log(f"figg: cannot reach {args.host}:{args.port}: timed out")
+    except OSError as exc:
+        _log(f"figg: cannot reach {args.host}:{args.port}: {os_reason(exc)}")
+    return 1
 
 
 async def _pub(args: argparse.Namespace) -> int:

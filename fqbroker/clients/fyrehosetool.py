@@ -16,11 +16,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fqbroker.clients.figgtool import _lines
 from fqbroker.clients.fyrehose import DEFAULT_PORT, Delivered, FyrehoseClient
-from fqbroker.clients.tools import _stdin_chunks, _until_signal, json_line, reader_went_away
+from fqbroker.clients.tools import (
+    _stdin_chunks,
+    _until_signal,
+    json_line,
+    os_reason,
+    reader_went_away,
+)
+from fqbroker.console import Parser, port_type, run_script
+from fqbroker.errors import FqError
 from fqbroker.frontends.fyrehose.wire import MAX_DATA, MAX_SEQUENCE
 
 __all__ = ["format_json", "main"]
@@ -46,12 +54,9 @@ def _number(low: int, high: int, what: str) -> Callable[[str], int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="fyrehose",
-        description="Publish to and read a fyrehose backbone (UDP, IPv4).",
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_number(1, 65535, "a UDP port"), default=DEFAULT_PORT)
+    p = Parser("fyrehose", description="Publish to and read a fyrehose backbone (UDP, IPv4).")
+    p.add_argument("--host", default="127.0.0.1", help="broker host (IPv4)")
+    p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its fyrehose UDP port")
     sub = p.add_subparsers(dest="command", required=True)
     push = sub.add_parser(
         "push", help="publish each line of stdin; exit once each came back in the stream"
@@ -59,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     sub_ = sub.add_parser("sub", help="print the stream, in order")
     for q in (push, sub_):
         q.add_argument("--host", default=argparse.SUPPRESS)
-        q.add_argument("--port", type=_number(1, 65535, "a UDP port"), default=argparse.SUPPRESS)
+        q.add_argument("--port", type=port_type(), default=argparse.SUPPRESS)
     sub_.add_argument(
         "--json",
         action="store_true",
@@ -75,8 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``fyrehose``."""
+    return run_script("fyrehose", _main, argv, failures=(OSError, FqError))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     work = _push(args) if args.command == "push" else _sub(args)
     try:
@@ -84,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except TimeoutError:
         _log(f"fyrehose: no answer from {args.host}:{args.port} (no KEEPALIVE-ACK)")
     except OSError as exc:
-        _log(f"fyrehose: cannot reach {args.host}:{args.port}: {exc}")
+        _log(f"fyrehose: cannot reach {args.host}:{args.port}: {os_reason(exc)}")
     except ValueError as exc:
+        # A line of stdin too long for a datagram: the input, found while sending.
         _log(f"fyrehose: {exc}")
     return 1
 

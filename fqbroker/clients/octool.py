@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Sequence
 
 from fqbroker.clients.ocmachine import I32_MAX, I32_MIN
 from fqbroker.clients.opencluster import DEFAULT_PORT, OpenClusterClient
+from fqbroker.clients.tools import os_reason
+from fqbroker.console import Parser, port_type, run_script
 from fqbroker.errors import FqError
 
 __all__ = ["main"]
@@ -46,11 +49,9 @@ def _seconds(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="opencluster", description="Get and set values on an OpenCluster server."
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p = Parser("opencluster", description="Get and set values on an OpenCluster server.")
+    p.add_argument("--host", default="127.0.0.1", help="server host")
+    p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its OpenCluster port")
     p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
     p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -66,12 +67,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``opencluster``."""
+    return run_script("opencluster", _main, argv, failures=(OSError, FqError))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if not 0 < args.port < 65536:
-        parser.error(f"--port {args.port} is not a TCP port")
     if args.command != "ping" and not args.name:
         parser.error("NAME is empty")
     if args.command == "set" and args.int:
@@ -81,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"VALUE: {exc}")
     try:
         return asyncio.run(_run(args))
-    except (OSError, TimeoutError) as exc:
-        _say(f"opencluster: cannot reach {args.host}:{args.port}: {exc or 'timed out'}")
+    except TimeoutError:
+        _say(f"opencluster: cannot reach {args.host}:{args.port}: timed out")
+        return 1
+    except OSError as exc:
+        _say(f"opencluster: cannot reach {args.host}:{args.port}: {os_reason(exc)}")
         return 1
     except FqError as exc:
         _say(f"opencluster: {exc}")
