@@ -29,7 +29,7 @@ from .procs import ENV, ROOT, Proc
 TIMEOUT = 30.0
 NODE_ID = "10.254.254.1"
 # The console scripts of this package whose flags live in fqbroker.console's Parser.
-SCRIPTS = ("fqd", "fq-send", "fq-recv", "figg", "fyrehose", "opencluster")
+SCRIPTS = ("fqd", "fq-send", "fq-recv", "fq-admin", "figg", "fyrehose", "opencluster")
 STATE_VARS = ("STATE_DIRECTORY", "XDG_STATE_HOME", "FQBROKER_DEBUG", "FQ_DEBUG")
 CLEAN_ENV = {k: v for k, v in ENV.items() if k not in STATE_VARS}
 
@@ -77,6 +77,8 @@ def test_help_shows_defaults(name: str) -> None:
     elif name == "fqd":
         assert "default 8765; 0 picks one" in done.stdout
         assert "~/.local/state/fqbroker" in done.stdout  # where the state goes
+    elif name == "fq-admin":
+        assert "(default: http://127.0.0.1:8765)" in done.stdout
     else:
         assert "(default: 127.0.0.1)" in done.stdout
 
