@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +102,7 @@ class Broker:
         )
         # Set by HTTP /shutdown; whoever runs the broker (fqd's main) waits on it and stops.
         self.shutdown_requested = asyncio.Event()
+        self.started = time.monotonic()  # for the uptime /node.json shows
 
     def _rule_registry(self) -> RuleRegistry:
         if not self.settings.modules:

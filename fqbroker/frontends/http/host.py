@@ -277,6 +277,8 @@ class HttpHost(StatsSource, Protocol):
     def shutdown_requested(self) -> asyncio.Event: ...
     @property
     def users(self) -> UsersView | None: ...  # None under auth = "none"
+    @property
+    def started(self) -> float: ...  # time.monotonic() when the broker was made
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 
