@@ -21,7 +21,8 @@
     │   └── ClientClosed     the client is closed (also a ConnectionError)
     │       └── FyrehoseClosed  the fyrehose client is closed (clients/fyrehose)
     ├── BrokerError          a replay request was refused or found no broker; .text
-    │   └── DataLost         records asked for are no longer stored; .first is the oldest
+    │   ├── DataLost         records asked for are no longer stored; .first is the oldest
+    │   └── AdminError       the admin API refused a request; .status is the HTTP status
     └── DataLossError        Spark: offsets a query needs are gone (also a RuntimeError)
 
 Sans-IO code raises these and never writes a reply itself; the asyncio shell that fed it
@@ -37,9 +38,10 @@ never exceptions.
 
 The client-side ones are defined here and importable from where their users meet them
 (``fqbroker.clients.client``, ``fqbroker.clients.replayclient``, ``fqbroker.spark``).
-Four internal signals stay outside the tree because they never reach a user as
+Five internal signals stay outside the tree because they never reach a user as
 themselves: ``frontends.http.replay.Refused`` (a replay or topic read answered with an
-HTTP error; its endpoint turns it into the answer), ``frontends.decoding.NeedData`` (a
+HTTP error; its endpoint turns it into the answer), ``frontends.http.admin.Refused`` (the
+same for the admin API), ``frontends.decoding.NeedData`` (a
 decode step ran out of bytes; its decoder catches it), ``storage.segrecords.Damaged``
 (bytes that are no valid record: an ``OSError`` with EIO, which is what reads and
 ``repair()`` raise, and which the exception handler must keep counting as an OS failure
@@ -50,6 +52,7 @@ rather than bad input) and
 from __future__ import annotations
 
 __all__ = [
+    "AdminError",
     "AuthError",
     "BrokerError",
     "CheckpointError",
@@ -195,6 +198,15 @@ class DataLost(BrokerError):
     def __init__(self, text: str, first: int) -> None:
         super().__init__(text)
         self.first = first
+
+
+class AdminError(BrokerError):
+    """The admin API answered with an error (clients/admin.py); ``text`` is its one line,
+    ``status`` the HTTP status (400, 401, 403, 404, 409, ...)."""
+
+    def __init__(self, text: str, status: int) -> None:
+        super().__init__(text)
+        self.status = status
 
 
 class DataLossError(FqError, RuntimeError):

@@ -68,6 +68,14 @@ class Store(Protocol):
     def extend(self, frames: list[bytes], size: int = -1) -> None: ...
     def take(self, n: int) -> list[bytes]: ...
     def ack(self, frames: list[bytes]) -> None: ...
+    def peek(self, n: int) -> list[bytes]:
+        """The next ``n`` messages :meth:`take` would hand out, left where they are."""
+        ...
+
+    def purge(self) -> int:
+        """Drop every message not yet handed out; how many went."""
+        ...
+
     def close(self, *, destroy: bool) -> None: ...
 
 
@@ -140,6 +148,15 @@ class MemoryStore:
 
     def ack(self, frames: list[bytes]) -> None:
         pass  # nothing to remember: a memory queue's contents die with the process
+
+    def peek(self, n: int) -> list[bytes]:
+        items = self._items
+        return [] if items is None else list(itertools.islice(items, n))
+
+    def purge(self) -> int:
+        n = len(self)
+        self.take(n)
+        return n
 
     def close(self, *, destroy: bool) -> None:
         self._items = None
@@ -363,6 +380,22 @@ class Queue:
         """These messages reached a consumer's socket (a disk queue's checkpoint moves)."""
         if frames:
             self.store.ack(frames)
+
+    def peek(self, n: int) -> list[bytes]:
+        """The next ``n`` messages a consumer would get, as frames; nothing moves."""
+        return self.store.peek(n) if n > 0 else []
+
+    def purge(self) -> int:
+        """Drop the backlog (what no consumer has been handed yet); how many messages.
+
+        Publishers waiting on a full block-policy queue go on. A disk queue's named
+        checkpoints stay where they are (:meth:`DiskStore.purge`).
+        """
+        n = self.store.purge()
+        if self._space is not None and not self.is_full:
+            self._space.set()
+            self._space = None
+        return n
 
     def disk_log(self) -> SegmentLog:
         store = self.store

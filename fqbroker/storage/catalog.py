@@ -106,6 +106,27 @@ class Catalog:
             raise
         return queue
 
+    def create(self, spec: QueueSpec) -> Queue:
+        """Make a queue no client asked for (the admin API); QueueError if it exists.
+
+        A permanent one is stored as an attach would store it. A transient one lives until
+        it is removed, or until a client that attached to it leaves (§3.5)."""
+        if spec.name in self.queues:
+            raise QueueError(f"queue {spec.name.decode(errors='replace')!r} exists")
+        queue = self._make_queue(spec)
+        self.queues[spec.name] = queue
+        if queue.permanent:
+            self.config.save_queue(queue.spec)
+        return queue
+
+    def remove(self, queue: Queue) -> None:
+        """Forget a queue, its stored rows, its bindings and its messages, as a transient
+        queue goes with its last client; with clients still attached it goes when they
+        leave (the caller closes them)."""
+        if queue.permanent:
+            self.set_permanent(queue, False)
+        self.forget_if_unused(queue)
+
     def set_permanent(self, queue: Queue, permanent: bool) -> None:
         queue.permanent = permanent
         if permanent:

@@ -148,6 +148,31 @@ class ConfigStore:
             (binding.exchange, binding.queue, binding.program),
         )
 
+    def add_upstream(self, row: Upstream) -> bool:
+        """Store an ``upstream`` row; False when the same row is there already."""
+        cur = self._db.execute(
+            "INSERT OR IGNORE INTO upstream (host, port, source, password, exchange, program, "
+            "permanent_binding) VALUES (?, ?, ?, ?, CAST(? AS TEXT), CAST(? AS TEXT), ?)",
+            (row.host, row.port, row.source, row.password, row.exchange, row.program,
+             _text(row.permanent_binding)),
+        )  # fmt: skip
+        return cur.rowcount > 0
+
+    def delete_upstreams(
+        self, host: str, port: int, exchange: bytes, program: bytes | None, source: str | None
+    ) -> int:
+        """Delete the ``upstream`` rows pulling ``exchange`` from ``host:port`` (only those
+        of ``program`` and ``source`` when given); how many went."""
+        sql = "DELETE FROM upstream WHERE host = ? AND port = ? AND exchange = CAST(? AS TEXT)"
+        args: list[object] = [host, port, exchange]
+        if program is not None:
+            sql += " AND program = CAST(? AS TEXT)"
+            args.append(program)
+        if source is not None:
+            sql += " AND source = ?"
+            args.append(source)
+        return self._db.execute(sql, args).rowcount
+
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
         self._db.execute("BEGIN")

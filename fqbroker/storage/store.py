@@ -414,6 +414,28 @@ class DiskStore:
             self.log.set_checkpoint(READER, checkpoint)
             self.log.trim()
 
+    def peek(self, n: int) -> list[bytes]:
+        """The next ``n`` frames :meth:`take` would hand out, read without moving the
+        cursor, a checkpoint or the memory cache; messages not yet written come last."""
+        cursor = max(self._cursor, self.log.first_seq)
+        out: list[bytes] = []
+        if cursor < self.log.next_seq:
+            # log.read steps over damage as take does, so the seqs are the ones delivered.
+            out = [_delivered(seq, record) for seq, record in self.log.read(cursor, n)]
+        return out + self._pending[: n - len(out)]
+
+    def purge(self) -> int:
+        """Skip the backlog: the read checkpoint ``fq`` moves to the end of the log and
+        segments no checkpoint needs are deleted. Named checkpoints do not move, so a
+        reader resetting to one (or a replay) still finds what it had not read."""
+        with contextlib.suppress(OSError):  # the publisher saw the error already
+            self.flush()
+        n = len(self)
+        self.rewind(self.log.next_seq)
+        self.drop_recent()
+        self.log.trim()
+        return n
+
     def unsynced(self) -> bool:
         return bool(self._pending) or self._durable < self.log.next_seq - 1
 

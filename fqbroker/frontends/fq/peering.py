@@ -332,19 +332,24 @@ class Peering:
             link.want(bindings)
         return [address for address in self.links if address not in wanted]
 
+    async def reconcile(self) -> None:
+        """Apply the configuration now, closing the links no row wants any more (what each
+        poll does; the admin API calls it after changing a row)."""
+        for address in self.refresh():
+            link = self.links.pop(address, None)
+            if link is not None:
+                log.info("peer %s: removed", address)
+                await link.close(unbind=True)
+
     async def _poll(self) -> None:
         interval = self.settings.peer_poll_seconds
         while True:
             await asyncio.sleep(interval)
             try:
-                gone = self.refresh()
+                await self.reconcile()
             except Exception:
                 # A locked or damaged database must not end peering: keep what runs.
                 log.exception("reading the upstream configuration failed")
-                continue
-            for address in gone:
-                log.info("peer %s: removed", address)
-                await self.links.pop(address).close(unbind=True)
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -35,7 +35,7 @@ import h11
 
 from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.fq import wire
-from fqbroker.frontends.http import auth, node, replay, topics
+from fqbroker.frontends.http import admin, auth, node, replay, topics
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.stats import http_counters, render_front_ends_json, render_stats_json
 from fqbroker.storage import checkpoints
@@ -249,8 +249,10 @@ class _Connection:
         head = request.method == b"HEAD"
         log.debug("HTTP %s %s", request.method.decode(errors="replace"), target)
 
-        admin_path = path in ADMIN_PATHS or (
-            path == "/shutdown" and self.broker.settings.http_shutdown
+        admin_path = (
+            path in ADMIN_PATHS
+            or path.startswith(admin.PREFIX)
+            or (path == "/shutdown" and self.broker.settings.http_shutdown)
         )
         refusal = await self._refusal(headers, admin_path=admin_path)
         if refusal is not None:
@@ -258,6 +260,9 @@ class _Connection:
             return
         if path == "/submit":  # an admin path: the check above let it through
             await self._send(await self._submit(headers), head=head)
+            return
+        if path.startswith(admin.PREFIX):  # the admin API (admin.py), checked above too
+            await self._send(await self._admin(request, path, query, headers), head=head)
             return
         reply = await self._discard_body(headers)
         if reply is None:
@@ -395,6 +400,30 @@ class _Connection:
             f'"no_route":{result.no_route},"no_exchange":{result.no_exchange}}}\n'
         )
         return Reply(200, body.encode())
+
+    async def _admin(
+        self, request: h11.Request, path: str, query: str, headers: dict[bytes, bytes]
+    ) -> Reply:
+        limit = admin.body_limit(self.broker)
+        try:
+            if int(headers.get(b"content-length", b"0")) > limit:
+                raise _BodyTooLarge
+            body = await self._read_body(limit)
+        except _BodyTooLarge:
+            return _json_reply(
+                413, {"status": "error", "error": "request body too large"}, close=True
+            )
+        except _BodyCut:
+            return _json_reply(
+                400, {"status": "error", "error": "request body cut short"}, close=True
+            )
+        creds = auth.credentials(headers)
+        peer = self.writer.get_extra_info("peername")
+        source = peer[0] if isinstance(peer, tuple) else "?"
+        who = f"{creds.user or ('token' if creds.token else 'open')}@{source}"
+        method = request.method.decode("ascii", "replace")
+        status, answer = await admin.respond(self.broker, method, path, query, body, who)
+        return _json_reply(status, answer)
 
     def _checkpoint(self, path: str, query: str) -> Reply:
         params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}

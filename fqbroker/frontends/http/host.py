@@ -25,6 +25,7 @@ from fqbroker.storage.catalog import Catalog
 from fqbroker.storage.store import DiskStore
 
 __all__ = [
+    "AdminPeeringView",
     "DataChannelView",
     "FqClientView",
     "FyrehoseSubscriberView",
@@ -39,6 +40,7 @@ __all__ = [
     "TopicSource",
     "TopicView",
     "TopicsView",
+    "UsersAdminView",
     "front_end_state",
 ]
 
@@ -238,6 +240,23 @@ class PeeringView(Protocol):
     def links(self) -> Mapping[Any, PeerLinkView]: ...
 
 
+class AdminPeeringView(PeeringView, Protocol):
+    """Peering as the admin API changes it: after a row changes, apply it now."""
+
+    async def reconcile(self) -> None: ...
+
+
+class UsersAdminView(UsersView, Protocol):
+    """The user table (fqbroker.storage.users.Users) as the admin API changes it."""
+
+    def add(self, name: str, password: str, iterations: int = ...) -> None: ...
+    def remove(self, name: str) -> bool: ...
+    def names(self) -> list[str]: ...
+    def rules(self, name: str) -> list[tuple[str, str, bool]]: ...
+    def allow(self, name: str, kind: str, pattern: str) -> None: ...
+    def deny(self, name: str, kind: str, pattern: str) -> None: ...
+
+
 class StatsSource(QueueSource, TopicSource, Protocol):
     """Everything a snapshot (/stats.json, /metrics, /frontends.json) reads."""
 
@@ -276,7 +295,9 @@ class HttpHost(StatsSource, Protocol):
     @property
     def shutdown_requested(self) -> asyncio.Event: ...
     @property
-    def users(self) -> UsersView | None: ...  # None under auth = "none"
+    def users(self) -> UsersAdminView | None: ...  # None under auth = "none"
+    @property
+    def peering(self) -> AdminPeeringView: ...
     @property
     def started(self) -> float: ...  # time.monotonic() when the broker was made
 
