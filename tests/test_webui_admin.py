@@ -26,6 +26,8 @@ from fqbroker.storage.users import Users
 from fqbroker.version import __version__
 
 from .conftest import NODE_ID, Session, open_session, running, wait_for
+from .test_http import get
+from .test_http_auth import bearer
 from .test_webui import Chromium, Page, artifacts_dir, require_chromium
 
 ADMIN_TOKEN = "webui-admin-secret"
@@ -476,3 +478,44 @@ async def test_admin_actions_stay_hidden_for_a_user_who_is_not_an_admin(
                 assert page.errors() == []
         finally:
             await browser.close()
+
+
+# --- /node.json without a browser -----------------------------------------------------------
+
+
+async def test_node_json_reports_the_node_and_is_guarded_like_stats_json(
+    settings: Settings,
+) -> None:
+    settings = dataclasses.replace(
+        settings, http_auth_reads=True, read_token="reader", admin_token=ADMIN_TOKEN
+    )
+    async with running(settings) as broker:
+        session = await open_session(broker.port, b"u", b"dq\x00disk:permanent")
+        try:
+            await session.bind(b"x", b"prefix:")
+            await session.publish(b"x", b"r", b"y" * 5000)
+            await wait_for(lambda: broker.router.aggregate.routed == 1)
+            refused, _ = await get(broker.port, "/node.json")
+            assert refused.status_code == 401
+            response, body = await get(broker.port, "/node.json", [bearer("reader")])
+            assert response.status_code == 200
+            node = json.loads(body)
+        finally:
+            await session.close()
+    assert node["version"] == __version__ and node["node_id"] == NODE_ID
+    assert node["uptime_seconds"] >= 0 and node["rss_bytes"] > 0
+    assert node["queue_dir"] == str(settings.queue_dir)
+    assert node["queue_dir_bytes"] >= 5000 and node["queue_dir_files"] >= 1
+    assert node["disk_free_bytes"] > 0
+    assert node["listeners"] == [
+        {
+            "name": "main",
+            "address": f"127.0.0.1:{broker.port}",
+            "front_ends": ["fq-command", "fq-data", "http"],
+            "transport": "main",
+        }
+    ]
+    assert [f["name"] for f in node["front_ends"]][:3] == ["fq-command", "fq-data", "http"]
+    assert (node["queues"], node["exchanges"], node["bindings"], node["clients"]) == (1, 1, 1, 1)
+    assert (node["admin_access"], node["reads_protected"]) == ("token", True)
+    assert node["peers"] == []
