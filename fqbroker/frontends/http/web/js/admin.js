@@ -43,7 +43,14 @@ function setAdmin(on) {
 }
 
 async function api(path, body) {
-  const init = { method: body === undefined ? "GET" : "POST", cache: "no-store", headers: {} };
+  // With credentials of our own, the browser's are left out: a 401 to those then raises
+  // no login prompt of the browser's (the fetch standard prompts only when it sent its own).
+  const init = {
+    method: body === undefined ? "GET" : "POST",
+    cache: "no-store",
+    headers: {},
+    credentials: auth ? "omit" : "same-origin",
+  };
   if (auth) init.headers.Authorization = auth;
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
