@@ -286,20 +286,22 @@ class RouteTimes:
     """How long routing takes: a histogram of the time :meth:`Router.publish_runs` spends on
     a batch (the lookups, programs and offers into queues of one read's messages).
 
-    Sampled, so the hot path pays nearly nothing: one batch in ``every`` is timed (two
-    clock reads and a bucket increment), the others cost a decrement and a test. Bucket
-    ``i`` counts batches under ``1024 << i`` ns (about 1 µs, doubling up to half a second),
-    the last one everything slower. ``messages`` counts the messages of the timed batches,
-    so ``sum_ns / messages`` is the time per message.
+    Sampled, so the hot path pays nearly nothing: whoever runs the router sets
+    :attr:`Router.sample` every :data:`SAMPLE_SECONDS` (the broker, on a timer), and the
+    next batch is timed (two clock reads and a bucket increment); every other batch costs
+    one attribute test. A counter or a clock read per batch would cost more than the
+    attribute test by a multiple (bench/routing.py ``--sampling``). Bucket ``i`` counts
+    batches under ``1024 << i`` ns (about 1 µs, doubling up to half a second), the last
+    one everything slower. ``messages`` counts the messages of the timed batches, so
+    ``sum_ns / messages`` is the time per message.
     """
 
-    __slots__ = ("buckets", "countdown", "every", "messages", "sum_ns")
+    __slots__ = ("buckets", "messages", "sum_ns")
 
     BUCKETS = 21  # 20 bounds, then +Inf
+    SAMPLE_SECONDS = 0.05  # at most 20 timed batches a second
 
-    def __init__(self, every: int = 16) -> None:
-        self.every = every
-        self.countdown = every
+    def __init__(self) -> None:
         self.buckets = [0] * self.BUCKETS
         self.sum_ns = 0
         self.messages = 0
@@ -334,6 +336,7 @@ class Router:
         self.aggregate = AggregateStats()
         self.registry = registry
         self.times = RouteTimes()
+        self.sample = False  # time the next batch (RouteTimes)
         self._last_route_id = 0
 
     # --- bindings -------------------------------------------------------------------------
@@ -435,12 +438,7 @@ class Router:
         # queue -> [room left, bytes left, frames, their bytes]
         gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
-        times = self.times
-        times.countdown -= 1
-        timed = 0  # when this batch started, if it is one of the timed ones
-        if not times.countdown:
-            times.countdown = times.every
-            timed = perf_counter_ns()
+        timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
         i = start
         end = len(runs)  # runs[i] may be replaced by its rest, never added to
         try:
@@ -531,7 +529,8 @@ class Router:
                 self._offer_gathered(gathered)
             self.count(client, messages, octets, no_exchange, no_route, routed, dropped)
             if timed:
-                times.observe(perf_counter_ns() - timed, messages)
+                self.sample = False
+                self.times.observe(perf_counter_ns() - timed, messages)
 
     def count(
         self,

@@ -10,9 +10,9 @@ Two things are bounded by settings rather than by the traffic: the ``fq_client_*
 one set per fq connection, are left out while more than ``metrics_client_series_max``
 clients are connected (``fq_client_series_enabled`` says which), so short-lived clients
 cannot grow a scraper's series without bound; and routing time is a histogram,
-``fq_route_eval_seconds``, of the batches the router timed (one in
-:attr:`~fqbroker.core.router.RouteTimes.every`: the hot path pays two clock reads per
-timed batch, never one per message).
+``fq_route_eval_seconds``, of the batches the router timed (a batch every
+:attr:`~fqbroker.core.router.RouteTimes.SAMPLE_SECONDS` at most: the hot path pays two
+clock reads per timed batch, an attribute test for the others, never a clock per message).
 
 Naming follows Prometheus conventions: an ``fq_`` prefix, base units (bytes, seconds),
 ``_total`` on counters, and exchanges, queues and clients as labels, never in names.
@@ -374,7 +374,8 @@ def _route_times(buckets: list[int], sum_ns: int, messages: int) -> Iterator[Met
     histogram = HistogramMetricFamily(
         "fq_route_eval_seconds",
         "Time the router took for a batch of published messages (lookups, programs and "
-        "offers into queues); a sample of the batches, see fq_route_eval_messages.",
+        "offers into queues); a sample of the batches (at most 20 a second), see "
+        "fq_route_eval_messages.",
         buckets=rows,
         sum_value=sum_ns / 1e9,
     )
