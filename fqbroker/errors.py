@@ -40,8 +40,8 @@ The client-side ones are defined here and importable from where their users meet
 (``fqbroker.clients.client``, ``fqbroker.clients.replayclient``, ``fqbroker.spark``).
 Five internal signals stay outside the tree because they never reach a user as
 themselves: ``frontends.http.replay.Refused`` (a replay or topic read answered with an
-HTTP error; its endpoint turns it into the answer), ``frontends.http.admin.Refused`` (the
-same for the admin API), ``frontends.decoding.NeedData`` (a
+HTTP error; its endpoint turns it into the answer), ``frontends.http.adminbase.Refused``
+(the same for the admin API), ``frontends.decoding.NeedData`` (a
 decode step ran out of bytes; its decoder catches it), ``storage.segrecords.Damaged``
 (bytes that are no valid record: an ``OSError`` with EIO, which is what reads and
 ``repair()`` raise, and which the exception handler must keep counting as an OS failure

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +18,12 @@ import pytest
 from fqbroker.clients.admin import AdminClient
 from fqbroker.config import Settings
 from fqbroker.errors import AdminError
+from fqbroker.frontends.fq import wire
 from fqbroker.server.broker import Broker
 from fqbroker.storage.state import ConfigStore
 
 from .conftest import TIMEOUT, open_session, running, wait_for
+from .test_http import HttpConn
 
 
 def client(broker: Broker, **creds: Any) -> AdminClient:
@@ -99,6 +102,25 @@ async def test_binding_added_over_http_routes_to_an_fq_client(
         await session.close()
 
 
+async def test_an_http_binding_is_the_one_an_fq_client_would_make(
+    broker: Broker, admin: AdminClient
+) -> None:
+    session = await open_session(broker.port, queue_field=b"q2\x00mem:public,permanent")
+    try:
+        added = (await call(admin, "bind", "ex", 'prefix:"a."', "q2", permanent=True))["binding"]
+        assert added["stored"] is True
+        # The client binding the same program on its queue gets the same binding back...
+        assert await session.bind(b"ex", b'prefix:"a."', 0x110) == added["id"]
+        # ...and may unbind it by that id, as if it had made it: the stored row goes too.
+        await session.cmd.send(wire.encode(wire.UnbindRequest(added["id"], b"ex")))
+        reply = await session.cmd.reply()
+        assert isinstance(reply, wire.UnbindResponse) and reply.route_id == added["id"]
+        assert await call(admin, "bindings") == []
+        assert broker.catalog.config.bindings() == []
+    finally:
+        await session.close()
+
+
 async def test_permanent_queue_and_binding_are_stored_and_restored(settings: Settings) -> None:
     async with running(settings) as broker:
         admin = client(broker)
@@ -149,6 +171,146 @@ async def test_forced_delete_ends_the_clients(broker: Broker, admin: AdminClient
         await wait_for(lambda: b"busy" not in broker.queues)
     finally:
         await session.close()
+
+
+async def test_peek_neither_consumes_nor_reorders(broker: Broker, admin: AdminClient) -> None:
+    for name, kind in (("mq", "mem"), ("dq", "disk")):
+        await call(admin, "create_queue", name, type=kind, public=True, permanent=True)
+        await call(admin, "bind", f"ex-{name}", "prefix:", name)
+        for i in range(20):
+            await call(admin, "publish", f"ex-{name}", "r", f"m{i}")
+        for _ in range(2):
+            peeked = await call(admin, "peek", name, 5)
+            assert [m["payload"] for m in peeked] == [f"m{i}" for i in range(5)]
+        assert [m["payload"] for m in await call(admin, "peek", name, 1000)] == [
+            f"m{i}" for i in range(20)
+        ]  # at most 100 asked: all 20
+        session = await open_session(
+            broker.port, queue_field=name.encode() + b"\x00" + kind.encode() + b":public"
+        )
+        try:
+            got = await session.receive(20)
+            assert [m.payload for m in got] == [b"m%d" % i for i in range(20)]
+        finally:
+            await session.close()
+
+
+async def test_a_purged_disk_queue_stays_purged_after_a_restart(settings: Settings) -> None:
+    async with running(settings) as broker:
+        admin = client(broker)
+        await call(admin, "create_queue", "dq", type="disk", permanent=True, public=True)
+        await call(admin, "bind", "ex", "prefix:", "dq", permanent=True)
+        for i in range(10):
+            await call(admin, "publish", "ex", "r", f"old{i}")
+        assert await call(admin, "purge_queue", "dq") == 10
+        for i in range(2):
+            await call(admin, "publish", "ex", "r", f"new{i}")
+    async with running(settings) as broker:
+        admin = client(broker)
+        assert [m["payload"] for m in await call(admin, "peek", "dq")] == ["new0", "new1"]
+        session = await open_session(broker.port, queue_field=b"dq\x00disk:public")
+        try:
+            assert [m.payload for m in await session.receive(2)] == [b"new0", b"new1"]
+            await call(admin, "publish", "ex", "r", "live")
+            (msg,) = await session.receive(1)
+            assert msg.payload == b"live"
+            # Purging under a consumer is safe: it keeps receiving what comes next.
+            assert await call(admin, "purge_queue", "dq") == 0
+            await call(admin, "publish", "ex", "r", "after")
+            (msg,) = await session.receive(1)
+            assert msg.payload == b"after"
+        finally:
+            await session.close()
+
+
+async def test_purge_lets_a_blocked_publisher_go_on(broker: Broker, admin: AdminClient) -> None:
+    await call(admin, "create_queue", "bq", policy="block", backlog_limit=2)
+    await call(admin, "bind", "ex", "prefix:", "bq")
+    await call(admin, "publish", "ex", "r", "one")
+    # The second fills the queue: its answer waits for room, as /submit's does.
+    second = asyncio.ensure_future(call(admin, "publish", "ex", "r", "two"))
+    await wait_for(lambda: broker.queues[b"bq"].backlog == 2)
+    await asyncio.sleep(0.1)
+    assert not second.done()
+    assert await call(client(broker), "purge_queue", "bq") == 2
+    async with asyncio.timeout(TIMEOUT):
+        assert (await second)["routed"] == 1
+
+
+async def test_purge_frees_a_big_memory_backlog(broker: Broker, admin: AdminClient) -> None:
+    await call(admin, "create_queue", "big", public=True)
+    await call(admin, "bind", "ex", "prefix:", "big")
+    before = broker.budget.used
+    payload = base64.b64encode(b"x" * 300_000).decode()
+    for _ in range(10):  # 3 MB: more than one consumer batch (TAKE_BYTES)
+        await call(
+            admin, "post", "publish", {"exchange": "ex", "route": "r", "payload_base64": payload}
+        )
+    assert broker.budget.used >= before + 3_000_000
+    assert await call(admin, "purge_queue", "big") == 10
+    assert broker.queues[b"big"].backlog == 0 and broker.budget.used == before
+
+
+async def test_forced_delete_of_a_permanent_disk_queue(settings: Settings) -> None:
+    async with running(settings) as broker:
+        admin = client(broker)
+        await call(admin, "create_queue", "pd", type="disk", permanent=True, public=True)
+        await call(admin, "bind", "ex", "prefix:", "pd", permanent=True)
+        await call(admin, "publish", "ex", "r", "x")
+        directory = settings.queue_dir / b"pd".hex()
+        assert directory.is_dir()
+        session = await open_session(broker.port, queue_field=b"pd\x00disk:public")
+        try:
+            await session.receive(1)
+            assert (await refused(admin, "delete_queue", "pd")).status == 409
+            await call(admin, "delete_queue", "pd", force=True)
+            await wait_for(lambda: b"pd" not in broker.queues)
+        finally:
+            await session.close()
+        assert not directory.exists()
+        assert await call(admin, "bindings") == []
+    store = ConfigStore(settings.config_db)
+    try:
+        assert store.queues() == [] and store.bindings() == []
+    finally:
+        store.close()
+
+
+async def test_names_in_utf8(broker: Broker, admin: AdminClient) -> None:
+    await call(admin, "create_queue", "café", public=True)
+    assert b"caf\xc3\xa9" in broker.queues
+    await call(admin, "bind", "échange", 'prefix:"é"', "café")
+    await call(admin, "publish", "échange", "é.1", "ünïcode")
+    (msg,) = await call(admin, "peek", "café")
+    assert (msg["exchange"], msg["route"], msg["payload"]) == ("échange", "é.1", "ünïcode")
+    assert [q["name"] for q in await call(admin, "queues")] == ["café"]
+
+
+async def test_raw_requests(broker: Broker) -> None:
+    conn = await HttpConn.open(broker.port)
+    try:
+        response, body = await conn.request("HEAD", "/admin/queues")
+        assert response.status_code == 200 and body == b""
+        for payload in (b"{not json", b"[1, 2]", b'"text"'):
+            response, body = await conn.request("POST", "/admin/queues/create", [], payload)
+            assert response.status_code == 400
+            answer = json.loads(body)
+            assert answer["status"] == "error" and "\n" not in answer["error"]
+        broker.settings.http_max_body = 1 << 16
+        body = b'{"exchange": "e", "route": "\\ud800", "payload": "p"}'
+        response, body = await conn.request("POST", "/admin/publish", [], body)
+        assert response.status_code == 400, body
+        big = b"x" * (1 << 18)
+        response, body = await conn.request("POST", "/admin/publish", [], big)
+        assert response.status_code == 413
+    finally:
+        await conn.close()
+    conn = await HttpConn.open(broker.port)
+    try:
+        response, body = await conn.request("GET", "/admin/queues?x=1")  # unknown: ignored
+        assert response.status_code == 200 and json.loads(body)["queues"] == []
+    finally:
+        await conn.close()
 
 
 # --- checkpoints, peers, users, topics -------------------------------------------------------

@@ -24,7 +24,7 @@ from fqbroker.errors import FqError
 INTERNAL = {
     "fqbroker.frontends.decoding.NeedData",
     "fqbroker.frontends.http.replay.Refused",
-    "fqbroker.frontends.http.admin.Refused",
+    "fqbroker.frontends.http.adminbase.Refused",
     "fqbroker.storage.segrecords.Damaged",
     "fqbroker.storage.segcheckpoints.Unreadable",
 }

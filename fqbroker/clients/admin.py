@@ -60,9 +60,12 @@ class AdminClient:
         self.timeout = timeout
         self.context = ssl.create_default_context(cafile=cafile) if self.scheme == "https" else None
         self.headers = {"Accept": "application/json"}
+        self.who: str | None = None  # whose credentials, for the refusals' texts
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
+            self.who = "token"
         elif user is not None:
+            self.who = user
             pair = f"{user}:{password or ''}".encode()
             self.headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
 
@@ -99,6 +102,11 @@ class AdminClient:
             status = response.status
         except http.client.HTTPException as exc:
             raise ConnectionError(f"{self.url}: {exc or type(exc).__name__}") from None
+        except TimeoutError:
+            raise TimeoutError(f"{self.url}: no answer in {self.timeout:g} seconds") from None
+        except OSError as exc:
+            # "[Errno 111] Connection refused" says nothing of where: name the broker.
+            raise ConnectionError(f"cannot reach {self.url}: {exc.strerror or exc}") from None
         finally:
             conn.close()
         try:
@@ -109,7 +117,8 @@ class AdminClient:
             what = data[:80].decode("utf-8", "replace").strip() or "no body"
             raise AdminError(f"{self.url}: HTTP {status}, not the admin API: {what}", status)
         if status != 200 or answer.get("status") == "error":
-            raise AdminError(_refusal_text(status, answer), status)
+            text = _refusal_text(status, answer, self.who)
+            raise AdminError(text, status)
         return answer
 
     # --- the endpoints --------------------------------------------------------------------
@@ -276,10 +285,17 @@ def _query_value(value: object) -> str:
     return str(value)
 
 
-def _refusal_text(status: int, answer: dict[str, Any]) -> str:
+def _refusal_text(status: int, answer: dict[str, Any], creds: str | None) -> str:
+    """The broker's line, and what it means for the credentials given (``creds``: "token",
+    a user name, or None)."""
     error = answer.get("error") or answer.get("message") or f"HTTP {status}"
-    if status == 401:
+    if status not in (401, 403):
+        return str(error)
+    if creds is None:
         return f"{error}: the admin token, or an admin user and password, is needed"
-    if status == 403:
-        return f"{error}: these credentials are not an admin's"
-    return str(error)
+    if creds == "token":
+        # A wrong token is a 401, or a 403 where only admin_token guards (docs/http.md).
+        return f"{error}: the token is not the admin token"
+    if status == 401:
+        return f"{error}: wrong user name or password"
+    return f"{error}: {creds} is not an admin"

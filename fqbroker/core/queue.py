@@ -155,7 +155,11 @@ class MemoryStore:
 
     def purge(self) -> int:
         n = len(self)
-        self.take(n)
+        if self._items is not None:
+            self._items.clear()  # not take(): it hands out a socket buffer's worth at most
+        if self._budget is not None:
+            self._budget.release(self.held_bytes)
+        self.held_bytes = 0
         return n
 
     def close(self, *, destroy: bool) -> None:

@@ -11,8 +11,9 @@ docs/admin.md lists every endpoint and what each change promises.
 Each change goes through the code path its fq counterpart takes, so an admin's work is
 indistinguishable from a client's: queues are made and stored by the catalog as an
 attach makes them, bindings by the catalog's bind as a command channel's BIND, messages
-published by a publisher as /submit publishes. This module parses, checks and dispatches;
-the queue and binding endpoints are in :mod:`~fqbroker.frontends.http.adminqueues`.
+published by a publisher as /submit publishes. This module dispatches and answers the
+status and publish endpoints; the queues and bindings are in adminqueues.py, checkpoints,
+peers, users and topics in adminconfig.py, what they share in adminbase.py.
 """
 
 from __future__ import annotations
@@ -20,129 +21,41 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import logging
 import os
 import resource
 import sys
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from fqbroker.core.message import Message, runs_of
-from fqbroker.frontends.fq import wire
+from fqbroker.frontends.http import adminconfig, adminqueues
+from fqbroker.frontends.http.adminbase import PREFIX, ROUTES, Params, Refused, changed, route
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.version import FQ_COMPAT_VERSION, __version__
 
-__all__ = ["PREFIX", "Params", "Refused", "respond"]
+__all__ = ["PREFIX", "body_limit", "respond"]
 
-log = logging.getLogger(__name__)
+# Their endpoints are filed in ROUTES as they are imported.
+_ENDPOINT_MODULES = (adminqueues, adminconfig)
 
-PREFIX = "/admin/"
 MAX_BODY_OVERHEAD = 64 * 1024  # a JSON body's room beside a publish's base64 payload
 
 
-class Refused(Exception):
-    """A request answered with an error status and one line saying why."""
-
-    def __init__(self, status: int, text: str) -> None:
-        super().__init__(text)
-        self.status = status
-        self.text = text
-
-
-class Params:
-    """A request's parameters (query string or JSON body), read with type checks."""
-
-    def __init__(self, values: dict[str, Any], *, from_query: bool) -> None:
-        self.values = values
-        self.from_query = from_query
-
-    def text(self, key: str, *, default: str | None = None, allow_empty: bool = False) -> str:
-        value = self.values.get(key, default)
-        if value is None:
-            raise Refused(400, f"'{key}' is required")
-        if not isinstance(value, str):
-            raise Refused(400, f"'{key}' must be a string")
-        if not value and not allow_empty:
-            raise Refused(400, f"'{key}' must not be empty")
-        return value
-
-    def name(self, key: str, *, limit: int = wire.MAX_RK_LEN, allow_empty: bool = False) -> bytes:
-        """A name field as the bytes fq carries (UTF-8), at most ``limit`` bytes."""
-        raw = self.text(key, allow_empty=allow_empty).encode("utf-8", "surrogateescape")
-        if len(raw) > limit:
-            raise Refused(400, f"'{key}' is longer than {limit} bytes")
-        return raw
-
-    def flag(self, key: str, default: bool) -> bool:
-        value = self.values.get(key, default)
-        if self.from_query and isinstance(value, str):
-            if value.lower() in ("1", "true", "yes"):
-                return True
-            if value.lower() in ("0", "false", "no", ""):
-                return False
-        if not isinstance(value, bool):
-            raise Refused(400, f"'{key}' must be true or false")
-        return value
-
-    def number(self, key: str, default: int | None, *, low: int = 0, high: int = 2**63) -> int:
-        value = self.values.get(key, default)
-        if value is None:
-            raise Refused(400, f"'{key}' is required")
-        if self.from_query and isinstance(value, str):
-            try:
-                value = int(value)
-            except ValueError:
-                raise Refused(400, f"'{key}' must be a whole number") from None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise Refused(400, f"'{key}' must be a whole number")
-        if not low <= value <= high:
-            raise Refused(400, f"'{key}' must be between {low} and {high}")
-        return value
-
-    def choice(self, key: str, default: str, options: tuple[str, ...]) -> str:
-        value = self.text(key, default=default)
-        if value not in options:
-            raise Refused(400, f"'{key}' must be one of {', '.join(options)}")
-        return value
-
-
-Handler = Callable[[HttpHost, Params, str], Awaitable[dict[str, Any]]]
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    method: str  # GET (HEAD too) or POST
-    handler: Handler
-
-
-ROUTES: dict[str, Route] = {}
-
-
-def route(method: str, path: str) -> Callable[[Handler], Handler]:
-    """File ``handler`` as the answer to ``method`` on ``/admin/`` + ``path``."""
-
-    def register(handler: Handler) -> Handler:
-        ROUTES[PREFIX + path] = Route(method, handler)
-        return handler
-
-    return register
+def payload_limit(broker: HttpHost) -> int:
+    """The largest payload published here: what /submit takes."""
+    return min(broker.settings.max_message_size, broker.settings.http_max_body)
 
 
 def body_limit(broker: HttpHost) -> int:
     """The largest request body read: a publish's payload in base64, and its fields."""
-    return broker.settings.max_message_size * 4 // 3 + MAX_BODY_OVERHEAD
+    return payload_limit(broker) * 4 // 3 + MAX_BODY_OVERHEAD
 
 
 async def respond(
     broker: HttpHost, method: str, path: str, query: str, body: bytes, who: str
 ) -> tuple[int, dict[str, Any]]:
     """(status, JSON object) for an admin request; ``who`` names the caller in the log."""
-    # Late imports register the other modules' routes once, without an import cycle.
-    from fqbroker.frontends.http import adminconfig, adminqueues  # noqa: F401
-
     try:
         found = ROUTES.get(path)
         if found is None:
@@ -172,16 +85,6 @@ def _body(body: bytes) -> Params:
     if not isinstance(values, dict):
         raise Refused(400, "the body must be a JSON object")
     return Params(values, from_query=False)
-
-
-def text(name: bytes) -> str:
-    """A name for JSON: UTF-8 as fq-admin sends it; other bytes kept as escapes."""
-    return name.decode("utf-8", "backslashreplace")
-
-
-def changed(who: str, what: str, *args: object) -> None:
-    """Every change is logged with who made it: the audit trail an operator reads."""
-    log.info("admin (%s): " + what, who, *args)
 
 
 # --- status ------------------------------------------------------------------------------------
@@ -286,11 +189,9 @@ async def _publish(broker: HttpHost, params: Params, who: str) -> dict[str, Any]
         except (binascii.Error, ValueError):
             raise Refused(400, "'payload_base64' is not base64") from None
     else:
-        payload = params.text("payload", allow_empty=True).encode("utf-8", "surrogateescape")
-    if len(payload) > broker.settings.max_message_size:
-        raise Refused(
-            400, f"the payload is over max_message_size ({broker.settings.max_message_size})"
-        )
+        payload = params.raw("payload", allow_empty=True)
+    if len(payload) > payload_limit(broker):
+        raise Refused(400, f"the payload is over {payload_limit(broker)} bytes (http_max_body)")
     # As /submit: the budget holds the payload and its frame while it is routed, and the
     # answer waits until disk queues have it durably (and, under block, for room).
     reserve = 2 * len(payload)
@@ -302,7 +203,7 @@ async def _publish(broker: HttpHost, params: Params, who: str) -> dict[str, Any]
         if not await publisher.durable():
             raise Refused(409, "a disk queue's write failed: the message is not stored")
         if not room:
-            await publisher.wait_for_room()
+            await publisher.finish()  # block policy: the answer waits for room
     finally:
         broker.budget.release(reserve)
     result = publisher.stats

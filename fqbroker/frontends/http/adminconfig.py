@@ -18,7 +18,7 @@ from fqbroker.core.permissions import KINDS
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueKind
 from fqbroker.errors import CheckpointError
-from fqbroker.frontends.http.admin import Params, Refused, changed, route, text
+from fqbroker.frontends.http.adminbase import Params, Refused, changed, route, text
 from fqbroker.frontends.http.adminqueues import find_queue
 from fqbroker.frontends.http.host import HttpHost, UsersAdminView
 from fqbroker.storage import checkpoints

@@ -1,4 +1,4 @@
-"""The admin API's queues and bindings (docs/admin.md); routes filed in admin.py's table.
+"""The admin API's queues and bindings (docs/admin.md); routes filed in adminbase.py's table.
 
 A queue made here is what an fq client's attach would make from the same queue field
 (``NAME\\0TYPE:ATTRIBUTES``, parsed by the same parser), stored in fqd's sqlite ``queue``
@@ -21,7 +21,7 @@ from fqbroker.core.program import compile_program
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import MAX_QUEUE_NAME, QueueKind, parse_queue_field
 from fqbroker.errors import AuthError, ProgramError, QueueError
-from fqbroker.frontends.http.admin import Params, Refused, changed, route, text
+from fqbroker.frontends.http.adminbase import Params, Refused, changed, route, text
 from fqbroker.frontends.http.host import HttpHost
 
 __all__ = ["MAX_PEEK", "queue_json"]
@@ -132,7 +132,10 @@ async def _delete(broker: HttpHost, params: Params, who: str) -> dict[str, Any]:
 @route("POST", "queues/purge")
 async def _purge(broker: HttpHost, params: Params, who: str) -> dict[str, Any]:
     queue = find_queue(broker, params)
-    purged = queue.purge()
+    try:
+        purged = queue.purge()
+    except OSError as exc:  # a disk queue's checkpoint could not be written
+        raise Refused(409, f"cannot purge queue {text(queue.name)!r}: {exc}") from None
     changed(who, "purged %d messages from queue %r", purged, queue.name)
     return {"purged": purged}
 
