@@ -464,7 +464,13 @@ async def test_admin_actions_stay_hidden_for_a_user_who_is_not_an_admin(
                 await click(page, '[data-action="signin"]')
                 await type_into(page, "#signin-dialog input[name=user]", "viewer")
                 await type_into(page, "#signin-dialog input[name=password]", "viewerpw")
-                await click(page, '#signin-dialog [data-role="ok"]')
+                # Enter in the field submits, as a login form does.
+                for kind in ("keyDown", "keyUp"):
+                    await page.call(
+                        "Input.dispatchKeyEvent",
+                        {"type": kind, "key": "Enter", "code": "Enter", "text": "\r",
+                         "windowsVirtualKeyCode": 13},
+                    )  # fmt: skip
                 error = await page.wait_for(
                     "document.querySelector('#signin-dialog .error').textContent"
                 )

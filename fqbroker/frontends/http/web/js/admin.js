@@ -257,7 +257,6 @@ function setupSignIn() {
     dialog.showModal();
   });
   form.addEventListener("submit", async (e) => {
-    if (e.submitter && e.submitter.value === "cancel") return;
     e.preventDefault();
     const token = form.elements.token.value.trim();
     const user = form.elements.user.value;
@@ -288,7 +287,6 @@ function setupPublish() {
   const form = dialog.querySelector("form");
   document.querySelector('[data-action="publish"]').addEventListener("click", () => dialog.showModal());
   form.addEventListener("submit", async (e) => {
-    if (e.submitter && e.submitter.value === "cancel") return;
     e.preventDefault();
     const body = {
       exchange: form.elements.exchange.value,
@@ -303,6 +301,10 @@ function setupPublish() {
 }
 
 export function setupAdmin() {
+  // Cancel buttons that are not submit buttons, so Enter in a field submits the form.
+  for (const b of document.querySelectorAll('dialog [data-role="cancel"]')) {
+    b.addEventListener("click", () => b.closest("dialog").close());
+  }
   setupSignIn();
   setupPublish();
   setAdmin(false);
