@@ -223,6 +223,11 @@ async def test_a_thousand_queues_are_filtered_sorted_and_paged(
         def create_all() -> None:
             for i in range(1000):
                 client.post("queues/create", {"name": f"load-{i:04d}", "type": "mem"})
+                # One exchange bound to them all: its card must stay readable too.
+                client.post(
+                    "bindings/add",
+                    {"exchange": "fan", "program": 'prefix:"none."', "queue": f"load-{i:04d}"},
+                )
 
         await asyncio.to_thread(create_all)
         assert sum(1 for name in broker.queues if name.startswith(b"load-")) == 1000
@@ -246,6 +251,12 @@ async def test_a_thousand_queues_are_filtered_sorted_and_paged(
                 assert first["cards"] == [f"load-{i:04d}" for i in range(25)]
                 assert first["text"] == "1\u201325 of 1,000" and first["pages"] == 40
                 assert first["prev"] and not first["next"]
+                fan = await page.wait_for(
+                    """(() => { const c = document.querySelector('[data-exchange="fan"]');
+                      return c && { rows: c.querySelectorAll("tbody tr").length,
+                        more: c.querySelector("button.more").textContent }; })()"""
+                )
+                assert fan == {"rows": 50, "more": "and 950 more bindings"}
                 # Each poll renders one page, so the page keeps its one-second pace.
                 started = page.polls()
                 await asyncio.sleep(3.2)

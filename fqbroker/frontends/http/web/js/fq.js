@@ -31,6 +31,7 @@ import { history, rates, resetRates } from "./rates.js";
 import { fmtBytes, fmtInt, fmtNs, fmtRate, h, num, rateEl, setRate, setText, stat, syncCards } from "./util.js";
 
 const INTERVAL_MS = 1000;
+const MAX_ROWS = 50; // binding and client rows a card lists before "and N more"
 let lastStats = null; // the latest stats.json and its rates: lists redraw from them at once
 let lastRates = new Map();
 
@@ -89,11 +90,18 @@ function createExchange(name) {
     f.routes,
   );
   f.note = h("p", { class: "note" });
+  f.more = h("button", { type: "button", class: "ghost more" });
+  f.more.addEventListener("click", () => {
+    f.showAll = !f.showAll;
+    f.rowsKey = null;
+    if (lastStats) renderExchanges(lastStats, lastRates);
+  });
   card.append(
     h("div", { class: "card-head" }, h("h3", { text: name, title: name }), f.unbound, f.rate),
     f.spark,
     stats,
     f.table,
+    f.more,
     f.note,
   );
   card.fields = f;
@@ -111,10 +119,14 @@ function updateExchange(card, ex, name, r) {
   setText(f.no_route, fmtInt(ex.no_route));
   f.dropped.className = ex.dropped ? "bad" : "";
   f.no_route.className = ex.no_route ? "warn" : "";
-  const routes = Object.values(ex.routes || {}).sort((a, b) => a.route_id - b.route_id);
+  const all = Object.values(ex.routes || {}).sort((a, b) => a.route_id - b.route_id);
+  // An exchange bound to a thousand queues lists the first rows, the rest on request.
+  const routes = f.showAll ? all : all.slice(0, MAX_ROWS);
+  f.more.hidden = all.length <= MAX_ROWS;
+  setText(f.more, f.showAll ? "show fewer" : `and ${fmtInt(all.length - MAX_ROWS)} more bindings`);
   // An exchange outlives its bindings (fq never deletes one): with none left, whatever
   // is published to it goes nowhere, which is worth seeing at a glance.
-  const bound = routes.length > 0;
+  const bound = all.length > 0;
   card.dataset.bound = String(bound);
   card.classList.toggle("unbound", !bound && ex.messages > 0);
   f.unbound.hidden = bound;
@@ -236,6 +248,7 @@ function createQueue(name) {
     f.spark,
     h("div", { class: "card-foot" }, stats, f.actions),
     f.clientTable,
+    (f.moreClients = h("div", { class: "more" })),
   );
   card.fields = f;
   return card;
@@ -270,8 +283,10 @@ function updateQueue(card, q, name, r) {
   const clients = q.clients || [];
   setText(f.clients, String(clients.length));
   f.clientTable.hidden = clients.length === 0;
+  f.moreClients.hidden = clients.length <= MAX_ROWS;
+  setText(f.moreClients, `and ${fmtInt(clients.length - MAX_ROWS)} more clients`);
   f.clientRows.replaceChildren(
-    ...clients.map((c) => {
+    ...clients.slice(0, MAX_ROWS).map((c) => {
       const key = clientKey(name, c);
       return h(
         "tr",
