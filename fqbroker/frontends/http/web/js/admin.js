@@ -76,6 +76,12 @@ async function probe() {
   if (probing) return probing;
   probing = (async () => {
     const r = await api("status");
+    if (!r.ok && auth && (r.status === 401 || r.status === 403)) {
+      // Credentials that no longer work (a token changed, a user removed): forgotten, not
+      // tried again at every poll (each failure would be logged, and answered later).
+      auth = "";
+      sessionStorage.removeItem(STORE_KEY);
+    }
     setAdmin(r.ok);
     if (r.ok) await loadQueues();
     return r;
@@ -260,7 +266,11 @@ function setupSignIn() {
     e.preventDefault();
     const token = form.elements.token.value.trim();
     const user = form.elements.user.value;
-    auth = token ? "Bearer " + token : user ? "Basic " + utf8Base64(`${user}:${form.elements.password.value}`) : "";
+    if (!token && !user) {
+      setText(dialog.querySelector(".error"), "Give the admin token, or a user and password.");
+      return;
+    }
+    auth = token ? "Bearer " + token : "Basic " + utf8Base64(`${user}:${form.elements.password.value}`);
     const r = await probe();
     if (r.ok) {
       sessionStorage.setItem(STORE_KEY, auth);
