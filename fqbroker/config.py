@@ -37,7 +37,8 @@ AUTH_MODES = ("none", "password")
 @dataclass(frozen=True, slots=True)
 class Upstream:
     """One row of fqd's ``upstream`` table: pull ``exchange`` through ``program`` from a
-    broker at ``host:port``, logging in with ``source`` and ``password`` (§5.1).
+    broker at ``host:port``, logging in with ``source`` and ``password``
+    (docs/fq-protocol.md §5.1).
 
     ``tls`` and ``cafile`` (ours, so only in ``[[upstream]]`` tables of the TOML file:
     fqd's sqlite table has no such columns) connect over TLS, checking the upstream's

@@ -166,7 +166,8 @@ class KVStoreError(FqError, ValueError):
 
 
 class ClientError(FqError):
-    """The broker refused us; ``text`` is its exact error text (§1.8)."""
+    """The broker refused us; ``text`` is its exact error text
+    (docs/fq-protocol.md §1.8)."""
 
     def __init__(self, text: str) -> None:
         super().__init__(text)

@@ -1,5 +1,6 @@
-"""One test per row of §1.9: each bad input gets its specified answer, the socket is
-closed promptly (fixing fqd's late close), and another client is then served normally."""
+"""One test per row of docs/fq-protocol.md §1.9: each bad input gets its specified answer,
+the socket is closed promptly (fixing fqd's late close), and another client is then served
+normally."""
 
 from __future__ import annotations
 
@@ -185,7 +186,8 @@ async def test_failed_auth_sends_the_error_then_closes(
     broker: Broker, text: str, request_bytes: bytes
 ) -> None:
     conn = await RawConn.open(broker.port)
-    # Send more than the server reads: the error must still arrive (no RST, §1.8).
+    # Send more than the server reads: the error must still arrive (no RST,
+    # docs/fq-protocol.md §1.8).
     await conn.send(wire.Mode.CMD.to_bytes(4, "big") + request_bytes + b"\x00" * 20000)
     assert await conn.frame() == wire.ErrorReply(text)
     assert await conn.closed() == b""
@@ -222,7 +224,8 @@ def garbage(seed: int, n: int, first: bytes = b"") -> bytes:
 
 
 GARBAGE_BEFORE_AUTH = [
-    # What arrives where the auth request should be, and fqd's answer (§1.3, §1.9).
+    # What arrives where the auth request should be, and fqd's answer
+    # (docs/fq-protocol.md §1.3, §1.9).
     ("random bytes", garbage(1, 4096), "auth command expected"),
     ("a heartbeat", wire.encode(wire.Heartbeat()), "auth command expected"),
     ("a status request", wire.encode(wire.StatusRequest()), "auth command expected"),

@@ -81,7 +81,7 @@ def test_parse_source_generates_a_fresh_queue_each_time() -> None:
 
 
 def test_hello_is_what_fq_rcvr_sends() -> None:
-    # §1.3: fq_rcvr -u tuser/tq/mem:public -P secret
+    # docs/fq-protocol.md §1.3: fq_rcvr -u tuser/tq/mem:public -P secret
     user, field = parse_source("tuser/tq/mem:public")
     sent = CommandChannel[int]().hello(user, field, b"secret")
     assert sent.hex() == (

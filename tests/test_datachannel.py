@@ -1,4 +1,5 @@
-"""The data channel's protocol without a socket: bytes in, events out (§1.4, §1.10, §5.3)."""
+"""The data channel's protocol without a socket: bytes in, events out
+(docs/fq-protocol.md §1.4, §1.10, §5.3)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,8 @@ def test_a_peers_looped_messages_are_counted_and_left_out() -> None:
     assert isinstance(batch, Batch)
     assert (batch.octets, batch.read, batch.read_octets) == (-1, 2, len(data))
     (run,) = batch.runs
-    assert message_from_frame(run[2][0]).hops == NODE + OTHER  # we go first (§5.2)
+    # We go first (docs/fq-protocol.md §5.2).
+    assert message_from_frame(run[2][0]).hops == NODE + OTHER
     assert channel.stamp_size == 0
 
 

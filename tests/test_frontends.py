@@ -154,8 +154,8 @@ async def test_the_default_table_lists_fq_and_http_on_the_main_port(broker: Brok
     assert broker.front_ends["fq-command"].counters.accepted == 1
 
 
-# The session kind each opening of the fq reference names (wire.Mode, "http", or None:
-# closed), and the front end of the table that serves it.
+# The session kind each opening of docs/fq-protocol.md §1.2 names (wire.Mode, "http", or
+# None: closed), and the front end of the table that serves it.
 FRONT_END_OF: dict[object, str | None] = {
     wire.Mode.CMD: "fq-command",
     wire.Mode.DATA: "fq-data",

@@ -156,7 +156,8 @@ async def push(broker_or_to: Broker | Address, payloads: list[bytes], seed: bool
 
 async def test_every_keepalive_is_acked_with_its_token_or_zeros(fh: Broker) -> None:
     async with udp(fyrehose_address(fh)) as c:
-        c.send(wire.decode(bytes.fromhex("107f0000010913")))  # the seed form, from §3.4
+        # The seed form (docs/fyrehose-protocol.md, "Examples").
+        c.send(wire.decode(bytes.fromhex("107f0000010913")))
         assert await c.next() == KeepaliveAck(wire.ZERO_TOKEN)
         c.keepalive(Flags.NOSUBSCRIBE, TOKEN)
         data, source = await c.raw()

@@ -1,6 +1,6 @@
 """The Lumberjack wire format without a socket: the encoder's bytes, the receiver's answers.
 
-Golden vectors are docs/lumberjack.md's examples (protocols.md §1.2): the encoder must write
+Golden vectors are the examples of docs/lumberjack.md's "Wire format": the encoder must write
 exactly these bytes and the receiver must decode them, whole and split anywhere.
 """
 

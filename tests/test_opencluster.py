@@ -3,8 +3,7 @@ every command's reply, values and expiry, restarts (clean, and kill -9 of a real
 bad input per limit closing only that connection, flow control and max_keys.
 
 The broker is driven with the wire codec's encoders over raw sockets, as the 2011 client
-would send its frames; the vectors are the protocol's (§4.3 of our notes,
-docs/opencluster-protocol.md)."""
+would send its frames; the vectors are the protocol's (docs/opencluster-protocol.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Peering between real brokers on loopback, each its own process, node id, port and data
-directory (§5): one-way, two-way, a ring, a full mesh, an upstream restart, a row removed or
-changed, an upstream refusing the login or a program, and the backoff of a lost link."""
+directory (docs/fq-protocol.md §5): one-way, two-way, a ring, a full mesh, an upstream
+restart, a row removed or changed, an upstream refusing the login or a program, and the
+backoff of a lost link."""
 
 from __future__ import annotations
 
@@ -257,7 +258,8 @@ async def test_two_way_delivers_each_message_once_everywhere(cluster: Cluster) -
         assert got == collections.Counter(sent)
         await sub.close()
     stats = {n.name: (await n.stats())["peers"][0] for n in (a, b)}
-    # The upstream never sends a peer what already went through it (§5.3, done right).
+    # The upstream never sends a peer what already went through it
+    # (docs/fq-protocol.md §5.3, done right).
     assert stats["A"]["looped"] == stats["B"]["looped"] == 0
 
 
@@ -429,7 +431,8 @@ async def test_removing_the_row_unbinds_and_disconnects(cluster: Cluster) -> Non
 
 
 async def test_a_peer_channel_publisher_is_parsed_in_peer_format(cluster: Cluster) -> None:
-    """A client that publishes on a peer channel sends sender and hops (§5.3)."""
+    """A client that publishes on a peer channel sends sender and hops
+    (docs/fq-protocol.md §5.3)."""
     a = await cluster.start("A")
     sub = await subscriber(a)
     async with Client(port=a.port, source="relay", peer_id=bytes([10, 9, 9, 9])) as relay:

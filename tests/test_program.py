@@ -1,4 +1,5 @@
-"""Route-program compiler and rule functions (fqbroker/core/program.py; spec §2.2-2.4)."""
+"""Route-program compiler and rule functions (fqbroker/core/program.py;
+docs/fq-protocol.md §2.2-2.4)."""
 
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ def matches(program: bytes, route: bytes, payload: bytes = b"") -> bool:
     return route.startswith(p.prefix) and (not p.exact or route == p.prefix) and p.evaluate(msg)
 
 
-# --- §2.2: accepted and rejected programs ---------------------------------------------------
+# --- docs/fq-protocol.md §2.2: accepted and rejected programs ----------------------------------
 
 ACCEPTED: list[tuple[bytes, bool, bytes, Rule]] = [
-    # the [obs] list of §2.2
+    # what fqd was seen to accept or refuse (docs/fq-protocol.md §2.2)
     (b"prefix:", False, b"", TRUE),
     (b"prefix:bla", False, b"bla", TRUE),
     (b'prefix:"bla"', False, b"bla", TRUE),
@@ -116,7 +117,7 @@ def test_accepted(text: bytes, exact: bool, prefix: bytes, rule: Rule) -> None:
 
 
 REJECTED: list[tuple[bytes, str]] = [
-    # the [obs] list of §2.2
+    # what fqd was seen to accept or refuse (docs/fq-protocol.md §2.2)
     (b"nonsense", "must start with"),
     (b"prefix:x no_such_function()", "unknown function no_such_function()"),
     (b'prefix:x (route_contains("a"))', "needs && or ||"),  # quirk 1, copied
@@ -310,7 +311,7 @@ def test_sixteen_arguments_at_most() -> None:
         compile_program(b"prefix: any_of(" + b",".join([b"1"] * 17) + b")", registry)
 
 
-# --- §2.3: matching --------------------------------------------------------------------------
+# --- docs/fq-protocol.md §2.3: matching --------------------------------------------------------
 
 MATCHING = [
     # the [obs] examples
@@ -333,7 +334,7 @@ MATCHING = [
     (b"prefix:", b"anything", b"", True),
     (b"exact:", b"", b"", True),
     (b"exact:", b"a", b"", False),
-    # the functions of §2.4
+    # the functions of docs/fq-protocol.md §2.4
     (b'prefix: route_contains("b.c")', b"a.b.c.d", b"", True),
     (b'prefix: route_contains("x")', b"a.b.c.d", b"", False),
     (b'prefix: route_contains("\\0")', b"a", b"", True),  # the empty string is everywhere

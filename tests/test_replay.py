@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import socket
 import time
 from dataclasses import replace
 
@@ -148,8 +149,11 @@ async def test_setup_errors(broker: Broker) -> None:
             await asyncio.to_thread(rc.ensure_queue, "memq", params="disk:public")
         finally:
             await consumer.close()
-    with pytest.raises(BrokerError, match="cannot reach"):
-        await asyncio.to_thread(ReplayClient(port=1).info, "rq")
+    # A port bound and not listening: nobody else can take it while the test runs (port 1
+    # once answered: the tests run as root, and another test's broker listened there).
+    with socket.socket() as closed, pytest.raises(BrokerError, match="cannot reach"):
+        closed.bind(("127.0.0.1", 0))
+        await asyncio.to_thread(ReplayClient(port=closed.getsockname()[1]).info, "rq")
 
 
 @pytest.mark.parametrize(

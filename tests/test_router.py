@@ -1,4 +1,4 @@
-"""Routing and bookkeeping (§2.1, §2.3, §2.5, §2.6), sans I/O."""
+"""Routing and bookkeeping (docs/fq-protocol.md §2.1, §2.3, §2.5, §2.6), sans I/O."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def msg(route: bytes, payload: bytes = b"p", exchange: bytes = b"ex") -> Message
     return Message(exchange, route, payload)
 
 
-# §2.3's examples, through the router's index.
+# docs/fq-protocol.md §2.3's examples, through the router's index.
 MATCHING = [
     (b"prefix:fo", b"fo", True),
     (b"prefix:fo", b"foo", True),

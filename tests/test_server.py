@@ -105,7 +105,7 @@ async def test_status_before_pairing_has_only_dropped_in(broker: Broker) -> None
 
 
 async def test_status_counters_after_drops(broker: Broker) -> None:
-    """The spec's example: 10 messages into backlog=5 (§1.6)."""
+    """The reference's example: 10 messages into backlog=5 (docs/fq-protocol.md §1.6)."""
     sink = await open_session(broker.port, b"sink", b"small\x00mem:backlog=5")
     await sink.data.close()  # nobody consumes
     await wait_for(lambda: broker.clients[sink.key].data is None)

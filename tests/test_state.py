@@ -1,4 +1,5 @@
-"""Permanent configuration in sqlite with fqd's schema (§3.5), across restarts."""
+"""Permanent configuration in sqlite with fqd's schema (docs/fq-protocol.md §3.5), across
+restarts."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from fqbroker.server.broker import Broker
 
 from .conftest import open_session, wait_for
 
-# fqd 0.13.12's tables, as its setup_initial_config creates them (§3.5).
+# fqd 0.13.12's tables, as its setup_initial_config creates them (docs/fq-protocol.md §3.5).
 FQD_SCHEMA = """
 CREATE TABLE queue (name TEXT PRIMARY KEY, type TEXT DEFAULT "mem", attributes TEXT);
 CREATE TABLE binding (exchange TEXT, queue TEXT, peermode BOOLEAN DEFAULT FALSE, program TEXT,

@@ -136,7 +136,7 @@ def test_bind_program_is_cut_at_nul_like_a_c_string() -> None:
     assert decoder.next_frame() == wire.BindRequest(0, b"ex", b"prefix:a")
 
 
-# --- auth-phase errors (§1.8) -----------------------------------------------------------
+# --- auth-phase errors (docs/fq-protocol.md §1.8) ---------------------------------------
 
 
 def _auth_bytes(user: bytes = b"u", qf: bytes = b"q", pw: bytes = b"p") -> bytes:

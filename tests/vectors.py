@@ -1,7 +1,7 @@
-"""Byte-exact fq frames, transcribed from the protocol reference (specs/fq.md §1).
+"""Byte-exact fq frames, transcribed from the protocol reference (docs/fq-protocol.md §1).
 
 Each entry pairs a frame with the hex of its bytes on the wire. Spaces in the hex only
-group fields as the spec's tables do.
+group fields as the reference's tables do.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from fqbroker.frontends.fq import wire
 
 KEY = bytes(range(127))
 
-# The status reply's keys in fq's order (§1.6).
+# The status reply's keys in fq's order (docs/fq-protocol.md §1.6).
 STATUS_KEYS = [
     "dropped_in",
     "no_exchange",
@@ -35,7 +35,8 @@ def h(text: str) -> bytes:
 # Frames a client sends on the command channel (after the 4-byte magic).
 CLIENT_COMMANDS: list[tuple[str, wire.Frame, bytes]] = [
     (
-        # fq_rcvr -u tuser/tq/mem:public -P secret, as observed on the wire (§1.3).
+        # fq_rcvr -u tuser/tq/mem:public -P secret, as observed on the wire
+        # (docs/fq-protocol.md §1.3).
         "auth_fq_rcvr",
         wire.AuthPlain(b"tuser", b"tq\x00mem:public", b"secret"),
         h("aaaa 0000 0005 7475736572 000d 7471 00 6d656d3a7075626c6963 0006 736563726574"),
@@ -78,7 +79,7 @@ SERVER_REPLIES: list[tuple[str, wire.Frame, bytes]] = [
     ),
 ]
 
-# Every error text fqd can send (§1.8), exactly.
+# Every error text fqd can send (docs/fq-protocol.md §1.8), exactly.
 ERROR_TEXTS = [
     "auth command expected",
     "auth method read failed",
@@ -103,7 +104,8 @@ ERROR_TEXTS = [
     "client heartbeat failed",
 ]
 
-# §1.10: "ex", "a.b", id 00..0f, sender "carol", hops 10.254.254.1 and 127.0.0.1, "hello".
+# docs/fq-protocol.md §1.10: "ex", "a.b", id 00..0f, sender "carol", hops 10.254.254.1 and
+# 127.0.0.1, "hello".
 PEER_MESSAGE = Message(
     b"ex",
     b"a.b",

@@ -1,13 +1,13 @@
 """The client's side of an fq command connection, sans I/O (fq_client.c).
 
-:class:`CommandChannel` builds the auth request, pairs each reply with its request first
-in, first out (fq answers in request order however many are pipelined, §1.5) and answers
-every server heartbeat with one of its own, which is what keeps a libfq client alive
-(§1.7). It is the model the broker's own sessions follow: ``receive_data()`` buffers what
-was read, ``next_event()`` returns the next event or ``None``, ``data_to_send()`` returns
-the bytes the protocol itself wants written, as in h11 and websockets. Two shells drive
-it: the asyncio :class:`~fqbroker.clients.client.Client` and the blocking
-:class:`~fqbroker.clients.replayclient.ReplayClient`.
+:class:`CommandChannel` builds the auth request, pairs each reply with its request first in,
+first out (fq answers in request order however many are pipelined, docs/fq-protocol.md §1.5)
+and answers every server heartbeat with one of its own, which is what keeps a libfq client
+alive (docs/fq-protocol.md §1.7). It is the model the broker's own sessions follow:
+``receive_data()`` buffers what was read, ``next_event()`` returns the next event or
+``None``, ``data_to_send()`` returns the bytes the protocol itself wants written, as in h11
+and websockets. Two shells drive it: the asyncio :class:`~fqbroker.clients.client.Client`
+and the blocking :class:`~fqbroker.clients.replayclient.ReplayClient`.
 """
 
 from __future__ import annotations
@@ -24,23 +24,33 @@ __all__ = [
     "Authenticated",
     "CommandChannel",
     "ConfirmReply",
+    "Name",
     "Refused",
     "Reply",
     "Request",
+    "as_bytes",
     "parse_source",
 ]
 
 T = TypeVar("T")
 
+# Exchanges, routes, programs, queues and users are bytes on the wire; people write str.
+Name = str | bytes
 
-def parse_source(source: str) -> tuple[bytes, bytes]:
+
+def as_bytes(name: Name) -> bytes:
+    """A name as the wire carries it: str as UTF-8, bytes as they are."""
+    return name.encode() if isinstance(name, str) else bytes(name)
+
+
+def parse_source(source: Name) -> tuple[bytes, bytes]:
     """``USER[/QUEUE[/TYPE_AND_PARAMS]]`` to (user, queue field), as fq_client_creds does.
 
     A missing or empty queue gets a fresh ``q-<uuid>`` name; a missing type is ``mem``, but
     an empty one stays empty (fqd reads ``name\\0`` as ``mem`` too). libfq cuts queue and
     type to 127 bytes each; the user is sent whole, so fqd can refuse it with its own text.
     """
-    user, _, rest = source.encode().partition(b"/")
+    user, _, rest = as_bytes(source).partition(b"/")
     queue, has_type, kind = rest.partition(b"/")
     if not queue:
         queue = f"q-{uuid.uuid4()}".encode()

@@ -32,9 +32,11 @@ from typing import Self
 from fqbroker.clients.channel import (
     Authenticated,
     CommandChannel,
+    Name,
     Refused,
     Reply,
     Request,
+    as_bytes,
     parse_source,
 )
 from fqbroker.clients.tls import client_ssl
@@ -44,11 +46,12 @@ from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 
 __all__ = ["Authenticated", "Client", "ClientClosed", "ClientError", "CommandChannel"]
-__all__ += ["Refused", "Reply", "parse_source"]
+__all__ += ["Name", "Refused", "Reply", "parse_source"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BACKLOG = 10000  # what every fq tool sets with fq_client_set_backlog (§6.2)
+# What every fq tool sets with fq_client_set_backlog (docs/fq-protocol.md §6.2).
+DEFAULT_BACKLOG = 10000
 INBOX_LIMIT = 10000  # received messages held before we stop reading the data socket
 BACKOFF_START = 0.016
 BACKOFF_MAX = 1.0
@@ -56,7 +59,8 @@ JITTER = 0.004
 READ_SIZE = 256 * 1024
 GOODBYE_SECONDS = 2.0
 
-# One counter per process, as libfq has: ids stay unique across clients (§1.11).
+# One counter per process, as libfq has: ids stay unique across clients
+# (docs/fq-protocol.md §1.11).
 _MSGIDS = MsgIdCounter()
 
 
@@ -103,8 +107,8 @@ class Client:
         self,
         host: str = "127.0.0.1",
         port: int = 8765,
-        source: str = "user",
-        password: str = "pass",
+        source: Name = "user",
+        password: Name = "pass",
         heartbeat_ms: int = 0,
         reconnect: bool = True,
         *,
@@ -119,13 +123,14 @@ class Client:
         self.host = host
         self.port = port
         self.user, self.queue_field = parse_source(source)
-        self.password = password.encode()
+        self.password = as_bytes(password)
         self.heartbeat_ms = heartbeat_ms
         self.reconnect = reconnect
         self.backlog = backlog
         self.connect_timeout = connect_timeout
-        # A broker pulling from another opens its data channel in peer mode with its node
-        # id (§5.2): the upstream then withholds messages that already passed through it.
+        # A broker pulling from another opens its data channel in peer mode with its node id
+        # (docs/fq-protocol.md §5.2): the upstream then withholds messages that already
+        # passed through it.
         if peer_id is not None and len(peer_id) != 4:
             raise ValueError("a peer id is a 4-byte IPv4 address")
         self.peer_id = peer_id
@@ -189,11 +194,12 @@ class Client:
 
     # --- commands -------------------------------------------------------------------------
 
-    async def bind(self, exchange: bytes, program: bytes, flags: int = wire.BindFlags.TRANS) -> int:
+    async def bind(self, exchange: Name, program: Name, flags: int = wire.BindFlags.TRANS) -> int:
         """Bind our queue to ``exchange``; the route id, or ``BIND_ILLEGAL`` on failure.
 
         The binding is remembered and made again after every reconnect.
         """
+        exchange, program = as_bytes(exchange), as_bytes(program)
         reply = await self._request(wire.BindRequest(flags, exchange, program))
         assert isinstance(reply, wire.BindResponse)
         route_id = reply.route_id
@@ -203,7 +209,8 @@ class Client:
             self._bindings.append(_Binding(exchange, program, flags, route_id, route_id))
         return route_id
 
-    async def unbind(self, exchange: bytes, route_id: int) -> bool:
+    async def unbind(self, exchange: Name, route_id: int) -> bool:
+        exchange = as_bytes(exchange)
         binding = self._find_binding(exchange, route_id)
         current = binding.route_id if binding else route_id
         reply = await self._request(wire.UnbindRequest(current, exchange))
@@ -219,7 +226,8 @@ class Client:
         return found[0] if found else None
 
     async def status(self) -> dict[str, int]:
-        """The broker's counters for this client, in fq's order (§1.6)."""
+        """The broker's counters for this client, in fq's order
+        (docs/fq-protocol.md §1.6)."""
         reply = await self._request(wire.StatusRequest())
         assert isinstance(reply, wire.Status)
         return reply.as_dict()
@@ -264,7 +272,7 @@ class Client:
     # --- messages -------------------------------------------------------------------------
 
     def publish(
-        self, exchange: bytes, route: bytes, payload: bytes, msgid: bytes | None = None
+        self, exchange: Name, route: Name, payload: bytes, msgid: bytes | None = None
     ) -> bool:
         """Queue one message for the data socket; ``flush()`` waits until it is written.
 
@@ -274,6 +282,10 @@ class Client:
         """
         if self.closed:
             raise ClientClosed("client is closed")
+        if isinstance(exchange, str):
+            exchange = exchange.encode()
+        if isinstance(route, str):
+            route = route.encode()
         if len(exchange) > wire.MAX_RK_LEN or len(route) > wire.MAX_RK_LEN:
             raise ValueError("exchange and route are at most 127 bytes")
         if msgid is not None and len(msgid) != 16:
@@ -282,7 +294,8 @@ class Client:
             self.dropped += 1
             return False
         msg = Message(exchange, route, payload, msgid or _MSGIDS.next(), sender=self.user)
-        # A peer channel carries the peer format both ways (§5.3: fqd gets this wrong).
+        # A peer channel carries the peer format both ways (docs/fq-protocol.md §5.3: fqd
+        # gets this wrong).
         frame = msg.publish_frame() if self.peer_id is None else msg.peer_frame()
         self._pending.append(frame)
         if self.connected and self._write_handle is None:

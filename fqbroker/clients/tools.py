@@ -1,4 +1,5 @@
-"""``fq-send`` and ``fq-recv``: fq's client tools fqs, fq_sndr and fq_rcvr (§6.2).
+"""``fq-send`` and ``fq-recv``: fq's client tools fqs, fq_sndr and fq_rcvr
+(docs/fq-protocol.md §6.2).
 
 Both take the libfq source string ``USER[/QUEUE[/TYPE:PARAMS]]`` as the user. Messages go
 to stdout exactly as fq_rcvr prints them, one flushed line each, so a pipe reader sees

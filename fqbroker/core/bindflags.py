@@ -1,4 +1,5 @@
-"""What a bind request's flags mean, and the route id that says a bind failed (fq.h, §2.5).
+"""What a bind request's flags mean, and the route id that says a bind failed (fq.h,
+docs/fq-protocol.md §2.5).
 
 They are binding semantics, so they belong to the routing core: the router and the
 catalog of permanent bindings read them, and every front end that binds (fq's command

@@ -1,4 +1,5 @@
-"""The data-frame format of fq: one message on a data channel and in a queue (fq.h, §1.10).
+"""The data-frame format of fq: one message on a data channel and in a queue (fq.h,
+docs/fq-protocol.md §1.10).
 
 Theory of operation
 -------------------
@@ -10,10 +11,10 @@ A message travels in one of two frames; all integers are big-endian::
                u8 sender length, sender, u8 hop count, 4 bytes per hop
 
 Clients publish in the publisher format. A broker stamps its sender and hops on arrival
-(§1.11), which makes each frame the peer frame that queues hold, disk records store and
-every consumer receives; peers exchange peer frames both ways. Hops are IPv4 addresses,
-nearest broker first, at most :data:`MAX_HOPS`. A disk queue places each delivered
-message's position in bytes 8-15 of its id (:func:`place_seq`).
+(docs/fq-protocol.md §1.11), which makes each frame the peer frame that queues hold, disk
+records store and every consumer receives; peers exchange peer frames both ways. Hops are
+IPv4 addresses, nearest broker first, at most :data:`MAX_HOPS`. A disk queue places each
+delivered message's position in bytes 8-15 of its id (:func:`place_seq`).
 
 This module is the one place that knows that layout: it builds frames, stamps them,
 reads lengths, ids and hops out of them, and holds the decoding loops of the data path.

@@ -60,7 +60,8 @@ def has_hop(hops: bytes, hop: bytes) -> bool:
 
 
 def accept_from_peer(msg: Message, node_id: bytes) -> bool:
-    """Drop a message that already passed through us; else put us first in its hops (§5.2).
+    """Drop a message that already passed through us; else put us first in its hops
+    (docs/fq-protocol.md §5.2).
 
     fqd never compares the first hop it receives; we compare them all, which only differs
     when two brokers share a node id, and then refusing the message is the safe answer.
@@ -94,7 +95,8 @@ class Message:
         self._frame: bytes | None = None
 
     def peer_frame(self) -> bytes:
-        """The peer-format frame every consumer receives (§1.10), built once per message.
+        """The peer-format frame every consumer receives (docs/fq-protocol.md §1.10), built
+        once per message.
 
         A message fanned out to many queues is encoded once, not once per consumer.
         """
@@ -110,7 +112,8 @@ class Message:
         self._frame = frame
 
     def publish_frame(self) -> bytes:
-        """The publisher-format frame a client sends on a plain data channel (§1.10)."""
+        """The publisher-format frame a client sends on a plain data channel
+        (docs/fq-protocol.md §1.10)."""
         return encode_publish(self.exchange, self.route, self.msgid, self.payload)
 
     def stamp(self, sender: bytes, hops: bytes) -> None:
@@ -186,7 +189,7 @@ def runs_of(msgs: list[Message]) -> list[Run]:
 
 
 class MsgIdCounter:
-    """A process-wide 128-bit id counter laid out like libfq's (§1.11).
+    """A process-wide 128-bit id counter laid out like libfq's (docs/fq-protocol.md §1.11).
 
     libfq keeps four u32s in host byte order and carries from the first into the next; on
     x86 the first id is ``01000000 00000000 ...``. We always write little-endian so the ids

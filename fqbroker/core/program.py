@@ -8,8 +8,9 @@ Each function is resolved once, at compile time, by name and argument signature 
 ``__VA``). The router checks the prefix itself and calls `Program.evaluate` only for routes
 the prefix admits.
 
-The parser follows the grammar of spec §2.2 byte for byte. Where C fqd has a quirk, the
-code says whether it is copied or fixed; docs/programs.md has the table and the reasons.
+The parser follows the grammar of docs/fq-protocol.md §2.2 byte for byte. Where C fqd has a
+quirk, the code says whether it is copied or fixed; docs/programs.md has the table and the
+reasons.
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ def compile_program(text: bytes, registry: RuleRegistry | None = None) -> Progra
     text = bytes(text)
     nul = text.find(0)
     if nul >= 0:
-        text = text[:nul]  # the program field is used as a C string (§1.5): NUL ends it
+        # The program field is used as a C string (docs/fq-protocol.md §1.5): NUL ends it.
+        text = text[:nul]
     if len(text) > MAX_PROGRAM_LEN:
         raise ProgramError(f"program is {len(text)} bytes, over the limit of {MAX_PROGRAM_LEN}")
     if text.startswith(b"prefix:"):

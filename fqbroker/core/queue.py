@@ -8,7 +8,7 @@ and counted in ``dropped_to``; ``backlog=0`` therefore drops everything. Under *
 the message is accepted and the queue reports ``is_full``: the publishing session then
 waits on :meth:`Queue.wait_not_full` before it reads more from its socket. That stalls
 only the publishers writing into the full queue, not every publisher as fqd's worker
-thread does (§1.13, §9), and nothing a publisher handed over is lost.
+thread does (docs/fq-protocol.md §1.13, §9), and nothing a publisher handed over is lost.
 
 A memory queue has a limit in bytes beside the message count (``backlog_bytes``,
 docs/memory.md) under the same policy: a message is taken while the bytes held are under
@@ -17,17 +17,25 @@ one message. The bytes are those of the frames held, which the broker-wide
 :class:`~fqbroker.core.budget.MemoryBudget` counts too. A disk queue keeps its messages in its
 files; what it holds in memory is its cache, which it bounds itself.
 
-Consumers are data channels of the queue's clients (1 for a private queue, 16 for a
-public one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) and
-is called back the moment a message arrives (fqd polls, §1.13). Waiting consumers are
-served first come, first served, and a batch is split between the consumers still
-waiting, so a public queue shares work fairly under light load too, where fqd hands
-everything to one consumer (§3.4).
+Consumers are data channels of the queue's clients (1 for a private queue, 16 for a public
+one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) and is called back
+the moment a message arrives (fqd polls, docs/fq-protocol.md §1.13). Waiting consumers are
+served first come, first served, and a public queue shares fairly under light load too,
+where fqd hands everything to one consumer (docs/fq-protocol.md §3.4; what "fair" means:
+docs/queues.md):
 
-Messages live in a :class:`MemoryStore`; disk queues swap in another store with the
-same small interface. A queue holds each message as the peer frame its consumers
-receive (§1.10): nothing is decoded or built again on the way out, and a message routed
-to several queues is one shared ``bytes`` object.
+* messages arriving wake as many waiting consumers as there are new messages, up to all
+  of them (one, for a private queue or a lone consumer: nothing more on the hot path);
+* each woken consumer takes ``ceil(held / (woken still to come + 1))``, so 10 messages
+  and two idle consumers are 5 and 5;
+* a consumer that took its share while others are woken waits in line again
+  (:attr:`Queue.contended`) instead of taking theirs; under load this turns consumers
+  round-robin, a batch each, while a consumer whose socket is full is skipped.
+
+Messages live in a :class:`MemoryStore`; disk queues swap in another store with the same
+small interface. A queue holds each message as the peer frame its consumers receive
+(docs/fq-protocol.md §1.10): nothing is decoded or built again on the way out, and a message
+routed to several queues is one shared ``bytes`` object.
 """
 
 from __future__ import annotations
@@ -264,7 +272,8 @@ class Queue:
     # --- clients --------------------------------------------------------------------------
 
     def check_attach(self, spec: QueueSpec) -> None:
-        """fqd's checks for attaching to an existing queue, in its order (§3.2)."""
+        """fqd's checks for attaching to an existing queue, in its order
+        (docs/fq-protocol.md §3.2)."""
         if self.private and self.clients:
             raise QueueError("requested queue is private and in use\n")
         if spec.kind != self.kind:
@@ -313,7 +322,7 @@ class Queue:
                     n = room
                     size = -1
         store.extend(frames, size)
-        self._wake_getter()
+        self._wake_getters()
         return n
 
     @property
@@ -344,25 +353,35 @@ class Queue:
 
     # --- consuming ------------------------------------------------------------------------
 
-    def _wake_getter(self) -> None:
+    def _wake_getters(self) -> None:
+        """Wake consumers in line, one for each message held that no woken one will take:
+        a burst to idle consumers is shared by all of them, and a lone consumer is woken
+        once, however many messages follow before it runs."""
         getters = self._getters
-        while getters:
+        while getters and self._woken < len(self.store):
             getter = getters.pop(0)
             if not getter.done():
                 getter.set_result(None)
                 self._woken += 1
-                return
+
+    @property
+    def contended(self) -> bool:
+        """Consumers were woken for the messages held and have not taken their share yet:
+        one that took its own should wait in line again rather than take theirs."""
+        return self._woken > 0
 
     def take(self, max_n: int) -> list[bytes]:
-        """Take up to ``max_n`` messages now, sharing them with consumers still waiting."""
-        available = len(self.store)
+        """Take up to ``max_n`` messages now, leaving an even share to each consumer woken
+        and still to come."""
+        store = self.store
+        available = len(store)
         if not available:
             return []
-        sharers = self._woken + sum(1 for g in self._getters if not g.done())
-        n = min(max_n, -(-available // (sharers + 1)))
-        batch = self.store.take(n)
-        if len(self.store):
-            self._wake_getter()
+        n = min(max_n, -(-available // (self._woken + 1)))
+        batch = store.take(n)
+        if self._getters and not self._woken:
+            # What is left is no woken consumer's share: the next ones in line get it.
+            self._wake_getters()
         if self._space is not None and not self.is_full:
             self._space.set()
             self._space = None
@@ -372,9 +391,8 @@ class Queue:
         """Call ``consumer.queue_ready()`` soon once there may be messages to :meth:`take`.
 
         Consumers wait in line, and each takes its share of a batch. Cancel the result to
-        stop waiting. A consumer that is
-        gone by the time its callback runs returns False, and the wake-up goes to the next
-        one in line, so no message sits unseen.
+        stop waiting. A consumer that is gone by the time its callback runs returns False,
+        and the wake-up goes to the next one in line, so no message sits unseen.
         """
         getter = Notify(self, consumer)
         self._getters.append(getter)
@@ -412,7 +430,7 @@ class Queue:
         if not isinstance(store, DiskStore):
             raise TypeError(f"queue {self.name!r} is not a disk queue")
         store.rewind(seq)
-        self._wake_getter()
+        self._wake_getters()
 
     def close(self, *, destroy: bool) -> None:
         for getter in self._getters:
@@ -472,7 +490,7 @@ class Notify:
         queue = self._queue
         queue._woken -= 1
         if not self._consumer.queue_ready():
-            queue._wake_getter()
+            queue._wake_getters()
 
 
 _WAITING, _WOKEN, _CANCELLED = "waiting", "woken", "cancelled"

@@ -1,4 +1,5 @@
-"""The queue field of the auth request: ``NAME [\\0 TYPE [":" PARAMS]]`` (fqd_ccs.c, §1.3).
+"""The queue field of the auth request: ``NAME [\\0 TYPE [":" PARAMS]]`` (fqd_ccs.c,
+docs/fq-protocol.md §1.3).
 
 ``parse_queue_field`` turns the raw field into a :class:`QueueSpec` or raises
 :class:`~fqbroker.errors.AuthError` with fqd's exact text. ``QueueSpec.attributes`` is
@@ -143,7 +144,8 @@ def _apply_params(spec: QueueSpec, params: str) -> QueueSpec:
 
 
 def parse_queue_field(field: bytes) -> QueueSpec:
-    """Parse the auth request's queue field exactly as fqd does (§1.3)."""
+    """Parse the auth request's queue field exactly as fqd does
+    (docs/fq-protocol.md §1.3)."""
     nul = field.find(0)
     if nul < 0:
         if len(field) > MAX_QUEUE_NAME:
@@ -151,7 +153,8 @@ def parse_queue_field(field: bytes) -> QueueSpec:
         name, rest = field, None
     else:
         name, rest = field[:nul], field[nul + 1 :]
-        # fqd overflows its 127-byte name buffer here; we refuse (§1.3, §9).
+        # fqd overflows its 127-byte name buffer here; we refuse
+        # (docs/fq-protocol.md §1.3, §9).
         if len(name) > MAX_QUEUE_NAME:
             raise AuthError("queue name is too long")
     kind_text, params = "mem", ""

@@ -3,19 +3,19 @@
 Theory of operation
 -------------------
 An exchange exists from the first successful bind on it and is never deleted while the
-broker runs (§2.1). Each binding joins a compiled program to a target queue under a
-route id drawn from one global counter (§2.5).
+broker runs (docs/fq-protocol.md §2.1). Each binding joins a compiled program to a target
+queue under a route id drawn from one global counter (docs/fq-protocol.md §2.5).
 
 Routing a message looks up candidate bindings by its route, not by scanning every
 binding: bindings are indexed by their exact route (``exact:``) or by their prefix
 (``prefix:``, a :class:`~fqbroker.core.prefixes.PrefixIndex`: one bisect and a short walk).
 The cost is therefore flat in the number of bindings, as with fqd's prefix jump table.
 
-Each queue receives a message at most once: once a queue is a target, its other
-bindings are skipped and their ``invocations`` do not move (§2.3). The router then
-offers the message to every target. Outcomes are counters, never exceptions: no
-exchange, no route, routed (per target, even when then dropped) and dropped, kept per
-exchange, in the aggregate and for the publishing client (§1.6, §2.6).
+Each queue receives a message at most once: once a queue is a target, its other bindings are
+skipped and their ``invocations`` do not move (docs/fq-protocol.md §2.3). The router then
+offers the message to every target. Outcomes are counters, never exceptions: no exchange, no
+route, routed (per target, even when then dropped) and dropped, kept per exchange, in the
+aggregate and for the publishing client (docs/fq-protocol.md §1.6, §2.6).
 
 Targets are anything with the small :class:`Target` protocol, so the router knows
 nothing of storage, sockets or any wire protocol. There is one way in,
@@ -51,7 +51,7 @@ __all__ = [
     "Target",
 ]
 
-# avg_ns is a moving average with alpha 1/128, as in fqd (§2.3).
+# avg_ns is a moving average with alpha 1/128, as in fqd (docs/fq-protocol.md §2.3).
 _AVG_SHIFT = 7
 
 perf_counter_ns = time.perf_counter_ns
@@ -130,8 +130,9 @@ class Sink:
 
 
 class Counts(Protocol):
-    """The outcome counters a publish adds to besides the aggregate (§1.6): a
-    publisher's :class:`ClientStats`, or the :class:`PublishResult` of one message."""
+    """The outcome counters a publish adds to besides the aggregate
+    (docs/fq-protocol.md §1.6): a publisher's :class:`ClientStats`, or the
+    :class:`PublishResult` of one message."""
 
     no_exchange: int
     no_route: int
@@ -142,7 +143,7 @@ class Counts(Protocol):
 
 @dataclass(slots=True)
 class ClientStats:
-    """A client's counters, in the order of the status reply (§1.6)."""
+    """A client's counters, in the order of the status reply (docs/fq-protocol.md §1.6)."""
 
     no_exchange: int = 0
     no_route: int = 0
@@ -352,7 +353,7 @@ class Router:
         """Bind ``program`` on ``exchange`` to ``queue``; raises ProgramError if it won't compile.
 
         Binding the same program to the same queue and exchange again returns the existing
-        binding, with its permanence changed as ``flags`` say (§2.5).
+        binding, with its permanence changed as ``flags`` say (docs/fq-protocol.md §2.5).
         """
         compiled = compile_program(program, self.registry)
         ex = self.exchanges.get(exchange)
@@ -378,7 +379,8 @@ class Router:
             return BIND_ILLEGAL
 
     def unbind(self, exchange: bytes, route_id: int, queue: Target) -> Binding | None:
-        """Remove the caller's own binding; None when nothing matched (§2.5)."""
+        """Remove the caller's own binding; None when nothing matched
+        (docs/fq-protocol.md §2.5)."""
         ex = self.exchanges.get(exchange)
         if ex is None:
             return None
@@ -612,7 +614,8 @@ class Router:
         return n, size, routed, dropped, no_route, blocked
 
     def publish(self, msg: Message, client: ClientStats | None = None) -> PublishResult:
-        """Publish one message, as a run of one, and say what became of it (§1.6/§2.6)."""
+        """Publish one message, as a run of one, and say what became of it
+        (docs/fq-protocol.md §1.6/§2.6)."""
         frame = msg.peer_frame()
         runs: list[Run] = [(msg.exchange, msg.route, [frame], len(frame) - len(msg.payload))]
         if client is None:

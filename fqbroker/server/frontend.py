@@ -9,7 +9,7 @@ so adding one touches no server code.
 Three ways in, one per kind of :attr:`FrontEnd.reach`:
 
 * :class:`Sniffed`: on the broker's main port, where a connection's first 4 bytes say
-  which front end it is for (§1.2);
+  which front end it is for (docs/fq-protocol.md §1.2);
 * :class:`OwnPort`: a TCP port of its own, TLS when the front end gives an
   ``ssl.SSLContext``;
 * :class:`Datagrams`: a UDP port of its own.

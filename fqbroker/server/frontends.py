@@ -46,5 +46,5 @@ _CLAIMS = preambles(FRONT_ENDS)
 
 def sniff(first4: bytes) -> FrontEnd[Any] | None:
     """The front end of the table a main-port connection opening with ``first4`` is
-    for (§1.2), or None: such a connection is closed."""
+    for (docs/fq-protocol.md §1.2), or None: such a connection is closed."""
     return _CLAIMS.get(first4)

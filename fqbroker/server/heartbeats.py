@@ -1,4 +1,4 @@
-"""One heartbeat clock for all command sessions (§1.7).
+"""One heartbeat clock for all command sessions (docs/fq-protocol.md §1.7).
 
 A session that asked for heartbeats has one entry in a heap, at the time it next needs
 looking at: its next beat or the end of its 3x silence, whichever comes first. One timer,

@@ -5,12 +5,12 @@ This is fqd_listener.c made a table: :class:`Listeners` opens what each
 connection against the limits (docs/limits.md) the same way whatever front end it is
 for, and closes everything at stop.
 
-On the main port a connection says what it is in its first 4 bytes (§1.2): a
-:class:`_Sniffer` waits for them (at most ``idle_sniff_timeout``), then hands the
-transport to the front end whose preambles hold them, or closes it. On a port of its own
-the front end gets the connection as soon as the limits let it in. Either way the front
-end's protocol replaces ours on the transport: no task per connection, and nothing of
-ours in the path of its reads.
+On the main port a connection says what it is in its first 4 bytes
+(docs/fq-protocol.md §1.2): a :class:`_Sniffer` waits for them (at most
+``idle_sniff_timeout``), then hands the transport to the front end whose preambles hold
+them, or closes it. On a port of its own the front end gets the connection as soon as the
+limits let it in. Either way the front end's protocol replaces ours on the transport: no
+task per connection, and nothing of ours in the path of its reads.
 
 With ``tls_cert`` set, each main-port connection is looked at before anything is read
 (:meth:`Listeners.take_over`): one opening with a TLS ClientHello is served over TLS and
@@ -291,9 +291,9 @@ class Listeners:
     def refuse(
         self, transport: asyncio.Transport, owner: LiveFrontEnd | None, reason: str
     ) -> asyncio.TimerHandle:
-        """Turn away a connection over a limit: the front end's answer (HTTP's 503) or
-        a close (§1.9's way with unknown input). An answer lingers a moment so that a
-        reset cannot destroy it."""
+        """Turn away a connection over a limit: the front end's answer (HTTP's 503) or a
+        close (docs/fq-protocol.md §1.9's way with unknown input). An answer lingers a
+        moment so that a reset cannot destroy it."""
         address, port = peer_address(transport)
         answer = b""
         if owner is not None:
@@ -384,7 +384,8 @@ class Listeners:
 
 
 class _Sniffer(asyncio.Protocol):
-    """A new connection on the main port until its first 4 bytes say what it is (§1.2).
+    """A new connection on the main port until its first 4 bytes say what it is
+    (docs/fq-protocol.md §1.2).
 
     ``address``: the connection was counted on a transport of its own before (with TLS
     configured, :meth:`Listeners.take_over`), under this source address.

@@ -1,6 +1,6 @@
 """PySpark data source ``fq``: read fq disk queues and publish to fq exchanges.
 
-Needs the ``spark`` extra (``pip install 'fqbroker[spark]'``: pyspark and pyarrow). The
+Needs the ``spark`` extra (``pip install -e '.[spark]'`` in a clone: pyspark and pyarrow). The
 broker never imports this package. Register it per session, or let Spark find it through
 the ``pyspark_fqbroker`` shim installed alongside::
 
@@ -8,8 +8,8 @@ the ``pyspark_fqbroker`` shim installed alongside::
     spark.readStream.format("fq").option("queue", "events").option("exchange", "logs").load()
     df.write.format("fq").option("exchange", "logs").mode("append").save()
 
-Options, schema and guarantees are in the README's Spark section; the design and the
-verified Spark behaviour it relies on are in specs/spark.md.
+Options, schema and guarantees are in the README's Spark section; the HTTP reads the
+source makes are in docs/http.md.
 
 Modules: ``options`` (parsing), ``schema`` (rows), ``source`` (stream and batch readers),
 ``sink`` (writers), ``datasource`` (the format); the broker calls go through

@@ -1,6 +1,7 @@
 """The ``fq`` source: a permanent disk queue read by position, streaming or in batch.
 
-Where each piece runs decides its shape (specs/spark.md §1.3):
+Where each piece runs decides its shape (Spark's Python data source API runs each class
+in a process of its own):
 
 * :class:`FqStreamReader` lives in one long-lived Python process on the driver. It makes
   sure the queue exists and is bound (so nothing published while Spark is down is lost),

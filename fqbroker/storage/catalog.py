@@ -1,8 +1,8 @@
 """The broker's queues and bindings, kept in step with the config store (fqd_config.c).
 
-Every change of a queue's or a binding's permanence goes through here, so what sqlite
-holds is always what a restart should bring back: permanent queues with their
-attributes, and permanent bindings into permanent queues (§2.5, §3.2, §3.5).
+Every change of a queue's or a binding's permanence goes through here, so what sqlite holds
+is always what a restart should bring back: permanent queues with their attributes, and
+permanent bindings into permanent queues (docs/fq-protocol.md §2.5, §3.2, §3.5).
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ class Catalog:
     # --- queues ---------------------------------------------------------------------------
 
     def attach(self, spec: QueueSpec, client: object) -> Queue:
-        """Find or create the queue a client asked for and add the client (§3.2)."""
+        """Find or create the queue a client asked for and add the client
+        (docs/fq-protocol.md §3.2)."""
         queue = self.queues.get(spec.name)
         if queue is None:
             queue = self._make_queue(spec)
@@ -110,7 +111,8 @@ class Catalog:
         """Make a queue no client asked for (the admin API); QueueError if it exists.
 
         A permanent one is stored as an attach would store it. A transient one lives until
-        it is removed, or until a client that attached to it leaves (§3.5)."""
+        it is removed, or until a client that attached to it leaves
+        (docs/fq-protocol.md §3.5)."""
         if spec.name in self.queues:
             raise QueueError(f"queue {spec.name.decode(errors='replace')!r} exists")
         queue = self._make_queue(spec)
@@ -142,7 +144,8 @@ class Catalog:
         self.forget_if_unused(queue)
 
     def forget_if_unused(self, queue: Queue) -> None:
-        # A transient queue goes with its last client, bindings and messages too (§3.5).
+        # A transient queue goes with its last client, bindings and messages too
+        # (docs/fq-protocol.md §3.5).
         if queue.clients or queue.permanent:
             return
         if self.queues.get(queue.name) is queue:

@@ -1,4 +1,5 @@
-"""Named checkpoints on permanent disk queues, as fqd's HTTP endpoints offer them (§4.2).
+"""Named checkpoints on permanent disk queues, as fqd's HTTP endpoints offer them
+(docs/fq-protocol.md §4.2).
 
 A checkpoint is a named reader position in a disk queue. Positions are written
 ``LOG:MARKER`` as fq writes jlog positions; ours map to the queue's 64-bit sequence

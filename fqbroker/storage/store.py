@@ -74,7 +74,8 @@ class FsyncPolicy(StrEnum):
 
 
 def queue_directory(queue_dir: Path, name: bytes) -> Path:
-    """fqd names a queue's directory by the lowercase hex of its name (§3.3)."""
+    """fqd names a queue's directory by the lowercase hex of its name
+    (docs/fq-protocol.md §3.3)."""
     return queue_dir / name.hex()
 
 

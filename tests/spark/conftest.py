@@ -1,8 +1,8 @@
 """Fixtures for the Spark tests: one local[2] SparkSession and one real broker per session.
 
-SparkSession start-up costs seconds and the first query of a session more (specs/spark.md
-§3.2), so both are shared by every test here; tests keep apart by using their own
-exchanges, queues and checkpoint directories. They skip, saying why, without pyspark (the
+SparkSession start-up costs seconds and the first query of a session more, so both are
+shared by every test here; tests keep apart by using their own exchanges, queues and
+checkpoint directories. They skip, saying why, without pyspark (the
 ``spark`` extra) or Java 17+ (``make java``); with ``CI`` set they fail instead (tests/prereqs.py).
 """
 
@@ -230,7 +230,7 @@ class Consumer:
 def run_query(writer: Any, timeout: float = QUERY_TIMEOUT) -> Any:
     """Start a streaming query (availableNow), wait for it to end, and return it.
 
-    Dead queries are silent unless asked (specs/spark.md §4.9): check ``exception()``.
+    A query that died says nothing unless asked: check ``exception()``.
     """
     query = writer.trigger(availableNow=True).start()
     try:

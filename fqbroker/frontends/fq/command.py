@@ -10,7 +10,8 @@ collaborators it needs (:class:`CommandHost`), never the Broker.
 The session is a protocol, not a task: whatever arrives is handled at once, in order. Only
 a confirm waits, in a task of its own while it does. Heartbeats come from the broker's one
 :class:`~fqbroker.server.heartbeats.HeartbeatClock` once a client asked for them with
-``HeartbeatRequest`` (§1.7): an idle session costs no task and no timer of its own.
+``HeartbeatRequest`` (docs/fq-protocol.md §1.7): an idle session costs no task and no timer
+of its own.
 """
 
 from __future__ import annotations
@@ -353,7 +354,8 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             self.transport.write(out)
 
     def _refused(self, exc: AuthError | QueueError) -> None:
-        """The machine queued the error frame: send it, end, and linger (§1.8)."""
+        """The machine queued the error frame: send it, end, and linger
+        (docs/fq-protocol.md §1.8)."""
         if isinstance(exc, AuthError):
             self.host.limits.bad("command", "refusing %s: %r", self.pretty, exc.text)
         else:  # not bad input; a limit's refusal is counted where it is raised
@@ -372,8 +374,8 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         """Close without a reset once the error frame is out (as the HTTP front end's linger_close).
 
         Closing with unread input makes the kernel send RST, which can destroy the error
-        frame before the client reads it (§1.8). So: half-close after what is queued,
-        discard input until the client hangs up or for a moment, then close.
+        frame before the client reads it (docs/fq-protocol.md §1.8). So: half-close after
+        what is queued, discard input until the client hangs up or for a moment, then close.
         """
         transport = self.transport
         if transport.is_closing():
@@ -425,7 +427,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             self.machine.settle(task, count, task.result())
         self._flush(self.host.heartbeats.time())
 
-    # --- heartbeats (§1.7) -----------------------------------------------------------------
+    # --- heartbeats (docs/fq-protocol.md §1.7) -----------------------------------------------
 
     def _heartbeats(self, when: float | None) -> None:
         clock = self.host.heartbeats

@@ -1,6 +1,7 @@
 """The command channel's protocol without I/O: bytes in; events, replies and bytes out.
 
-Theory of operation (fqd_ccs.c; §1.3-§1.8). The machine is in one of three phases:
+Theory of operation (fqd_ccs.c; docs/fq-protocol.md §1.3-§1.8). The machine is in one of
+three phases:
 
     AWAIT_AUTH --auth request read--> READY
     AWAIT_AUTH or READY --refused, bad input, heartbeat failed, end of input, close()--> CLOSED
@@ -17,16 +18,17 @@ lingers so a reset cannot destroy it; after :class:`Broken` it closes without a 
 :meth:`receive_eof` returns one of :class:`Refused` (an auth request cut short) and
 :class:`EndOfInput`.
 
-Requests that need the broker (bind, unbind, status, confirm) come out as events, the
-wire frames themselves; the caller answers each with the matching method, and the replies
-go out in request order however many a client pipelines (§1.5). Only a confirm cannot be
-answered at once: :meth:`defer` holds its place, with a token of the caller's, and every
-reply behind it waits until :meth:`settle` fills it.
+Requests that need the broker (bind, unbind, status, confirm) come out as events, the wire
+frames themselves; the caller answers each with the matching method, and the replies go out
+in request order however many a client pipelines (docs/fq-protocol.md §1.5). Only a confirm
+cannot be answered at once: :meth:`defer` holds its place, with a token of the caller's, and
+every reply behind it waits until :meth:`settle` fills it.
 
 Time is passed in, never read: ``next_event(now)`` stamps the last read, ``data_to_send
 (now)`` the last write, and ``heartbeat_due(now)`` says whether a heartbeat goes out or the
-client has failed (3x the interval silent, §1.7) and when to look again. Scheduling that
-look is the caller's: one clock serves every session (:mod:`fqbroker.server.heartbeats`).
+client has failed (3x the interval silent, docs/fq-protocol.md §1.7) and when to look again.
+Scheduling that look is the caller's: one clock serves every session
+(:mod:`fqbroker.server.heartbeats`).
 """
 
 from __future__ import annotations
@@ -85,7 +87,8 @@ class HeartbeatsAsked:
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """Input the broker answers with an error frame (queued) and then lingers (§1.8)."""
+    """Input the broker answers with an error frame (queued) and then lingers
+    (docs/fq-protocol.md §1.8)."""
 
     error: AuthError | QueueError
 
@@ -186,8 +189,8 @@ class CommandMachine(Generic[T]):
                 self._last_read = now
                 match frame:
                     case wire.AuthPlain(user, queue_field, password):
-                        # fq reads the password and ignores it (§1.3); the shell checks it
-                        # when the broker has users (auth = "password").
+                        # fq reads the password and ignores it (docs/fq-protocol.md §1.3);
+                        # the shell checks it when the broker has users (auth = "password").
                         return Authenticate(user, parse_queue_field(queue_field), password)
                     case wire.Heartbeat():
                         continue
@@ -302,7 +305,7 @@ class CommandMachine(Generic[T]):
                 tokens.append(token)  # type: ignore[arg-type]  # only tokens sit there
         return tokens
 
-    # --- heartbeats (§1.7) ----------------------------------------------------------------
+    # --- heartbeats (docs/fq-protocol.md §1.7) ------------------------------------------
 
     @property
     def heartbeat_ms(self) -> int:

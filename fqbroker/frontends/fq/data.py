@@ -1,10 +1,10 @@
 """The data channel's asyncio shell: one socket, its flow control and its waits (fqd_dss.c).
 
 The protocol itself (phases, hello, message format, stamp, loop prevention) is the sans-I/O
-:class:`~fqbroker.frontends.fq.datachannel.DataChannel`; this module moves bytes between
-it and the transport, publishes what it decodes, and writes what the queue holds. Once
-paired with its command session by key (§1.4), the session is a protocol with two
-independent sides, and no task of its own while idle:
+:class:`~fqbroker.frontends.fq.datachannel.DataChannel`; this module moves bytes between it
+and the transport, publishes what it decodes, and writes what the queue holds. Once paired
+with its command session by key (docs/fq-protocol.md §1.4), the session is a protocol with
+two independent sides, and no task of its own while idle:
 
 * In (:meth:`DataSession._pump`): whatever arrives is fed to the channel and its events
   handled; each batch goes to this channel's
@@ -14,16 +14,16 @@ independent sides, and no task of its own while idle:
   has been told to expect (the rest of a large message) is reserved against the broker's
   memory budget before more is read; when the budget cannot grant it, or is spent while
   this publisher holds nothing, reading pauses until consumers drain (docs/memory.md).
-* Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they
-  are taken, those the peer at the other end already saw are dropped (§5.3), and the
-  rest written in peer format, one write per batch, until the transport asks to pause.
-  Messages are only taken to be written at once, so none are ever held: nothing needs
-  putting back when the channel closes. A batch larger than ``OUT_CHUNK`` (a large
-  message) is handed to the transport a chunk at a time as it drains, and held against
-  the memory budget meanwhile, so the transport never copies all of it into its buffer.
+* Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they are
+  taken, those the peer at the other end already saw are dropped (docs/fq-protocol.md §5.3),
+  and the rest written in peer format, one write per batch, until the transport asks to
+  pause. Messages are only taken to be written at once, so none are ever held: nothing needs
+  putting back when the channel closes. A batch larger than ``OUT_CHUNK`` (a large message)
+  is handed to the transport a chunk at a time as it drains, and held against the memory
+  budget meanwhile, so the transport never copies all of it into its buffer.
 
 A bad frame closes this data channel only; the command session survives and can pair a
-new one (§1.9).
+new one (docs/fq-protocol.md §1.9).
 
 The session is given its host (:class:`DataHost`), the few things it needs of the broker,
 not the broker's parts.
@@ -389,11 +389,14 @@ class DataSession(RemotePeer, asyncio.Protocol):
         queue = owner.queue
         stats = owner.stats
         outgoing = self.channel.outgoing
+        took = False
         while not self._paused:
-            batch = taken = queue.take(BATCH)
+            # Others woken for what is held get their share: we queue up behind them.
+            batch = taken = queue.take(BATCH) if not (took and queue.contended) else []
             if not batch:
                 self._ready = queue.notify_ready(self)
                 break
+            took = True
             batch = outgoing(batch)
             data = b"".join(batch)  # one message: that message, not a copy
             stats.msgs_out += len(batch)

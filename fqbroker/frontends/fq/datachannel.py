@@ -1,4 +1,5 @@
-"""The data channel's protocol, sans I/O: bytes in, events out (fqd_dss.c, §1.4, §1.10).
+"""The data channel's protocol, sans I/O: bytes in, events out (fqd_dss.c,
+docs/fq-protocol.md §1.4, §1.10).
 
 :class:`DataChannel` is the broker's side of one fq data socket in the shape of the
 client's :class:`~fqbroker.clients.client.CommandChannel` (and of h11 and websockets): the
@@ -12,14 +13,14 @@ Phases: AWAIT_KEY (the hello: [peer id], key) -> STREAMING -> CLOSED. The events
 * :class:`Hello`: the key the socket presented; the shell pairs it with its command
   session and calls :meth:`DataChannel.paired`, or closes.
 * :class:`Batch`: every whole message read so far, as runs of peer frames stamped with
-  sender and hops as fqd does (§1.11). A peer's messages were decoded, counted as read
-  (``read``, ``read_octets``), and those that already passed through this broker left
-  out (loop prevention, §5.3).
+  sender and hops as fqd does (docs/fq-protocol.md §1.11). A peer's messages were decoded,
+  counted as read (``read``, ``read_octets``), and those that already passed through this
+  broker left out (loop prevention, docs/fq-protocol.md §5.3).
 * :class:`Oversized`: messages skipped for their size while decoding the batch before.
 * :class:`BadInput`: the input is not the fq data protocol; the channel must close.
 
 Out, :meth:`DataChannel.outgoing` drops from what the queue gives the messages the peer
-at the other end already saw (§5.3).
+at the other end already saw (docs/fq-protocol.md §5.3).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """fq's two front ends on the main port: the command channel, and the data channel
-(publisher and peer modes), each claimed by its 4-byte magic (§1.2, :class:`wire.Mode`).
+(publisher and peer modes), each claimed by its 4-byte magic (docs/fq-protocol.md §1.2,
+:class:`wire.Mode`).
 
 The sessions are built here and handed the transport; they tell the broker when they
 end (``closed(transport)``), which keeps the connection accounting right.

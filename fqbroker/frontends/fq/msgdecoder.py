@@ -1,4 +1,4 @@
-"""Message frames on a data channel, sans I/O (fq.h, fqd_dss.c, §1.10).
+"""Message frames on a data channel, sans I/O (fq.h, fqd_dss.c, docs/fq-protocol.md §1.10).
 
 After the data-channel hello (:class:`~fqbroker.frontends.fq.wire.DataHelloDecoder`) a
 connection carries message frames, in publisher format or peer format
@@ -43,7 +43,7 @@ def _bounded(cache: _Cache) -> _Cache:
 
 
 class MessageDecoder(Decoder):
-    """Message frames on a data channel (§1.10).
+    """Message frames on a data channel (docs/fq-protocol.md §1.10).
 
     ``peer_format`` selects the frame with sender and hops. A payload over ``max_payload``
     is not buffered: its bytes are skipped as they arrive and ``oversized`` counts it. fqd
@@ -186,11 +186,12 @@ class MessageDecoder(Decoder):
     def runs(self, sender: bytes, hops: bytes) -> list[Run]:
         """Every whole publisher-format message buffered so far, as stamped peer frames.
 
-        The data path's decoder. Frames come grouped in runs of consecutive messages on
-        one exchange and route, so the router looks a route up once per run; each frame
-        is the peer frame consumers receive (§1.10), with ``sender`` and ``hops`` (the
-        broker's stamp, §1.11) spliced in, so no per-message object is built. Anything
-        unusual is left to :meth:`next_message`, as in :meth:`messages`.
+        The data path's decoder. Frames come grouped in runs of consecutive messages on one
+        exchange and route, so the router looks a route up once per run; each frame is the
+        peer frame consumers receive (docs/fq-protocol.md §1.10), with ``sender`` and
+        ``hops`` (the broker's stamp, docs/fq-protocol.md §1.11) spliced in, so no
+        per-message object is built. Anything unusual is left to :meth:`next_message`, as in
+        :meth:`messages`.
         """
         if self.peer_format:
             raise TypeError("runs() decodes publisher-format frames")

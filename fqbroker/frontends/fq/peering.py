@@ -1,4 +1,5 @@
-"""Peering: pull exchanges from upstream brokers into ours (fqd_peer.c, §5).
+"""Peering: pull exchanges from upstream brokers into ours (fqd_peer.c,
+docs/fq-protocol.md §5).
 
 Theory of operation
 -------------------
@@ -9,12 +10,12 @@ The wanted peerings are the rows of the sqlite ``upstream`` table plus the
 one bind per (exchange, program, permanent) row. A row that appears is bound; a row that
 goes is unbound on the upstream; a link with no rows left is closed.
 
-Every message a link receives is handled as §5.2 says: dropped when our node id is
-already among its hops (a loop), otherwise our node id goes first in its hops and it is
-published into our exchange of the same name, sender and message id kept. Publishing
-goes through the same router call as every other front end, so drop and block policies,
-disk queues and counters behave as for a local publisher; a blocked queue stops the link
-reading, and the upstream's queue takes the strain.
+Every message a link receives is handled as docs/fq-protocol.md §5.2 says: dropped when our
+node id is already among its hops (a loop), otherwise our node id goes first in its hops and
+it is published into our exchange of the same name, sender and message id kept. Publishing
+goes through the same router call as every other front end, so drop and block policies, disk
+queues and counters behave as for a local publisher; a blocked queue stops the link reading,
+and the upstream's queue takes the strain.
 
 In a full mesh each broker also receives a second copy of a message by the other path,
 as with fqd. ``peer_dedupe = N`` remembers the last N (sender, origin, message id)
@@ -56,7 +57,7 @@ HEARTBEAT_MS = 1000  # a silent upstream is declared dead after three of these
 
 @dataclass(frozen=True, slots=True)
 class PeerAddress:
-    """What makes one peer connection (§5.1)."""
+    """What makes one peer connection (docs/fq-protocol.md §5.1)."""
 
     host: str
     port: int
@@ -77,7 +78,7 @@ class PeerBinding:
 
     @property
     def flags(self) -> int:
-        # fqd: FQ_BIND_PEER, or 0x0111 with the permanent bits (§5.2).
+        # fqd: FQ_BIND_PEER, or 0x0111 with the permanent bits (docs/fq-protocol.md §5.2).
         return wire.BindFlags.PEER | (wire.BindFlags.PERM if self.permanent else 0)
 
 
@@ -280,7 +281,8 @@ class PeerLink:
             await publisher.publish_all(runs_of([msg for msg in batch if self._admit(msg)]))
 
     def _admit(self, msg: Message) -> bool:
-        """Whether a received message goes on into our exchange (§5.2), counting why not."""
+        """Whether a received message goes on into our exchange (docs/fq-protocol.md §5.2),
+        counting why not."""
         if not accept_from_peer(msg, self.node_id):
             self.looped += 1
             log.debug("peer %s: received looped message %r", self.address, msg)

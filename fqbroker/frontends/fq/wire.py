@@ -15,13 +15,13 @@ request. What follows the magic is decoded by one of the decoders here:
 * :class:`~fqbroker.frontends.fq.msgdecoder.MessageDecoder`, in its own module: message
   frames, whose layout (publisher and peer format) is :mod:`fqbroker.core.frames`.
 
-All of them read on the base of :mod:`fqbroker.frontends.decoding` and only buffer what
-they are fed. ``next_*()`` returns a whole frame, or ``None`` when more bytes are needed,
-and then consumes nothing: any split of the input yields the same frames. Bad input
-raises a :class:`~fqbroker.errors.ProtocolError` naming the field; on the auth frame it is
-an :class:`~fqbroker.errors.AuthError` whose text is fq's exact error text (§1.8). Limits
-are checked on the length field, before the bytes arrive, so a hostile length never makes
-us buffer.
+All of them read on the base of :mod:`fqbroker.frontends.decoding` and only buffer what they
+are fed. ``next_*()`` returns a whole frame, or ``None`` when more bytes are needed, and
+then consumes nothing: any split of the input yields the same frames. Bad input raises a
+:class:`~fqbroker.errors.ProtocolError` naming the field; on the auth frame it is an
+:class:`~fqbroker.errors.AuthError` whose text is fq's exact error text
+(docs/fq-protocol.md §1.8). Limits are checked on the length field, before the bytes arrive,
+so a hostile length never makes us buffer.
 
 Encoders are pure functions returning bytes. All integers are big-endian. The limits of
 message frames (``MAX_RK_LEN``, ``MAX_HOPS``, ``MAX_MESSAGE_SIZE``) and the bind flags
@@ -370,7 +370,8 @@ class ServerCommandDecoder(Decoder):
         queue_field = buf.take(n)
         n = buf.u16()
         if n > MAX_PASSWORD:
-            # fqd answers "queue name is too long" here, a copy-and-paste slip (§1.8).
+            # fqd answers "queue name is too long" here, a copy-and-paste slip
+            # (docs/fq-protocol.md §1.8).
             raise AuthError("pass field is too long")
         return AuthPlain(user, queue_field, buf.take(n))
 

@@ -1,15 +1,16 @@
 """HTTP on the broker's port: stats, metrics, submit, checkpoints, the web UI (fqd_http.c).
 
-The listener hands us a connection whose first 4 bytes said ``GET ``, ``HEAD``, ``POST``
-or ``PUT `` (§4.1). h11 does the parsing, sans I/O: we feed it those 4 bytes and then
-whatever the socket gives, and this module only moves bytes and picks endpoints.
+The listener hands us a connection whose first 4 bytes said ``GET ``, ``HEAD``, ``POST`` or
+``PUT `` (docs/fq-protocol.md §4.1). h11 does the parsing, sans I/O: we feed it those 4
+bytes and then whatever the socket gives, and this module only moves bytes and picks
+endpoints.
 
-Where fqd answers one request per connection, this is a real HTTP/1.1 server: keep-alive
-and pipelining work, every reply has a Content-Length, and an HTTP/1.0 request gets its
-reply and a close. Endpoints, bodies and error texts are fqd's (§4.2); the differences
-(status line version, HEAD without body, errors where fqd crashes) are listed in
-docs/http.md. Limits keep a bad client from hurting anyone else: headers are bounded
-(431), bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
+Where fqd answers one request per connection, this is a real HTTP/1.1 server: keep-alive and
+pipelining work, every reply has a Content-Length, and an HTTP/1.0 request gets its reply
+and a close. Endpoints, bodies and error texts are fqd's (docs/fq-protocol.md §4.2); the
+differences (status line version, HEAD without body, errors where fqd crashes) are listed in
+docs/http.md. Limits keep a bad client from hurting anyone else: headers are bounded (431),
+bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
 
 Admin endpoints (/submit, checkpoints, /shutdown) need the ``admin_token`` or an admin
 user once either exists; the rest (/stats.json, /frontends.json, /node.json, /metrics, the
@@ -53,8 +54,8 @@ PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
 CHECKPOINT_PATHS = frozenset({"/add_checkpoint", "/remove_checkpoint", "/reset_to_checkpoint"})
 ADMIN_PATHS = CHECKPOINT_PATHS | {"/submit"}
 
-# fqd's table (§4.2), then what a modern UI adds. Text types say UTF-8 so that names in
-# the UI render the same in every browser; fqd sends no charset.
+# fqd's table (docs/fq-protocol.md §4.2), then what a modern UI adds. Text types say UTF-8
+# so that names in the UI render the same in every browser; fqd sends no charset.
 MIME_TYPES = {
     ".js": "text/javascript; charset=utf-8",
     ".json": "application/json",
@@ -95,7 +96,8 @@ def _json_reply(status: int, obj: object, *, close: bool = False) -> Reply:
 
 
 def _submit_error(text: str, *, close: bool = False) -> Reply:
-    # fqd's exact body and status line: "500 ERROR" and { "error": "<msg>" } (§4.2).
+    # fqd's exact body and status line: "500 ERROR" and { "error": "<msg>" }
+    # (docs/fq-protocol.md §4.2).
     body = b'{ "error": ' + json.dumps(text).encode() + b" }\n"
     return Reply(500, body, reason=b"ERROR", close=close)
 
@@ -243,7 +245,8 @@ class _Connection:
         target = request.target.decode("ascii", errors="replace")
         if not target.startswith("/"):
             target = urlsplit(target).path or "/"  # absolute-form: GET http://host/path
-        # fqd compares the URL exactly once the query string is split off (§4.1).
+        # fqd compares the URL exactly once the query string is split off
+        # (docs/fq-protocol.md §4.1).
         path, _, query = target.partition("?")
         headers = {name: value for name, value in request.headers}  # names come lower-case
         head = request.method == b"HEAD"
@@ -346,7 +349,8 @@ class _Connection:
         return reply
 
     async def _submit(self, headers: dict[bytes, bytes]) -> Reply:
-        """Publish the body as one message, as fqd's /submit does (§4.2, §1.11)."""
+        """Publish the body as one message, as fqd's /submit does
+        (docs/fq-protocol.md §4.2, §1.11)."""
         broker = self.broker
         if b"transfer-encoding" in headers or b"content-length" not in headers:
             # fqd needs the length up front; chunked bodies get the same answer.
@@ -384,7 +388,8 @@ class _Connection:
         if problem:
             return _submit_error(problem)
         assert route is not None and exchange is not None
-        # One hop, the node id: fqd sends none, which the npm client rejects (§9.6).
+        # One hop, the node id: fqd sends none, which the npm client rejects
+        # (docs/fq-protocol.md §9 point 6).
         msg = Message(exchange, route, payload, broker.msgids.next(), sender, broker.node_id)
         publisher = broker.make_publisher()
         room = publisher.publish(runs_of([msg]), len(payload))
@@ -445,7 +450,8 @@ class _Connection:
             status = "success"
         except checkpoints.CheckpointError as exc:
             text, status = exc.message, "error"
-        # fqd answers 200 either way and puts the outcome in "status" (§4.2).
+        # fqd answers 200 either way and puts the outcome in "status"
+        # (docs/fq-protocol.md §4.2).
         body = json.dumps({"status": status, "message": text}, indent=1, ensure_ascii=False)
         return Reply(200, body.encode() + b"\n")
 
@@ -465,9 +471,9 @@ class _Connection:
 async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Send what is queued, then close without a reset.
 
-    Closing with unread input makes the kernel send RST, which can destroy the error
-    frame before the client reads it (§1.8). So: flush, half-close, and discard input
-    for a moment so the client sees the frame and then a clean end of stream.
+    Closing with unread input makes the kernel send RST, which can destroy the error frame
+    before the client reads it (docs/fq-protocol.md §1.8). So: flush, half-close, and
+    discard input for a moment so the client sees the frame and then a clean end of stream.
     """
     # OSError, not only ConnectionError: write_eof on a socket the peer reset
     # fails with ENOTCONN.
@@ -482,7 +488,8 @@ async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 
 def _header_problem(sender: bytes, route: bytes | None, exchange: bytes | None) -> str | None:
-    """fqd's header checks, in fqd's order (§4.2); None when all is well."""
+    """fqd's header checks, in fqd's order (docs/fq-protocol.md §4.2); None when all is
+    well."""
     if len(sender) > wire.MAX_RK_LEN:
         return "sender too long"
     if route is None:

@@ -1,8 +1,8 @@
 """HTTP as a front end of the main port: its preambles, how a connection is taken over.
 
-A connection whose first 4 bytes are an HTTP method (§4.1) is put on asyncio streams with
-a task of its own: HTTP is rare and short, so it keeps the simple shape. h11 and the
-endpoints are imported by the first HTTP request, not by every broker.
+A connection whose first 4 bytes are an HTTP method (docs/fq-protocol.md §4.1) is put on
+asyncio streams with a task of its own: HTTP is rare and short, so it keeps the simple
+shape. h11 and the endpoints are imported by the first HTTP request, not by every broker.
 """
 
 from __future__ import annotations

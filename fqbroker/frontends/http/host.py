@@ -215,7 +215,8 @@ class PeerBindingView(Protocol):
 
 
 class PeerLinkView(Protocol):
-    """An upstream this broker pulls from (§5), as stats.json shows it."""
+    """An upstream this broker pulls from (docs/fq-protocol.md §5), as stats.json shows
+    it."""
 
     @property
     def address(self) -> PeerAddressView: ...

@@ -334,7 +334,8 @@ def _queues(snap: Snapshot) -> Iterator[Metric]:
     yield from (m for m in families if m.samples)
 
 
-# (metric name, ClientStats field, help): the status counters of §1.6, in base units.
+# (metric name, ClientStats field, help): the status counters of docs/fq-protocol.md §1.6,
+# in base units.
 _CLIENT_COUNTERS = (
     ("fq_client_in_messages", "msgs_in", "Messages the client published (msgs_in)."),
     ("fq_client_in_bytes", "octets_in", "Wire bytes of the messages it published."),

@@ -5,7 +5,7 @@ copies every number into plain frozen dataclasses. Two renderers read the same s
 so the JSON and the Prometheus metrics (:mod:`fqbroker.frontends.http.metrics`) can never disagree:
 
 * :func:`stats_json` builds fqd's ``/stats.json`` object with its exact key names and
-  order (§4.2);
+  order (docs/fq-protocol.md §4.2);
 * :class:`fqbroker.frontends.http.metrics.BrokerCollector` turns it into metric families;
 * :func:`front_ends_json` builds ``/frontends.json``, an fqbroker extension that lists
   the front ends of the table, their counters and connections, whatever protocol each
@@ -123,7 +123,8 @@ class PeerBindingSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class PeerSnapshot:
-    """An upstream this broker pulls from (§5): where, how it goes, what it brought."""
+    """An upstream this broker pulls from (docs/fq-protocol.md §5): where, how it goes, what
+    it brought."""
 
     host: str
     port: int
@@ -352,9 +353,9 @@ def _client_snapshot(client: object, queue: bytes) -> ClientSnapshot:
 
 
 def _text(name: bytes) -> str:
-    # fqd writes names raw and unescaped, so a quote breaks its JSON (§4.2). Names are
-    # bytes on the wire; we show them as UTF-8, invalid bytes as U+FFFD, and let the JSON
-    # encoder escape them.
+    # fqd writes names raw and unescaped, so a quote breaks its JSON
+    # (docs/fq-protocol.md §4.2). Names are bytes on the wire; we show them as UTF-8,
+    # invalid bytes as U+FFFD, and let the JSON encoder escape them.
     return name.decode("utf-8", errors="replace")
 
 
@@ -364,7 +365,8 @@ _CLIENT_COUNTERS = tuple(f.name for f in dataclasses.fields(ClientStats) if f.na
 
 
 def stats_json(snap: Snapshot) -> dict[str, Any]:
-    """fqd's /stats.json object: same keys, same order, same types (§4.2)."""
+    """fqd's /stats.json object: same keys, same order, same types
+    (docs/fq-protocol.md §4.2)."""
     exchanges: dict[str, Any] = {}
     for ex in snap.exchanges:
         exchanges[_text(ex.name)] = {
