@@ -10,15 +10,21 @@ Each shape is measured twice: one message at a time through ``Router.publish`` (
 caller with a single message does), and as the data path does, reads of ``READ``
 messages decoded into runs and published with ``Router.publish_runs`` (no two messages
 in a row share a route here, so each run is one message: the data path's worst case).
+
+``--sampling`` measures what the routing-time histogram (``RouteTimes``, /metrics'
+``fq_route_eval_seconds``) costs: one message per batch through ``Router.publish`` (a batch
+per message: the worst case), with no batch timed (what a batch pays between samples: one
+attribute test) and with every batch timed (what a sampled batch pays), best of many runs.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 from fqbroker.core.message import Message, runs_of
-from fqbroker.core.router import ClientStats, Router
+from fqbroker.core.router import ClientStats, Router, RouteTimes
 
 MESSAGES = 20_000
 RUNS = 7
@@ -84,7 +90,36 @@ def ns_per_message(bindings: int, varied: bool, reads: bool = False) -> float:
     return statistics.median(samples)
 
 
+def sampling() -> None:
+    router = Router()
+    router.bind(b"ex", b'prefix:"a."', Sink(), 0)
+    msg = Message(b"ex", b"a.b", b"payload")
+    publish = router.publish
+    best: dict[bool, float] = {}
+
+    def publish_timed(msg: Message) -> None:
+        router.sample = True
+        publish(msg)
+
+    for _ in range(RUNS):  # interleaved, so a busy moment hits both alike
+        for timed in (False, True):
+            run = publish_timed if timed else publish
+            for _ in range(5):
+                start = time.perf_counter_ns()
+                for _ in range(5000):
+                    run(msg)
+                ns = (time.perf_counter_ns() - start) / 5000
+                best[timed] = min(best.get(timed, ns), ns)
+    print(
+        f"  Router.publish, one message a batch: {best[False]:.0f} ns untimed, "
+        f"{best[True]:.0f} ns timed (at most {1 / RouteTimes.SAMPLE_SECONDS:.0f} a second)"
+    )
+
+
 def main() -> None:
+    if "--sampling" in sys.argv[1:]:
+        sampling()
+        return
     for reads in (False, True):
         how = f"reads of {READ}" if reads else "one at a time"
         for varied in (False, True):

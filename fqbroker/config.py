@@ -173,6 +173,8 @@ class Settings:
     tls_cert: Path | None = None  # PEM certificate chain: TLS clients accepted when given
     tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
     tls_required: bool = False  # refuse plain connections on the main port (needs tls_cert)
+    # --- P15 /metrics (docs/http.md) ---
+    metrics_client_series_max: int = 1000  # fq_client_* series while at most this many clients
 
     @classmethod
     def from_toml(cls, path: Path | str) -> Settings:

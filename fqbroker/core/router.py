@@ -45,6 +45,7 @@ __all__ = [
     "Counts",
     "Exchange",
     "PublishResult",
+    "RouteTimes",
     "Router",
     "Sink",
     "Target",
@@ -52,6 +53,8 @@ __all__ = [
 
 # avg_ns is a moving average with alpha 1/128, as in fqd (docs/fq-protocol.md §2.3).
 _AVG_SHIFT = 7
+
+perf_counter_ns = time.perf_counter_ns
 
 # The bindings a route reaches, and whether any of their queues blocks.
 Reach = tuple[list["Binding"], bool]
@@ -280,6 +283,41 @@ def _gather_into(gathered: dict[Target, list[Any]], hits: list[Binding]) -> None
             gathered[queue] = [queue.room, queue.room_bytes, [], 0]
 
 
+class RouteTimes:
+    """How long routing takes: a histogram of the time :meth:`Router.publish_runs` spends on
+    a batch (the lookups, programs and offers into queues of one read's messages).
+
+    Sampled, so the hot path pays nearly nothing: whoever runs the router sets
+    :attr:`Router.sample` every :data:`SAMPLE_SECONDS` (the broker, on a timer), and the
+    next batch is timed (two clock reads and a bucket increment); every other batch costs
+    one attribute test. A counter or a clock read per batch would cost more than the
+    attribute test by a multiple (bench/routing.py ``--sampling``). Bucket ``i`` counts
+    batches under ``1024 << i`` ns (about 1 µs, doubling up to half a second), the last
+    one everything slower. ``messages`` counts the messages of the timed batches, so
+    ``sum_ns / messages`` is the time per message.
+    """
+
+    __slots__ = ("buckets", "messages", "sum_ns")
+
+    BUCKETS = 21  # 20 bounds, then +Inf
+    SAMPLE_SECONDS = 0.05  # at most 20 timed batches a second
+
+    def __init__(self) -> None:
+        self.buckets = [0] * self.BUCKETS
+        self.sum_ns = 0
+        self.messages = 0
+
+    def observe(self, elapsed_ns: int, messages: int) -> None:
+        self.buckets[min((elapsed_ns >> 10).bit_length(), self.BUCKETS - 1)] += 1
+        self.sum_ns += elapsed_ns
+        self.messages += messages
+
+    @classmethod
+    def bounds_seconds(cls) -> list[float]:
+        """The upper bound of each bucket but the last, in seconds."""
+        return [(1024 << i) / 1e9 for i in range(cls.BUCKETS - 1)]
+
+
 @dataclass(slots=True)
 class PublishResult:
     routed: int = 0
@@ -298,6 +336,8 @@ class Router:
         self.exchanges: dict[bytes, Exchange] = {}
         self.aggregate = AggregateStats()
         self.registry = registry
+        self.times = RouteTimes()
+        self.sample = False  # time the next batch (RouteTimes)
         self._last_route_id = 0
 
     # --- bindings -------------------------------------------------------------------------
@@ -400,6 +440,7 @@ class Router:
         # queue -> [room left, bytes left, frames, their bytes]
         gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
+        timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
         i = start
         end = len(runs)  # runs[i] may be replaced by its rest, never added to
         try:
@@ -489,6 +530,9 @@ class Router:
             if gathered:
                 self._offer_gathered(gathered)
             self.count(client, messages, octets, no_exchange, no_route, routed, dropped)
+            if timed:
+                self.sample = False
+                self.times.observe(perf_counter_ns() - timed, messages)
 
     def count(
         self,

@@ -13,8 +13,9 @@ docs/http.md. Limits keep a bad client from hurting anyone else: headers are bou
 bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
 
 Admin endpoints (/submit, checkpoints, /shutdown) need the ``admin_token`` or an admin
-user once either exists; the rest (/stats.json, /frontends.json, /metrics, the reads of
-replay.py and topics.py, the static files) need credentials only with ``http_auth_reads``.
+user once either exists; the rest (/stats.json, /frontends.json, /node.json, /metrics, the
+reads of replay.py and topics.py, the static files) need credentials only with
+``http_auth_reads``.
 auth.py decides, before anything of the request is acted on. The broker is reached through
 the narrow Protocols of :mod:`fqbroker.frontends.http.host`, never imported.
 """
@@ -35,7 +36,7 @@ import h11
 
 from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.fq import wire
-from fqbroker.frontends.http import admin, auth, replay, topics
+from fqbroker.frontends.http import admin, auth, node, replay, topics
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.stats import http_counters, render_front_ends_json, render_stats_json
 from fqbroker.storage import checkpoints
@@ -272,6 +273,8 @@ class _Connection:
                 reply = Reply(200, render_stats_json(self.broker))
             elif path == "/frontends.json":
                 reply = Reply(200, render_front_ends_json(self.broker))
+            elif path == node.PATH:
+                reply = Reply(200, await node.render_node_json(self.broker))
             elif path == "/metrics":
                 # prometheus_client is 2 MB of a broker's memory: loaded when scraped.
                 from fqbroker.frontends.http.metrics import render_metrics

@@ -299,6 +299,8 @@ class HttpHost(StatsSource, Protocol):
     def users(self) -> UsersAdminView | None: ...  # None under auth = "none"
     @property
     def peering(self) -> AdminPeeringView: ...
+    @property
+    def started(self) -> float: ...  # time.monotonic() when the broker was made
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 

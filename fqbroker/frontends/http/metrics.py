@@ -6,6 +6,14 @@ prometheus-client's global registry. The collector reads a :mod:`fqbroker.fronte
 snapshot at scrape time, so routing keeps bumping plain ints and pays nothing for
 metrics, and /metrics always agrees with /stats.json.
 
+Two things are bounded by settings rather than by the traffic: the ``fq_client_*`` series,
+one set per fq connection, are left out while more than ``metrics_client_series_max``
+clients are connected (``fq_client_series_enabled`` says which), so short-lived clients
+cannot grow a scraper's series without bound; and routing time is a histogram,
+``fq_route_eval_seconds``, of the batches the router timed (a batch every
+:attr:`~fqbroker.core.router.RouteTimes.SAMPLE_SECONDS` at most: the hot path pays two
+clock reads per timed batch, an attribute test for the others, never a clock per message).
+
 Naming follows Prometheus conventions: an ``fq_`` prefix, base units (bytes, seconds),
 ``_total`` on counters, and exchanges, queues and clients as labels, never in names.
 docs/http.md lists every metric with the stats.json key it comes from.
@@ -16,11 +24,13 @@ from __future__ import annotations
 import math
 import weakref
 from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     InfoMetricFamily,
     Metric,
     SummaryMetricFamily,
@@ -30,12 +40,22 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from fqbroker.config import Settings
 from fqbroker.core.message import hop_addresses
+from fqbroker.core.router import RouteTimes
 from fqbroker.frontends.http.host import StatsSource
+from fqbroker.frontends.http.listenermetrics import fyrehose_families, opencluster_families
 from fqbroker.frontends.http.stats import ClientSnapshot, Snapshot, take_snapshot
 from fqbroker.version import __version__
 
-__all__ = ["BrokerCollector", "registry_for", "render_metrics"]
+__all__ = ["BrokerCollector", "MetricsSource", "registry_for", "render_metrics"]
+
+
+class MetricsSource(StatsSource, Protocol):
+    """What a scrape reads: the snapshot's sources, and the settings that bound it."""
+
+    @property
+    def settings(self) -> Settings: ...
 
 
 def _label(name: bytes) -> str:
@@ -47,7 +67,7 @@ def _label(name: bytes) -> str:
 class BrokerCollector(Collector):
     """Every broker counter as a metric family, read when Prometheus scrapes."""
 
-    def __init__(self, broker: StatsSource) -> None:
+    def __init__(self, broker: MetricsSource) -> None:
         # A weak reference: the registry lives in a map keyed by the broker and must not
         # keep it alive.
         self._broker = weakref.ref(broker)
@@ -56,10 +76,17 @@ class BrokerCollector(Collector):
         broker = self._broker()
         if broker is None:
             return []
-        return list(_families(take_snapshot(broker)))
+        snap = take_snapshot(broker)
+        limit = broker.settings.metrics_client_series_max
+        per_client = limit > 0 and snap.command_connections <= limit
+        times = broker.router.times
+        return [
+            *_families(snap, per_client=per_client),
+            *_route_times(times.buckets[:], times.sum_ns, times.messages),
+        ]
 
 
-def _families(snap: Snapshot) -> Iterator[Metric]:
+def _families(snap: Snapshot, *, per_client: bool = True) -> Iterator[Metric]:
     info = InfoMetricFamily("fq_broker", "Broker identity.")
     info.add_metric(
         [],
@@ -73,108 +100,22 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     yield from _aggregate(snap)
     yield from _exchanges(snap)
     yield from _queues(snap)
-    yield from _clients(snap)
+    enabled = GaugeMetricFamily(
+        "fq_client_series_enabled",
+        "1 while the fq_client_* series are exposed (clients <= metrics_client_series_max).",
+    )
+    enabled.add_metric([], 1 if per_client else 0)
+    yield enabled
+    if per_client:
+        yield from _clients(snap)
     yield from _connections(snap)
     yield from _front_ends(snap)
     yield from _peers(snap)
     yield from _limits(snap)
     yield from _memory(snap)
     yield from _topics(snap)
-    yield from _fyrehose(snap)
-    yield from _opencluster(snap)
-
-
-# (metric name without _total, FyrehoseSnapshot field, help): the backbone's counters.
-_FYREHOSE_COUNTERS = (
-    ("fq_fyrehose_pushed", "pushed", "PUSH datagrams published on the fyrehose exchange."),
-    (
-        "fq_fyrehose_sequenced",
-        "sequenced",
-        "Messages given a sequence number since start (PUSHes and fq publishes).",
-    ),
-    ("fq_fyrehose_delivered", "delivered", "DELIVER datagrams sent to live subscribers."),
-    ("fq_fyrehose_keepalives", "keepalives", "KEEPALIVE datagrams received."),
-    ("fq_fyrehose_requests", "requests", "REQUEST datagrams received."),
-    ("fq_fyrehose_served", "served", "Messages re-sent from the retained window for REQUESTs."),
-    ("fq_fyrehose_forwarded", "forwarded", "FORWARD datagrams sent to journaling subscribers."),
-    (
-        "fq_fyrehose_unserved",
-        "unserved",
-        "Requested messages older than the window with no journaling subscriber to ask.",
-    ),
-)
-
-
-def _fyrehose(snap: Snapshot) -> Iterator[Metric]:
-    f = snap.fyrehose
-    if f is None:
-        return  # no fyrehose listener: no fyrehose families at all
-    for name, value, doc in (
-        (
-            "fq_fyrehose_sequence",
-            f.sequence,
-            "The last sequence number given (it continues across restarts).",
-        ),
-        (
-            "fq_fyrehose_first_retained",
-            f.first_retained,
-            "The oldest sequence number in the retained window (0: empty).",
-        ),
-        ("fq_fyrehose_retained_messages", f.retained_messages, "Messages the window holds."),
-        ("fq_fyrehose_retained_bytes", f.retained_bytes, "Data bytes the window holds."),
-        ("fq_fyrehose_subscribers", len(f.subscribers), "Live subscribers (KEEPALIVE < 5 s)."),
-    ):
-        gauge = GaugeMetricFamily(name, doc)
-        gauge.add_metric([], value)
-        yield gauge
-    for name, field, doc in _FYREHOSE_COUNTERS:
-        counter = CounterMetricFamily(name, doc)
-        counter.add_metric([], getattr(f, field))
-        yield counter
-    dropped = CounterMetricFamily(
-        "fq_fyrehose_dropped",
-        "Datagrams or messages the backbone dropped, by reason (docs/fyrehose.md).",
-        labels=["reason"],
-    )
-    for reason, count in f.dropped:
-        dropped.add_metric([reason], count)
-    yield dropped
-
-
-# (metric name without _total, KVSnapshot field, help): the key/value store's counters.
-_OPENCLUSTER_COUNTERS = (
-    ("fq_opencluster_sets", "sets", "set_int and set_string commands answered."),
-    ("fq_opencluster_gets", "gets", "get_int and get_string commands answered."),
-    ("fq_opencluster_hits", "hits", "Gets answered with a value."),
-    ("fq_opencluster_misses", "misses", "Gets answered fail: no such key, or it expired."),
-    ("fq_opencluster_expired", "expired", "Keys removed because their expiry passed."),
-    (
-        "fq_opencluster_commits",
-        "commits",
-        "Group commits written to the journal (each holds a batch of sets).",
-    ),
-    (
-        "fq_opencluster_failed_commits",
-        "failed_commits",
-        "Group commits that failed (their sets were answered failinfo, not stored).",
-    ),
-)
-
-
-def _opencluster(snap: Snapshot) -> Iterator[Metric]:
-    kv = snap.opencluster
-    if kv is None:
-        return  # no OpenCluster listener: no opencluster families at all
-    keys = GaugeMetricFamily("fq_opencluster_keys", "Keys the key/value store holds.")
-    keys.add_metric([], kv.keys)
-    yield keys
-    size = GaugeMetricFamily("fq_opencluster_bytes", "Bytes of names and values it holds.")
-    size.add_metric([], kv.bytes)
-    yield size
-    for name, field, doc in _OPENCLUSTER_COUNTERS:
-        counter = CounterMetricFamily(name, doc)
-        counter.add_metric([], getattr(kv, field))
-        yield counter
+    yield from fyrehose_families(snap.fyrehose)
+    yield from opencluster_families(snap.opencluster)
 
 
 def _topics(snap: Snapshot) -> Iterator[Metric]:
@@ -425,6 +366,30 @@ def _clients(snap: Snapshot) -> Iterator[Metric]:
         yield family
 
 
+def _route_times(buckets: list[int], sum_ns: int, messages: int) -> Iterator[Metric]:
+    cumulative = 0
+    rows: list[tuple[str, float]] = []
+    for bound, count in zip([*RouteTimes.bounds_seconds(), math.inf], buckets, strict=True):
+        cumulative += count
+        rows.append(("+Inf" if bound == math.inf else repr(bound), cumulative))
+    histogram = HistogramMetricFamily(
+        "fq_route_eval_seconds",
+        "Time the router took for a batch of published messages (lookups, programs and "
+        "offers into queues); a sample of the batches (at most 20 a second), see "
+        "fq_route_eval_messages.",
+        buckets=rows,
+        sum_value=sum_ns / 1e9,
+    )
+    yield histogram
+    sampled = CounterMetricFamily(
+        "fq_route_eval_messages",
+        "Messages in the batches fq_route_eval_seconds timed: its _sum over this is the "
+        "routing time per message.",
+    )
+    sampled.add_metric([], messages)
+    yield sampled
+
+
 def _client_labels(c: ClientSnapshot) -> list[str]:
     return [_label(c.user), _label(c.queue), f"{c.remote_addr}:{c.remote_port}"]
 
@@ -541,10 +506,12 @@ def _peers(snap: Snapshot) -> Iterator[Metric]:
     yield from (up, reconnects, received, looped, duplicates, bindings)
 
 
-_registries: weakref.WeakKeyDictionary[StatsSource, CollectorRegistry] = weakref.WeakKeyDictionary()
+_registries: weakref.WeakKeyDictionary[MetricsSource, CollectorRegistry] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def registry_for(broker: StatsSource) -> CollectorRegistry:
+def registry_for(broker: MetricsSource) -> CollectorRegistry:
     """The broker's own registry: its collector plus this process's standard metrics."""
     registry = _registries.get(broker)
     if registry is None:
@@ -556,7 +523,7 @@ def registry_for(broker: StatsSource) -> CollectorRegistry:
     return registry
 
 
-def render_metrics(broker: StatsSource, accept: str = "") -> tuple[bytes, str]:
+def render_metrics(broker: MetricsSource, accept: str = "") -> tuple[bytes, str]:
     """The /metrics body and its content type, in the format the scraper asked for."""
     encoder, content_type = choose_encoder(accept)
     return encoder(registry_for(broker)), content_type
