@@ -138,7 +138,7 @@ def test_readme_cluster_recipe_on_a_standalone_master_and_worker(
     tmp_path: Path, procs: Procs
 ) -> None:
     require_module("pyspark", "the spark extra is not installed (`make spark`)")
-    pq = require_module("pyarrow.parquet", "the spark extra is not installed (`make spark`)")
+    require_module("pyarrow", "the spark extra is not installed (`make spark`)")
     problem = java_problem()
     if problem:
         missing(f"Spark needs Java 17+ ({problem}); `make java` installs it")
@@ -169,7 +169,7 @@ def test_readme_cluster_recipe_on_a_standalone_master_and_worker(
     spark_class = str(venv / "bin" / "spark-class")
     master_port = free_port()
     master_url = f"spark://127.0.0.1:{master_port}"
-    master_log = procs.start(
+    procs.start(
         "master",
         [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
          "--port", str(master_port), "--webui-port", str(free_port())],
@@ -197,7 +197,7 @@ def test_readme_cluster_recipe_on_a_standalone_master_and_worker(
     for name in names:
         assert any(name in c for c in commands), f"{name} is no longer in the recipe"
     exports = ""
-    steps, shown_out = [], ""
+    steps, shown_out, submit = [], "", ""
     for i, command in enumerate(commands):
         for name, value in names.items():
             command = command.replace(name, value)
@@ -217,6 +217,7 @@ def test_readme_cluster_recipe_on_a_standalone_master_and_worker(
                 worker_log,
                 procs.started[1],
             )
+            submit = command
             shown_out = procs.run(f"step{i}", exports + command, base, SUBMIT_TIMEOUT)
             steps.append("spark-submit")
         else:
@@ -226,13 +227,26 @@ def test_readme_cluster_recipe_on_a_standalone_master_and_worker(
                 steps.append("create-queue")
             elif "fq-send" in command:
                 steps.append("fq-send")
-    assert steps == ["fqd", "create-queue", "fq-send", "spark-submit"], (steps, master_log)
+    assert steps == ["fqd", "create-queue", "fq-send", "spark-submit"], steps
 
-    # Exact counts, from the Parquet files the executors wrote and from --show.
     expected = {"app.web": [3, 2 + 3 + 4], "app.db": [5, 5 * 7]}
-    table = pq.read_table(tmp_path / "shared" / "route_stats" / "out").to_pylist()
+    check_counts(tmp_path / "shared" / "route_stats" / "out", shown_out, expected)
+
+    # Run again, as cron would: it resumes from the shared checkpoint and adds only the new.
+    publish(fq_port, [("logs", "app.db", b"y" * 7)] * 2)
+    shown_out = procs.run("again", exports + submit, base, SUBMIT_TIMEOUT)
+    expected["app.db"] = [7, 7 * 7]
+    check_counts(tmp_path / "shared" / "route_stats" / "out", shown_out, expected)
+    # The executors ran on the worker, not in the driver.
+    assert list((tmp_path / "work").glob("app-*/*/stderr")), "no executor ran on the worker"
+
+
+def check_counts(out: Path, shown_out: str, expected: dict[str, list[int]]) -> None:
+    """Messages and bytes per route, exactly, in the Parquet files the executors wrote and
+    in the table ``--show`` printed."""
+    pq = require_module("pyarrow.parquet", "the spark extra is not installed")
     written: dict[str, list[int]] = {}
-    for row in table:
+    for row in pq.read_table(out).to_pylist():
         assert row["exchange"] == "logs"
         counts = written.setdefault(row["route"], [0, 0])
         counts[0] += row["messages"]
@@ -244,5 +258,3 @@ def test_readme_cluster_recipe_on_a_standalone_master_and_worker(
         counts[0] += int(n)
         counts[1] += int(size)
     assert shown == expected, shown_out[-3000:]
-    # The executors ran on the worker, not in the driver.
-    assert list((tmp_path / "work").glob("app-*/*/stderr")), "no executor ran on the worker"
