@@ -4,11 +4,15 @@ A Spark master and one worker (``spark-class`` from the pyspark install, as a pi
 without a Spark distribution starts them) and the recipe's own commands, taken from the
 README's "Running on a cluster" block: fqd, the example's ``--create-queue``, fq-send and
 ``spark-submit``. Only the example names in the block are replaced (``/opt/fqenv`` by this
-venv, the hosts by 127.0.0.1, ``/shared`` by a temporary directory, the port by a free one);
-the environment the recipe exports is not given to it in advance. Messages published
-before the queue exists must not be counted, those published after must be, exactly.
+venv, the hosts and ``0.0.0.0`` by 127.0.0.1, the port by a free one, ``/var/lib/fqbroker``
+and ``/shared`` by temporary directories); the variables the recipe exports are not given
+to it in advance. The cluster's own settings (small memory, no UIs) come from a
+spark-defaults.conf in ``SPARK_CONF_DIR``, as an operator's would.
 
-Like the other Spark tests it skips without Java or the spark extra, and fails on CI.
+Messages published before the queue exists must not be counted, those published after
+must be, exactly; a second ``spark-submit``, as cron would run it, must resume from the
+shared checkpoint and add only what came since. Like the other Spark tests it skips
+without Java or the spark extra, and fails instead when ``CI`` is set.
 """
 
 from __future__ import annotations
