@@ -11,7 +11,7 @@ never count a message twice; ``--show`` (or :func:`totals`) sums them per minute
 route. ``--available-now`` processes what is there and stops, for cron-style runs.
 
 The first run creates the queue, so what was published before it is not counted. To count
-from a known moment, create the queue (and its binding) first, with no Spark involved::
+from a known moment, create the queue (and its binding) first; this starts no Spark session::
 
     python examples/spark/route_stats.py --port 8765 --exchange logs --create-queue
 
