@@ -10,7 +10,12 @@ comes back. Each micro-batch's counts go to their own directory ``batch=<id>`` u
 never count a message twice; ``--show`` (or :func:`totals`) sums them per minute and
 route. ``--available-now`` processes what is there and stops, for cron-style runs.
 
-See the README's Spark section for running it with spark-submit on a cluster.
+The first run creates the queue, so what was published before it is not counted. To count
+from a known moment, create the queue (and its binding) first; this starts no Spark session::
+
+    python examples/spark/route_stats.py --port 8765 --exchange logs --create-queue
+
+See docs/spark-cluster.md for running it with spark-submit on a standalone cluster.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from fqbroker.clients.replayclient import ReplayClient
+from fqbroker.errors import BrokerError
 from fqbroker.spark import FqDataSource
 
 
@@ -30,13 +37,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8765, help="fqbroker port")
     p.add_argument("--exchange", required=True, help="exchange to count")
     p.add_argument("--queue", help="disk queue the source keeps (default <exchange>-route-stats)")
-    p.add_argument("--output", required=True, help="Parquet output directory")
-    p.add_argument("--checkpoint", required=True, help="Spark checkpoint directory (durable)")
+    p.add_argument("--output", help="Parquet output directory (shared storage on a cluster)")
+    p.add_argument("--checkpoint", help="Spark checkpoint directory (durable, shared)")
     p.add_argument("--max-per-batch", type=int, default=100_000, help="maxOffsetsPerTrigger")
     p.add_argument("--trigger-seconds", type=int, default=10, help="micro-batch interval")
     p.add_argument("--available-now", action="store_true", help="process the backlog, then stop")
     p.add_argument("--show", action="store_true", help="print the totals at the end")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--create-queue",
+        action="store_true",
+        help="create the queue and bind it to the exchange, then exit (before traffic)",
+    )
+    args = p.parse_args(argv)
+    args.queue = args.queue or f"{args.exchange}-route-stats"
+    if not args.create_queue and not (args.output and args.checkpoint):
+        p.error("--output and --checkpoint are needed (unless --create-queue)")
+    return args
+
+
+def create_queue(args: argparse.Namespace) -> None:
+    """The queue and binding the source would make on its first run, made now: messages
+    published from here on are counted, and none are consumed meanwhile."""
+    try:
+        ReplayClient(args.host, args.port).ensure_queue(args.queue, exchange=args.exchange)
+    except (OSError, BrokerError) as exc:
+        raise SystemExit(f"route_stats: {exc}") from None
 
 
 def route_stats(messages: DataFrame) -> DataFrame:
@@ -53,7 +78,7 @@ def start(spark: SparkSession, args: argparse.Namespace) -> Any:
         .option("host", args.host)
         .option("port", args.port)
         .option("exchange", args.exchange)
-        .option("queue", args.queue or f"{args.exchange}-route-stats")
+        .option("queue", args.queue)
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", args.max_per_batch)
         .load()
@@ -85,6 +110,10 @@ def totals(spark: SparkSession, output: str) -> DataFrame:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.create_queue:
+        create_queue(args)
+        print(f"queue {args.queue} is bound to exchange {args.exchange}")
+        return
     spark = SparkSession.builder.appName("fq-route-stats").getOrCreate()
     # Not needed where pyspark_fqbroker is installed (Spark finds "fq" itself); harmless.
     spark.dataSource.register(FqDataSource)
