@@ -78,7 +78,7 @@ def test_help_shows_defaults(name: str) -> None:
         assert "default 8765; 0 picks one" in done.stdout
         assert "~/.local/state/fqbroker" in done.stdout  # where the state goes
     elif name == "fq-admin":
-        assert "(default: http://127.0.0.1:8765)" in done.stdout
+        assert "http://127.0.0.1:8765)" in done.stdout  # the --url default, wrapped
     else:
         assert "(default: 127.0.0.1)" in done.stdout
 
