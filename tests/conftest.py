@@ -6,7 +6,8 @@ import asyncio
 import contextlib
 import errno
 import os
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,16 @@ async def running(settings: Settings, *extra: FrontEnd[Any]) -> AsyncIterator[Br
 async def broker(settings: Settings) -> AsyncIterator[Broker]:
     async with running(settings) as b:
         yield b
+
+
+@pytest.fixture
+def closed_port() -> Iterator[int]:
+    """A loopback port bound and not listening for the test's duration: a connect is
+    refused, and no other process can take it meanwhile (the tests run as root, so even
+    port 1 once had a listener)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ async def test_queue_commands(admin: Admin) -> None:
     assert (await admin.json("queues"))["queues"] == []
 
 
-async def test_refusals_are_one_line(admin: Admin) -> None:
+async def test_refusals_are_one_line(admin: Admin, closed_port: int) -> None:
     code, out, err = await admin.run("queue", "purge", "nope")
     assert (code, out, err) == (1, "", "fq-admin: no queue 'nope'\n")
     code, _, err = await admin.run("queue", "create", "q", "--type", "tape")
@@ -125,8 +125,8 @@ async def test_refusals_are_one_line(admin: Admin) -> None:
     code, _, err = await admin.run("binding", "add", "ex", "nonsense:(", "q")
     assert code == 2 and err.startswith("fq-admin: the program does not compile")
     assert err.count("\n") == 1 and "Traceback" not in err
-    code, _, err = await admin.run("--url", "http://127.0.0.1:1", "status")
-    assert code == 1 and err.startswith("fq-admin: cannot reach http://127.0.0.1:1")
+    code, _, err = await admin.run("--url", f"http://127.0.0.1:{closed_port}", "status")
+    assert code == 1 and err.startswith(f"fq-admin: cannot reach http://127.0.0.1:{closed_port}")
 
 
 async def test_binding_commands_route_to_an_fq_client(settings: Settings, capsys: Any) -> None:
