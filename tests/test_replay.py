@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import socket
 import time
 from dataclasses import replace
 
@@ -139,7 +138,7 @@ async def test_setup_is_idempotent_and_survives_a_restart(settings: Settings) ->
         assert info.next == 5
 
 
-async def test_setup_errors(broker: Broker) -> None:
+async def test_setup_errors(broker: Broker, closed_port: int) -> None:
     rc = ReplayClient(port=broker.port)
     with pytest.raises(BrokerError, match="cannot bind"):
         await ensure_queue(rc, program="nonsense:")
@@ -149,11 +148,8 @@ async def test_setup_errors(broker: Broker) -> None:
             await asyncio.to_thread(rc.ensure_queue, "memq", params="disk:public")
         finally:
             await consumer.close()
-    # A port bound and not listening: nobody else can take it while the test runs (port 1
-    # once answered: the tests run as root, and another test's broker listened there).
-    with socket.socket() as closed, pytest.raises(BrokerError, match="cannot reach"):
-        closed.bind(("127.0.0.1", 0))
-        await asyncio.to_thread(ReplayClient(port=closed.getsockname()[1]).info, "rq")
+    with pytest.raises(BrokerError, match="cannot reach"):
+        await asyncio.to_thread(ReplayClient(port=closed_port).info, "rq")
 
 
 @pytest.mark.parametrize(
