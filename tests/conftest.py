@@ -49,6 +49,20 @@ async def running(settings: Settings, *extra: FrontEnd[Any]) -> AsyncIterator[Br
             await broker.stop()
 
 
+def root_and_bob(settings: Settings) -> Settings:
+    """Users on: "root" (password rootpw) may administer, "bob" (bobpw) only publish."""
+    from fqbroker.storage.users import Users
+
+    users = Users(settings.config_db)
+    users.add("root", "rootpw")
+    users.allow("root", "admin", "*")
+    users.add("bob", "bobpw")
+    users.allow("bob", "publish", "*")
+    users.close()
+    settings.auth = "password"
+    return settings
+
+
 @pytest.fixture
 async def broker(settings: Settings) -> AsyncIterator[Broker]:
     async with running(settings) as b:

@@ -22,7 +22,7 @@ from fqbroker.frontends.fq import wire
 from fqbroker.server.broker import Broker
 from fqbroker.storage.state import ConfigStore
 
-from .conftest import TIMEOUT, open_session, running, wait_for
+from .conftest import TIMEOUT, open_session, root_and_bob, running, wait_for
 from .test_http import HttpConn
 
 
@@ -462,17 +462,8 @@ async def _answer(admin: AdminClient, method: str, endpoint: str, args: dict[str
 
 @pytest.fixture
 async def with_users(settings: Settings) -> AsyncIterator[Broker]:
-    from fqbroker.storage.users import Users
-
-    users = Users(settings.config_db)
-    users.add("root", "rootpw")
-    users.allow("root", "admin", "*")
-    users.add("bob", "bobpw")
-    users.allow("bob", "publish", "*")
-    users.close()
-    settings.auth = "password"
     settings.admin_token = "tok"
-    async with running(settings) as broker:
+    async with running(root_and_bob(settings)) as broker:
         yield broker
 
 

@@ -22,7 +22,7 @@ from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http import auth
 from fqbroker.server.broker import Broker
 
-from .conftest import RawConn, Session, authenticate, running
+from .conftest import RawConn, Session, authenticate, root_and_bob, running
 from .procs import Proc
 from .test_http import OK_HEADERS, HttpConn, assert_still_serving, get, header
 from .test_webui import Chromium, Page, require_chromium
@@ -253,15 +253,7 @@ async def session_with_password(port: int, user: bytes, password: bytes) -> Sess
 
 @pytest.fixture
 async def with_users(settings: Settings) -> AsyncIterator[Broker]:
-    from fqbroker.storage.users import Users
-
-    users = Users(settings.config_db)
-    users.add("root", "rootpw")
-    users.allow("root", "admin", "*")
-    users.add("bob", "bobpw")
-    users.allow("bob", "publish", "*")
-    settings.auth = "password"
-    async with running(settings) as broker:
+    async with running(root_and_bob(settings)) as broker:
         assert broker.users is not None
         yield broker
 
