@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .harness import spawn, stop_process
+from . import harness
 
 RATE = 250  # samples a second: a few seconds of a run give a thousand stacks or so
 
@@ -35,7 +35,7 @@ class Flame:
             raise RuntimeError("--flame: py-spy not found (pip install py-spy)")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self.proc = spawn(
+        self.proc = harness.spawn(
             [exe, "record", "--pid", str(pid), "--output", str(path), "--format", "flamegraph",
              "--rate", str(rate), "--nonblocking"],
             stdout=subprocess.PIPE,
@@ -61,4 +61,4 @@ class Flame:
         self.stop()
 
     def stop(self) -> None:
-        stop_process(self.proc, 5)
+        harness.stop_process(self.proc, 5)

@@ -28,38 +28,41 @@ from bench.suite import Config, run
 TINY = Config(runs=1, scale=0.001, peers=False)
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, start time) of ``pid``, or None when there is no such process."""
+def _stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, process group, start time) of ``pid``, or None when there is none."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     rest = text.rsplit(")", 1)[1].split()
-    return rest[0], int(rest[1]), int(rest[19])
+    return rest[0], int(rest[1]), int(rest[2]), int(rest[19])
+
+
+def _pids() -> Iterator[tuple[int, tuple[str, int, int, int]]]:
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _stat(int(entry))) is not None:
+            yield int(entry), st
 
 
 def _alive(pid: int, started: int) -> bool:
     """The same process (not a later one with its pid) and not a zombie."""
     st = _stat(pid)
-    return st is not None and st[2] == started and st[0] not in "ZX"
+    return st is not None and st[3] == started and st[0] not in "ZX"
 
 
 def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    """A process of group ``pgid`` runs (a zombie no longer does: once its parent is gone,
+    init may take its time to reap it)."""
+    return any(st[2] == pgid and st[0] not in "ZX" for _, st in _pids())
 
 
 def _descendants(root: int) -> dict[int, tuple[int, str]]:
     """Every process under ``root`` now: pid -> (start time, command line)."""
     children: dict[int, list[int]] = {}
     starts: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (st := _stat(int(entry))) is not None:
-            children.setdefault(st[1], []).append(int(entry))
-            starts[int(entry)] = st[2]
+    for pid, st in _pids():
+        children.setdefault(st[1], []).append(pid)
+        starts[pid] = st[3]
     found: dict[int, tuple[int, str]] = {}
     todo = list(children.get(root, []))
     while todo:
