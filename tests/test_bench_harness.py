@@ -9,6 +9,7 @@ process they started, and its process group, must be gone. Processes are looked 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from typing import Any
 
@@ -227,4 +229,21 @@ def test_flame_writes_an_svg_of_the_broker(
     svg = (tmp_path / "1to1-100.svg").read_text()
     assert "<svg" in svg and "fqbroker" in svg
     assert any("py-spy record" in _command(p) for p in spawned)
+    _assert_all_stopped(spawned)
+
+
+def test_without_uvloop_the_relay_is_a_note_not_a_failure(
+    spawned: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What `python -m bench` does where uvloop is not installed (Relay.available).
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+        return None if name == "uvloop" else real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    table = run(["1to1-100"], TINY)
+    assert "py-relay/uvloop: skipped: uvloop not installed" in table, table
+    assert "vs py-relay" not in table.splitlines()[0], table
+    assert not any("bench.relay" in _command(p) for p in spawned)
     _assert_all_stopped(spawned)
