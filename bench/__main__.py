@@ -1,7 +1,7 @@
 """Run the suite and print one table, or only the scenarios named.
 
-    python -m bench [--runs N] [--scale F] [--no-peers] [--baseline TREE] [--flame DIR]
-                    [SCENARIO ...]
+    python -m bench [--runs N] [--scale F] [--no-peers] [--baseline TREE]
+                    [--flame DIR [--native]] [SCENARIO ...]
 
 Scenarios: 1to1-100 1to1-4k 1to1-128k 1to1-routes fanout fanin disk latency memory idle
 lumberjack figg fyrehose opencluster (the table),
@@ -47,6 +47,12 @@ def main(argv: list[str]) -> int:
         help="a py-spy flame graph of fqbroker in the last run of each flow scenario:"
         " DIR/SCENARIO.svg (bench/flames/README.md)",
     )
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="with --flame: C frames too (py-spy --native; pauses the broker at each sample),"
+        " in DIR/SCENARIO-native.svg",
+    )
     args = p.parse_args(argv)
     if args.flame is not None and py_spy() is None:
         print("--flame: py-spy not found (pip install py-spy)", file=sys.stderr)
@@ -74,6 +80,7 @@ def main(argv: list[str]) -> int:
             peers=not args.no_peers,
             baseline=args.baseline.resolve() if args.baseline else None,
             flame=args.flame.resolve() if args.flame else None,
+            native=args.native,
         )
         print()
         print(run(table, cfg))

@@ -1,10 +1,11 @@
-"""py-spy flame graphs of a server during a run: ``python -m bench --flame DIR``.
+"""py-spy flame graphs of a server during a run: ``python -m bench --flame DIR [--native]``.
 
 py-spy samples the process from outside (``--pid``; ``--nonblocking``, so the broker is
 never paused, at the price of a stack now and then read while it changes) and writes the
 SVG when it gets SIGINT. It needs CPU of its own, on a 2-core box the one the load
 generators want: the figures of a recorded run are not the table's, and a flame graph shows
-shares of the broker's time, not its speed.
+shares of the broker's time, not its speed. ``--native`` adds the C frames (uvloop's
+reads and writes, the interpreter's copies), pausing the broker at every sample.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def py_spy() -> str | None:
 class Flame:
     """py-spy recording ``pid`` from now until :meth:`finish`, into the SVG ``path``."""
 
-    def __init__(self, pid: int, path: Path, rate: int = RATE) -> None:
+    def __init__(self, pid: int, path: Path, rate: int = RATE, native: bool = False) -> None:
         exe = py_spy()
         if exe is None:
             raise RuntimeError("--flame: py-spy not found (pip install py-spy)")
@@ -37,7 +38,9 @@ class Flame:
         self.path = path
         self.proc = harness.spawn(
             [exe, "record", "--pid", str(pid), "--output", str(path), "--format", "flamegraph",
-             "--rate", str(rate), "--nonblocking"],
+             "--rate", str(rate),
+             # C frames (uvloop, the interpreter) need the broker paused at each sample.
+             *(["--native"] if native else ["--nonblocking"])],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )  # fmt: skip

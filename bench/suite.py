@@ -76,8 +76,10 @@ class Config:
     # Another fqbroker tree (e.g. a worktree of the commit before a change), run as the
     # first peer column, BASELINE, in the same interleaved runs.
     baseline: Path | None = None
-    # A folder for py-spy flame graphs of fqbroker in the last run of each flow (--flame).
+    # A folder for py-spy flame graphs of fqbroker in the last run of each flow (--flame),
+    # with C frames (--native).
     flame: Path | None = None
+    native: bool = False
 
 
 BASELINE = "before"
@@ -119,6 +121,7 @@ def flow_run(
     scale: float,
     tail: bool = False,
     flame: Path | None = None,
+    native: bool = False,
 ) -> dict[str, float]:
     """One run of a flow: rate, us per delivery and, with ``tail``, one more message's latency.
 
@@ -159,7 +162,7 @@ def flow_run(
         for p in pubs:
             p.ready()
         if flame is not None:
-            recorder = Flame(system.pid, flame)
+            recorder = Flame(system.pid, flame, native=native)
         cpu0 = cpu_seconds(system.pid)
         for p in pubs:
             p.go()
@@ -277,8 +280,9 @@ def scenario_flow(name: str, cfg: Config, table: Table) -> None:
 
     def one(system: System, run: int) -> dict[str, float]:
         last = system.name == "fqbroker" and run == cfg.runs - 1
-        flame = cfg.flame / f"{name}.svg" if cfg.flame is not None and last else None
-        return flow_run(system, flow, run, cfg.scale, flame=flame)
+        svg = f"{name}-native.svg" if cfg.native else f"{name}.svg"
+        flame = cfg.flame / svg if cfg.flame is not None and last else None
+        return flow_run(system, flow, run, cfg.scale, flame=flame, native=cfg.native)
 
     res = interleaved([FqBroker(), *systems], cfg.runs, one)
     table.flow(flow.label, res, TARGETS.get(name, ""))
