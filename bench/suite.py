@@ -5,8 +5,8 @@ system, then run 2 of every system, and so on, each system a fresh server per sc
 Load generators are separate processes (bench/loadgen.py); flow control is the same for
 every system (a shared window of messages in flight), so nothing is dropped. msg/s is
 messages delivered over the time from the first publish to the last receipt, summed over
-subscribers (fan-out counts every delivery); ``us/msg`` is the server's CPU (utime +
-stime, all threads, from /proc) over the run divided by the deliveries.
+subscribers (fan-out counts every delivery); ``us/msg`` is the server's CPU (user + system,
+all threads: the kernel's CPU clock of the process) over the run divided by the deliveries.
 """
 
 from __future__ import annotations
