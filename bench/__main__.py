@@ -5,7 +5,8 @@
 
 Scenarios: 1to1-100 1to1-4k 1to1-128k 1to1-routes fanout fanin disk latency memory idle
 lumberjack figg fyrehose opencluster (the table),
-and in-process micro benchmarks outside it: routing, disk-inproc, file-reads, permissions.
+and in-process micro benchmarks outside it: routing, disk-inproc, file-reads, permissions,
+idle-floor.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ MICRO = {
     "disk-inproc": "bench.disk",
     "file-reads": "bench.filereads",
     "permissions": "bench.permscost",
+    "idle-floor": "bench.idlefloor",
 }
 
 
