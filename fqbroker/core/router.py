@@ -10,6 +10,11 @@ Routing a message looks up candidate bindings by its route, not by scanning ever
 binding: bindings are indexed by their exact route (``exact:``) or by their prefix
 (``prefix:``, a :class:`~fqbroker.core.prefixes.PrefixIndex`: one bisect and a short walk).
 The cost is therefore flat in the number of bindings, as with fqd's prefix jump table.
+What a route reaches is remembered per exchange (until a binding comes or goes), and
+routes that reach the same bindings share one answer, so a stream of messages on many
+routes into the same queues is joined into one batch per queue, as one route's would be:
+the cost is flat in the number of routes too. Joining only ever appends a message after
+the one before it, so each queue sees its messages in the order they were published.
 
 Each queue receives a message at most once: once a queue is a target, its other bindings are
 skipped and their ``invocations`` do not move (docs/fq-protocol.md §2.3). The router then
@@ -51,6 +56,10 @@ __all__ = [
     "Target",
 ]
 
+# Routes whose reach an exchange remembers; past it, it starts again (a stream of new
+# route names costs a lookup each, never unbounded memory).
+MAX_ROUTES_KEPT = 65536
+
 # avg_ns is a moving average with alpha 1/128, as in fqd (docs/fq-protocol.md §2.3).
 _AVG_SHIFT = 7
 
@@ -59,6 +68,7 @@ perf_counter_ns = time.perf_counter_ns
 # The bindings a route reaches, and whether any of their queues blocks.
 Reach = tuple[list["Binding"], bool]
 _UNKNOWN: Reach = ([], False)  # a route not looked up yet
+_NO_GROUP: Reach = ([], False)  # publish_runs has no joined runs waiting
 
 
 class Target(Protocol):
@@ -210,9 +220,18 @@ class Exchange:
     # no program looks past the route (None when one does); cleared whenever a binding
     # comes or goes.
     _hits: dict[bytes, Reach | None] = field(default_factory=dict)
+    # One Reach object per distinct list of bindings, shared by every route that reaches
+    # them: publish_runs then tells by identity that consecutive runs on different
+    # routes go to the same bindings, and joins them (many routes, few targets).
+    _reaches: dict[tuple[Binding, ...], Reach] = field(default_factory=dict)
+
+    def forget(self) -> None:
+        """Drop what routes were found to reach: a binding came or went."""
+        self._hits.clear()
+        self._reaches.clear()
 
     def add(self, binding: Binding) -> None:
-        self._hits.clear()
+        self.forget()
         self.bindings[binding.route_id] = binding
         program = binding.program
         self._by_owner[id(binding.queue), program.text] = binding
@@ -222,7 +241,7 @@ class Exchange:
             self._by_prefix.add(program.prefix, binding)
 
     def remove(self, binding: Binding) -> None:
-        self._hits.clear()
+        self.forget()
         del self.bindings[binding.route_id]
         program = binding.program
         del self._by_owner[id(binding.queue), program.text]
@@ -243,7 +262,8 @@ class Exchange:
         Memoised per route: with only ``prefix:``/``exact:`` rules (``always_true``
         programs) the answer is the first binding of each distinct queue among the
         candidates, exactly what routing by programs would pick one by one, and whether
-        any of their queues blocks (a queue's policy never changes).
+        any of their queues blocks (a queue's policy never changes). Routes that reach the
+        same bindings get the same Reach object (see ``_reaches``).
         """
         try:
             return self._hits[route]
@@ -260,9 +280,14 @@ class Exchange:
                     found.append(binding)  # type: ignore[union-attr]
             if found is None:
                 break
-        if len(self._hits) >= 65536:
-            self._hits.clear()
-        reach = None if found is None else (found, any(b.queue.blocks for b in found))
+        if len(self._hits) >= MAX_ROUTES_KEPT:
+            self.forget()
+        reach = None
+        if found is not None:
+            key = tuple(found)
+            reach = self._reaches.get(key)
+            if reach is None:
+                reach = self._reaches[key] = (found, any(b.queue.blocks for b in found))
         self._hits[route] = reach
         return reach
 
@@ -275,12 +300,69 @@ class Exchange:
         return found
 
 
-def _gather_into(gathered: dict[Target, list[Any]], hits: list[Binding]) -> None:
-    """Give each target of ``hits`` (none of which blocks) its slot."""
-    for binding in hits:
-        queue = binding.queue
-        if queue not in gathered:
-            gathered[queue] = [queue.room, queue.room_bytes, [], 0]
+def _deliver(
+    gathered: dict[Target, list[Any]],
+    reach: Reach,
+    ex: Exchange | None,
+    frames: list[bytes],
+    n: int,
+    raw: int,
+    size: int,
+    alone: bool,
+    routed: int,
+    dropped: int,
+    no_route: int,
+) -> tuple[int, int, int]:
+    """Gather joined drop-policy runs (``n`` messages, ``raw`` frame bytes, ``size``
+    payload bytes) for the targets of ``reach``, or offer them now if ``alone`` (nothing
+    else gathered, nothing after them); count them on ``ex`` and return routed, dropped
+    and no_route plus theirs.
+
+    The drops counted are those the queues will make: each queue's room is read when it
+    is first gathered for and then used up by every message offered to it, in order,
+    which adds up over runs exactly as counting them run by run would.
+    """
+    assert ex is not None
+    ex.messages += n
+    ex.octets += size
+    hits = reach[0]
+    if not hits:
+        ex.no_route += n
+        return routed, dropped, no_route + n
+    run_dropped = 0
+    # ``frames`` is the group's own list: the first queue gathered for may keep it.
+    own = True
+    if alone:
+        for binding in hits:
+            binding.invocations += n
+            run_dropped += n - binding.queue.offer(frames, raw)
+    else:
+        for binding in hits:
+            binding.invocations += n
+            queue = binding.queue
+            slot = gathered.get(queue)
+            if slot is None:
+                slot = gathered[queue] = [
+                    queue.room,
+                    queue.room_bytes,
+                    frames if own else frames[:],
+                    raw,
+                ]
+                own = False
+            else:
+                slot[2] += frames
+                slot[3] += raw
+            room = slot[0]
+            slot[0] = room - n
+            room_bytes = slot[1]
+            slot[1] = room_bytes - raw
+            if room < n or room_bytes < raw:
+                run_dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
+    run_routed = n * len(hits)
+    ex.routed += run_routed
+    if run_dropped:
+        ex.dropped += run_dropped
+    return routed + run_routed, dropped + run_dropped, no_route
 
 
 class RouteTimes:
@@ -427,9 +509,13 @@ class Router:
 
         Each run is routed once. What drop-policy queues get is gathered per queue and
         offered in one call at the end, their room counted while gathering, so the same
-        messages are dropped as one by one. A run that reaches a block-policy queue, or
-        needs programs run, is published exactly after what was gathered, and stops after
-        the message that leaves a block-policy queue full.
+        messages are dropped as one by one. Consecutive runs whose routes reach the very
+        same bindings (one shared Reach: :meth:`Exchange.hits`) are joined first and
+        gathered as one, so many routes into few queues cost a run a few lookups, not a
+        walk over its targets; each queue still gets its messages in the order sent. A run
+        that reaches a block-policy queue, or needs programs run, is published exactly
+        after what was gathered, and stops after the message that leaves a block-policy
+        queue full.
 
         Returns the index to go on from, the messages published and the block-policy
         targets now full (publish again after waiting on them); when a run was published
@@ -440,6 +526,12 @@ class Router:
         # queue -> [room left, bytes left, frames, their bytes]
         gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
+        # The joined runs not gathered yet: their Reach (_NO_GROUP: none), exchange,
+        # frames, messages, frame bytes and payload bytes.
+        group = _NO_GROUP
+        group_ex: Exchange | None = None
+        group_frames: list[bytes] = []
+        group_n = group_raw = group_size = 0
         timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
         i = start
         end = len(runs)  # runs[i] may be replaced by its rest, never added to
@@ -456,46 +548,35 @@ class Router:
                     no_route += n
                     continue
                 reach = ex._hits.get(route, _UNKNOWN)
-                if reach is _UNKNOWN:
-                    reach = ex.hits(route)
-                if reach is not None and not reach[1]:
-                    hits = reach[0]
+                if reach is group:
+                    # The same bindings as the run before: joined to it.
                     i += 1
                     raw = sum(map(len, frames)) if n > 1 else len(frames[0])
-                    size = raw - n * head
-                    ex.messages += n
-                    ex.octets += size
-                    messages += n
-                    octets += size
-                    if not hits:
-                        ex.no_route += n
-                        no_route += n
-                        continue
-                    run_dropped = 0
-                    if not gathered and i == end:
-                        # Nothing gathered and nothing after it: offered as it is.
-                        for binding in hits:
-                            binding.invocations += n
-                            run_dropped += n - binding.queue.offer(frames, raw)
-                    else:
-                        _gather_into(gathered, hits)
-                        for binding in hits:
-                            binding.invocations += n
-                            slot = gathered[binding.queue]
-                            slot[2] += frames
-                            slot[3] += raw
-                            room = slot[0]
-                            slot[0] = room - n
-                            room_bytes = slot[1]
-                            slot[1] = room_bytes - raw
-                            if room < n or room_bytes < raw:
-                                run_dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
-                    run_routed = n * len(hits)
-                    ex.routed += run_routed
-                    routed += run_routed
-                    if run_dropped:
-                        ex.dropped += run_dropped
-                        dropped += run_dropped
+                    group_frames += frames
+                    group_n += n
+                    group_raw += raw
+                    group_size += raw - n * head
+                    continue
+                if reach is _UNKNOWN:
+                    reach = ex.hits(route)
+                    if reach is group:
+                        continue  # as above, next time round
+                if group is not _NO_GROUP:
+                    joined, group = group, _NO_GROUP  # never delivered twice, even on error
+                    routed, dropped, no_route = _deliver(
+                        gathered, joined, group_ex, group_frames, group_n, group_raw,
+                        group_size, False, routed, dropped, no_route,
+                    )  # fmt: skip
+                    messages += group_n
+                    octets += group_size
+                if reach is not None and not reach[1]:
+                    i += 1
+                    group = reach
+                    group_ex = ex
+                    group_frames = frames[:]  # never the run's own list: it is joined to
+                    group_n = n
+                    group_raw = raw = sum(map(len, frames)) if n > 1 else len(frames[0])
+                    group_size = raw - n * head
                     continue
                 # Exactly as one by one, so everything gathered goes first.
                 self._offer_gathered(gathered)
@@ -525,8 +606,25 @@ class Router:
                 no_route += run_no_route
                 if blocked:
                     return i, messages, blocked
+            if group is not _NO_GROUP:
+                # Offered as it is when nothing else was gathered (a read on one route).
+                joined, group = group, _NO_GROUP
+                routed, dropped, no_route = _deliver(
+                    gathered, joined, group_ex, group_frames, group_n, group_raw,
+                    group_size, not gathered, routed, dropped, no_route,
+                )  # fmt: skip
+                messages += group_n
+                octets += group_size
             return i, messages, []
         finally:
+            if group is not _NO_GROUP:  # something raised: what was routed still goes out
+                joined, group = group, _NO_GROUP
+                routed, dropped, no_route = _deliver(
+                    gathered, joined, group_ex, group_frames, group_n, group_raw,
+                    group_size, False, routed, dropped, no_route,
+                )  # fmt: skip
+                messages += group_n
+                octets += group_size
             if gathered:
                 self._offer_gathered(gathered)
             self.count(client, messages, octets, no_exchange, no_route, routed, dropped)
