@@ -300,69 +300,35 @@ class Exchange:
         return found
 
 
-def _deliver(
-    gathered: dict[Target, list[Any]],
-    reach: Reach,
-    ex: Exchange | None,
-    frames: list[bytes],
-    n: int,
-    raw: int,
-    size: int,
-    alone: bool,
-    routed: int,
-    dropped: int,
-    no_route: int,
-) -> tuple[int, int, int]:
-    """Gather joined drop-policy runs (``n`` messages, ``raw`` frame bytes, ``size``
-    payload bytes) for the targets of ``reach``, or offer them now if ``alone`` (nothing
-    else gathered, nothing after them); count them on ``ex`` and return routed, dropped
-    and no_route plus theirs.
+_NOWHERE = Exchange(b"")  # publish_runs' exchange of no joined runs: never counted on
 
-    The drops counted are those the queues will make: each queue's room is read when it
-    is first gathered for and then used up by every message offered to it, in order,
-    which adds up over runs exactly as counting them run by run would.
+
+def _gather(
+    gathered: dict[Target, list[Any]], hits: list[Binding], frames: list[bytes], n: int, raw: int
+) -> int:
+    """Gather ``n`` messages (``frames``, ``raw`` bytes) for each binding of ``hits``
+    (none of which blocks); returns how many of them the queues will drop.
+
+    Each queue's room is read when it is first gathered for, then used up by every
+    message gathered for it, in order: the drops counted add up over runs exactly as one
+    by one (a message is dropped once no room is left before it).
     """
-    assert ex is not None
-    ex.messages += n
-    ex.octets += size
-    hits = reach[0]
-    if not hits:
-        ex.no_route += n
-        return routed, dropped, no_route + n
-    run_dropped = 0
-    # ``frames`` is the group's own list: the first queue gathered for may keep it.
-    own = True
-    if alone:
-        for binding in hits:
-            binding.invocations += n
-            run_dropped += n - binding.queue.offer(frames, raw)
-    else:
-        for binding in hits:
-            binding.invocations += n
-            queue = binding.queue
-            slot = gathered.get(queue)
-            if slot is None:
-                slot = gathered[queue] = [
-                    queue.room,
-                    queue.room_bytes,
-                    frames if own else frames[:],
-                    raw,
-                ]
-                own = False
-            else:
-                slot[2] += frames
-                slot[3] += raw
-            room = slot[0]
-            slot[0] = room - n
-            room_bytes = slot[1]
-            slot[1] = room_bytes - raw
-            if room < n or room_bytes < raw:
-                run_dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
-    run_routed = n * len(hits)
-    ex.routed += run_routed
-    if run_dropped:
-        ex.dropped += run_dropped
-    return routed + run_routed, dropped + run_dropped, no_route
+    dropped = 0
+    for binding in hits:
+        binding.invocations += n
+        queue = binding.queue
+        slot = gathered.get(queue)
+        if slot is None:
+            slot = gathered[queue] = [queue.room, queue.room_bytes, [], 0]
+        slot[2] += frames
+        slot[3] += raw
+        room = slot[0]
+        slot[0] = room - n
+        room_bytes = slot[1]
+        slot[1] = room_bytes - raw
+        if room < n or room_bytes < raw:
+            dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
+    return dropped
 
 
 class RouteTimes:
@@ -527,10 +493,12 @@ class Router:
         gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
         # The joined runs not gathered yet: their Reach (_NO_GROUP: none), exchange,
-        # frames, messages, frame bytes and payload bytes.
+        # frames (a run's own list until a second run joins), messages, frame bytes and
+        # payload bytes.
         group = _NO_GROUP
-        group_ex: Exchange | None = None
+        group_ex = _NOWHERE
         group_frames: list[bytes] = []
+        joined = False
         group_n = group_raw = group_size = 0
         timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
         i = start
@@ -552,7 +520,11 @@ class Router:
                     # The same bindings as the run before: joined to it.
                     i += 1
                     raw = sum(map(len, frames)) if n > 1 else len(frames[0])
-                    group_frames += frames
+                    if joined:
+                        group_frames += frames
+                    else:
+                        group_frames = group_frames + frames  # not the first run's list
+                        joined = True
                     group_n += n
                     group_raw += raw
                     group_size += raw - n * head
@@ -560,20 +532,31 @@ class Router:
                 if reach is _UNKNOWN:
                     reach = ex.hits(route)
                     if reach is group:
-                        continue  # as above, next time round
+                        continue  # joined as above, next time round
                 if group is not _NO_GROUP:
-                    joined, group = group, _NO_GROUP  # never delivered twice, even on error
-                    routed, dropped, no_route = _deliver(
-                        gathered, joined, group_ex, group_frames, group_n, group_raw,
-                        group_size, False, routed, dropped, no_route,
-                    )  # fmt: skip
+                    hits = group[0]
+                    group = _NO_GROUP  # never gathered twice, even on an error
+                    group_ex.messages += group_n
+                    group_ex.octets += group_size
                     messages += group_n
                     octets += group_size
+                    if hits:
+                        run_dropped = _gather(gathered, hits, group_frames, group_n, group_raw)
+                        run_routed = group_n * len(hits)
+                        group_ex.routed += run_routed
+                        routed += run_routed
+                        if run_dropped:
+                            group_ex.dropped += run_dropped
+                            dropped += run_dropped
+                    else:
+                        group_ex.no_route += group_n
+                        no_route += group_n
                 if reach is not None and not reach[1]:
                     i += 1
                     group = reach
                     group_ex = ex
-                    group_frames = frames[:]  # never the run's own list: it is joined to
+                    group_frames = frames
+                    joined = False
                     group_n = n
                     group_raw = raw = sum(map(len, frames)) if n > 1 else len(frames[0])
                     group_size = raw - n * head
@@ -606,25 +589,33 @@ class Router:
                 no_route += run_no_route
                 if blocked:
                     return i, messages, blocked
-            if group is not _NO_GROUP:
-                # Offered as it is when nothing else was gathered (a read on one route).
-                joined, group = group, _NO_GROUP
-                routed, dropped, no_route = _deliver(
-                    gathered, joined, group_ex, group_frames, group_n, group_raw,
-                    group_size, not gathered, routed, dropped, no_route,
-                )  # fmt: skip
-                messages += group_n
-                octets += group_size
-            return i, messages, []
+            # The last runs are gathered (or offered) on the way out.
+            return i, messages + (group_n if group is not _NO_GROUP else 0), []
         finally:
-            if group is not _NO_GROUP:  # something raised: what was routed still goes out
-                joined, group = group, _NO_GROUP
-                routed, dropped, no_route = _deliver(
-                    gathered, joined, group_ex, group_frames, group_n, group_raw,
-                    group_size, False, routed, dropped, no_route,
-                )  # fmt: skip
+            if group is not _NO_GROUP:
+                hits = group[0]
+                group_ex.messages += group_n
+                group_ex.octets += group_size
                 messages += group_n
                 octets += group_size
+                if not hits:
+                    group_ex.no_route += group_n
+                    no_route += group_n
+                elif gathered:
+                    run_dropped = _gather(gathered, hits, group_frames, group_n, group_raw)
+                else:
+                    # Nothing else gathered (a read on one route, say): offered as it is.
+                    run_dropped = 0
+                    for binding in hits:
+                        binding.invocations += group_n
+                        run_dropped += group_n - binding.queue.offer(group_frames, group_raw)
+                if hits:
+                    run_routed = group_n * len(hits)
+                    group_ex.routed += run_routed
+                    routed += run_routed
+                    if run_dropped:
+                        group_ex.dropped += run_dropped
+                        dropped += run_dropped
             if gathered:
                 self._offer_gathered(gathered)
             self.count(client, messages, octets, no_exchange, no_route, routed, dropped)
