@@ -32,15 +32,17 @@ them; :meth:`Router.publish` is one message as a run of one.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
 from fqbroker.core.budget import fitting
 from fqbroker.core.message import Message, Run, message_from_frame
 from fqbroker.core.prefixes import PrefixIndex
 from fqbroker.core.program import Program, RuleRegistry, compile_program
+from fqbroker.core.routestats import AggregateStats, ClientStats, Counts, RouteTimes
+from fqbroker.core.targets import Sink, Target
 from fqbroker.errors import ProgramError
 
 __all__ = [
@@ -69,116 +71,6 @@ perf_counter_ns = time.perf_counter_ns
 Reach = tuple[list["Binding"], bool]
 _UNKNOWN: Reach = ([], False)  # a route not looked up yet
 _NO_GROUP: Reach = ([], False)  # publish_runs has no joined runs waiting
-
-
-class Target(Protocol):
-    """What a binding delivers into: a queue, as far as the router cares."""
-
-    def offer(self, frames: list[bytes], size: int = -1) -> int:
-        """Take these peer frames in order, up to the tail-drop limit; how many it took.
-
-        ``size``: the frames' bytes, when the caller has counted them (-1: not).
-        """
-        ...
-
-    blocks: bool
-    """Block policy: full, it takes messages still and makes the publisher wait."""
-
-    @property
-    def room(self) -> int:
-        """Messages it takes before it is full (0 or less: none)."""
-        ...
-
-    @property
-    def room_bytes(self) -> int:
-        """Bytes it takes before it is full: each message while this is over 0."""
-        ...
-
-    def takes(self, frames: list[bytes]) -> int:
-        """Block policy: how many of ``frames`` it takes before it is full (at least 1)."""
-        ...
-
-    @property
-    def is_full(self) -> bool:
-        """Whether a publisher should wait before sending more (block policy)."""
-        ...
-
-    def wait_not_full(self) -> Awaitable[None]:
-        """Resolves once the target has room again."""
-        ...
-
-
-class Sink:
-    """A target that is never full and never makes a publisher wait: what a front end
-    binds straight on the router to see every message of an exchange (retained topics,
-    the fyrehose sequence). A subclass gives ``name`` (shown for its binding) and
-    :meth:`offer`."""
-
-    blocks = False
-    name = b"(sink)"
-
-    @property
-    def room(self) -> int:
-        return 1 << 62
-
-    @property
-    def room_bytes(self) -> int:
-        return 1 << 62
-
-    @property
-    def is_full(self) -> bool:
-        return False
-
-    def takes(self, frames: list[bytes]) -> int:
-        return len(frames)
-
-    async def wait_not_full(self) -> None:
-        return None
-
-    def offer(self, frames: list[bytes], size: int = -1) -> int:
-        raise NotImplementedError
-
-
-class Counts(Protocol):
-    """The outcome counters a publish adds to besides the aggregate
-    (docs/fq-protocol.md §1.6): a publisher's :class:`ClientStats`, or the
-    :class:`PublishResult` of one message."""
-
-    no_exchange: int
-    no_route: int
-    routed: int
-    dropped: int
-    size_dropped: int
-
-
-@dataclass(slots=True)
-class ClientStats:
-    """A client's counters, in the order of the status reply (docs/fq-protocol.md §1.6)."""
-
-    no_exchange: int = 0
-    no_route: int = 0
-    routed: int = 0
-    dropped: int = 0
-    size_dropped: int = 0
-    msgs_in: int = 0
-    msgs_out: int = 0
-    octets_in: int = 0
-    octets_out: int = 0
-    # Not in fq's status reply (auth = "password" only): messages its user may not
-    # publish, dropped before routing (fqbroker/core/permissions.py).
-    denied: int = 0
-
-
-@dataclass(slots=True)
-class AggregateStats:
-    no_exchange: int = 0
-    messages: int = 0
-    octets: int = 0
-    no_route: int = 0
-    routed: int = 0
-    dropped: int = 0
-    size_dropped: int = 0
-    denied: int = 0  # not fqd's: dropped as their publisher may not publish there
 
 
 @dataclass(slots=True, eq=False)
@@ -329,41 +221,6 @@ def _gather(
         if room < n or room_bytes < raw:
             dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
     return dropped
-
-
-class RouteTimes:
-    """How long routing takes: a histogram of the time :meth:`Router.publish_runs` spends on
-    a batch (the lookups, programs and offers into queues of one read's messages).
-
-    Sampled, so the hot path pays nearly nothing: whoever runs the router sets
-    :attr:`Router.sample` every :data:`SAMPLE_SECONDS` (the broker, on a timer), and the
-    next batch is timed (two clock reads and a bucket increment); every other batch costs
-    one attribute test. A counter or a clock read per batch would cost more than the
-    attribute test by a multiple (bench/routing.py ``--sampling``). Bucket ``i`` counts
-    batches under ``1024 << i`` ns (about 1 µs, doubling up to half a second), the last
-    one everything slower. ``messages`` counts the messages of the timed batches, so
-    ``sum_ns / messages`` is the time per message.
-    """
-
-    __slots__ = ("buckets", "messages", "sum_ns")
-
-    BUCKETS = 21  # 20 bounds, then +Inf
-    SAMPLE_SECONDS = 0.05  # at most 20 timed batches a second
-
-    def __init__(self) -> None:
-        self.buckets = [0] * self.BUCKETS
-        self.sum_ns = 0
-        self.messages = 0
-
-    def observe(self, elapsed_ns: int, messages: int) -> None:
-        self.buckets[min((elapsed_ns >> 10).bit_length(), self.BUCKETS - 1)] += 1
-        self.sum_ns += elapsed_ns
-        self.messages += messages
-
-    @classmethod
-    def bounds_seconds(cls) -> list[float]:
-        """The upper bound of each bucket but the last, in seconds."""
-        return [(1024 << i) / 1e9 for i in range(cls.BUCKETS - 1)]
 
 
 @dataclass(slots=True)
