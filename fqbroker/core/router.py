@@ -357,6 +357,11 @@ class Router:
         group_frames: list[bytes] = []
         joined = False
         group_n = group_raw = group_size = 0
+        # The exchange of the run before, and its routes' reach: runs on many routes of one
+        # exchange compare a name rather than look the exchange up each.
+        ex = _NOWHERE
+        last_name = None
+        reach_of = ex._hits.get
         timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
         i = start
         end = len(runs)  # runs[i] may be replaced by its rest, never added to
@@ -364,15 +369,19 @@ class Router:
             while i < end:
                 exchange, route, frames, head = runs[i]
                 n = len(frames)
-                ex = exchanges.get(exchange)
-                if ex is None:
-                    i += 1
-                    messages += n
-                    octets += (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
-                    no_exchange += n
-                    no_route += n
-                    continue
-                reach = ex._hits.get(route, _UNKNOWN)
+                if exchange != last_name:
+                    found = exchanges.get(exchange)
+                    if found is None:
+                        i += 1
+                        messages += n
+                        octets += (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
+                        no_exchange += n
+                        no_route += n
+                        continue
+                    ex = found
+                    last_name = exchange
+                    reach_of = ex._hits.get  # the same dict for good: forget() clears it
+                reach = reach_of(route, _UNKNOWN)
                 if reach is group:
                     # The same bindings as the run before: joined to it.
                     i += 1
