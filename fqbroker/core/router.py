@@ -118,7 +118,8 @@ class Exchange:
     _reaches: dict[tuple[Binding, ...], Reach] = field(default_factory=dict)
 
     def forget(self) -> None:
-        """Drop what routes were found to reach: a binding came or went."""
+        """Drop what routes were found to reach: a binding came or went. Cleared, never
+        replaced: publish_runs holds on to ``_hits.get``."""
         self._hits.clear()
         self._reaches.clear()
 
