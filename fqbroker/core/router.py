@@ -194,6 +194,8 @@ class Exchange:
 
 
 _NOWHERE = Exchange(b"")  # publish_runs' exchange of no joined runs: never counted on
+_NO_REACH_OF = _NOWHERE._hits.get
+_NO_FRAMES: list[bytes] = []  # never added to
 
 
 def _gather(
@@ -355,14 +357,14 @@ class Router:
         # payload bytes.
         group = _NO_GROUP
         group_ex = _NOWHERE
-        group_frames: list[bytes] = []
+        group_frames = _NO_FRAMES
         joined = False
         group_n = group_raw = group_size = 0
         # The exchange of the run before, and its routes' reach: runs on many routes of one
         # exchange compare a name rather than look the exchange up each.
         ex = _NOWHERE
         last_name = None
-        reach_of = ex._hits.get
+        reach_of = _NO_REACH_OF
         timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
         i = start
         end = len(runs)  # runs[i] may be replaced by its rest, never added to
