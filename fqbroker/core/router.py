@@ -353,13 +353,14 @@ class Router:
         gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
         # The joined runs not gathered yet: their Reach (_NO_GROUP: none), exchange,
-        # frames (a run's own list until a second run joins), messages, frame bytes and
-        # payload bytes.
+        # frames (a run's own list until a second run joins) and the bytes of their heads
+        # (frame bytes less these are payload bytes): what else is counted is counted
+        # once a group is whole, as little as possible done per run.
         group = _NO_GROUP
         group_ex = _NOWHERE
         group_frames = _NO_FRAMES
         joined = False
-        group_n = group_raw = group_size = 0
+        group_heads = 0
         # The exchange of the run before, and its routes' reach: runs on many routes of one
         # exchange compare a name rather than look the exchange up each.
         ex = _NOWHERE
@@ -388,15 +389,12 @@ class Router:
                 if reach is group:
                     # The same bindings as the run before: joined to it.
                     i += 1
-                    raw = sum(map(len, frames)) if n > 1 else len(frames[0])
                     if joined:
                         group_frames += frames
                     else:
                         group_frames = group_frames + frames  # not the first run's list
                         joined = True
-                    group_n += n
-                    group_raw += raw
-                    group_size += raw - n * head
+                    group_heads += n * head
                     continue
                 if reach is _UNKNOWN:
                     reach = ex.hits(route)
@@ -405,6 +403,9 @@ class Router:
                 if group is not _NO_GROUP:
                     hits = group[0]
                     group = _NO_GROUP  # never gathered twice, even on an error
+                    group_n = len(group_frames)
+                    group_raw = sum(map(len, group_frames)) if group_n > 1 else len(group_frames[0])
+                    group_size = group_raw - group_heads
                     group_ex.messages += group_n
                     group_ex.octets += group_size
                     messages += group_n
@@ -426,9 +427,7 @@ class Router:
                     group_ex = ex
                     group_frames = frames
                     joined = False
-                    group_n = n
-                    group_raw = raw = sum(map(len, frames)) if n > 1 else len(frames[0])
-                    group_size = raw - n * head
+                    group_heads = n * head
                     continue
                 # Exactly as one by one, so everything gathered goes first.
                 self._offer_gathered(gathered)
@@ -459,10 +458,13 @@ class Router:
                 if blocked:
                     return i, messages, blocked
             # The last runs are gathered (or offered) on the way out.
-            return i, messages + (group_n if group is not _NO_GROUP else 0), []
+            return i, messages + (len(group_frames) if group is not _NO_GROUP else 0), []
         finally:
             if group is not _NO_GROUP:
                 hits = group[0]
+                group_n = len(group_frames)
+                group_raw = sum(map(len, group_frames)) if group_n > 1 else len(group_frames[0])
+                group_size = group_raw - group_heads
                 group_ex.messages += group_n
                 group_ex.octets += group_size
                 messages += group_n
