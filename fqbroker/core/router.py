@@ -404,7 +404,9 @@ class Router:
                     hits = group[0]
                     group = _NO_GROUP  # never gathered twice, even on an error
                     group_n = len(group_frames)
-                    group_raw = sum(map(len, group_frames)) if group_n > 1 else len(group_frames[0])
+                    group_raw = (
+                        sum(map(len, group_frames)) if group_n != 1 else len(group_frames[0])
+                    )
                     group_size = group_raw - group_heads
                     group_ex.messages += group_n
                     group_ex.octets += group_size
@@ -463,7 +465,7 @@ class Router:
             if group is not _NO_GROUP:
                 hits = group[0]
                 group_n = len(group_frames)
-                group_raw = sum(map(len, group_frames)) if group_n > 1 else len(group_frames[0])
+                group_raw = sum(map(len, group_frames)) if group_n != 1 else len(group_frames[0])
                 group_size = group_raw - group_heads
                 group_ex.messages += group_n
                 group_ex.octets += group_size
