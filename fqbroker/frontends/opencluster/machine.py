@@ -217,57 +217,95 @@ class Machine:
         """Act on frames in order; a reply goes to ``out``, or to the queue behind a set."""
         store = self.store
         queue = self.queue
-        for command, _repcmd, userid, payload in frames:
-            if command in _GETS:
-                if len(payload) != 8:
-                    _decode_get(payload)  # raises, saying why
-                map_hash, key_hash = _hashes_from(payload)
-                entry = store.get((map_hash << 32) | key_hash)
-                if entry is None:
-                    reply = _pack_header(_FAIL, command, userid, 0)
-                elif command == _GET_STRING:
-                    if entry[0] == STRING:
-                        value: bytes = entry[1]  # type: ignore[assignment]
-                        size = len(value)
-                        head = _pack_data_str(
-                            _DATA_STR, _GET_STRING, userid, 12 + size, map_hash, key_hash, size
-                        )
-                        reply = head + value
+        limits = self.limits
+        max_name, max_value = limits.max_name, limits.max_value
+        tail = queue[-1] if queue else None
+        run = tail if type(tail) is _Acks else None  # the queue's tail, if acks
+        held = 0  # replies queued here (self._held, once at the end)
+        try:
+            for command, _repcmd, userid, payload in frames:
+                if command == _SET_STRING:
+                    # The set of a pipelined load: wire.decode_set's checks, inline and
+                    # without its SetValue. What they refuse goes to _bad_set (why).
+                    size = len(payload)
+                    if size >= 24:
+                        map_hash, key_hash, expires, _full_wait, n = _set_head_from(payload, 0)
+                        end = 20 + n
+                        if 0 <= n <= max_name and end + 4 <= size:
+                            length = _i32_from(payload, end)[0]
+                            if end + 4 + length == size and 0 <= length <= max_value:
+                                batch = store.put(
+                                    (map_hash << 32) | key_hash, payload[20:end], STRING,
+                                    payload[end + 4 :], expires, payload,
+                                )  # fmt: skip
+                                if batch is not None:
+                                    ack = _pack_header(_ACK, _SET_STRING, userid, 0)
+                                    if run is not None and run.batch is batch:
+                                        run.acks += ack
+                                    else:
+                                        run = _Acks(batch, ack)
+                                        queue.append(run)
+                                    held += 1
+                                    continue
+                                reply = _failinfo(command, userid, 3, _STORE_FULL)
+                            else:
+                                raise self._bad_set(command, payload)
+                        else:
+                            raise self._bad_set(command, payload)
                     else:
-                        reply = _wrong_type(command, userid, entry[0])
-                elif entry[0] == INT:
-                    reply = _pack_data_int(
-                        _DATA_INT, _GET_INT, userid, 12, map_hash, key_hash, entry[1]
-                    )
+                        raise self._bad_set(command, payload)
+                elif command in _GETS:
+                    reply = self._get(command, userid, payload)
+                elif command == _SET_INT:
+                    batch = self._set(command, payload)
+                    if batch is not None:
+                        ack = _pack_header(_ACK, command, userid, 0)
+                        if run is not None and run.batch is batch:
+                            run.acks += ack
+                        else:
+                            run = _Acks(batch, ack)
+                            queue.append(run)
+                        held += 1
+                        continue
+                    reply = _failinfo(command, userid, 3, _STORE_FULL)
+                elif command in _REPLIES:
+                    continue  # the client's ack of a push
                 else:
-                    reply = _wrong_type(command, userid, entry[0])
-            elif command in _SETS:
-                batch = self._set(command, payload)
-                if batch is not None:
-                    ack = _pack_header(_ACK, command, userid, 0)
-                    tail = queue[-1] if queue else None
-                    if type(tail) is _Acks and tail.batch is batch:
-                        tail.acks += ack
-                    else:
-                        queue.append(_Acks(batch, ack))
-                    self._held += 1
-                    continue
-                reply = _failinfo(command, userid, 3, _STORE_FULL)
-            elif command in _REPLIES:
-                continue  # the client's ack of a push
-            else:
-                reply = self._control(command, userid, payload)
-            if queue:
-                queue.append(reply)
-                self._held += 1
-            else:
-                out.append(reply)
-            if self._bye:
+                    reply = self._control(command, userid, payload)
                 if queue:
-                    queue.append(_CLOSE)
+                    queue.append(reply)
+                    run = None
+                    held += 1
                 else:
-                    self.finished = True
-                return
+                    out.append(reply)
+                if self._bye:
+                    if queue:
+                        queue.append(_CLOSE)
+                    else:
+                        self.finished = True
+                    return
+        finally:
+            self._held += held
+
+    def _get(self, command: int, userid: int, payload: bytes) -> bytes:
+        if len(payload) != 8:
+            _decode_get(payload)  # raises, saying why
+        map_hash, key_hash = _hashes_from(payload)
+        entry = self.store.get((map_hash << 32) | key_hash)
+        if entry is None:
+            return _pack_header(_FAIL, command, userid, 0)
+        if command == _GET_STRING:
+            if entry[0] == STRING:
+                value: bytes = entry[1]  # type: ignore[assignment]
+                size = len(value)
+                head = _pack_data_str(
+                    _DATA_STR, _GET_STRING, userid, 12 + size, map_hash, key_hash, size
+                )
+                return head + value
+            return _wrong_type(command, userid, entry[0])
+        if entry[0] == INT:
+            return _pack_data_int(_DATA_INT, _GET_INT, userid, 12, map_hash, key_hash, entry[1])
+        return _wrong_type(command, userid, entry[0])
 
     def _set(self, command: int, payload: bytes) -> Batch | None:
         # wire.decode_set's checks, without its SetValue: every set of a pipelined load
@@ -282,12 +320,14 @@ class Machine:
                 if command == _SET_STRING:
                     length = _i32_from(payload, end)[0]
                     if end + 4 + length == size and 0 <= length <= limits.max_value:
-                        return self.store.set(
-                            map_hash, key_hash, name, STRING, payload[end + 4 :], expires, payload
-                        )
+                        return self.store.put(
+                            (map_hash << 32) | key_hash, name, STRING, payload[end + 4 :],
+                            expires, payload,
+                        )  # fmt: skip
                 elif end + 4 == size:
                     value = _i32_from(payload, end)[0]
-                    return self.store.set(map_hash, key_hash, name, INT, value, expires, payload)
+                    key = (map_hash << 32) | key_hash
+                    return self.store.put(key, name, INT, value, expires, payload)
         raise self._bad_set(command, payload)
 
     def _bad_set(self, command: int, payload: bytes) -> OpenClusterProtocolError:
