@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from fqbroker.errors import KVStoreError
+from fqbroker.storage import kvstore
 from fqbroker.storage.kvjournal import journal_path, journals, replay
 from fqbroker.storage.kvstore import INT, STRING, Batch, KVStore, key_of
 
@@ -288,6 +289,7 @@ class Flushes:
     still open (a file must not be closed under a flush queued on it)."""
 
     def __init__(self, store: KVStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(kvstore, "FLUSHES", 2)  # a batch written behind a flush
         self.gates: list[threading.Event] = []
         self.errors: list[OSError | None] = []
         self.open_at_flush: list[bool] = []
@@ -463,7 +465,10 @@ async def test_a_write_that_fails_behind_a_flush_in_flight_is_answered_in_its_tu
         await store.close()
 
 
-async def test_folds_wait_for_the_flushes_in_flight_and_lose_nothing(tmp_path: Path) -> None:
+async def test_folds_wait_for_the_flushes_in_flight_and_lose_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kvstore, "FLUSHES", 2)
     path = tmp_path / "db" / "kv.sqlite3"
     store = KVStore(path, fold_bytes=4096)
     try:
