@@ -89,6 +89,7 @@ _unpack_header = struct.Struct(">hhii").unpack_from
 _pack_data_int = struct.Struct(">hhiiIIi").pack  # header, hashes, value
 _pack_data_str = struct.Struct(">hhiiIIi").pack  # header, hashes, the value's length
 _DATA_INT, _DATA_STR = wire.DATA_INT, wire.DATA_STR
+_HEADER_SIZE = wire.HEADER_SIZE
 
 # In the queue: goodbye's ack is written, close now.
 _CLOSE = None
@@ -126,7 +127,6 @@ class Machine:
 
     __slots__ = (
         "_bye",
-        "_frames",
         "_held",
         "decoder",
         "error",
@@ -146,7 +146,6 @@ class Machine:
         self.finished = False  # goodbye answered: close once written
         self.error: OpenClusterProtocolError | None = None
         self._bye = False  # goodbye read: nothing after it is
-        self._frames: list[tuple[int, int, int, bytes]] = []
         self._held = 0  # commands whose replies are in the queue
 
     @property
@@ -189,54 +188,61 @@ class Machine:
 
     def _pump(self) -> bytes:
         out: list[bytes] = []
-        frames = self._frames
-        take = self.decoder.take
+        decoder = self.decoder
         max_inflight = self.limits.max_inflight
-        while not self._bye:
+        while not self._bye and self.error is None:
             room = max_inflight - self._held
             if room <= 0:
                 break
             try:
-                n = take(frames, room)
+                window = decoder.window()
             except OpenClusterProtocolError as exc:
                 self.error = exc
-                n = len(frames)
-            if not n:
                 break
-            try:
-                self._answer(frames, out)
-            except OpenClusterProtocolError as exc:
-                self.error = exc
-            finally:
-                frames.clear()
-            if self.error is not None or n < room:
+            if window is None or self._answer(window[0], window[1], room, out) < room:
                 break  # fewer than asked for: no whole frame is left
         return b"".join(out)
 
-    def _answer(self, frames: list[tuple[int, int, int, bytes]], out: list[bytes]) -> None:
-        """Act on frames in order; a reply goes to ``out``, or to the queue behind a set."""
+    def _answer(self, buf: bytes, pos: int, room: int, out: list[bytes]) -> int:
+        """Act on up to ``room`` frames of ``buf`` from ``pos``, in order, walked where
+        they lie (the hot path: no object per frame); a reply goes to ``out``, or to the
+        queue behind a set. How many frames were taken."""
+        decoder = self.decoder
+        max_payload = decoder.max_payload
+        have = len(buf)
         store = self.store
+        put = store.put
         queue = self.queue
         limits = self.limits
         max_name, max_value = limits.max_name, limits.max_value
         tail = queue[-1] if queue else None
         run = tail if type(tail) is _Acks else None  # the queue's tail, if acks
         held = 0  # replies queued here (self._held, once at the end)
+        count = 0
         try:
-            for command, _repcmd, userid, payload in frames:
+            while count < room and have - pos >= _HEADER_SIZE:
+                command, _repcmd, userid, size = _unpack_header(buf, pos)
+                if size < 0 or size > max_payload:
+                    self.error = decoder.bad_header(pos, command, size)
+                    return count
+                start = pos + _HEADER_SIZE
+                end = start + size
+                if end > have:
+                    break
+                pos = end
+                count += 1
                 if command == _SET_STRING:
                     # The set of a pipelined load: wire.decode_set's checks, inline and
                     # without its SetValue. What they refuse goes to _bad_set (why).
-                    size = len(payload)
                     if size >= 24:
-                        map_hash, key_hash, expires, _full_wait, n = _set_head_from(payload, 0)
-                        end = 20 + n
-                        if 0 <= n <= max_name and end + 4 <= size:
-                            length = _i32_from(payload, end)[0]
-                            if end + 4 + length == size and 0 <= length <= max_value:
-                                batch = store.put(
-                                    (map_hash << 32) | key_hash, payload[20:end], STRING,
-                                    payload[end + 4 :], expires, payload,
+                        map_hash, key_hash, expires, _full_wait, n = _set_head_from(buf, start)
+                        at = start + 20 + n
+                        if 0 <= n <= max_name and at + 4 <= end:
+                            length = _i32_from(buf, at)[0]
+                            if at + 4 + length == end and 0 <= length <= max_value:
+                                batch = put(
+                                    (map_hash << 32) | key_hash, buf[start + 20 : at], STRING,
+                                    buf[at + 4 : end], expires, buf[start:end],
                                 )  # fmt: skip
                                 if batch is not None:
                                     ack = _pack_header(_ACK, _SET_STRING, userid, 0)
@@ -249,15 +255,15 @@ class Machine:
                                     continue
                                 reply = _failinfo(command, userid, 3, _STORE_FULL)
                             else:
-                                raise self._bad_set(command, payload)
+                                raise self._bad_set(command, buf[start:end])
                         else:
-                            raise self._bad_set(command, payload)
+                            raise self._bad_set(command, buf[start:end])
                     else:
-                        raise self._bad_set(command, payload)
+                        raise self._bad_set(command, buf[start:end])
                 elif command in _GETS:
-                    reply = self._get(command, userid, payload)
+                    reply = self._get(command, userid, buf[start:end])
                 elif command == _SET_INT:
-                    batch = self._set(command, payload)
+                    batch = self._set(command, buf[start:end])
                     if batch is not None:
                         ack = _pack_header(_ACK, command, userid, 0)
                         if run is not None and run.batch is batch:
@@ -271,7 +277,7 @@ class Machine:
                 elif command in _REPLIES:
                     continue  # the client's ack of a push
                 else:
-                    reply = self._control(command, userid, payload)
+                    reply = self._control(command, userid, buf[start:end])
                 if queue:
                     queue.append(reply)
                     run = None
@@ -283,9 +289,13 @@ class Machine:
                         queue.append(_CLOSE)
                     else:
                         self.finished = True
-                    return
+                    return count
+        except OpenClusterProtocolError as exc:
+            self.error = exc
         finally:
             self._held += held
+            decoder.consumed(pos)
+        return count
 
     def _get(self, command: int, userid: int, payload: bytes) -> bytes:
         if len(payload) != 8:

@@ -43,8 +43,9 @@ exactly, or a string length that is negative or runs past it, raise the same err
 The encoders check nothing beyond what ``struct`` refuses; tests and the fuzzer build bad
 frames with :func:`encode_frame` and raw bytes.
 
-Contract additions: ``FrameDecoder.take`` (the server's hot path: frames as tuples, no
-object each), ``FrameDecoder.buffered``, ``decode_tryelsewhere``, ``decode_string``,
+Contract additions: ``FrameDecoder.take`` (frames as tuples, no object each),
+``FrameDecoder.window``, ``consumed`` and ``bad_header`` (the server's hot path walks the
+frames where they lie), ``FrameDecoder.buffered``, ``decode_tryelsewhere``, ``decode_string``,
 ``encode_string``, ``set_fields`` (decode_set as a tuple, for the server's hot path),
 ``tryelsewhere``, ``shuttingdown``, ``serverhello``, ``PROTOCOL_NAMES``.
 """
@@ -560,6 +561,25 @@ class FrameDecoder:
             self._pos = 0
         else:
             self._pos = pos
+
+    def window(self) -> tuple[bytes, int] | None:
+        """(buffer, offset of its first frame not taken), once a whole frame (or a bad
+        header) is in it: for a reader that walks the frames itself (the listener's
+        machine) and then says where it stopped (:meth:`consumed`, :meth:`bad_header`).
+        Raises the final error of an earlier bad frame."""
+        if self._error is not None:
+            raise self._error
+        buf = self._whole()
+        return None if buf is None else (buf, self._pos)
+
+    def consumed(self, pos: int) -> None:
+        """The frames of :meth:`window`'s buffer before ``pos`` are taken."""
+        self._advance(self._buf, pos)  # type: ignore[arg-type]  # window made it bytes
+
+    def bad_header(self, pos: int, command: int, size: int) -> OpenClusterProtocolError:
+        """The header at ``pos`` has a bad length: the error, final from now."""
+        self._pos = pos
+        return self._fail(command, size)
 
     def take(self, out: list[tuple[int, int, int, bytes]], limit: int = 1 << 30) -> int:
         """Append up to ``limit`` whole frames as (command, repcmd, userid, payload) tuples
