@@ -288,8 +288,8 @@ class Flushes:
     when each flush ends and whether it fails. Records whether each flush found its file
     still open (a file must not be closed under a flush queued on it)."""
 
-    def __init__(self, store: KVStore, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(kvstore, "FLUSHES", 2)  # a batch written behind a flush
+    def __init__(self, store: KVStore, monkeypatch: pytest.MonkeyPatch, in_flight: int = 2) -> None:
+        monkeypatch.setattr(kvstore, "FLUSHES", in_flight)  # 2: a batch written behind one
         self.gates: list[threading.Event] = []
         self.errors: list[OSError | None] = []
         self.open_at_flush: list[bool] = []
@@ -498,3 +498,59 @@ async def test_folds_wait_for_the_flushes_in_flight_and_lose_nothing(
             )
         finally:
             await store.close()
+
+
+async def test_the_next_batch_is_written_before_the_flushed_one_is_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "kv.sqlite3"
+    store = KVStore(path)
+    try:
+        await committed(store.set(0, 1, b"k", STRING, b"v0"))
+        flushes = Flushes(store, monkeypatch, in_flight=1)
+        flushes.plan(None, None)
+        first = store.set(0, 1, b"k", STRING, b"v1")
+        await asyncio.sleep(0)
+        second = store.set(0, 1, b"k", STRING, b"v2")
+        await asyncio.sleep(0)
+        assert first is not None and second is not None and first is not second
+        assert store._open is second and len(store._flushing) == 1  # one in flight
+        seen: list[tuple[bool, int]] = []
+        first.waiters.append(lambda: seen.append((second.done, len(store._flushing))))
+        flushes.release(0)
+        await committed(first)
+        # When the first batch's acks go out, the second is written and its flush queued.
+        assert seen == [(False, 1)] and store._open is None
+        flushes.release(1)
+        assert (await committed(second)).error is None
+    finally:
+        await store.close()
+
+
+async def test_a_write_failing_after_a_failed_flush_is_answered_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "kv.sqlite3"
+    store = KVStore(path)
+    try:
+        await committed(store.set(0, 1, b"k", STRING, b"v0"))
+        full_disk(path, store._journal.gen + 1)  # where the journal goes on after it
+        flushes = Flushes(store, monkeypatch, in_flight=1)
+        flushes.plan(eio())
+        order: list[str] = []
+        first = store.set(0, 1, b"k", STRING, b"v1")
+        await asyncio.sleep(0)
+        second = store.set(0, 1, b"k", STRING, b"v2")
+        store.set(0, 2, b"j", STRING, b"new")
+        assert first is not None and second is not None
+        for name, batch in (("first", first), ("second", second)):
+            batch.waiters.append(lambda name=name: order.append(name))
+        flushes.release(0)
+        await committed(second)
+        assert order == ["first", "second"]
+        assert "Input/output error" in (first.error or "")
+        assert "No space left" in (second.error or "")
+        assert store.get(key_of(0, 1)) == (STRING, b"v0", 0.0, b"k")
+        assert store.get(key_of(0, 2)) is None and store.keys == 1
+    finally:
+        await store.close()

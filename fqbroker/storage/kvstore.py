@@ -333,13 +333,15 @@ class KVStore:
         batch.parts += (_pack_record(kind, at, len(payload)), payload)  # 2 parts a set
         return batch
 
-    def _commit(self) -> None:
+    def _commit(self, *, behind: bool = False) -> None:
         """Write the open batch to the journal, here on the loop: a write to the page
         cache costs less than handing the batch to a thread. ``"normal"``: done;
         ``"full"``: its fdatasync is queued in the journal thread, behind the one in
         flight if any, and sets that come meanwhile wait for the next batch (group
         commit). Not while :data:`FLUSHES` batches are in flight, nor, once a fold is
-        due, while any is: the fold closes the journal and needs none in flight."""
+        due, while any is: the fold closes the journal and needs none in flight.
+        ``behind``: a batch that completed is still to be answered, so a write that
+        fails is answered after it."""
         batch = self._open
         flushing = self._flushing
         if batch is None or len(flushing) >= FLUSHES:
@@ -354,7 +356,7 @@ class KVStore:
             batch.size = journal.write(batch.parts)
         except OSError as exc:
             error = str(exc) or type(exc).__name__
-            if not flushing:
+            if not (flushing or behind):
                 self._finish(batch, error)
                 return
             # Behind batches in flight: failed in its turn, so that batches complete
@@ -402,8 +404,16 @@ class KVStore:
                     self._journal.discard()
             elif batch.gen <= self._failed_gen:
                 error = self._failed_error
+        if error is None and self._unfolded + batch.size >= self.fold_bytes:
+            self._finish(batch, error)  # a fold, if none runs, before the next write
+            self._commit()
+            return
+        # The sets that came while this batch was flushed are written, and their flush
+        # started, before this batch's waiters write their acks: 50 connections' sends
+        # take longer than a fdatasync here, and the journal thread would wait for them.
+        # (A failed batch restores behind the one now in flight: see _restore.)
+        self._commit(behind=True)
         self._finish(batch, error)
-        self._commit()  # the sets that came while this batch was flushed
 
     def _finish(self, batch: Batch, error: str | None) -> None:
         """A batch is on disk (``error`` None) or not: answer its waiters."""
