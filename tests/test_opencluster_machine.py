@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fqbroker.frontends.opencluster import wire
-from fqbroker.frontends.opencluster.machine import Limits, Machine
+from fqbroker.frontends.opencluster.machine import Limits, Machine, _Acks
 from fqbroker.storage.kvstore import KVStore
 
 NAMES = [b"a", b"bb", b"\xffc", b"name-%d" % 7]
@@ -125,3 +125,13 @@ def test_the_machine_answers_as_a_dict_in_any_split(
     assert out == model(ops)
     assert (machine.error is not None) == bad
     assert machine.inflight == 0 and not machine.queue
+
+
+@given(
+    userids=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=50),
+    command=st.sampled_from([wire.SET_INT, wire.SET_STRING]),
+)
+def test_a_run_of_acks_is_the_acks_one_by_one(userids: list[int], command: int) -> None:
+    run = _Acks(None, command, userids[0])  # type: ignore[arg-type]  # no batch needed
+    run.userids += userids[1:]
+    assert run.encode() == b"".join(wire.ack(command, u) for u in userids)

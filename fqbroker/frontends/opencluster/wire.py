@@ -570,7 +570,9 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         buf = self._whole()
-        return None if buf is None else (buf, self._pos)
+        if buf is None or len(buf) - self._pos < HEADER_SIZE:
+            return None
+        return buf, self._pos
 
     def consumed(self, pos: int) -> None:
         """The frames of :meth:`window`'s buffer before ``pos`` are taken."""
