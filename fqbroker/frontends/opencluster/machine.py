@@ -90,6 +90,9 @@ _pack_data_int = struct.Struct(">hhiiIIi").pack  # header, hashes, value
 _pack_data_str = struct.Struct(">hhiiIIi").pack  # header, hashes, the value's length
 _DATA_INT, _DATA_STR = wire.DATA_INT, wire.DATA_STR
 _HEADER_SIZE = wire.HEADER_SIZE
+# A frame's header and a set's head: hashes, expires, full_wait, name length.
+_unpack_set_frame = struct.Struct(">hhiiIIiii").unpack_from
+_SET_FRAME_HEAD = _HEADER_SIZE + 20
 
 # In the queue: goodbye's ack is written, close now.
 _CLOSE = None
@@ -236,7 +239,15 @@ class Machine:
         count = 0
         try:
             while count < room and have - pos >= _HEADER_SIZE:
-                command, _repcmd, userid, size = _unpack_header(buf, pos)
+                if have - pos >= _SET_FRAME_HEAD:
+                    # The header and a set's head in one unpack: every set of a pipelined
+                    # load is one of these. (Past a shorter frame, the set fields are
+                    # the next frame's bytes: only a set of 24 bytes or more reads them.)
+                    command, _repcmd, userid, size, map_hash, key_hash, expires, _fw, n = (
+                        _unpack_set_frame(buf, pos)
+                    )
+                else:
+                    command, _repcmd, userid, size = _unpack_header(buf, pos)
                 if size < 0 or size > max_payload:
                     self.error = decoder.bad_header(pos, command, size)
                     return count
@@ -249,8 +260,7 @@ class Machine:
                 if command == _SET_STRING:
                     # The set of a pipelined load: wire.decode_set's checks, inline and
                     # without its SetValue. What they refuse goes to _bad_set (why).
-                    if size >= 24:
-                        map_hash, key_hash, expires, _full_wait, n = _set_head_from(buf, start)
+                    if size >= 24:  # whole, so at least _SET_FRAME_HEAD bytes were there
                         at = start + 20 + n
                         if 0 <= n <= max_name and at + 4 <= end:
                             length = _i32_from(buf, at)[0]
