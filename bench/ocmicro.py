@@ -12,7 +12,9 @@ work of the SET row less the sockets: what the rules and the store cost a set. W
 for it. Prints one JSON line: ns per set (wall and CPU of the process), best and median
 of the repeats. ``--profile`` runs one repeat under cProfile instead.
 
-For an A/B of two trees, run it with each tree first on ``PYTHONPATH``, interleaved.
+For an A/B of two trees, run it with each tree first on ``PYTHONPATH``, interleaved,
+from a directory that holds no ``fqbroker`` (``-m`` puts the current directory before
+``PYTHONPATH``): ``cd /tmp && PYTHONPATH=TREE:WORKTREE python -m bench.ocmicro``.
 """
 
 from __future__ import annotations
