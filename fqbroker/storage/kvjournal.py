@@ -34,10 +34,10 @@ import os
 import stat
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["MAGIC", "RECORD", "JournalWriter", "journals", "replay", "set_payload"]
+__all__ = ["MAGIC", "RECORD", "JournalWriter", "close_quietly", "journals", "replay", "set_payload"]
 
 log = logging.getLogger(__name__)
 
@@ -127,15 +127,32 @@ def _records(body: memoryview) -> Iterator[Record]:
 
 class JournalWriter:
     """Appends batches to the journal of generation :attr:`gen`, opened at its first
-    batch. :meth:`write` and :meth:`flush` are called one at a time, in order (the flush
-    may be in another thread); :meth:`rotate` only while neither runs."""
+    batch. :meth:`write`, :meth:`discard` and :meth:`rotate` are called from one thread;
+    :meth:`flush` of the file a write went to (:attr:`fd` after it) may run in another,
+    while later batches are written. A file left (discard, rotate) is closed by
+    ``closer``: a store whose flushes run in a thread closes it there, behind the
+    flushes still to come on it, so that no flush finds its descriptor closed (or
+    reused by another file)."""
 
-    def __init__(self, database: Path, gen: int, *, sync: bool) -> None:
+    def __init__(
+        self,
+        database: Path,
+        gen: int,
+        *,
+        sync: bool,
+        closer: Callable[[int], None] | None = None,
+    ) -> None:
         self.database = database
         self.gen = gen
         self.sync = sync
         self.written = 0  # bytes of the current file
+        self.closer = closer or close_quietly
         self._fd: int | None = None
+
+    @property
+    def fd(self) -> int | None:
+        """The descriptor of the current file (None until its first batch)."""
+        return self._fd
 
     def write(self, parts: list[bytes]) -> int:
         """Append one batch of records (``parts`` joined) to the file, not yet flushed;
@@ -152,11 +169,15 @@ class JournalWriter:
         self.written += size
         return size
 
-    def flush(self) -> None:
-        """What was written, on the disk (fdatasync); raises OSError, and then the
-        caller must :meth:`discard` this file: the kernel may have dropped its pages."""
-        if self._fd is not None:
-            os.fdatasync(self._fd)
+    def flush(self, fd: int | None = None) -> None:
+        """What was written to ``fd`` (the current file by default), on the disk
+        (fdatasync); raises OSError, and then the caller must :meth:`discard` that file
+        (if still current) and fail every batch written to it: the kernel may have
+        dropped its pages."""
+        if fd is None:
+            fd = self._fd
+        if fd is not None:
+            os.fdatasync(fd)
 
     def discard(self) -> None:
         """Go on in a new file: this one may end in a torn batch."""
@@ -193,11 +214,16 @@ class JournalWriter:
 
     def _drop(self) -> None:
         if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None
+            self.closer(fd)
         self.gen += 1
         self.written = 0
+
+
+def close_quietly(fd: int) -> None:
+    """Close a journal left behind: its batches were flushed or failed already."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def _write_all(fd: int, head: bytes, body: bytes) -> None:

@@ -89,6 +89,10 @@ _unpack_header = struct.Struct(">hhii").unpack_from
 _pack_data_int = struct.Struct(">hhiiIIi").pack  # header, hashes, value
 _pack_data_str = struct.Struct(">hhiiIIi").pack  # header, hashes, the value's length
 _DATA_INT, _DATA_STR = wire.DATA_INT, wire.DATA_STR
+_HEADER_SIZE = wire.HEADER_SIZE
+# A frame's header and a set's head: hashes, expires, full_wait, name length.
+_unpack_set_frame = struct.Struct(">hhiiIIiii").unpack_from
+_SET_FRAME_HEAD = _HEADER_SIZE + 20
 
 # In the queue: goodbye's ack is written, close now.
 _CLOSE = None
@@ -105,14 +109,29 @@ class Limits:
 
 
 class _Acks:
-    """The acks of consecutive sets of one batch, waiting for its commit: one queue entry
-    for a pipelined run of sets, not one each."""
+    """The acks of consecutive sets (of one command) of one batch, waiting for its
+    commit: one queue entry for a pipelined run of sets, not one each. A set adds its
+    user id to a list; the acks' bytes are made at once when the batch is done."""
 
-    __slots__ = ("acks", "batch")
+    __slots__ = ("batch", "command", "userids")
 
-    def __init__(self, batch: Batch, ack: bytes) -> None:
+    def __init__(self, batch: Batch, command: int, userid: int) -> None:
         self.batch = batch
-        self.acks = bytearray(ack)  # _ACK_SIZE bytes a set
+        self.command = command
+        self.userids = [userid]
+
+    def encode(self) -> bytes:
+        """The acks, one header each: the user ids packed in one call and spread into
+        copies of the ack's header by four strided slice assignments (no per-ack Python)."""
+        userids = self.userids
+        n = len(userids)
+        if n == 1:
+            return _pack_header(_ACK, self.command, userids[0], 0)
+        acks = bytearray(_pack_header(_ACK, self.command, 0, 0) * n)
+        packed = struct.pack(f">{n}i", *userids)
+        for byte in range(4):
+            acks[4 + byte :: _ACK_SIZE] = packed[byte::4]
+        return bytes(acks)
 
 
 _ACK_SIZE = wire.HEADER_SIZE
@@ -126,7 +145,6 @@ class Machine:
 
     __slots__ = (
         "_bye",
-        "_frames",
         "_held",
         "decoder",
         "error",
@@ -146,7 +164,6 @@ class Machine:
         self.finished = False  # goodbye answered: close once written
         self.error: OpenClusterProtocolError | None = None
         self._bye = False  # goodbye read: nothing after it is
-        self._frames: list[tuple[int, int, int, bytes]] = []
         self._held = 0  # commands whose replies are in the queue
 
     @property
@@ -189,85 +206,143 @@ class Machine:
 
     def _pump(self) -> bytes:
         out: list[bytes] = []
-        frames = self._frames
-        take = self.decoder.take
+        decoder = self.decoder
         max_inflight = self.limits.max_inflight
-        while not self._bye:
+        while not self._bye and self.error is None:
             room = max_inflight - self._held
             if room <= 0:
                 break
             try:
-                n = take(frames, room)
+                window = decoder.window()
             except OpenClusterProtocolError as exc:
                 self.error = exc
-                n = len(frames)
-            if not n:
                 break
-            try:
-                self._answer(frames, out)
-            except OpenClusterProtocolError as exc:
-                self.error = exc
-            finally:
-                frames.clear()
-            if self.error is not None or n < room:
+            if window is None or self._answer(window[0], window[1], room, out) < room:
                 break  # fewer than asked for: no whole frame is left
         return b"".join(out)
 
-    def _answer(self, frames: list[tuple[int, int, int, bytes]], out: list[bytes]) -> None:
-        """Act on frames in order; a reply goes to ``out``, or to the queue behind a set."""
+    def _answer(self, buf: bytes, pos: int, room: int, out: list[bytes]) -> int:
+        """Act on up to ``room`` frames of ``buf`` from ``pos``, in order, walked where
+        they lie (the hot path: no object per frame); a reply goes to ``out``, or to the
+        queue behind a set. How many frames were taken."""
+        decoder = self.decoder
+        max_payload = decoder.max_payload
+        have = len(buf)
         store = self.store
+        put = store.put
         queue = self.queue
-        for command, _repcmd, userid, payload in frames:
-            if command in _GETS:
-                if len(payload) != 8:
-                    _decode_get(payload)  # raises, saying why
-                map_hash, key_hash = _hashes_from(payload)
-                entry = store.get((map_hash << 32) | key_hash)
-                if entry is None:
-                    reply = _pack_header(_FAIL, command, userid, 0)
-                elif command == _GET_STRING:
-                    if entry[0] == STRING:
-                        value: bytes = entry[1]  # type: ignore[assignment]
-                        size = len(value)
-                        head = _pack_data_str(
-                            _DATA_STR, _GET_STRING, userid, 12 + size, map_hash, key_hash, size
-                        )
-                        reply = head + value
-                    else:
-                        reply = _wrong_type(command, userid, entry[0])
-                elif entry[0] == INT:
-                    reply = _pack_data_int(
-                        _DATA_INT, _GET_INT, userid, 12, map_hash, key_hash, entry[1]
+        limits = self.limits
+        max_name, max_value = limits.max_name, limits.max_value
+        tail = queue[-1] if queue else None
+        run = tail if type(tail) is _Acks else None  # the queue's tail, if acks
+        held = 0  # replies queued here (self._held, once at the end)
+        count = 0
+        try:
+            while count < room and have - pos >= _HEADER_SIZE:
+                if have - pos >= _SET_FRAME_HEAD:
+                    # The header and a set's head in one unpack: every set of a pipelined
+                    # load is one of these. (Past a shorter frame, the set fields are
+                    # the next frame's bytes: only a set of 24 bytes or more reads them.)
+                    command, _repcmd, userid, size, map_hash, key_hash, expires, _fw, n = (
+                        _unpack_set_frame(buf, pos)
                     )
                 else:
-                    reply = _wrong_type(command, userid, entry[0])
-            elif command in _SETS:
-                batch = self._set(command, payload)
-                if batch is not None:
-                    ack = _pack_header(_ACK, command, userid, 0)
-                    tail = queue[-1] if queue else None
-                    if type(tail) is _Acks and tail.batch is batch:
-                        tail.acks += ack
+                    command, _repcmd, userid, size = _unpack_header(buf, pos)
+                if size < 0 or size > max_payload:
+                    self.error = decoder.bad_header(pos, command, size)
+                    return count
+                start = pos + _HEADER_SIZE
+                end = start + size
+                if end > have:
+                    break
+                pos = end
+                count += 1
+                if command == _SET_STRING:
+                    # The set of a pipelined load: wire.decode_set's checks, inline and
+                    # without its SetValue. What they refuse goes to _bad_set (why).
+                    if size >= 24:  # whole, so at least _SET_FRAME_HEAD bytes were there
+                        at = start + 20 + n
+                        if 0 <= n <= max_name and at + 4 <= end:
+                            length = _i32_from(buf, at)[0]
+                            if at + 4 + length == end and 0 <= length <= max_value:
+                                batch = put(
+                                    (map_hash << 32) | key_hash, buf[start + 20 : at], STRING,
+                                    buf[at + 4 : end], expires, buf[start:end],
+                                )  # fmt: skip
+                                if batch is not None:
+                                    if (
+                                        run is not None
+                                        and run.batch is batch
+                                        and run.command == _SET_STRING
+                                    ):
+                                        run.userids.append(userid)
+                                    else:
+                                        run = _Acks(batch, _SET_STRING, userid)
+                                        queue.append(run)
+                                    held += 1
+                                    continue
+                                reply = _failinfo(command, userid, 3, _STORE_FULL)
+                            else:
+                                raise self._bad_set(command, buf[start:end])
+                        else:
+                            raise self._bad_set(command, buf[start:end])
                     else:
-                        queue.append(_Acks(batch, ack))
-                    self._held += 1
-                    continue
-                reply = _failinfo(command, userid, 3, _STORE_FULL)
-            elif command in _REPLIES:
-                continue  # the client's ack of a push
-            else:
-                reply = self._control(command, userid, payload)
-            if queue:
-                queue.append(reply)
-                self._held += 1
-            else:
-                out.append(reply)
-            if self._bye:
-                if queue:
-                    queue.append(_CLOSE)
+                        raise self._bad_set(command, buf[start:end])
+                elif command in _GETS:
+                    reply = self._get(command, userid, buf[start:end])
+                elif command == _SET_INT:
+                    batch = self._set(command, buf[start:end])
+                    if batch is not None:
+                        if run is not None and run.batch is batch and run.command == command:
+                            run.userids.append(userid)
+                        else:
+                            run = _Acks(batch, command, userid)
+                            queue.append(run)
+                        held += 1
+                        continue
+                    reply = _failinfo(command, userid, 3, _STORE_FULL)
+                elif command in _REPLIES:
+                    continue  # the client's ack of a push
                 else:
-                    self.finished = True
-                return
+                    reply = self._control(command, userid, buf[start:end])
+                if queue:
+                    queue.append(reply)
+                    run = None
+                    held += 1
+                else:
+                    out.append(reply)
+                if self._bye:
+                    if queue:
+                        queue.append(_CLOSE)
+                    else:
+                        self.finished = True
+                    return count
+        except OpenClusterProtocolError as exc:
+            self.error = exc
+        finally:
+            self._held += held
+            decoder.consumed(pos)
+        return count
+
+    def _get(self, command: int, userid: int, payload: bytes) -> bytes:
+        if len(payload) != 8:
+            _decode_get(payload)  # raises, saying why
+        map_hash, key_hash = _hashes_from(payload)
+        entry = self.store.get((map_hash << 32) | key_hash)
+        if entry is None:
+            return _pack_header(_FAIL, command, userid, 0)
+        if command == _GET_STRING:
+            if entry[0] == STRING:
+                value: bytes = entry[1]  # type: ignore[assignment]
+                size = len(value)
+                head = _pack_data_str(
+                    _DATA_STR, _GET_STRING, userid, 12 + size, map_hash, key_hash, size
+                )
+                return head + value
+            return _wrong_type(command, userid, entry[0])
+        if entry[0] == INT:
+            return _pack_data_int(_DATA_INT, _GET_INT, userid, 12, map_hash, key_hash, entry[1])
+        return _wrong_type(command, userid, entry[0])
 
     def _set(self, command: int, payload: bytes) -> Batch | None:
         # wire.decode_set's checks, without its SetValue: every set of a pipelined load
@@ -282,12 +357,14 @@ class Machine:
                 if command == _SET_STRING:
                     length = _i32_from(payload, end)[0]
                     if end + 4 + length == size and 0 <= length <= limits.max_value:
-                        return self.store.set(
-                            map_hash, key_hash, name, STRING, payload[end + 4 :], expires, payload
-                        )
+                        return self.store.put(
+                            (map_hash << 32) | key_hash, name, STRING, payload[end + 4 :],
+                            expires, payload,
+                        )  # fmt: skip
                 elif end + 4 == size:
                     value = _i32_from(payload, end)[0]
-                    return self.store.set(map_hash, key_hash, name, INT, value, expires, payload)
+                    key = (map_hash << 32) | key_hash
+                    return self.store.put(key, name, INT, value, expires, payload)
         raise self._bad_set(command, payload)
 
     def _bad_set(self, command: int, payload: bytes) -> OpenClusterProtocolError:
@@ -347,14 +424,13 @@ class Machine:
                 batch = head.batch
                 if not batch.done:
                     return
-                acks = head.acks
-                self._held -= len(acks) // _ACK_SIZE
+                self._held -= len(head.userids)
                 if batch.error is None:
-                    out.append(bytes(acks))
+                    out.append(head.encode())
                 else:
                     text = _NOT_STORED + batch.error.encode("utf-8", "replace")
-                    for at in range(0, len(acks), _ACK_SIZE):
-                        _, command, userid, _ = _unpack_header(acks, at)
+                    command = head.command
+                    for userid in head.userids:
                         out.append(_failinfo(command, userid, 2, text))
             else:
                 out.append(head)  # type: ignore[arg-type]  # bytes: _CLOSE and _Acks are out

@@ -43,8 +43,9 @@ exactly, or a string length that is negative or runs past it, raise the same err
 The encoders check nothing beyond what ``struct`` refuses; tests and the fuzzer build bad
 frames with :func:`encode_frame` and raw bytes.
 
-Contract additions: ``FrameDecoder.take`` (the server's hot path: frames as tuples, no
-object each), ``FrameDecoder.buffered``, ``decode_tryelsewhere``, ``decode_string``,
+Contract additions: ``FrameDecoder.take`` (frames as tuples, no object each),
+``FrameDecoder.window``, ``consumed`` and ``bad_header`` (the server's hot path walks the
+frames where they lie), ``FrameDecoder.buffered``, ``decode_tryelsewhere``, ``decode_string``,
 ``encode_string``, ``set_fields`` (decode_set as a tuple, for the server's hot path),
 ``tryelsewhere``, ``shuttingdown``, ``serverhello``, ``PROTOCOL_NAMES``.
 """
@@ -56,7 +57,6 @@ from dataclasses import dataclass
 from typing import Final
 
 from fqbroker.errors import OpenClusterProtocolError
-from fqbroker.frontends.decoding import CompactingBuffer
 
 __all__ = [
     "ACK",
@@ -472,14 +472,45 @@ def decode_hashmasks(payload: bytes) -> tuple[int, list[tuple[int, int]]]:
 # --- framing -------------------------------------------------------------------------------
 
 
-class FrameDecoder(CompactingBuffer):
-    """Whole frames out of a byte stream fed in any split; strict, and its error is final."""
+class FrameDecoder:
+    """Whole frames out of a byte stream fed in any split; strict, and its error is final.
 
-    __slots__ = ("max_payload",)
+    ``_pos`` bytes of ``_buf`` are decoded. A read that starts at a frame's start (every
+    read of a pipelining client, mostly) is the buffer itself, ``bytes``, so that a
+    payload is one slice of it: one copy, where a slice of a bytearray and its ``bytes``
+    would be two. A frame that runs on past a read goes on in a bytearray, grown by
+    appends (a large one comes in many reads), and becomes ``bytes`` once a whole frame
+    is in. A buffer decoded to its end is dropped: an idle connection holds none."""
+
+    __slots__ = ("_buf", "_error", "_pos", "max_payload")
 
     def __init__(self, max_payload: int) -> None:
         self.max_payload = max_payload
-        super().__init__()
+        self._buf: bytes | bytearray = b""
+        self._pos = 0
+        self._error: OpenClusterProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded."""
+        return len(self._buf) - self._pos
+
+    def receive_data(self, data: bytes) -> None:
+        if self._error is not None:
+            return
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf):
+            self._buf = data if type(data) is bytes else bytes(data)
+        elif type(buf) is bytes:
+            rest = bytearray(memoryview(buf)[pos:])
+            rest += data
+            self._buf = rest
+        else:
+            assert isinstance(buf, bytearray)
+            if pos:
+                del buf[:pos]
+            buf += data
+        self._pos = 0
 
     def _fail(self, command: int, size: int) -> OpenClusterProtocolError:
         what = PROTOCOL_NAMES.get(command, f"command {command}")
@@ -490,11 +521,28 @@ class FrameDecoder(CompactingBuffer):
         self._error = error = OpenClusterProtocolError(reason)
         return error
 
+    def _whole(self) -> bytes | None:
+        """The buffer as bytes once a whole frame (or a bad header) is in it, else None
+        (a frame that runs on stays in its bytearray)."""
+        buf, pos = self._buf, self._pos
+        if type(buf) is bytes:
+            return buf
+        if len(buf) - pos >= HEADER_SIZE:
+            size = _header_from(buf, pos)[3]
+            if size < 0 or size > self.max_payload or pos + HEADER_SIZE + size <= len(buf):
+                self._buf = whole = bytes(memoryview(buf)[pos:])
+                self._pos = 0
+                return whole
+        return None
+
     def next_frame(self) -> Frame | None:
         """The next whole frame, or None until more bytes arrive."""
         if self._error is not None:
             raise self._error
-        buf, pos = self._buf, self._pos
+        buf = self._whole()
+        if buf is None:
+            return None
+        pos = self._pos
         if len(buf) - pos < HEADER_SIZE:
             return None
         command, repcmd, userid, size = _header_from(buf, pos)
@@ -504,8 +552,36 @@ class FrameDecoder(CompactingBuffer):
         end = start + size
         if end > len(buf):
             return None
-        self._pos = end
-        return Frame(command, repcmd, userid, bytes(buf[start:end]))
+        self._advance(buf, end)
+        return Frame(command, repcmd, userid, buf[start:end])
+
+    def _advance(self, buf: bytes, pos: int) -> None:
+        if pos >= len(buf):
+            self._buf = b""
+            self._pos = 0
+        else:
+            self._pos = pos
+
+    def window(self) -> tuple[bytes, int] | None:
+        """(buffer, offset of its first frame not taken), once a whole frame (or a bad
+        header) is in it: for a reader that walks the frames itself (the listener's
+        machine) and then says where it stopped (:meth:`consumed`, :meth:`bad_header`).
+        Raises the final error of an earlier bad frame."""
+        if self._error is not None:
+            raise self._error
+        buf = self._whole()
+        if buf is None or len(buf) - self._pos < HEADER_SIZE:
+            return None
+        return buf, self._pos
+
+    def consumed(self, pos: int) -> None:
+        """The frames of :meth:`window`'s buffer before ``pos`` are taken."""
+        self._advance(self._buf, pos)  # type: ignore[arg-type]  # window made it bytes
+
+    def bad_header(self, pos: int, command: int, size: int) -> OpenClusterProtocolError:
+        """The header at ``pos`` has a bad length: the error, final from now."""
+        self._pos = pos
+        return self._fail(command, size)
 
     def take(self, out: list[tuple[int, int, int, bytes]], limit: int = 1 << 30) -> int:
         """Append up to ``limit`` whole frames as (command, repcmd, userid, payload) tuples
@@ -514,7 +590,9 @@ class FrameDecoder(CompactingBuffer):
         appending the good frames before the bad one (so they can be answered first)."""
         if self._error is not None:
             raise self._error
-        buf = self._buf
+        buf = self._whole()
+        if buf is None:
+            return 0
         pos = self._pos
         have = len(buf)
         max_payload = self.max_payload
@@ -529,8 +607,8 @@ class FrameDecoder(CompactingBuffer):
             end = start + size
             if end > have:
                 break
-            append((command, repcmd, userid, bytes(buf[start:end])))
+            append((command, repcmd, userid, buf[start:end]))
             pos = end
             count += 1
-        self._pos = pos
+        self._advance(buf, pos)
         return count
