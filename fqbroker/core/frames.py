@@ -96,6 +96,10 @@ _stamps: dict[tuple[bytes, bytes], bytes] = {}
 _head_of = _heads.get
 _stamp_of = _stamps.get
 _pack_u32 = _U32.pack
+_join = b"".join
+# From this payload size on, a frame is joined from a view of the read rather than from
+# slices of it: one copy of the payload instead of two, worth the view's cost.
+_VIEW_FROM: Final = 1024
 
 
 def _cached(
@@ -250,9 +254,10 @@ def scan_runs(
     after_id: bytes,
     names: dict[bytes, tuple[bytes, bytes]],
     max_payload: int,
+    pos: int = 0,
 ) -> int:
-    """Append the whole publisher frames at the start of ``data`` to ``out`` as runs of
-    peer frames, ``after_id`` (a :func:`stamp`) spliced into each; returns the bytes read.
+    """Append the whole publisher frames of ``data`` from ``pos`` on to ``out`` as runs of
+    peer frames, ``after_id`` (a :func:`stamp`) spliced into each; returns where it stopped.
 
     It stops at the first frame that is not whole or not ordinary (a name over its limit,
     a payload over ``max_payload``): the caller's careful reader takes it from there.
@@ -263,10 +268,11 @@ def scan_runs(
     startswith = data.startswith
     extra = ID_SIZE + len(after_id) + 4  # what a frame's head has past exchange and route
     n = len(data)
-    pos = 0
     head = b""  # u8 + exchange + u8 + route of the run being filled
     frames: list[bytes] = []
     append = frames.append
+    view: memoryview | None = None
+    view_from = _VIEW_FROM
     while pos < n:
         if head and startswith(head, pos):
             q = pos + len(head)
@@ -291,8 +297,16 @@ def scan_runs(
         end = q + 4 + size
         if size > max_payload or end > n:
             break
-        append(data[pos:q] + after_id + data[q:end])
+        if size < view_from:
+            append(data[pos:q] + after_id + data[q:end])
+        else:
+            # A large payload is copied once, into its frame, not sliced out first.
+            if view is None:
+                view = memoryview(data)
+            append(_join((data[pos:q], after_id, view[q:end])))
         pos = end
+    if view is not None:
+        view.release()
     if out and not out[-1][2]:
         out.pop()  # a run opened for a frame that is not whole
     return pos

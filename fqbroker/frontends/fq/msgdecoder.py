@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from fqbroker.core.frames import (
     MAX_MESSAGE_SIZE,
+    MAX_RK_LEN,
     frame_length,
     read_head,
     scan_messages,
@@ -28,9 +29,12 @@ from fqbroker.core.frames import (
 from fqbroker.core.message import Message, Run, runs_of
 from fqbroker.errors import ProtocolError
 from fqbroker.frontends.decoding import Decoder, NeedData
-from fqbroker.frontends.fq.largeframe import LargeFrame
+from fqbroker.frontends.fq.largeframe import LARGE_FRAME, LargeFrame
 
 __all__ = ["MessageDecoder"]
+
+# The longest publisher frame head: two names of 127 bytes, their lengths, id and u32.
+_HEAD_MAX = 2 + 2 * MAX_RK_LEN + 16 + 4
 
 _Cache = TypeVar("_Cache", bound=dict[Any, Any])
 
@@ -63,6 +67,7 @@ class MessageDecoder(Decoder):
         "_large_done",
         "_large_stamp",
         "_names",
+        "_pending",
         "_skipping",
         "max_payload",
         "octets",
@@ -85,12 +90,18 @@ class MessageDecoder(Decoder):
         self._large: LargeFrame | None = None
         self._large_done: LargeFrame | None = None
         self._large_stamp: bytes | None = None
+        # The last read, not yet copied into the buffer: runs() decodes it where it lies
+        # and buffers only the partial frame it ends with. It follows what _buf holds.
+        self._pending: bytes | None = None
 
     def feed(self, data: bytes) -> None:
         after_id = self._large_stamp
         if after_id is not None:
             # Only now: more bytes coming means the reader has granted the frame's size.
             self._large_stamp = None
+            if (self._head_length() or 0) < LARGE_FRAME:
+                self._hold(data)
+                return
             buf = self._buf
             buf.feed(data)
             self._large = LargeFrame.start(buf.data, buf.pos, after_id, self.max_payload)
@@ -107,11 +118,36 @@ class MessageDecoder(Decoder):
             if not rest:
                 return
             data = rest
-        self._buf.feed(data)
+        self._hold(data)
+
+    def _hold(self, data: bytes) -> None:
+        if self._pending is not None:
+            self._buf.feed(self._pending)
+            self._pending = None
+        if type(data) is bytes and not self._skipping:
+            self._pending = data  # immutable: safe to keep uncopied
+        else:
+            self._buf.feed(data)
+
+    def _settle(self) -> None:
+        """Into the buffer with the last read, for the careful paths that read only it."""
+        if self._pending is not None:
+            self._buf.feed(self._pending)
+            self._pending = None
+
+    @property
+    def buffered(self) -> int:
+        self._settle()
+        return len(self._buf)
+
+    def unconsumed(self) -> bytes:
+        self._settle()
+        return self._buf.rest()
 
     @property
     def in_flight(self) -> int:
         """Bytes held or announced: what is buffered, or the frame it starts if longer."""
+        self._settle()
         if self._large is not None:
             return self._large.size
         extra = 0 if self._large_done is None else self._large_done.size
@@ -134,6 +170,7 @@ class MessageDecoder(Decoder):
         return length is not None and length <= len(self._buf)
 
     def next_message(self) -> Message | None:
+        self._settle()
         buf = self._buf
         if self._skipping:
             self._skipping -= buf.skip(self._skipping)
@@ -166,6 +203,7 @@ class MessageDecoder(Decoder):
         ``octets`` counts the frame bytes of the messages returned.
         """
         self._raise_pending()
+        self._settle()
         out: list[Message] = []
         self._decode_fast(
             lambda data: scan_messages(
@@ -202,9 +240,14 @@ class MessageDecoder(Decoder):
             out.append(done.run)
             self.octets += done.length
         after_id = stamp(sender, hops)
-        self._decode_fast(
-            lambda data: scan_runs(data, out, after_id, _bounded(self._heads), self.max_payload)
-        )
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._scan_read(pending, out, after_id)
+        else:
+            self._decode_fast(
+                lambda data: scan_runs(data, out, after_id, _bounded(self._heads), self.max_payload)
+            )
         slow: list[Message] = []
         try:
             while (msg := self.next_message()) is not None:
@@ -226,6 +269,53 @@ class MessageDecoder(Decoder):
             # head still in pieces would be assembled at whatever size it turns out to say.
             self._large_stamp = after_id
         return out + runs_of(slow) if slow else out
+
+    def _scan_read(self, data: bytes, out: list[Run], after_id: bytes) -> None:
+        """Decode a read where it lies: the frame the buffer holds the start of, completed
+        from its first bytes, then the rest of it; only a partial frame at its end (or an
+        unusual one, left to next_message) is copied into the buffer."""
+        buf = self._buf
+        names = _bounded(self._heads)
+        max_payload = self.max_payload
+        start = 0
+        if len(buf):
+            first = self._completed(data)
+            if first is None or scan_runs(first, out, after_id, names, max_payload) < len(first):
+                # A frame longer than this read, or one for the careful path: as before.
+                buf.feed(data)
+                self._decode_fast(lambda rest: scan_runs(rest, out, after_id, names, max_payload))
+                return
+            start = len(first) - len(buf)
+            buf.pos = len(buf.data)
+            self.octets += len(first)
+        runs = len(out)
+        end = scan_runs(data, out, after_id, names, max_payload, start)
+        self.octets += end - start
+        if runs and len(out) > runs:
+            last, following = out[runs - 1], out[runs]
+            if last[0] is following[0] and last[1] is following[1]:
+                last[2].extend(following[2])  # one run, as when it came in one read
+                del out[runs]
+        if end < len(data):
+            buf.feed(data[end:] if end else data)
+
+    def _completed(self, data: bytes) -> bytes | None:
+        """The frame the buffer starts with, completed from ``data``; None if ``data``
+        does not complete it."""
+        buf = self._buf
+        held, pos = buf.data, buf.pos
+        try:
+            length = frame_length(held, pos, peer=False)
+        except (IndexError, struct.error):
+            try:  # its head is in pieces too, and at most _HEAD_MAX long
+                length = frame_length(bytes(held[pos:]) + data[:_HEAD_MAX], peer=False)
+            except (IndexError, struct.error):
+                return None
+        need = length - (len(held) - pos)
+        if need <= 0 or need > len(data):
+            return None
+        with memoryview(held) as start, memoryview(data) as rest:
+            return b"".join((start[pos:], rest[:need]))
 
     def _raise_pending(self) -> None:
         if self._error is not None:
