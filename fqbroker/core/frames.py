@@ -52,6 +52,7 @@ __all__ = [
     "read_head",
     "scan_messages",
     "scan_runs",
+    "split_run",
     "stamp",
 ]
 
@@ -310,6 +311,37 @@ def scan_runs(
     if out and not out[-1][2]:
         out.pop()  # a run opened for a frame that is not whole
     return pos
+
+
+def split_run(
+    first: bytearray,
+    pos: int,
+    second: bytes,
+    need: int,
+    after_id: bytes,
+    names: dict[bytes, tuple[bytes, bytes]],
+    max_payload: int,
+) -> _Run | None:
+    """The run of the one publisher frame that starts at ``first[pos:]`` and ends with
+    ``second[:need]``, made as :func:`scan_runs` would make it from the two joined, with
+    one copy of each part instead of two. None if its head is not all in ``first`` or it
+    is not ordinary: then join them and let :func:`scan_runs` (or the careful reader)
+    have it."""
+    size = first[pos]
+    p = pos + 1 + size  # route length
+    if size > MAX_RK_LEN or p >= len(first) or first[p] > MAX_RK_LEN:
+        return None
+    q = p + 1 + first[p]
+    at = q + ID_SIZE  # the payload length
+    if at + 4 > len(first) or _U32.unpack_from(first, at)[0] > max_payload:
+        return None
+    head = bytes(first[pos:q])
+    pair = names.get(head)
+    if pair is None:
+        pair = names[head] = (head[1 : p - pos], head[p - pos + 1 :])
+    with memoryview(first) as start, memoryview(second) as rest:
+        frame = _join((start[pos:at], after_id, start[at:], rest[:need]))
+    return pair[0], pair[1], [frame], q - pos + ID_SIZE + len(after_id) + 4
 
 
 def scan_messages(

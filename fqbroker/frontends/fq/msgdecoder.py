@@ -24,6 +24,7 @@ from fqbroker.core.frames import (
     read_head,
     scan_messages,
     scan_runs,
+    split_run,
     stamp,
 )
 from fqbroker.core.message import Message, Run, runs_of
@@ -279,15 +280,14 @@ class MessageDecoder(Decoder):
         max_payload = self.max_payload
         start = 0
         if len(buf):
-            first = self._completed(data)
-            if first is None or scan_runs(first, out, after_id, names, max_payload) < len(first):
+            need = self._needs(data)
+            if need is None or not self._first_run(data, need, out, after_id, names):
                 # A frame longer than this read, or one for the careful path: as before.
                 buf.feed(data)
                 self._decode_fast(lambda rest: scan_runs(rest, out, after_id, names, max_payload))
                 return
-            start = len(first) - len(buf)
+            start = need
             buf.pos = len(buf.data)
-            self.octets += len(first)
         runs = len(out)
         end = scan_runs(data, out, after_id, names, max_payload, start)
         self.octets += end - start
@@ -297,11 +297,35 @@ class MessageDecoder(Decoder):
                 last[2].extend(following[2])  # one run, as when it came in one read
                 del out[runs]
         if end < len(data):
-            buf.feed(data[end:] if end else data)
+            with memoryview(data) as rest:
+                buf.feed(rest[end:])  # type: ignore[arg-type]
 
-    def _completed(self, data: bytes) -> bytes | None:
-        """The frame the buffer starts with, completed from ``data``; None if ``data``
-        does not complete it."""
+    def _first_run(
+        self,
+        data: bytes,
+        need: int,
+        out: list[Run],
+        after_id: bytes,
+        names: dict[bytes, tuple[bytes, bytes]],
+    ) -> bool:
+        """Append the run of the frame the buffer starts with and ``data[:need]`` ends;
+        False if it is one for the careful path."""
+        buf = self._buf
+        length = len(buf) + need
+        run = split_run(buf.data, buf.pos, data, need, after_id, names, self.max_payload)
+        if run is not None:
+            out.append(run)
+        else:  # its head in pieces too, or not ordinary
+            with memoryview(buf.data) as held, memoryview(data) as rest:
+                first = b"".join((held[buf.pos :], rest[:need]))
+            if scan_runs(first, out, after_id, names, self.max_payload) < length:
+                return False
+        self.octets += length
+        return True
+
+    def _needs(self, data: bytes) -> int | None:
+        """How many bytes of ``data`` complete the frame the buffer starts with; None if
+        it does not complete it."""
         buf = self._buf
         held, pos = buf.data, buf.pos
         try:
@@ -312,10 +336,7 @@ class MessageDecoder(Decoder):
             except (IndexError, struct.error):
                 return None
         need = length - (len(held) - pos)
-        if need <= 0 or need > len(data):
-            return None
-        with memoryview(held) as start, memoryview(data) as rest:
-            return b"".join((start[pos:], rest[:need]))
+        return need if 0 < need <= len(data) else None
 
     def _raise_pending(self) -> None:
         if self._error is not None:
