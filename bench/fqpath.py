@@ -84,7 +84,7 @@ def _frames(size: int, count: int) -> list[bytes]:
     return [stream[i : i + READ] for i in range(0, len(stream), READ)]
 
 
-async def _run(size: int, count: int, reads: list[bytes]) -> float:
+async def _run(size: int, count: int, reads: list[bytes], pubs: int) -> float:
     loop = asyncio.get_running_loop()
     router = Router()
     queue = Queue(QueueSpec(b"q", backlog=10_000_000, backlog_bytes=0))
@@ -107,24 +107,28 @@ async def _run(size: int, count: int, reads: list[bytes]) -> float:
     consumer.channel.paired(b"sub", wire.NO_PEER)
     consumer.queue_ready()
 
-    publisher = DataSession(host, wire.Mode.DATA, _Transport())  # type: ignore[arg-type]
-    publisher.owner = _owner(b"pub", None)
-    publisher.channel.paired(b"pub", wire.NO_PEER)
+    publishers = []
+    for _ in range(pubs):
+        publisher = DataSession(host, wire.Mode.DATA, _Transport())  # type: ignore[arg-type]
+        publisher.owner = _owner(b"pub", None)
+        publisher.channel.paired(b"pub", wire.NO_PEER)
+        publishers.append(publisher)
 
     start = time.process_time()
     window = 16 << 20  # bytes in flight at most, as the bench's publishers keep it
     for data in reads:
-        publisher.data_received(data)
+        for publisher in publishers:  # fan-in: each sends the same reads, in turn
+            publisher.data_received(data)
         await asyncio.sleep(0)
         while queue.store.held_bytes > window:  # noqa: ASYNC110 (a bench: polls, as the bench's)
             await asyncio.sleep(0.0002)
-    while sub.stats.msgs_out < count:  # noqa: ASYNC110 (a bench: no event to wait on)
+    while sub.stats.msgs_out < count * pubs:  # noqa: ASYNC110 (a bench: no event to wait on)
         await asyncio.sleep(0.0005)
     cpu = time.process_time() - start
     transport.close()
     await asyncio.sleep(0.01)
     os.waitpid(pid, 0)  # noqa: ASYNC222 (the child exits at EOF, at once)
-    return cpu / count * 1e6
+    return cpu / (count * pubs) * 1e6
 
 
 def main() -> None:
@@ -132,6 +136,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--count", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--pubs", type=int, default=1, help="publishers (fan-in)")
     args = parser.parse_args()
     try:
         import uvloop
@@ -143,9 +148,9 @@ def main() -> None:
     results = []
     with runner:
         for _ in range(args.repeat):
-            results.append(runner.run(_run(args.size, args.count, reads)))
+            results.append(runner.run(_run(args.size, args.count, reads, args.pubs)))
     print(
-        f"size {args.size}: us/msg best {min(results):.3f} median "
+        f"size {args.size}, {args.pubs} to 1: us/msg best {min(results):.3f} median "
         f"{statistics.median(results):.3f} ({', '.join(f'{r:.3f}' for r in results)})"
     )
 
