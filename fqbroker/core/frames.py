@@ -314,7 +314,7 @@ def scan_runs(
 
 
 def split_run(
-    first: bytearray,
+    first: bytes | bytearray,
     pos: int,
     second: bytes,
     need: int,
