@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 
 BATCH = 1024
 OUT_CHUNK = 256 << 10  # a larger batch goes to the transport in pieces of this size
-# Frames of this size on average are written as they are (writev), smaller ones joined.
+# A batch whose first frame has this size is written as it is (writev); else joined.
 SCATTER_FROM = 2048
 
 
@@ -402,14 +402,20 @@ class DataSession(RemotePeer, asyncio.Protocol):
                 break
             took = True
             batch = outgoing(batch)
-            size = sum(map(len, batch))
+            data: bytes | None = None
+            if len(batch) > 1 and len(batch[0]) >= SCATTER_FROM:
+                size = sum(map(len, batch))  # large frames: written as they are
+            else:
+                # Small frames: one copy beats many iovecs. One frame: itself, no copy.
+                data = b"".join(batch)
+                size = len(data)
             stats.msgs_out += len(batch)
             stats.octets_out += size
             if size > OUT_CHUNK:
-                self._out = _LargeBatch(batch, size)
+                self._out = _LargeBatch(batch if data is None else [data], size)
                 self.broker.budget.used += size
                 self._unacked = taken
-                del batch
+                del batch, data
                 if not self._write_out():
                     break  # the rest, the ack and the release when it resumes
                 self._unacked = None
@@ -417,11 +423,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
                 # Waiters it wakes run after this turn, when the frames are gone.
                 self._drop_out()
                 continue
-            if size >= SCATTER_FROM * len(batch) > SCATTER_FROM:
+            if data is None:
                 transport.writelines(batch)
             else:
-                # Small frames: one copy beats many iovecs. One frame: itself, no copy.
-                transport.write(b"".join(batch))
+                transport.write(data)
             if self._paused:
                 self._unacked = taken  # acked when the transport has room again
                 break
