@@ -16,11 +16,12 @@ two independent sides, and no task of its own while idle:
   this publisher holds nothing, reading pauses until consumers drain (docs/memory.md).
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they are
   taken, those the peer at the other end already saw are dropped (docs/fq-protocol.md §5.3),
-  and the rest written in peer format, one write per batch, until the transport asks to
-  pause. Messages are only taken to be written at once, so none are ever held: nothing needs
-  putting back when the channel closes. A batch larger than ``OUT_CHUNK`` (a large message)
-  is handed to the transport a chunk at a time as it drains, and held against the memory
-  budget meanwhile, so the transport never copies all of it into its buffer.
+  and the rest written in peer format, one write per batch (small frames joined, larger
+  ones as they are, a scatter write), until the transport asks to pause. Messages are only
+  taken to be written at once, so none are ever held: nothing needs putting back when the
+  channel closes. A batch larger than ``OUT_CHUNK`` is handed to the transport about a
+  chunk at a time as it drains (a frame larger than that in copied pieces), and held
+  against the memory budget meanwhile.
 
 A bad frame closes this data channel only; the command session survives and can pair a
 new one (docs/fq-protocol.md §1.9).
