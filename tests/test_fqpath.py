@@ -202,7 +202,7 @@ def test_small_frames_go_out_joined_large_ones_scattered() -> None:
 
 
 def _reference_take(items: list[bytes], n: int) -> list[bytes]:
-    """What a memory queue hands out, as it did while it was a deque (before P16)."""
+    """What a memory queue handed out before P16, a pop per message."""
     held = sum(map(len, items))
     if held <= TAKE_BYTES:
         out = items[:n]
@@ -228,7 +228,7 @@ def _reference_take(items: list[bytes], n: int) -> list[bytes]:
         max_size=40,
     )
 )
-def test_the_memory_store_hands_out_what_the_deque_did(ops: list[tuple[str, Any]]) -> None:
+def test_the_memory_store_hands_out_what_it_did_before(ops: list[tuple[str, Any]]) -> None:
     budget = MemoryBudget(1 << 40)
     store = MemoryStore(budget)
     model: list[bytes] = []
