@@ -52,6 +52,7 @@ __all__ = [
     "read_head",
     "scan_messages",
     "scan_runs",
+    "split_run",
     "stamp",
 ]
 
@@ -96,6 +97,10 @@ _stamps: dict[tuple[bytes, bytes], bytes] = {}
 _head_of = _heads.get
 _stamp_of = _stamps.get
 _pack_u32 = _U32.pack
+_join = b"".join
+# From this payload size on, a frame is joined from a view of the read rather than from
+# slices of it: one copy of the payload instead of two, worth the view's cost.
+_VIEW_FROM: Final = 1024
 
 
 def _cached(
@@ -250,9 +255,10 @@ def scan_runs(
     after_id: bytes,
     names: dict[bytes, tuple[bytes, bytes]],
     max_payload: int,
+    pos: int = 0,
 ) -> int:
-    """Append the whole publisher frames at the start of ``data`` to ``out`` as runs of
-    peer frames, ``after_id`` (a :func:`stamp`) spliced into each; returns the bytes read.
+    """Append the whole publisher frames of ``data`` from ``pos`` on to ``out`` as runs of
+    peer frames, ``after_id`` (a :func:`stamp`) spliced into each; returns where it stopped.
 
     It stops at the first frame that is not whole or not ordinary (a name over its limit,
     a payload over ``max_payload``): the caller's careful reader takes it from there.
@@ -263,39 +269,82 @@ def scan_runs(
     startswith = data.startswith
     extra = ID_SIZE + len(after_id) + 4  # what a frame's head has past exchange and route
     n = len(data)
-    pos = 0
     head = b""  # u8 + exchange + u8 + route of the run being filled
+    to_length = 0  # from a frame's start to its payload length: head and id
     frames: list[bytes] = []
     append = frames.append
-    while pos < n:
-        if head and startswith(head, pos):
-            q = pos + len(head)
-        else:
-            size = data[pos]
-            p = pos + 1 + size  # route length
-            if size > MAX_RK_LEN or p >= n or data[p] > MAX_RK_LEN:
+    view: memoryview | None = None
+    view_from = _VIEW_FROM
+    try:
+        while pos < n:
+            if head and startswith(head, pos):
+                q = pos + to_length
+            else:
+                size = data[pos]
+                p = pos + 1 + size  # route length
+                if size > MAX_RK_LEN or p >= n or data[p] > MAX_RK_LEN:
+                    break
+                q = p + 1 + data[p]
+                head = data[pos:q]
+                pair = names.get(head)
+                if pair is None:
+                    # One copy of each name however many messages and queues hold it.
+                    pair = names[head] = (data[pos + 1 : p], data[p + 1 : q])
+                frames = []
+                append = frames.append
+                out.append((pair[0], pair[1], frames, q - pos + extra))
+                q += ID_SIZE
+                to_length = q - pos
+            size = unpack(data, q)[0]  # struct.error when it is not all there
+            end = q + 4 + size
+            if size > max_payload or end > n:
                 break
-            q = p + 1 + data[p]
-            head = data[pos:q]
-            pair = names.get(head)
-            if pair is None:
-                # One copy of each name however many messages and queues hold it.
-                pair = names[head] = (data[pos + 1 : p], data[p + 1 : q])
-            frames = []
-            append = frames.append
-            out.append((pair[0], pair[1], frames, q - pos + extra))
-        q += 16  # the message id
-        if q + 4 > n:
-            break
-        size = unpack(data, q)[0]
-        end = q + 4 + size
-        if size > max_payload or end > n:
-            break
-        append(data[pos:q] + after_id + data[q:end])
-        pos = end
+            if size < view_from:
+                append(data[pos:q] + after_id + data[q:end])
+            else:
+                # A large payload is copied once, into its frame, not sliced out first.
+                if view is None:
+                    view = memoryview(data)
+                append(_join((data[pos:q], after_id, view[q:end])))
+            pos = end
+    except struct.error:
+        pass  # a frame whose length field has not all arrived
+    if view is not None:
+        view.release()
     if out and not out[-1][2]:
         out.pop()  # a run opened for a frame that is not whole
     return pos
+
+
+def split_run(
+    first: bytes | bytearray,
+    pos: int,
+    second: bytes,
+    need: int,
+    after_id: bytes,
+    names: dict[bytes, tuple[bytes, bytes]],
+    max_payload: int,
+) -> _Run | None:
+    """The run of the one publisher frame that starts at ``first[pos:]`` and ends with
+    ``second[:need]``, made as :func:`scan_runs` would make it from the two joined, with
+    one copy of each part instead of two. None if its head is not all in ``first`` or it
+    is not ordinary: then join them and let :func:`scan_runs` (or the careful reader)
+    have it."""
+    size = first[pos]
+    p = pos + 1 + size  # route length
+    if size > MAX_RK_LEN or p >= len(first) or first[p] > MAX_RK_LEN:
+        return None
+    q = p + 1 + first[p]
+    at = q + ID_SIZE  # the payload length
+    if at + 4 > len(first) or _U32.unpack_from(first, at)[0] > max_payload:
+        return None
+    head = bytes(first[pos:q])
+    pair = names.get(head)
+    if pair is None:
+        pair = names[head] = (head[1 : p - pos], head[p - pos + 1 :])
+    with memoryview(first) as start, memoryview(second) as rest:
+        frame = _join((start[pos:at], after_id, start[at:], rest[:need]))
+    return pair[0], pair[1], [frame], q - pos + ID_SIZE + len(after_id) + 4
 
 
 def scan_messages(

@@ -90,12 +90,17 @@ class Store(Protocol):
 TAKE_BYTES = 1 << 20
 
 
+def _popleft(items: collections.deque[bytes], n: int) -> list[bytes]:
+    """The first ``n`` of ``items``, taken off: the pops looped in C, not in a list
+    comprehension (half the time a message)."""
+    return list(itertools.starmap(items.popleft, itertools.repeat((), n)))
+
+
 def _take_bytes(items: collections.deque[bytes], n: int, held: int) -> tuple[list[bytes], int]:
     """About ``TAKE_BYTES`` of messages (at least one): as many as the average size allows,
     cut where they cross it if the first ones are larger, and the rest put back."""
-    popleft = items.popleft
     k = max(1, min(n, len(items), TAKE_BYTES * len(items) // held))
-    out = [popleft() for _ in range(k)]
+    out = _popleft(items, k)
     size = sum(map(len, out))
     if size > TAKE_BYTES and k > 1:
         keep = bisect.bisect_left(list(itertools.accumulate(map(len, out))), TAKE_BYTES) + 1
@@ -144,8 +149,7 @@ class MemoryStore:
                 items.clear()
                 size = held
             else:
-                popleft = items.popleft
-                out = [popleft() for _ in range(n)]
+                out = _popleft(items, n)
                 size = sum(map(len, out))
         else:
             out, size = _take_bytes(items, n, held)

@@ -16,11 +16,12 @@ two independent sides, and no task of its own while idle:
   this publisher holds nothing, reading pauses until consumers drain (docs/memory.md).
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they are
   taken, those the peer at the other end already saw are dropped (docs/fq-protocol.md §5.3),
-  and the rest written in peer format, one write per batch, until the transport asks to
-  pause. Messages are only taken to be written at once, so none are ever held: nothing needs
-  putting back when the channel closes. A batch larger than ``OUT_CHUNK`` (a large message)
-  is handed to the transport a chunk at a time as it drains, and held against the memory
-  budget meanwhile, so the transport never copies all of it into its buffer.
+  and the rest written in peer format, one write per batch (small frames joined, larger
+  ones as they are, a scatter write), until the transport asks to pause. Messages are only
+  taken to be written at once, so none are ever held: nothing needs putting back when the
+  channel closes. A batch larger than ``OUT_CHUNK`` is handed to the transport about a
+  chunk at a time as it drains (a frame larger than that in copied pieces), and held
+  against the memory budget meanwhile.
 
 A bad frame closes this data channel only; the command session survives and can pair a
 new one (docs/fq-protocol.md §1.9).
@@ -64,6 +65,8 @@ log = logging.getLogger(__name__)
 
 BATCH = 1024
 OUT_CHUNK = 256 << 10  # a larger batch goes to the transport in pieces of this size
+# A batch whose first frame has this size is written as it is (writev); else joined.
+SCATTER_FROM = 2048
 
 
 class DataHost(Protocol):
@@ -98,16 +101,18 @@ class _Input:
 
 
 class _LargeBatch:
-    """A batch larger than OUT_CHUNK, handed to the transport a chunk at a time as it
-    drains, each chunk a copy; it holds its size of the budget until its frames are let
-    go, not just handed on."""
+    """A batch larger than OUT_CHUNK, handed to the transport about OUT_CHUNK at a time
+    as it drains: frames up to that size as they are (scatter writes, no copy), a larger
+    frame a copied chunk at a time. It holds its size of the budget until its frames are
+    let go, not just handed on."""
 
-    __slots__ = ("held", "pos", "view")
+    __slots__ = ("frames", "held", "next", "pos")
 
-    def __init__(self, view: memoryview) -> None:
-        self.view: memoryview | None = view  # None once it is all written
-        self.pos = 0
-        self.held = len(view)
+    def __init__(self, frames: list[bytes], held: int) -> None:
+        self.frames: list[bytes] | None = frames  # None once it is all written
+        self.next = 0  # the frame to write next
+        self.pos = 0  # where in it, for a frame larger than OUT_CHUNK
+        self.held = held
 
 
 class DataSession(RemotePeer, asyncio.Protocol):
@@ -188,7 +193,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        if self._out is not None and self._out.view is not None and not self._write_out():
+        if self._out is not None and self._out.frames is not None and not self._write_out():
             return  # paused again, or gone
         taken, self._unacked = self._unacked, None
         if taken and self.phase is Phase.STREAMING and not self._draining:
@@ -398,12 +403,18 @@ class DataSession(RemotePeer, asyncio.Protocol):
                 break
             took = True
             batch = outgoing(batch)
-            data = b"".join(batch)  # one message: that message, not a copy
+            data: bytes | None = None
+            if len(batch) > 1 and len(batch[0]) >= SCATTER_FROM:
+                size = sum(map(len, batch))  # large frames: written as they are
+            else:
+                # Small frames: one copy beats many iovecs. One frame: itself, no copy.
+                data = b"".join(batch)
+                size = len(data)
             stats.msgs_out += len(batch)
-            stats.octets_out += len(data)
-            if len(data) > OUT_CHUNK:
-                self._out = _LargeBatch(memoryview(data))
-                self.broker.budget.used += len(data)
+            stats.octets_out += size
+            if size > OUT_CHUNK:
+                self._out = _LargeBatch(batch if data is None else [data], size)
+                self.broker.budget.used += size
                 self._unacked = taken
                 del batch, data
                 if not self._write_out():
@@ -413,7 +424,10 @@ class DataSession(RemotePeer, asyncio.Protocol):
                 # Waiters it wakes run after this turn, when the frames are gone.
                 self._drop_out()
                 continue
-            transport.write(data)
+            if data is None:
+                transport.writelines(batch)
+            else:
+                transport.write(data)
             if self._paused:
                 self._unacked = taken  # acked when the transport has room again
                 break
@@ -425,18 +439,40 @@ class DataSession(RemotePeer, asyncio.Protocol):
         """Hand the large batch on a chunk at a time while the transport takes more; True
         once it is all written and the transport has room for more."""
         out = self._out
-        assert out is not None and out.view is not None
-        view, pos, transport = out.view, out.pos, self.transport
-        while pos < len(view):
+        assert out is not None and out.frames is not None
+        frames, i, transport = out.frames, out.next, self.transport
+        while i < len(frames):
             if self._paused or transport.is_closing():
-                out.pos = pos
+                out.next = i
                 return False
-            # A copy, not a slice: a slice the transport still buffers (uvloop keeps the
-            # object) would keep the whole message alive after its budget is given back,
-            # and the next large message read meanwhile would double what RSS holds.
-            transport.write(bytes(view[pos : pos + OUT_CHUNK]))
-            pos += OUT_CHUNK
-        out.view = None
+            frame = frames[i]
+            if len(frame) > OUT_CHUNK:
+                # A copy, not a slice: a slice the transport still buffers (uvloop keeps
+                # the object) would keep the whole message alive after its budget is
+                # given back, and the next large message read meanwhile would double
+                # what RSS holds.
+                pos = out.pos
+                with memoryview(frame) as view:
+                    transport.write(bytes(view[pos : pos + OUT_CHUNK]))
+                pos += OUT_CHUNK
+                if pos < len(frame):
+                    out.pos = pos
+                    continue
+                out.pos = 0
+                i += 1
+                continue
+            # Frames as they are, about OUT_CHUNK of them: the transport keeps no more of
+            # them than a chunk would be, and copies none.
+            j, size = i + 1, len(frame)
+            while j < len(frames) and size + len(frames[j]) <= OUT_CHUNK:
+                size += len(frames[j])
+                j += 1
+            if j == i + 1:
+                transport.write(frame)
+            else:
+                transport.writelines(frames[i:j])
+            i = j
+        out.frames = None
         return not self._paused
 
     def _drop_out(self) -> None:

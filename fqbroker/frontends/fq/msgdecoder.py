@@ -19,18 +19,23 @@ from typing import Any, TypeVar
 
 from fqbroker.core.frames import (
     MAX_MESSAGE_SIZE,
+    MAX_RK_LEN,
     frame_length,
     read_head,
     scan_messages,
     scan_runs,
+    split_run,
     stamp,
 )
 from fqbroker.core.message import Message, Run, runs_of
 from fqbroker.errors import ProtocolError
 from fqbroker.frontends.decoding import Decoder, NeedData
-from fqbroker.frontends.fq.largeframe import LargeFrame
+from fqbroker.frontends.fq.largeframe import LARGE_FRAME, LargeFrame
 
 __all__ = ["MessageDecoder"]
+
+# The longest publisher frame head: two names of 127 bytes, their lengths, id and u32.
+_HEAD_MAX = 2 + 2 * MAX_RK_LEN + 16 + 4
 
 _Cache = TypeVar("_Cache", bound=dict[Any, Any])
 
@@ -63,6 +68,7 @@ class MessageDecoder(Decoder):
         "_large_done",
         "_large_stamp",
         "_names",
+        "_pending",
         "_skipping",
         "max_payload",
         "octets",
@@ -85,12 +91,18 @@ class MessageDecoder(Decoder):
         self._large: LargeFrame | None = None
         self._large_done: LargeFrame | None = None
         self._large_stamp: bytes | None = None
+        # The last read, not yet copied into the buffer: runs() decodes it where it lies
+        # and buffers only the partial frame it ends with. It follows what _buf holds.
+        self._pending: bytes | None = None
 
     def feed(self, data: bytes) -> None:
         after_id = self._large_stamp
         if after_id is not None:
             # Only now: more bytes coming means the reader has granted the frame's size.
             self._large_stamp = None
+            if (self._head_length() or 0) < LARGE_FRAME:
+                self._hold(data)
+                return
             buf = self._buf
             buf.feed(data)
             self._large = LargeFrame.start(buf.data, buf.pos, after_id, self.max_payload)
@@ -107,11 +119,36 @@ class MessageDecoder(Decoder):
             if not rest:
                 return
             data = rest
-        self._buf.feed(data)
+        self._hold(data)
+
+    def _hold(self, data: bytes) -> None:
+        if self._pending is not None:
+            self._buf.feed(self._pending)
+            self._pending = None
+        if type(data) is bytes and not self._skipping:
+            self._pending = data  # immutable: safe to keep uncopied
+        else:
+            self._buf.feed(data)
+
+    def _settle(self) -> None:
+        """Into the buffer with the last read, for the careful paths that read only it."""
+        if self._pending is not None:
+            self._buf.feed(self._pending)
+            self._pending = None
+
+    @property
+    def buffered(self) -> int:
+        self._settle()
+        return len(self._buf)
+
+    def unconsumed(self) -> bytes:
+        self._settle()
+        return self._buf.rest()
 
     @property
     def in_flight(self) -> int:
         """Bytes held or announced: what is buffered, or the frame it starts if longer."""
+        self._settle()
         if self._large is not None:
             return self._large.size
         extra = 0 if self._large_done is None else self._large_done.size
@@ -134,6 +171,7 @@ class MessageDecoder(Decoder):
         return length is not None and length <= len(self._buf)
 
     def next_message(self) -> Message | None:
+        self._settle()
         buf = self._buf
         if self._skipping:
             self._skipping -= buf.skip(self._skipping)
@@ -166,6 +204,7 @@ class MessageDecoder(Decoder):
         ``octets`` counts the frame bytes of the messages returned.
         """
         self._raise_pending()
+        self._settle()
         out: list[Message] = []
         self._decode_fast(
             lambda data: scan_messages(
@@ -202,9 +241,14 @@ class MessageDecoder(Decoder):
             out.append(done.run)
             self.octets += done.length
         after_id = stamp(sender, hops)
-        self._decode_fast(
-            lambda data: scan_runs(data, out, after_id, _bounded(self._heads), self.max_payload)
-        )
+        pending = self._pending
+        if pending is not None:
+            self._pending = None
+            self._scan_read(pending, out, after_id)
+        else:
+            self._decode_fast(
+                lambda data: scan_runs(data, out, after_id, _bounded(self._heads), self.max_payload)
+            )
         slow: list[Message] = []
         try:
             while (msg := self.next_message()) is not None:
@@ -226,6 +270,73 @@ class MessageDecoder(Decoder):
             # head still in pieces would be assembled at whatever size it turns out to say.
             self._large_stamp = after_id
         return out + runs_of(slow) if slow else out
+
+    def _scan_read(self, data: bytes, out: list[Run], after_id: bytes) -> None:
+        """Decode a read where it lies: the frame the buffer holds the start of, completed
+        from its first bytes, then the rest of it; only a partial frame at its end (or an
+        unusual one, left to next_message) is copied into the buffer."""
+        buf = self._buf
+        names = _bounded(self._heads)
+        max_payload = self.max_payload
+        start = 0
+        if len(buf):
+            need = self._needs(data)
+            if need is None or not self._first_run(data, need, out, after_id, names):
+                # A frame longer than this read, or one for the careful path: as before.
+                buf.feed(data)
+                self._decode_fast(lambda rest: scan_runs(rest, out, after_id, names, max_payload))
+                return
+            start = need
+            buf.pos = len(buf.data)
+        runs = len(out)
+        end = scan_runs(data, out, after_id, names, max_payload, start)
+        self.octets += end - start
+        if runs and len(out) > runs:
+            last, following = out[runs - 1], out[runs]
+            if last[0] is following[0] and last[1] is following[1]:
+                last[2].extend(following[2])  # one run, as when it came in one read
+                del out[runs]
+        if end < len(data):
+            with memoryview(data) as rest:
+                buf.feed(rest[end:])  # type: ignore[arg-type]
+
+    def _first_run(
+        self,
+        data: bytes,
+        need: int,
+        out: list[Run],
+        after_id: bytes,
+        names: dict[bytes, tuple[bytes, bytes]],
+    ) -> bool:
+        """Append the run of the frame the buffer starts with and ``data[:need]`` ends;
+        False if it is one for the careful path."""
+        buf = self._buf
+        length = len(buf) + need
+        run = split_run(buf.data, buf.pos, data, need, after_id, names, self.max_payload)
+        if run is not None:
+            out.append(run)
+        else:  # its head in pieces too, or not ordinary
+            with memoryview(buf.data) as held, memoryview(data) as rest:
+                first = b"".join((held[buf.pos :], rest[:need]))
+            if scan_runs(first, out, after_id, names, self.max_payload) < length:
+                return False
+        self.octets += length
+        return True
+
+    def _needs(self, data: bytes) -> int | None:
+        """How many bytes of ``data`` complete the frame the buffer starts with; None if
+        it does not complete it."""
+        buf = self._buf
+        held, pos = buf.data, buf.pos
+        try:
+            length = frame_length(held, pos, peer=False)
+        except (IndexError, struct.error):
+            try:  # its head is in pieces too, and at most _HEAD_MAX long
+                length = frame_length(bytes(held[pos:]) + data[:_HEAD_MAX], peer=False)
+            except (IndexError, struct.error):
+                return None
+        need = length - (len(held) - pos)
+        return need if 0 < need <= len(data) else None
 
     def _raise_pending(self) -> None:
         if self._error is not None:
