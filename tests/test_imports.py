@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import fqbroker
+from fqbroker import accel
 
 PACKAGE = "fqbroker"
 # The spark data source needs the spark extra; the broker never imports it.
@@ -51,11 +52,15 @@ def package_modules() -> dict[str, Path]:
     """Every module of the package (name -> source file), optional ones when installed."""
     found = {PACKAGE: Path(fqbroker.__file__)}
     for info in pkgutil.walk_packages(fqbroker.__path__, PACKAGE + "."):
-        if _missing_prerequisite(info.name):
+        # The compiled accelerator's shared library has no source (fqbroker/accel.py).
+        if _missing_prerequisite(info.name) or info.name == accel.LIBRARY:
             continue
         spec = importlib.util.find_spec(info.name)
         assert spec is not None and spec.origin is not None, info.name
-        found[info.name] = Path(spec.origin)
+        origin = Path(spec.origin)
+        if origin.suffix != ".py":  # compiled: its imports are its source's
+            origin = origin.with_name(info.name.rpartition(".")[2] + ".py")
+        found[info.name] = origin
     return found
 
 
