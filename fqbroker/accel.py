@@ -40,9 +40,13 @@ LIBRARY: Final = GROUP + "__mypyc"
 MANIFEST: Final = "_compiled.json"
 
 # The hot loops the profiles name: the fq data path (decode, route, queue) and the
-# OpenCluster machine and store. Each must compile with mypyc as it is.
+# OpenCluster machine and store. Each must compile with mypyc as it is. A compiled class
+# cannot be subclassed by an interpreted one, so the subclasses of decoding.py's decoders
+# are compiled too (fq's and Figg's wire.py).
 MODULES: Final[tuple[str, ...]] = (
     "fqbroker.frontends.decoding",
+    "fqbroker.frontends.fq.wire",
+    "fqbroker.frontends.figg.wire",
     "fqbroker.core.frames",
     "fqbroker.core.message",
     "fqbroker.frontends.fq.largeframe",

@@ -168,9 +168,10 @@ class Worker:
         return json.loads(line)
 
     def close(self) -> None:
-        assert self.proc.stdin is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.close()
         self.proc.wait(timeout=30)
+        self.proc.stdout.close()
 
 
 @pytest.fixture(scope="module")
