@@ -8,7 +8,7 @@ SPARK_STAMP := $(VENV)/.spark-installed
 NODE_STAMP := tests/interop/node_modules/.installed
 PORT   ?= 8765
 VARDIR ?= var
-LINTED := fqbroker tests bench pyspark_fqbroker examples/spark
+LINTED := fqbroker tests bench pyspark_fqbroker examples/spark setup.py
 
 .PHONY: install accel run test test-pure lint types fmt check bench bench-peers clean node chromium
 .PHONY: spark java
@@ -77,7 +77,8 @@ test: install spark node
 # The tests of the compiled modules again, in pure Python (`make test` runs them compiled
 # where the accelerator is built; tests/test_accel.py compares the two).
 ACCEL_TESTS := tests/test_frames.py tests/test_runs.py tests/test_datachannel.py \
-  tests/test_wire.py tests/test_router.py tests/test_publisher.py tests/test_kvstore.py \
+  tests/test_wire.py tests/test_figg_wire.py tests/test_router.py tests/test_publisher.py \
+  tests/test_fairness.py tests/test_confirm_race.py tests/test_kvstore.py \
   tests/test_opencluster.py tests/test_opencluster_wire.py tests/test_accel.py
 test-pure: install
 	FQBROKER_PURE=1 $(PY) -m pytest -q $(ACCEL_TESTS)
@@ -94,7 +95,8 @@ fmt: install
 	$(VENV)/bin/ruff format $(LINTED)
 	$(VENV)/bin/ruff check --fix $(LINTED)
 
-# What CI runs (.ci/run): lint, types and every test. Each part runs even when one before
+# What CI runs (.ci/run): lint, types, every test (compiled where the accelerator is built)
+# and the compiled modules' tests in pure Python. Each part runs even when one before
 # it failed, so one run shows every problem; the target fails if any part did.
 check: install
 	@failed=""; \
@@ -102,6 +104,7 @@ check: install
 	$(VENV)/bin/ruff check $(LINTED) || failed="$$failed ruff-check"; \
 	$(VENV)/bin/mypy || failed="$$failed mypy"; \
 	$(MAKE) --no-print-directory test || failed="$$failed test"; \
+	$(MAKE) --no-print-directory test-pure || failed="$$failed test-pure"; \
 	if [ -n "$$failed" ]; then echo "make check failed:$$failed" >&2; exit 1; fi
 
 # The whole table, or some scenarios: make bench BENCH="1to1-100 latency" (see bench/__main__.py).

@@ -39,10 +39,10 @@ GROUP: Final = "fqbroker._compiled"
 LIBRARY: Final = GROUP + "__mypyc"
 MANIFEST: Final = "_compiled.json"
 
-# The hot loops the profiles name: the fq data path (decode, route, queue) and the
+# The hot loops the profiles name: the fq data path (decode, queue, publish) and the
 # OpenCluster machine and store. Each must compile with mypyc as it is. A compiled class
 # cannot be subclassed by an interpreted one, so the subclasses of decoding.py's decoders
-# are compiled too (fq's and Figg's wire.py).
+# are compiled too (fq's and Figg's wire.py). Not router.py: see docs/accel.md.
 MODULES: Final[tuple[str, ...]] = (
     "fqbroker.frontends.decoding",
     "fqbroker.frontends.fq.wire",
@@ -51,6 +51,9 @@ MODULES: Final[tuple[str, ...]] = (
     "fqbroker.core.message",
     "fqbroker.frontends.fq.largeframe",
     "fqbroker.frontends.fq.msgdecoder",
+    "fqbroker.frontends.fq.datachannel",
+    "fqbroker.core.queue",
+    "fqbroker.core.publisher",
     "fqbroker.frontends.opencluster.wire",
     "fqbroker.frontends.opencluster.machine",
     "fqbroker.storage.kvjournal",
@@ -79,9 +82,10 @@ def manifest(modules: Sequence[str], package_dir: str) -> dict[str, object]:
     }
 
 
-def _check(package_dir: str) -> str | None:
-    """Why the compiled modules cannot run here (None: they can)."""
-    if os.environ.get(ENV, "") not in ("", "0"):
+def _check(package_dir: str, *, env: bool = True) -> str | None:
+    """Why the compiled modules cannot run here (None: they can); with ``env`` False,
+    whatever FQBROKER_PURE says."""
+    if env and os.environ.get(ENV, "") not in ("", "0"):
         return f"{ENV} is set"
     try:
         with open(os.path.join(package_dir, MANIFEST), encoding="utf-8") as f:
