@@ -145,6 +145,48 @@ def test_a_build_runs_the_compiled_modules() -> None:
     assert all(f.endswith(SUFFIX) for f in files.split())
 
 
+# --- building --------------------------------------------------------------------------------
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """A copy of what setup.py builds from, without any build."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.so", accel.MANIFEST)
+    shutil.copytree(ROOT / "fqbroker", src / "fqbroker", ignore=ignore)
+    return src
+
+
+def _build(src: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
+        cwd=src, env={**os.environ, **env}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_a_build_that_fails_leaves_pure_python(tmp_path: Path) -> None:
+    """No C compiler: the build says so and succeeds, and nothing of it is left to load."""
+    if importlib.util.find_spec("mypyc") is None:
+        pytest.skip("mypyc is not installed (the dev extra)")
+    src = _checkout(tmp_path)
+    done = _build(src, CC="/bin/false", FQBROKER_PURE="0")
+    assert done.returncode == 0, done.stderr
+    assert "the C build failed" in done.stderr and "pure Python" in done.stderr
+    assert not list(src.rglob("*.so"))
+    assert not (src / "fqbroker" / accel.MANIFEST).exists()
+    assert accel._check(str(src / "fqbroker"), env=False) == "not built"
+
+
+def test_fqbroker_pure_skips_the_build(tmp_path: Path) -> None:
+    src = _checkout(tmp_path)
+    done = _build(src, FQBROKER_PURE="1")
+    assert done.returncode == 0, done.stderr
+    assert "FQBROKER_PURE is set: pure Python" in done.stderr
+    assert not list(src.rglob("*.so"))
+
+
 # --- the same frames out for the same bytes in ----------------------------------------------
 
 
