@@ -1,10 +1,12 @@
 """Run the suite and print one table, or only the scenarios named.
 
-    python -m bench [--runs N] [--scale F] [--no-peers] [--baseline TREE] [SCENARIO ...]
+    python -m bench [--runs N] [--scale F] [--no-peers] [--baseline TREE]
+                    [--flame DIR [--native]] [SCENARIO ...]
 
 Scenarios: 1to1-100 1to1-4k 1to1-128k 1to1-routes fanout fanin disk latency memory idle
 lumberjack figg fyrehose opencluster (the table),
-and in-process micro benchmarks outside it: routing, disk-inproc, file-reads, permissions.
+and micro benchmarks outside it: routing, disk-inproc, file-reads, permissions (in-process),
+idle-floor (RSS of a do-nothing server with 10,000 idle connections).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from .flame import py_spy
+from .harness import exit_on_signals
 from .suite import SCENARIOS, Config, run
 
 MICRO = {
@@ -21,6 +25,7 @@ MICRO = {
     "disk-inproc": "bench.disk",
     "file-reads": "bench.filereads",
     "permissions": "bench.permscost",
+    "idle-floor": "bench.idlefloor",
 }
 
 
@@ -37,11 +42,28 @@ def main(argv: list[str]) -> int:
         help="another fqbroker checkout (e.g. a git worktree of the commit before a change),"
         " measured in the same interleaved runs as the column 'before'",
     )
+    p.add_argument(
+        "--flame",
+        type=Path,
+        metavar="DIR",
+        help="a py-spy flame graph of fqbroker in the last run of each flow scenario:"
+        " DIR/SCENARIO.svg (bench/flames/README.md)",
+    )
+    p.add_argument(
+        "--native",
+        action="store_true",
+        help="with --flame: C frames too (py-spy --native; pauses the broker at each sample),"
+        " in DIR/SCENARIO-native.svg",
+    )
     args = p.parse_args(argv)
+    if args.flame is not None and py_spy() is None:
+        print("--flame: py-spy not found (pip install py-spy)", file=sys.stderr)
+        return 2
     if args.baseline is not None and not (args.baseline / "fqbroker" / "__main__.py").is_file():
         print(f"--baseline {args.baseline}: no fqbroker package there", file=sys.stderr)
         return 2
     names = args.names or SCENARIOS
+    exit_on_signals()  # SIGTERM/SIGHUP: the runs' cleanup and harness.stop_all() still run
     for name in names:
         if name not in SCENARIOS and name not in MICRO:
             known = ", ".join([*SCENARIOS, *MICRO])
@@ -59,6 +81,8 @@ def main(argv: list[str]) -> int:
             scale=args.scale,
             peers=not args.no_peers,
             baseline=args.baseline.resolve() if args.baseline else None,
+            flame=args.flame.resolve() if args.flame else None,
+            native=args.native,
         )
         print()
         print(run(table, cfg))

@@ -13,7 +13,7 @@ Each run drives a broker with a Figg listener through bench/figgload.py processe
 
 from __future__ import annotations
 
-from .harness import Client, FqBroker, System, cpu_seconds
+from .harness import Client, FqBroker, System, cpu_seconds, finish_all
 
 SIZE = 100
 PUBLISH_COUNT = 300_000
@@ -30,6 +30,7 @@ def _publish(broker: FqBroker, topic: str, count: int, pubs: int = 1) -> dict[st
     """``pubs`` connections publish ``count`` messages each to ``topic``, all at once: the
     earliest start and the latest end."""
     started: list[Client] = []
+    failed = True
     try:
         for _ in range(pubs):
             started.append(_publisher(broker, topic, count))
@@ -38,10 +39,9 @@ def _publish(broker: FqBroker, topic: str, count: int, pubs: int = 1) -> dict[st
         for pub in started:
             pub.go()
         results = [pub.collect() for pub in started]
+        failed = False
     finally:
-        for pub in started:
-            pub.go()
-            pub.finish()
+        finish_all(started, failed=failed)
     return {
         "start_ns": min(r["start_ns"] for r in results),
         "end_ns": max(r["end_ns"] for r in results),
@@ -86,15 +86,16 @@ def replay_run(broker: System, run: int, scale: float) -> dict[str, float]:
     if run == 0:
         _publish(broker, "replay", count)  # the broker lives through every run
     sub = _subscriber(broker, "replay", count, offset=0)
+    failed = True
     try:
         sub.ready()
         cpu0 = cpu_seconds(broker.pid)
         sub.go()
         got = sub.collect()
         cpu1 = cpu_seconds(broker.pid)
+        failed = False
     finally:
-        sub.go()
-        sub.finish()
+        finish_all([sub], failed=failed)
     if got["received"] != count or not got["whole"]:
         print(f"  ! figg replay: {got['received']} of {count}, whole={got['whole']}", flush=True)
     return {
@@ -109,6 +110,7 @@ def fanout_run(broker: System, run: int, scale: float) -> dict[str, float]:
     topic = f"fan-{run}"
     subs = [_subscriber(broker, topic, count) for _ in range(FANOUT_SUBS)]
     pub: Client | None = None
+    failed = True
     try:
         for sub in subs:
             sub.ready()
@@ -121,10 +123,9 @@ def fanout_run(broker: System, run: int, scale: float) -> dict[str, float]:
         got = [sub.collect() for sub in subs]
         cpu1 = cpu_seconds(broker.pid)
         sent = pub.collect()
+        failed = False
     finally:
-        for c in subs + ([pub] if pub else []):
-            c.go()
-            c.finish()
+        finish_all(subs + ([pub] if pub else []), failed=failed)
     delivered = sum(g["received"] for g in got)
     if delivered != count * FANOUT_SUBS or not all(g["whole"] for g in got):
         print(f"  ! figg fan-out: {delivered} of {count * FANOUT_SUBS} delivered", flush=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import random
 
-from .harness import Client, FqBroker, System, cpu_seconds, credit_file
+from .harness import Client, FqBroker, System, cpu_seconds, credit_file, finish_all
 
 SUBS = 4
 SIZE = 100
@@ -49,6 +49,7 @@ def fyrehose_run(broker: System, run: int, scale: float, loss: float = 0.0) -> d
         for j in range(SUBS)
     ]
     pub: Client | None = None
+    failed = True
     try:
         for sub in subs:
             sub.ready()
@@ -61,10 +62,9 @@ def fyrehose_run(broker: System, run: int, scale: float, loss: float = 0.0) -> d
         got = [sub.collect() for sub in subs]
         cpu1 = cpu_seconds(broker.pid)
         sent = pub.collect()
+        failed = False
     finally:
-        for c in subs + ([pub] if pub else []):
-            c.go()
-            c.finish()
+        finish_all(subs + ([pub] if pub else []), failed=failed)
         os.unlink(credit)
     delivered = sum(g["received"] for g in got)
     expected = count * SUBS

@@ -4,21 +4,33 @@ A :class:`System` is a server process on a free loopback port: fqbroker (``pytho
 fqbroker``, uvloop when installed), the Python-hop relay, redis-server or nats-server.
 Load generators are ``python -m bench.loadgen`` processes (see there); :func:`run_clients`
 starts them, lines them up on ``READY``, says go to all at once and collects their JSON.
-CPU is utime + stime of the server process from /proc/PID/stat, RSS is VmRSS.
+CPU is the server process's run time (user + system, all threads), RSS is VmRSS.
+
+Every process is started by :func:`spawn`, in a process group of its own, and stopped by
+:func:`stop_process` (its whole group) however the run ends: the callers stop theirs in
+``finally``, :func:`stop_all` stops whatever is left when a run raises and at exit, and a
+child of the main thread gets SIGKILL from the kernel if the bench dies without cleaning up
+(SIGKILL, a crash). A run that failed midway used to leave its fqbroker running.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import ctypes
+import importlib.util
 import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +51,14 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (all its threads), in seconds."""
+    """The CPU time (user + system) of ``pid``, all its threads, live and ended, in seconds.
+
+    Read from the kernel's clock of that process (what glibc's clock_getcpuclockid names:
+    nanoseconds of run time), else utime + stime from /proc/PID/stat, which count 10 ms
+    ticks: 1 to 3% of a run at scale 1, more in a short run, too coarse for an A/B.
+    """
+    with contextlib.suppress(OSError):
+        return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED of the whole process
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
@@ -79,6 +98,93 @@ def _raise_nofile() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+# --- processes -------------------------------------------------------------------------------
+
+# Every process spawn() started and stop_process() has not stopped yet, by pid.
+LIVE: dict[int, subprocess.Popen[bytes]] = {}
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _child_setup(parent: int, die_with_parent: bool) -> Callable[[], None]:
+    def setup() -> None:
+        _raise_nofile()
+        if _LIBC is not None and die_with_parent:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the bench died before the prctl: nobody to tell
+                os._exit(1)
+
+    return setup
+
+
+def spawn(args: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    """Start a process of the bench: in a process group of its own, so that stopping it stops
+    whatever it started too, and a terminal's Ctrl-C reaches the bench alone (which then
+    stops it in order). The kernel sends it SIGKILL when the thread that started it ends,
+    so only a child of the main thread asks for that (fuzz/soak start brokers in workers).
+    """
+    die_with_parent = threading.current_thread() is threading.main_thread()
+    proc = subprocess.Popen(
+        args, process_group=0, preexec_fn=_child_setup(os.getpid(), die_with_parent), **options
+    )
+    LIVE[proc.pid] = proc
+    return proc
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """Stop ``proc`` and its process group: SIGTERM, SIGKILL after ``timeout``; then SIGKILL
+    to whatever it left in its group; its pipes closed. Nothing to do if it has exited."""
+    try:
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+        _signal_group(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.returncode is not None:  # else (interrupted) still stop_all()'s to stop
+            LIVE.pop(proc.pid, None)
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+
+
+def stop_all(timeout: float = 5.0) -> None:
+    """Stop every process the bench started and has not stopped: all told at once, then each
+    waited for up to what is left of ``timeout``."""
+    procs = list(LIVE.values())
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        stop_process(proc, max(0.1, deadline - time.monotonic()))
+
+
+atexit.register(stop_all)
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP end the bench as an exception would (SystemExit), so that every
+    ``finally`` and :func:`stop_all` run; a second one while that runs is ignored."""
+
+    def handler(signum: int, _frame: object) -> None:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, handler)
+
+
 @dataclass
 class System:
     """A server under test. ``proto`` is what the load generators speak to it."""
@@ -110,29 +216,26 @@ class System:
             tempfile.mkdtemp(prefix=f"bench-{self.name.replace('/', '-')}-", dir=_var())
         )
         self.port = free_port()
-        self.proc = subprocess.Popen(
-            self.command(),
-            cwd=self.workdir,
-            env=self.environment(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            preexec_fn=_raise_nofile,
-        )
-        self._wait_listening()
+        try:
+            self.proc = spawn(
+                self.command(),
+                cwd=self.workdir,
+                env=self.environment(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            self._wait_listening()
+        except BaseException:
+            self.stop()
+            raise
 
     def _wait_listening(self) -> None:
         _wait_port(self.port, self)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
+        """Idempotent: nothing to do once stopped (or when never started)."""
+        if self.proc is not None:
+            stop_process(self.proc)
         self.proc = None
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -179,6 +282,9 @@ class FqBroker(System):
         if self.opencluster:
             self.oc_port = free_port()
         super().start()
+
+    def _wait_listening(self) -> None:
+        super()._wait_listening()
         if self.lumberjack:
             _wait_port(self.lj_port, self)
         if self.figg:
@@ -215,6 +321,11 @@ class Relay(System):
     def __init__(self, loop: str = "uvloop") -> None:
         super().__init__(f"py-relay/{loop}", "fq")
         self.loop = loop
+
+    def available(self) -> str | None:
+        if self.loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            return "skipped: uvloop not installed (pip install uvloop)"
+        return None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "bench.relay", "--port", str(self.port), "--loop", self.loop]
@@ -292,49 +403,55 @@ class Client:
                 args.append(flag)
             elif value is not False:
                 args += [flag, str(value)]
-        self.proc = subprocess.Popen(
-            args,
-            cwd=ROOT,
-            env=ENV,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            preexec_fn=_raise_nofile,
-        )
+        self.proc = spawn(args, cwd=ROOT, env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.result: dict[str, Any] = {}
 
     def ready(self) -> None:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if line.strip() != b"READY":
-            self.proc.wait(5)
+            stop_process(self.proc, 5)
             raise RuntimeError(f"load generator failed to start: {line!r}")
 
     def go(self) -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            self.proc.stdin.write(b"go\n")
-            self.proc.stdin.flush()
+        stdin = self.proc.stdin
+        if stdin is not None and not stdin.closed:
+            with contextlib.suppress(OSError):
+                stdin.write(b"go\n")
+                stdin.flush()
 
     def collect(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line:
-            self.proc.wait(5)
+            stop_process(self.proc, 5)
             raise RuntimeError("load generator died")
         self.result = json.loads(line)
         return self.result
 
     def finish(self) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        try:
+        """Its stdin closed, and up to 30 s to exit on its own; then stopped."""
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        stop_process(self.proc, 5)
+
+    def stop(self) -> None:
+        """Stopped now, not asked: after a failure it may be blocked on a read forever."""
+        stop_process(self.proc, 5)
+
+
+def finish_all(clients: Iterable[Client], *, failed: bool) -> None:
+    """A run's load generators told to go on (past their last wait) and finished; after a
+    failure (``failed``) stopped at once instead."""
+    for c in clients:
+        if failed:
+            c.stop()
+        else:
+            c.go()
+            c.finish()
 
 
 def credit_file() -> str:

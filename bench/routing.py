@@ -11,6 +11,10 @@ caller with a single message does), and as the data path does, reads of ``READ``
 messages decoded into runs and published with ``Router.publish_runs`` (no two messages
 in a row share a route here, so each run is one message: the data path's worst case).
 
+``--many-routes``: reads in which no two messages in a row share a route, all into the
+same queues (what routes that reach the same bindings being joined is for), beside the
+same reads on one route.
+
 ``--sampling`` measures what the routing-time histogram (``RouteTimes``, /metrics'
 ``fq_route_eval_seconds``) costs: one message per batch through ``Router.publish`` (a batch
 per message: the worst case), with no batch timed (what a batch pays between samples: one
@@ -116,9 +120,40 @@ def sampling() -> None:
     )
 
 
+def many_routes() -> None:
+    """The data path's reads when no two messages in a row share a route (the bench row
+    "1 to 1, 100 B, 1,000 routes"): each message a run of its own, all into the same
+    queue(s), against the same reads on one route. Thread CPU time, so a busy box
+    (other processes on the cores) does not count; median of RUNS."""
+    for queues in (1, 8):
+        for routes in (1, 1000):
+            router = Router()
+            for _ in range(queues):
+                router.bind(b"ex", b"prefix:", Sink())
+            messages = [
+                Message(b"ex", b"r.%d" % (i % routes), b"x" * 100, bytes(16), b"user")
+                for i in range(MESSAGES)
+            ]
+            batches = [runs_of(messages[i : i + READ]) for i in range(0, MESSAGES, READ)]
+            client = ClientStats()
+            samples = []
+            for _ in range(RUNS):
+                start = time.thread_time_ns()
+                for runs in batches:
+                    router.publish_runs(list(runs), 0, client)
+                samples.append((time.thread_time_ns() - start) / MESSAGES)
+            print(
+                f"  reads of {READ}, {routes:>4} route(s) into {queues} queue(s): "
+                f"{statistics.median(samples):6.0f} ns/message"
+            )
+
+
 def main() -> None:
     if "--sampling" in sys.argv[1:]:
         sampling()
+        return
+    if "--many-routes" in sys.argv[1:]:
+        many_routes()
         return
     for reads in (False, True):
         how = f"reads of {READ}" if reads else "one at a time"

@@ -5,23 +5,21 @@ system, then run 2 of every system, and so on, each system a fresh server per sc
 Load generators are separate processes (bench/loadgen.py); flow control is the same for
 every system (a shared window of messages in flight), so nothing is dropped. msg/s is
 messages delivered over the time from the first publish to the last receipt, summed over
-subscribers (fan-out counts every delivery); ``us/msg`` is the server's CPU (utime +
-stime, all threads, from /proc) over the run divided by the deliveries.
+subscribers (fan-out counts every delivery); ``us/msg`` is the server's CPU (user + system,
+all threads: the kernel's CPU clock of the process) over the run divided by the deliveries.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import time
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .figgsuite import FANOUT_SUBS, fanout_run, publish_run, publish_run_4, replay_run
+from .flame import Flame
 from .fyrehosesuite import LOSS, SUBS, fyrehose_run, lossy_run
 from .harness import (
     Client,
@@ -32,9 +30,11 @@ from .harness import (
     System,
     cpu_seconds,
     credit_file,
-    rss_bytes,
+    finish_all,
+    stop_all,
     version,
 )
+from .memsuite import IDLE_TARGET, MEMORY_TARGET, idle_row, memory_row
 from .ocsuite import oc_generator_note, oc_promise_notes, oc_rows, oc_run, oc_systems
 
 # No byte limit (docs/memory.md): the flows measure speed, not where a backlog is cut.
@@ -76,6 +76,10 @@ class Config:
     # Another fqbroker tree (e.g. a worktree of the commit before a change), run as the
     # first peer column, BASELINE, in the same interleaved runs.
     baseline: Path | None = None
+    # A folder for py-spy flame graphs of fqbroker in the last run of each flow (--flame),
+    # with C frames (--native).
+    flame: Path | None = None
+    native: bool = False
 
 
 BASELINE = "before"
@@ -94,15 +98,14 @@ def brokers(cfg: Config, fsync: str = "interval") -> list[FqBroker]:
 
 def peers_of(cfg: Config) -> tuple[list[System], list[Row]]:
     """The peer systems that can run here, and table rows for those that cannot."""
-    systems: list[System] = [*brokers(cfg)[1:], Relay("uvloop")]
+    systems: list[System] = [*brokers(cfg)[1:]]
     notes: list[Row] = []
-    if cfg.peers:
-        for peer in (Redis(), Nats()):
-            why = peer.available()
-            if why is None:
-                systems.append(peer)
-            else:
-                notes.append([peer.name, why])
+    for peer in [Relay("uvloop"), *([Redis(), Nats()] if cfg.peers else [])]:
+        why = peer.available()
+        if why is None:
+            systems.append(peer)
+        else:
+            notes.append([peer.name, why])
     notes.append(["fqd 0.13.12", "not measured: not packaged in Debian (its 'fq' is another tool)"])
     return systems, notes
 
@@ -112,12 +115,19 @@ def _window(size: int) -> int:
 
 
 def flow_run(
-    system: System, flow: Flow, run: int, scale: float, tail: bool = False
+    system: System,
+    flow: Flow,
+    run: int,
+    scale: float,
+    tail: bool = False,
+    flame: Path | None = None,
+    native: bool = False,
 ) -> dict[str, float]:
     """One run of a flow: rate, us per delivery and, with ``tail``, one more message's latency.
 
     The tail message is sent once everything before it was delivered, so its latency shows
-    whether a lone message waits (fqd's jlog held such tails for seconds).
+    whether a lone message waits (fqd's jlog held such tails for seconds). With ``flame``, a
+    py-spy flame graph of the server from go to the last delivery, written there.
     """
     topic = f"t{run}"
     count = max(1, int(flow.count * scale))
@@ -128,6 +138,8 @@ def flow_run(
         for j in range(flow.subs)
     ]
     pubs: list[Client] = []
+    recorder: Flame | None = None
+    failed = True
     try:
         for s in subs:
             s.ready()
@@ -149,16 +161,21 @@ def flow_run(
         ]
         for p in pubs:
             p.ready()
+        if flame is not None:
+            recorder = Flame(system.pid, flame, native=native)
         cpu0 = cpu_seconds(system.pid)
         for p in pubs:
             p.go()
         got = [s.collect() for s in subs]
         cpu1 = cpu_seconds(system.pid)
+        if recorder is not None:
+            recorder.finish()
         sent = [p.collect() for p in pubs]
+        failed = False
     finally:
-        for c in pubs + subs:
-            c.go()
-            c.finish()
+        if recorder is not None:
+            recorder.stop()
+        finish_all(pubs + subs, failed=failed)
         os.unlink(credit)
     delivered = sum(r["received"] for r in got) - tail * flow.subs
     expected = count * flow.pubs * flow.subs
@@ -184,9 +201,9 @@ def interleaved(
 ) -> dict[str, dict[str, float]]:
     """Median of each figure per system over ``runs`` interleaved runs."""
     samples: dict[str, list[dict[str, float]]] = {s.name: [] for s in systems}
-    for system in systems:
-        system.start()
     try:
+        for system in systems:
+            system.start()
         for run in range(runs):
             for system in systems:
                 samples[system.name].append(one(system, run))
@@ -260,9 +277,14 @@ def scenario_flow(name: str, cfg: Config, table: Table) -> None:
     systems, _ = peers_of(cfg)
     if flow.routes > 1:
         systems = [s for s in systems if s.proto == "fq"]  # Redis and NATS have no routes
-    res = interleaved(
-        [FqBroker(), *systems], cfg.runs, lambda s, run: flow_run(s, flow, run, cfg.scale)
-    )
+
+    def one(system: System, run: int) -> dict[str, float]:
+        last = system.name == "fqbroker" and run == cfg.runs - 1
+        svg = f"{name}-native.svg" if cfg.native else f"{name}.svg"
+        flame = cfg.flame / svg if cfg.flame is not None and last else None
+        return flow_run(system, flow, run, cfg.scale, flame=flame, native=cfg.native)
+
+    res = interleaved([FqBroker(), *systems], cfg.runs, one)
     table.flow(flow.label, res, TARGETS.get(name, ""))
 
 
@@ -296,16 +318,16 @@ def latency_run(system: System, run: int, cfg: Config) -> list[int]:
         "latsub", system, count=int(rate * cfg.latency_seconds), idle_timeout=1.0, **common
     )
     pub: Client | None = None
+    failed = True
     try:
         sub.ready()
         pub = Client("latpub", system, rate=rate, seconds=cfg.latency_seconds, **common)
         pub.ready()
         pub.go()
         lat: list[int] = sub.collect()["lat_ns"]
+        failed = False
     finally:
-        for c in [sub] + ([pub] if pub else []):
-            c.go()
-            c.finish()
+        finish_all([sub] + ([pub] if pub else []), failed=failed)
     return lat
 
 
@@ -342,94 +364,16 @@ def scenario_latency(cfg: Config, table: Table) -> None:
     table.add(row, "p50 <0.5 ms, p99 <2 ms")
 
 
-def _backlog(port: int, queue: str) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats.json", timeout=10) as reply:
-        stats = json.load(reply)
-    return int(stats["queues"].get(queue, {}).get("backlog", 0))
-
-
 def scenario_memory(cfg: Config, table: Table) -> None:
-    for broker in brokers(cfg):
-        memory_row(broker, cfg, table)
-
-
-def _labelled(label: str, broker: System) -> str:
-    return label if broker.name == "fqbroker" else f"{label} ({broker.name})"
-
-
-def memory_row(broker: FqBroker, cfg: Config, table: Table) -> None:
-    """RSS growth per message with a backlog of ``cfg.backlog`` 100-byte messages."""
-    broker.start()
     n = max(1000, int(cfg.backlog * min(1.0, cfg.scale * 10)))
-    try:
-        hold = Client("hold", broker, topic="m", backlog=2 * n)
-        hold.ready()
-        time.sleep(0.3)
-        before = rss_bytes(broker.pid)
-        pub = Client("pub", broker, topic="m", count=n, size=100)
-        pub.ready()
-        pub.go()
-        pub.collect()
-        deadline = time.monotonic() + 120
-        while _backlog(broker.port, "hold") < n and time.monotonic() < deadline:
-            time.sleep(0.2)
-        after = rss_bytes(broker.pid)
-        for c in (pub, hold):
-            c.go()
-            c.finish()
-    finally:
-        broker.stop()
-    per = (after - before) / n
-    table.add(
-        [
-            _labelled(f"memory, {n:,} queued 100 B msgs", broker),
-            f"{per:.0f} B/msg",
-            "",
-            f"RSS {before / 2**20:.0f} -> {after / 2**20:.0f} MiB",
-        ],
-        "<=200 B/msg",
-    )
-
-
-def _ms(ns: int | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.0f}"
+    for broker in brokers(cfg):
+        table.add(memory_row(broker, n), MEMORY_TARGET)
 
 
 def scenario_idle(cfg: Config, table: Table) -> None:
-    for broker in brokers(cfg):
-        idle_row(broker, cfg, table)
-
-
-def idle_row(broker: FqBroker, cfg: Config, table: Table) -> None:
-    broker.start()
     clients = max(10, int(cfg.idle_clients * min(1.0, cfg.scale * 10)))
-    try:
-        base = rss_bytes(broker.pid)
-        idle = Client("idle", broker, clients=clients, hb_ms=1000, seconds=cfg.idle_seconds)
-        idle.ready()
-        loaded = rss_bytes(broker.pid)
-        c0 = cpu_seconds(broker.pid)
-        idle.go()
-        res = idle.collect()
-        cpu = cpu_seconds(broker.pid) - c0
-        loaded = max(loaded, rss_bytes(broker.pid))
-        idle.go()
-        idle.finish()
-    finally:
-        broker.stop()
-    late = res["max_late_ns"]
-    table.add(
-        [
-            _labelled(f"idle: {res['connections']:,} connections, heartbeat 1 s", broker),
-            f"RSS {loaded / 2**20:.1f} MiB",
-            "",
-            f"(empty {base / 2**20:.1f} MiB; {(loaded - base) / res['connections'] / 1024:.1f}"
-            f" KiB/conn; CPU {cpu / cfg.idle_seconds * 100:.0f}%; heartbeat gaps over 1 s:"
-            f" p50 {_ms(res['p50_late_ns'])}, p99 {_ms(res['p99_late_ns'])},"
-            f" max {_ms(late)} ms; closed {res['closed']})",
-        ],
-        "<50 MB, heartbeats on time",
-    )
+    for broker in brokers(cfg):
+        table.add(idle_row(broker, clients, cfg.idle_seconds), IDLE_TARGET)
 
 
 LJ_BATCH = 2048
@@ -450,6 +394,7 @@ def lumberjack_run(broker: System, run: int, scale: float) -> dict[str, float]:
         "sub", broker, topic="logging", count=count, size=LJ_SIZE, queue_type=QUEUE, slot=run
     )
     pub: Client | None = None
+    failed = True
     try:
         sub.ready()
         pub = Client(
@@ -467,10 +412,9 @@ def lumberjack_run(broker: System, run: int, scale: float) -> dict[str, float]:
         got = sub.collect()
         cpu1 = cpu_seconds(broker.pid)
         sent = pub.collect()
+        failed = False
     finally:
-        for c in [sub] + ([pub] if pub else []):
-            c.go()
-            c.finish()
+        finish_all([sub] + ([pub] if pub else []), failed=failed)
     delivered = got["received"]
     if delivered != count or not got["whole"]:
         print(f"  ! lumberjack: {delivered} of {count} delivered", flush=True)
@@ -573,27 +517,30 @@ def run(names: Sequence[str], cfg: Config) -> str:
     )
     if cfg.baseline is not None:
         notes.append([BASELINE, f"fqbroker from {cfg.baseline}, in the same runs"])
-    for name in names:
-        if name in FLOWS:
-            scenario_flow(name, cfg, table)
-        elif name == "disk":
-            scenario_disk(cfg, table)
-        elif name == "latency":
-            scenario_latency(cfg, table)
-        elif name == "memory":
-            scenario_memory(cfg, table)
-        elif name == "idle":
-            scenario_idle(cfg, table)
-        elif name == "lumberjack":
-            scenario_lumberjack(cfg, table)
-        elif name == "figg":
-            scenario_figg(cfg, table)
-        elif name == "fyrehose":
-            scenario_fyrehose(cfg, table)
-        elif name == "opencluster":
-            scenario_opencluster(cfg, table)
+    try:
+        _run(names, cfg, table)
+    finally:
+        stop_all()  # what a failure midway left running (nothing when every run ended well)
     table.notes += ["", *(f"{n}: {why}" for n, why in notes)]
     table.notes.append(
         "us/msg: server CPU (user+sys) per delivered message. vs X: fqbroker msg/s over X's."
     )
     return table.render()
+
+
+def _run(names: Sequence[str], cfg: Config, table: Table) -> None:
+    rows: dict[str, Callable[[Config, Table], None]] = {
+        "disk": scenario_disk,
+        "latency": scenario_latency,
+        "memory": scenario_memory,
+        "idle": scenario_idle,
+        "lumberjack": scenario_lumberjack,
+        "figg": scenario_figg,
+        "fyrehose": scenario_fyrehose,
+        "opencluster": scenario_opencluster,
+    }
+    for name in names:
+        if name in FLOWS:
+            scenario_flow(name, cfg, table)
+        else:
+            rows[name](cfg, table)

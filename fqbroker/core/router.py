@@ -10,6 +10,11 @@ Routing a message looks up candidate bindings by its route, not by scanning ever
 binding: bindings are indexed by their exact route (``exact:``) or by their prefix
 (``prefix:``, a :class:`~fqbroker.core.prefixes.PrefixIndex`: one bisect and a short walk).
 The cost is therefore flat in the number of bindings, as with fqd's prefix jump table.
+What a route reaches is remembered per exchange (until a binding comes or goes), and
+routes that reach the same bindings share one answer, so a stream of messages on many
+routes into the same queues is joined into one batch per queue, as one route's would be:
+the cost is flat in the number of routes too. Joining only ever appends a message after
+the one before it, so each queue sees its messages in the order they were published.
 
 Each queue receives a message at most once: once a queue is a target, its other bindings are
 skipped and their ``invocations`` do not move (docs/fq-protocol.md §2.3). The router then
@@ -27,15 +32,17 @@ them; :meth:`Router.publish` is one message as a run of one.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
 from fqbroker.core.budget import fitting
 from fqbroker.core.message import Message, Run, message_from_frame
 from fqbroker.core.prefixes import PrefixIndex
 from fqbroker.core.program import Program, RuleRegistry, compile_program
+from fqbroker.core.routestats import AggregateStats, ClientStats, Counts, RouteTimes
+from fqbroker.core.targets import Sink, Target
 from fqbroker.errors import ProgramError
 
 __all__ = [
@@ -51,6 +58,10 @@ __all__ = [
     "Target",
 ]
 
+# Routes whose reach an exchange remembers; past it, it starts again (a stream of new
+# route names costs a lookup each, never unbounded memory).
+MAX_ROUTES_KEPT = 65536
+
 # avg_ns is a moving average with alpha 1/128, as in fqd (docs/fq-protocol.md §2.3).
 _AVG_SHIFT = 7
 
@@ -59,116 +70,7 @@ perf_counter_ns = time.perf_counter_ns
 # The bindings a route reaches, and whether any of their queues blocks.
 Reach = tuple[list["Binding"], bool]
 _UNKNOWN: Reach = ([], False)  # a route not looked up yet
-
-
-class Target(Protocol):
-    """What a binding delivers into: a queue, as far as the router cares."""
-
-    def offer(self, frames: list[bytes], size: int = -1) -> int:
-        """Take these peer frames in order, up to the tail-drop limit; how many it took.
-
-        ``size``: the frames' bytes, when the caller has counted them (-1: not).
-        """
-        ...
-
-    blocks: bool
-    """Block policy: full, it takes messages still and makes the publisher wait."""
-
-    @property
-    def room(self) -> int:
-        """Messages it takes before it is full (0 or less: none)."""
-        ...
-
-    @property
-    def room_bytes(self) -> int:
-        """Bytes it takes before it is full: each message while this is over 0."""
-        ...
-
-    def takes(self, frames: list[bytes]) -> int:
-        """Block policy: how many of ``frames`` it takes before it is full (at least 1)."""
-        ...
-
-    @property
-    def is_full(self) -> bool:
-        """Whether a publisher should wait before sending more (block policy)."""
-        ...
-
-    def wait_not_full(self) -> Awaitable[None]:
-        """Resolves once the target has room again."""
-        ...
-
-
-class Sink:
-    """A target that is never full and never makes a publisher wait: what a front end
-    binds straight on the router to see every message of an exchange (retained topics,
-    the fyrehose sequence). A subclass gives ``name`` (shown for its binding) and
-    :meth:`offer`."""
-
-    blocks = False
-    name = b"(sink)"
-
-    @property
-    def room(self) -> int:
-        return 1 << 62
-
-    @property
-    def room_bytes(self) -> int:
-        return 1 << 62
-
-    @property
-    def is_full(self) -> bool:
-        return False
-
-    def takes(self, frames: list[bytes]) -> int:
-        return len(frames)
-
-    async def wait_not_full(self) -> None:
-        return None
-
-    def offer(self, frames: list[bytes], size: int = -1) -> int:
-        raise NotImplementedError
-
-
-class Counts(Protocol):
-    """The outcome counters a publish adds to besides the aggregate
-    (docs/fq-protocol.md §1.6): a publisher's :class:`ClientStats`, or the
-    :class:`PublishResult` of one message."""
-
-    no_exchange: int
-    no_route: int
-    routed: int
-    dropped: int
-    size_dropped: int
-
-
-@dataclass(slots=True)
-class ClientStats:
-    """A client's counters, in the order of the status reply (docs/fq-protocol.md §1.6)."""
-
-    no_exchange: int = 0
-    no_route: int = 0
-    routed: int = 0
-    dropped: int = 0
-    size_dropped: int = 0
-    msgs_in: int = 0
-    msgs_out: int = 0
-    octets_in: int = 0
-    octets_out: int = 0
-    # Not in fq's status reply (auth = "password" only): messages its user may not
-    # publish, dropped before routing (fqbroker/core/permissions.py).
-    denied: int = 0
-
-
-@dataclass(slots=True)
-class AggregateStats:
-    no_exchange: int = 0
-    messages: int = 0
-    octets: int = 0
-    no_route: int = 0
-    routed: int = 0
-    dropped: int = 0
-    size_dropped: int = 0
-    denied: int = 0  # not fqd's: dropped as their publisher may not publish there
+_NO_GROUP: Reach = ([], False)  # publish_runs has no joined runs waiting
 
 
 @dataclass(slots=True, eq=False)
@@ -210,9 +112,19 @@ class Exchange:
     # no program looks past the route (None when one does); cleared whenever a binding
     # comes or goes.
     _hits: dict[bytes, Reach | None] = field(default_factory=dict)
+    # One Reach object per distinct list of bindings, shared by every route that reaches
+    # them: publish_runs then tells by identity that consecutive runs on different
+    # routes go to the same bindings, and joins them (many routes, few targets).
+    _reaches: dict[tuple[Binding, ...], Reach] = field(default_factory=dict)
+
+    def forget(self) -> None:
+        """Drop what routes were found to reach: a binding came or went. Cleared, never
+        replaced: publish_runs holds on to ``_hits.get``."""
+        self._hits.clear()
+        self._reaches.clear()
 
     def add(self, binding: Binding) -> None:
-        self._hits.clear()
+        self.forget()
         self.bindings[binding.route_id] = binding
         program = binding.program
         self._by_owner[id(binding.queue), program.text] = binding
@@ -222,7 +134,7 @@ class Exchange:
             self._by_prefix.add(program.prefix, binding)
 
     def remove(self, binding: Binding) -> None:
-        self._hits.clear()
+        self.forget()
         del self.bindings[binding.route_id]
         program = binding.program
         del self._by_owner[id(binding.queue), program.text]
@@ -243,7 +155,8 @@ class Exchange:
         Memoised per route: with only ``prefix:``/``exact:`` rules (``always_true``
         programs) the answer is the first binding of each distinct queue among the
         candidates, exactly what routing by programs would pick one by one, and whether
-        any of their queues blocks (a queue's policy never changes).
+        any of their queues blocks (a queue's policy never changes). Routes that reach the
+        same bindings get the same Reach object (see ``_reaches``).
         """
         try:
             return self._hits[route]
@@ -260,9 +173,14 @@ class Exchange:
                     found.append(binding)  # type: ignore[union-attr]
             if found is None:
                 break
-        if len(self._hits) >= 65536:
-            self._hits.clear()
-        reach = None if found is None else (found, any(b.queue.blocks for b in found))
+        if len(self._hits) >= MAX_ROUTES_KEPT:
+            self.forget()
+        reach = None
+        if found is not None:
+            key = tuple(found)
+            reach = self._reaches.get(key)
+            if reach is None:
+                reach = self._reaches[key] = (found, any(b.queue.blocks for b in found))
         self._hits[route] = reach
         return reach
 
@@ -275,47 +193,37 @@ class Exchange:
         return found
 
 
-def _gather_into(gathered: dict[Target, list[Any]], hits: list[Binding]) -> None:
-    """Give each target of ``hits`` (none of which blocks) its slot."""
-    for binding in hits:
-        queue = binding.queue
-        if queue not in gathered:
-            gathered[queue] = [queue.room, queue.room_bytes, [], 0]
+_NOWHERE = Exchange(b"")  # publish_runs' exchange of no joined runs: never counted on
+_NO_REACH_OF = _NOWHERE._hits.get
+_NO_FRAMES: list[bytes] = []  # never added to
 
 
-class RouteTimes:
-    """How long routing takes: a histogram of the time :meth:`Router.publish_runs` spends on
-    a batch (the lookups, programs and offers into queues of one read's messages).
+def _gather(
+    gathered: dict[Target, list[Any]], hits: list[Binding], frames: list[bytes], n: int, raw: int
+) -> int:
+    """Gather ``n`` messages (``frames``, ``raw`` bytes) for each binding of ``hits``
+    (none of which blocks); returns how many of them the queues will drop.
 
-    Sampled, so the hot path pays nearly nothing: whoever runs the router sets
-    :attr:`Router.sample` every :data:`SAMPLE_SECONDS` (the broker, on a timer), and the
-    next batch is timed (two clock reads and a bucket increment); every other batch costs
-    one attribute test. A counter or a clock read per batch would cost more than the
-    attribute test by a multiple (bench/routing.py ``--sampling``). Bucket ``i`` counts
-    batches under ``1024 << i`` ns (about 1 µs, doubling up to half a second), the last
-    one everything slower. ``messages`` counts the messages of the timed batches, so
-    ``sum_ns / messages`` is the time per message.
+    Each queue's room is read when it is first gathered for, then used up by every
+    message gathered for it, in order: the drops counted add up over runs exactly as one
+    by one (a message is dropped once no room is left before it).
     """
-
-    __slots__ = ("buckets", "messages", "sum_ns")
-
-    BUCKETS = 21  # 20 bounds, then +Inf
-    SAMPLE_SECONDS = 0.05  # at most 20 timed batches a second
-
-    def __init__(self) -> None:
-        self.buckets = [0] * self.BUCKETS
-        self.sum_ns = 0
-        self.messages = 0
-
-    def observe(self, elapsed_ns: int, messages: int) -> None:
-        self.buckets[min((elapsed_ns >> 10).bit_length(), self.BUCKETS - 1)] += 1
-        self.sum_ns += elapsed_ns
-        self.messages += messages
-
-    @classmethod
-    def bounds_seconds(cls) -> list[float]:
-        """The upper bound of each bucket but the last, in seconds."""
-        return [(1024 << i) / 1e9 for i in range(cls.BUCKETS - 1)]
+    dropped = 0
+    for binding in hits:
+        binding.invocations += n
+        queue = binding.queue
+        slot = gathered.get(queue)
+        if slot is None:
+            slot = gathered[queue] = [queue.room, queue.room_bytes, [], 0]
+        slot[2] += frames
+        slot[3] += raw
+        room = slot[0]
+        slot[0] = room - n
+        room_bytes = slot[1]
+        slot[1] = room_bytes - raw
+        if room < n or room_bytes < raw:
+            dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
+    return dropped
 
 
 @dataclass(slots=True)
@@ -427,9 +335,13 @@ class Router:
 
         Each run is routed once. What drop-policy queues get is gathered per queue and
         offered in one call at the end, their room counted while gathering, so the same
-        messages are dropped as one by one. A run that reaches a block-policy queue, or
-        needs programs run, is published exactly after what was gathered, and stops after
-        the message that leaves a block-policy queue full.
+        messages are dropped as one by one. Consecutive runs whose routes reach the very
+        same bindings (one shared Reach: :meth:`Exchange.hits`) are joined first and
+        gathered as one, so many routes into few queues cost a run a few lookups, not a
+        walk over its targets; each queue still gets its messages in the order sent. A run
+        that reaches a block-policy queue, or needs programs run, is published exactly
+        after what was gathered, and stops after the message that leaves a block-policy
+        queue full.
 
         Returns the index to go on from, the messages published and the block-policy
         targets now full (publish again after waiting on them); when a run was published
@@ -440,6 +352,20 @@ class Router:
         # queue -> [room left, bytes left, frames, their bytes]
         gathered: dict[Target, list[Any]] = {}
         messages = octets = routed = dropped = no_route = no_exchange = 0
+        # The joined runs not gathered yet: their Reach (_NO_GROUP: none), exchange,
+        # frames (a run's own list until a second run joins) and the bytes of their heads
+        # (frame bytes less these are payload bytes): what else is counted is counted
+        # once a group is whole, as little as possible done per run.
+        group = _NO_GROUP
+        group_ex = _NOWHERE
+        group_frames = _NO_FRAMES
+        joined = False
+        group_heads = 0
+        # The exchange of the run before, and its routes' reach: runs on many routes of one
+        # exchange compare a name rather than look the exchange up each.
+        ex = _NOWHERE
+        last_name = None
+        reach_of = _NO_REACH_OF
         timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
         i = start
         end = len(runs)  # runs[i] may be replaced by its rest, never added to
@@ -447,55 +373,63 @@ class Router:
             while i < end:
                 exchange, route, frames, head = runs[i]
                 n = len(frames)
-                ex = exchanges.get(exchange)
-                if ex is None:
-                    i += 1
-                    messages += n
-                    octets += (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
-                    no_exchange += n
-                    no_route += n
-                    continue
-                reach = ex._hits.get(route, _UNKNOWN)
-                if reach is _UNKNOWN:
-                    reach = ex.hits(route)
-                if reach is not None and not reach[1]:
-                    hits = reach[0]
-                    i += 1
-                    raw = sum(map(len, frames)) if n > 1 else len(frames[0])
-                    size = raw - n * head
-                    ex.messages += n
-                    ex.octets += size
-                    messages += n
-                    octets += size
-                    if not hits:
-                        ex.no_route += n
+                if exchange != last_name:
+                    found = exchanges.get(exchange)
+                    if found is None:
+                        i += 1
+                        messages += n
+                        octets += (sum(map(len, frames)) if n > 1 else len(frames[0])) - n * head
+                        no_exchange += n
                         no_route += n
                         continue
-                    run_dropped = 0
-                    if not gathered and i == end:
-                        # Nothing gathered and nothing after it: offered as it is.
-                        for binding in hits:
-                            binding.invocations += n
-                            run_dropped += n - binding.queue.offer(frames, raw)
+                    ex = found
+                    last_name = exchange
+                    reach_of = ex._hits.get  # the same dict for good: forget() clears it
+                reach = reach_of(route, _UNKNOWN)
+                if reach is group:
+                    # The same bindings as the run before: joined to it.
+                    i += 1
+                    if joined:
+                        group_frames += frames
                     else:
-                        _gather_into(gathered, hits)
-                        for binding in hits:
-                            binding.invocations += n
-                            slot = gathered[binding.queue]
-                            slot[2] += frames
-                            slot[3] += raw
-                            room = slot[0]
-                            slot[0] = room - n
-                            room_bytes = slot[1]
-                            slot[1] = room_bytes - raw
-                            if room < n or room_bytes < raw:
-                                run_dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
-                    run_routed = n * len(hits)
-                    ex.routed += run_routed
-                    routed += run_routed
-                    if run_dropped:
-                        ex.dropped += run_dropped
-                        dropped += run_dropped
+                        group_frames = group_frames + frames  # not the first run's list
+                        joined = True
+                    group_heads += n * head
+                    continue
+                if reach is _UNKNOWN:
+                    reach = ex.hits(route)
+                    if reach is group:
+                        continue  # joined as above, next time round
+                if group is not _NO_GROUP:
+                    hits = group[0]
+                    group = _NO_GROUP  # never gathered twice, even on an error
+                    group_n = len(group_frames)
+                    group_raw = (
+                        sum(map(len, group_frames)) if group_n != 1 else len(group_frames[0])
+                    )
+                    group_size = group_raw - group_heads
+                    group_ex.messages += group_n
+                    group_ex.octets += group_size
+                    messages += group_n
+                    octets += group_size
+                    if hits:
+                        run_dropped = _gather(gathered, hits, group_frames, group_n, group_raw)
+                        run_routed = group_n * len(hits)
+                        group_ex.routed += run_routed
+                        routed += run_routed
+                        if run_dropped:
+                            group_ex.dropped += run_dropped
+                            dropped += run_dropped
+                    else:
+                        group_ex.no_route += group_n
+                        no_route += group_n
+                if reach is not None and not reach[1]:
+                    i += 1
+                    group = reach
+                    group_ex = ex
+                    group_frames = frames
+                    joined = False
+                    group_heads = n * head
                     continue
                 # Exactly as one by one, so everything gathered goes first.
                 self._offer_gathered(gathered)
@@ -525,8 +459,36 @@ class Router:
                 no_route += run_no_route
                 if blocked:
                     return i, messages, blocked
-            return i, messages, []
+            # The last runs are gathered (or offered) on the way out.
+            return i, messages + (len(group_frames) if group is not _NO_GROUP else 0), []
         finally:
+            if group is not _NO_GROUP:
+                hits = group[0]
+                group_n = len(group_frames)
+                group_raw = sum(map(len, group_frames)) if group_n != 1 else len(group_frames[0])
+                group_size = group_raw - group_heads
+                group_ex.messages += group_n
+                group_ex.octets += group_size
+                messages += group_n
+                octets += group_size
+                if not hits:
+                    group_ex.no_route += group_n
+                    no_route += group_n
+                elif gathered:
+                    run_dropped = _gather(gathered, hits, group_frames, group_n, group_raw)
+                else:
+                    # Nothing else gathered (a read on one route, say): offered as it is.
+                    run_dropped = 0
+                    for binding in hits:
+                        binding.invocations += group_n
+                        run_dropped += group_n - binding.queue.offer(group_frames, group_raw)
+                if hits:
+                    run_routed = group_n * len(hits)
+                    group_ex.routed += run_routed
+                    routed += run_routed
+                    if run_dropped:
+                        group_ex.dropped += run_dropped
+                        dropped += run_dropped
             if gathered:
                 self._offer_gathered(gathered)
             self.count(client, messages, octets, no_exchange, no_route, routed, dropped)
