@@ -92,6 +92,8 @@ class BuildExt(build_ext):
             self._remove(accel, inplace, extensions=True)
             _say(f"the C build failed ({str(exc)[:300]}): pure Python")
             return
+        if inplace:
+            self._remove_strays()
         data = accel.manifest(accel.MODULES, str(ROOT / "fqbroker"))
         for directory in self._package_dirs(accel, inplace):
             (directory / accel.MANIFEST).write_text(json.dumps(data, indent=1) + "\n")
@@ -108,14 +110,24 @@ class BuildExt(build_ext):
             dirs.append(ROOT / "fqbroker")
         return dirs
 
+    def _remove_strays(self) -> None:
+        """Extensions beside the sources that this build did not make: those of modules
+        no longer compiled (fqbroker.accel imports their sources anyway)."""
+        package = ROOT / "fqbroker"
+        made = {self._inplace_path(package, ext.name) for ext in self.extensions}
+        suffix = Path(self.get_ext_filename("x")).name[1:]
+        for path in package.rglob("*" + suffix):
+            if path not in made:
+                path.unlink()
+
+    def _inplace_path(self, package: Path, name: str) -> Path:
+        return package.joinpath(*name.split(".")[1:-1], Path(self.get_ext_filename(name)).name)
+
     def _remove(self, accel: Any, inplace: bool, *, extensions: bool) -> None:
         for directory in self._package_dirs(accel, inplace):
             doomed = [directory / accel.MANIFEST]
             if extensions:
-                for ext in self.extensions:
-                    name = Path(self.get_ext_filename(ext.name)).name
-                    parts = ext.name.split(".")[1:-1]
-                    doomed.append(directory.joinpath(*parts, name))
+                doomed += [self._inplace_path(directory, ext.name) for ext in self.extensions]
             for path in doomed:
                 path.unlink(missing_ok=True)
 

@@ -7,7 +7,8 @@ pure Python (fqbroker/accel.py), A/B in child processes taking turns.
 * ``fq-routes``: the same with 1,000 routes on the exchange, no two messages in a row on
   one route (each run is one message: the routing's worst case).
 * ``oc``: OpenCluster sets through ``Machine.receive`` and ``KVStore.set`` (journal
-  writes and commits included: the store is real), per set.
+  writes and commits included: the store is real), per set; of these only the framing
+  (``opencluster/wire.py``) is compiled today (docs/accel.md).
 
 Each child measures one implementation (``FQBROKER_PURE=1`` or not) and prints ns per
 message, the best of its repeats; the parent alternates children ``--rounds`` times and

@@ -39,10 +39,11 @@ GROUP: Final = "fqbroker._compiled"
 LIBRARY: Final = GROUP + "__mypyc"
 MANIFEST: Final = "_compiled.json"
 
-# The hot loops the profiles name: the fq data path (decode, queue, publish) and the
-# OpenCluster machine and store. Each must compile with mypyc as it is. A compiled class
-# cannot be subclassed by an interpreted one, so the subclasses of decoding.py's decoders
-# are compiled too (fq's and Figg's wire.py). Not router.py: see docs/accel.md.
+# The hot loops the profiles name: the fq data path (decode, queue, publish). Each must
+# compile with mypyc as it is. A compiled class cannot be subclassed by an interpreted
+# one, so the subclasses of decoding.py's decoders are compiled too (fq's, Figg's and
+# OpenCluster's wire.py). Not router.py, nor OpenCluster's machine and store: see
+# docs/accel.md.
 MODULES: Final[tuple[str, ...]] = (
     "fqbroker.frontends.decoding",
     "fqbroker.frontends.fq.wire",
@@ -55,9 +56,6 @@ MODULES: Final[tuple[str, ...]] = (
     "fqbroker.core.queue",
     "fqbroker.core.publisher",
     "fqbroker.frontends.opencluster.wire",
-    "fqbroker.frontends.opencluster.machine",
-    "fqbroker.storage.kvjournal",
-    "fqbroker.storage.kvstore",
 )
 
 _PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))
@@ -118,7 +116,13 @@ def _check(package_dir: str, *, env: bool = True) -> str | None:
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
-    """Finds :data:`MODULES` as their ``.py`` sources, passing over built extensions."""
+    """Imports a module of the package from its ``.py`` source when an extension of an
+    earlier build lies beside it that is not to run: every one when pure Python runs, and
+    those of modules no longer in :data:`MODULES` when the build runs (their extension
+    would look for its code in a shared library that no longer has it)."""
+
+    def __init__(self, compiled: frozenset[str]) -> None:
+        self.compiled = compiled
 
     def find_spec(
         self,
@@ -126,19 +130,25 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in MODULES:
+        if not fullname.startswith("fqbroker.") or fullname in self.compiled:
             return None
-        return importlib.util.spec_from_file_location(fullname, source_path(fullname))
+        source = source_path(fullname)
+        if not os.path.exists(source[: -len(".py")] + _SUFFIX) or not os.path.exists(source):
+            return None
+        return importlib.util.spec_from_file_location(fullname, source)
+
+
+_SUFFIX: Final = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
 def _choose() -> tuple[bool, str]:
     reason = _check(_PACKAGE_DIR)
-    if reason is None:
-        return True, "compiled (mypyc)"
+    accelerated = reason is None
     # By name: a fresh import of this module (tests forget the package) makes a new class.
-    if not any(type(f).__name__ == "_SourceFirst" for f in sys.meta_path):
-        sys.meta_path.insert(0, _SourceFirst())
-    return False, reason
+    for finder in [f for f in sys.meta_path if type(f).__name__ == "_SourceFirst"]:
+        sys.meta_path.remove(finder)
+    sys.meta_path.insert(0, _SourceFirst(frozenset(MODULES if accelerated else ())))
+    return (True, "compiled (mypyc)") if accelerated else (False, reason or "")
 
 
 ACCELERATED, REASON = _choose()
