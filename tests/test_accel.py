@@ -145,6 +145,17 @@ def test_a_build_runs_the_compiled_modules() -> None:
     assert all(f.endswith(SUFFIX) for f in files.split())
 
 
+def test_an_extension_not_to_run_is_passed_over_for_its_source() -> None:
+    _need_build()
+    module = "fqbroker.core.frames"  # built: an extension lies beside its source
+    spec = accel._SourceFirst(frozenset()).find_spec(module, None)
+    assert spec is not None and spec.origin == accel.source_path(module)
+    assert accel._SourceFirst(frozenset(accel.MODULES)).find_spec(module, None) is None
+    # Nothing beside it: the usual finders find it.
+    assert accel._SourceFirst(frozenset()).find_spec("fqbroker.config", None) is None
+    assert accel._SourceFirst(frozenset()).find_spec("json", None) is None
+
+
 # --- building --------------------------------------------------------------------------------
 
 
