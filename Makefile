@@ -3,21 +3,37 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PYTHON ?= python3
 STAMP  := $(VENV)/.installed
+ACCEL_STAMP := $(VENV)/.accel
 SPARK_STAMP := $(VENV)/.spark-installed
 NODE_STAMP := tests/interop/node_modules/.installed
 PORT   ?= 8765
 VARDIR ?= var
-LINTED := fqbroker tests bench pyspark_fqbroker examples/spark
+LINTED := fqbroker tests bench pyspark_fqbroker examples/spark setup.py
 
-.PHONY: install run test lint types fmt check bench bench-peers clean node chromium spark java
+.PHONY: install accel run test test-pure lint types fmt check bench bench-peers clean node chromium
+.PHONY: spark java
 .PHONY: fuzz soak storm authstorm
 
-install: $(STAMP)
+install: $(STAMP) $(ACCEL_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,uvloop]'
+	touch $@
+
+# The compiled accelerator (fqbroker/accel.py, setup.py): the hot modules compiled in place
+# with mypyc (the dev extra's), where a C compiler works; built again when one of them
+# changes. A build that fails leaves pure Python and says why; FQBROKER_PURE=1 skips it.
+# `python -c 'import fqbroker; print(fqbroker.ACCELERATED)'` or `fqd --version` says
+# which runs.
+ACCEL_SOURCES = $(shell $(PYTHON) -c 'import sys; sys.path.insert(0, "."); \
+  from fqbroker.accel import MODULES, source_path; print(*map(source_path, MODULES))')
+
+accel: $(ACCEL_STAMP)
+
+$(ACCEL_STAMP): $(STAMP) setup.py fqbroker/accel.py $(ACCEL_SOURCES)
+	$(PY) setup.py --quiet build_ext --inplace || echo "fqbroker accelerator: not built" >&2
 	touch $@
 
 # The spark extra (pyspark, pyarrow) for fqbroker.spark and tests/spark, and Java for Spark.
@@ -58,6 +74,15 @@ run: install
 test: install spark node
 	$(PY) -m pytest -q
 
+# The tests of the compiled modules again, in pure Python (`make test` runs them compiled
+# where the accelerator is built; tests/test_accel.py compares the two).
+ACCEL_TESTS := tests/test_frames.py tests/test_runs.py tests/test_datachannel.py \
+  tests/test_wire.py tests/test_figg_wire.py tests/test_router.py tests/test_publisher.py \
+  tests/test_fairness.py tests/test_confirm_race.py tests/test_kvstore.py \
+  tests/test_opencluster.py tests/test_opencluster_wire.py tests/test_accel.py
+test-pure: install
+	FQBROKER_PURE=1 $(PY) -m pytest -q $(ACCEL_TESTS)
+
 lint: install
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/ruff check $(LINTED)
@@ -70,7 +95,8 @@ fmt: install
 	$(VENV)/bin/ruff format $(LINTED)
 	$(VENV)/bin/ruff check --fix $(LINTED)
 
-# What CI runs (.ci/run): lint, types and every test. Each part runs even when one before
+# What CI runs (.ci/run): lint, types, every test (compiled where the accelerator is built)
+# and the compiled modules' tests in pure Python. Each part runs even when one before
 # it failed, so one run shows every problem; the target fails if any part did.
 check: install
 	@failed=""; \
@@ -78,6 +104,7 @@ check: install
 	$(VENV)/bin/ruff check $(LINTED) || failed="$$failed ruff-check"; \
 	$(VENV)/bin/mypy || failed="$$failed mypy"; \
 	$(MAKE) --no-print-directory test || failed="$$failed test"; \
+	$(MAKE) --no-print-directory test-pure || failed="$$failed test-pure"; \
 	if [ -n "$$failed" ]; then echo "make check failed:$$failed" >&2; exit 1; fi
 
 # The whole table, or some scenarios: make bench BENCH="1to1-100 latency" (see bench/__main__.py).
@@ -107,4 +134,5 @@ authstorm: install
 	$(PY) -m bench.authstorm $(AUTHSTORM)
 
 clean:
-	rm -rf $(VENV) var tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) var tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache build
+	find fqbroker -name '*.so' -delete; rm -f fqbroker/_compiled.json

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+# First: which implementation of the hot modules runs is settled before any of them is
+# imported (fqbroker/accel.py; FQBROKER_PURE=1 forces pure Python).
+from fqbroker.accel import ACCELERATED
 from fqbroker.version import FQ_COMPAT_VERSION, __version__
 
 if TYPE_CHECKING:
@@ -11,7 +14,7 @@ if TYPE_CHECKING:
     from fqbroker.core.message import Message
     from fqbroker.server.broker import Broker
 
-__all__ = ["FQ_COMPAT_VERSION", "Broker", "Client", "Message", "__version__"]
+__all__ = ["ACCELERATED", "FQ_COMPAT_VERSION", "Broker", "Client", "Message", "__version__"]
 
 # Imported when first asked for: ``fqd`` and the tools each load only what they use, and
 # a broker does not carry the client's modules.

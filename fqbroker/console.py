@@ -10,6 +10,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from fqbroker.accel import describe
 from fqbroker.version import FQ_COMPAT_VERSION, __version__
 
 __all__ = [
@@ -29,8 +30,9 @@ DEBUG_ENV = "FQBROKER_DEBUG"
 
 
 def version_text(prog: str) -> str:
-    """What ``--version`` prints: the script, fqbroker's version, the fq protocol's."""
-    return f"{prog} (fqbroker {__version__}, fq protocol {FQ_COMPAT_VERSION})"
+    """What ``--version`` prints: the script, fqbroker's version, the fq protocol's, and
+    whether the compiled accelerator or pure Python runs (and why pure, if it was built)."""
+    return f"{prog} (fqbroker {__version__}, fq protocol {FQ_COMPAT_VERSION}, {describe()})"
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

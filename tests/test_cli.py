@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fqbroker.accel import describe
 from fqbroker.clients.client import Client
 from fqbroker.clients.tools import _recv_parser, _send_parser
 from fqbroker.config import Settings
@@ -62,7 +63,9 @@ def run_script(name: str, *args: str, cwd: Path | None = None) -> subprocess.Com
 def test_version(name: str) -> None:
     done = run_script(name, "--version")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"{name} (fqbroker {__version__}, fq protocol {FQ_COMPAT_VERSION})\n"
+    assert done.stdout == (
+        f"{name} (fqbroker {__version__}, fq protocol {FQ_COMPAT_VERSION}, {describe()})\n"
+    )
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

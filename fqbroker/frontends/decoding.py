@@ -33,7 +33,9 @@ class ReceiveBuffer:
         self.data = bytearray()
         self.pos = 0
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        # Any buffer: a caller may hand over a view of its own read. (Spelled out, not
+        # a cast at the call: compiled with mypyc, an argument must be what it says.)
         if self.pos:
             # Compact only when there is something to drop: the buffer stays small, and a
             # byte-at-a-time feed does not copy the whole tail each time.
