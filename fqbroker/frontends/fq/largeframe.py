@@ -62,7 +62,7 @@ class LargeFrame:
         run: Run = (exchange, route, [], after_id - pos + len(stamp) + 4)
         return cls(buffer, length - have, length, size, run)
 
-    def feed(self, data: bytes) -> bytes | None:
+    def feed(self, data: bytes | bytearray) -> bytes | bytearray | None:
         """Take what belongs to the frame: None while it needs more, else what follows it
         (the frame is then the run's, whole)."""
         left = self.left

@@ -95,7 +95,7 @@ class MessageDecoder(Decoder):
         # and buffers only the partial frame it ends with. It follows what _buf holds.
         self._pending: bytes | None = None
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         after_id = self._large_stamp
         if after_id is not None:
             # Only now: more bytes coming means the reader has granted the frame's size.
@@ -121,7 +121,7 @@ class MessageDecoder(Decoder):
             data = rest
         self._hold(data)
 
-    def _hold(self, data: bytes) -> None:
+    def _hold(self, data: bytes | bytearray) -> None:
         if self._pending is not None:
             self._buf.feed(self._pending)
             self._pending = None
@@ -298,7 +298,7 @@ class MessageDecoder(Decoder):
                 del out[runs]
         if end < len(data):
             with memoryview(data) as rest:
-                buf.feed(rest[end:])  # type: ignore[arg-type]
+                buf.feed(rest[end:])
 
     def _first_run(
         self,
