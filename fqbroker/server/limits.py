@@ -328,7 +328,12 @@ def raised_in_package(exc: BaseException) -> bool:
     """Whether ``exc`` passed through fqbroker's code on its way up."""
     tb = exc.__traceback__
     while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith(PACKAGE_DIR):
+        frame = tb.tb_frame
+        # Compiled modules (fqbroker/accel.py) add frames named by a relative source path;
+        # their globals still say which module they are.
+        if frame.f_code.co_filename.startswith(PACKAGE_DIR) or str(
+            frame.f_globals.get("__name__", "")
+        ).startswith("fqbroker."):
             return True
         tb = tb.tb_next
     return False
