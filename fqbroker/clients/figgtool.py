@@ -23,10 +23,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from fqbroker.clients.figg import DEFAULT_PORT, FiggClient, Message
 from fqbroker.clients.tools import (
     _stdin_chunks,
-    _until_signal,
     json_line,
-    os_reason,
     reader_went_away,
+    run_tool,
 )
 from fqbroker.console import Parser, port_type, run_script
 from fqbroker.errors import FqError
@@ -97,13 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     work = _pub(args) if args.command == "pub" else _sub(args)
-    try:
-        return asyncio.run(_until_signal(work))
-    except TimeoutError:
-        _log(f"figg: cannot reach {args.host}:{args.port}: timed out")
-    except OSError as exc:
-        _log(f"figg: cannot reach {args.host}:{args.port}: {os_reason(exc)}")
-    return 1
+    return run_tool("figg", args.host, args.port, work)
 
 
 async def _pub(args: argparse.Namespace) -> int:

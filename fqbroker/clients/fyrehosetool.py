@@ -22,10 +22,9 @@ from fqbroker.clients.figgtool import _lines
 from fqbroker.clients.fyrehose import DEFAULT_PORT, Delivered, FyrehoseClient
 from fqbroker.clients.tools import (
     _stdin_chunks,
-    _until_signal,
     json_line,
-    os_reason,
     reader_went_away,
+    run_tool,
 )
 from fqbroker.console import Parser, port_type, run_script
 from fqbroker.errors import FqError
@@ -89,11 +88,10 @@ def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     work = _push(args) if args.command == "push" else _sub(args)
     try:
-        return asyncio.run(_until_signal(work))
-    except TimeoutError:
-        _log(f"fyrehose: no answer from {args.host}:{args.port} (no KEEPALIVE-ACK)")
-    except OSError as exc:
-        _log(f"fyrehose: cannot reach {args.host}:{args.port}: {os_reason(exc)}")
+        return run_tool(
+            "fyrehose", args.host, args.port, work,
+            on_timeout="no answer from {where} (no KEEPALIVE-ACK)",
+        )  # fmt: skip
     except ValueError as exc:
         # A line of stdin too long for a datagram: the input, found while sending.
         _log(f"fyrehose: {exc}")

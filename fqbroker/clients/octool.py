@@ -15,13 +15,12 @@ too.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 
 from fqbroker.clients.ocmachine import I32_MAX, I32_MIN
 from fqbroker.clients.opencluster import DEFAULT_PORT, OpenClusterClient
-from fqbroker.clients.tools import os_reason
+from fqbroker.clients.tools import run_tool
 from fqbroker.console import Parser, port_type, run_script
 from fqbroker.errors import FqError
 
@@ -82,17 +81,8 @@ def _main(argv: Sequence[str] | None) -> int:
             args.value = _int(args.value)
         except argparse.ArgumentTypeError as exc:
             parser.error(f"VALUE: {exc}")
-    try:
-        return asyncio.run(_run(args))
-    except TimeoutError:
-        _say(f"opencluster: cannot reach {args.host}:{args.port}: timed out")
-        return 1
-    except OSError as exc:
-        _say(f"opencluster: cannot reach {args.host}:{args.port}: {os_reason(exc)}")
-        return 1
-    except FqError as exc:
-        _say(f"opencluster: {exc}")
-        return 1
+    # A refusal (an FqError) is run_script's one line, status 1.
+    return run_tool("opencluster", args.host, args.port, _run(args))
 
 
 def _say(text: str) -> None:

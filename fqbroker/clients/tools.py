@@ -34,7 +34,7 @@ from fqbroker.console import Parser, address_type, port_type, run_script
 from fqbroker.core.message import Message, hop_addresses
 from fqbroker.frontends.fq import wire
 
-__all__ = ["fq_recv", "fq_send", "main"]
+__all__ = ["fq_recv", "fq_send", "main", "run_tool"]
 
 READ_SIZE = 64 * 1024
 FLUSH_EVERY = 1000  # messages published between waits for the socket (--count mode)
@@ -46,15 +46,25 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _run(tool: str, client: Client, work: Coroutine[Any, Any, int]) -> int:
+def run_tool(
+    tool: str,
+    host: str,
+    port: int,
+    work: Coroutine[Any, Any, int],
+    *,
+    on_timeout: str = "cannot reach {where}: timed out",
+) -> int:
+    """Run a console tool's ``work`` until it ends or SIGINT/SIGTERM (a clean exit); a
+    broker that refuses or cannot be reached is one line on stderr and status 1."""
+    where = f"{host}:{port}"
     try:
         return asyncio.run(_until_signal(work))
     except ClientError as exc:
         _log(f"{tool}: refused: {exc.text.rstrip()}")
     except TimeoutError:
-        _log(f"{tool}: cannot reach {client.host}:{client.port}: timed out")
+        _log(f"{tool}: " + on_timeout.format(where=where))
     except OSError as exc:
-        _log(f"{tool}: cannot reach {client.host}:{client.port}: {os_reason(exc)}")
+        _log(f"{tool}: cannot reach {where}: {os_reason(exc)}")
     return 1
 
 
@@ -172,7 +182,7 @@ def _send_main(argv: Sequence[str] | None) -> int:
     if args.progress is None:
         args.progress = sys.stderr.isatty()
     client = _client(args)
-    return _run("fq-send", client, _send(client, args))
+    return run_tool("fq-send", client.host, client.port, _send(client, args))
 
 
 async def _send(client: Client, args: argparse.Namespace) -> int:
@@ -337,7 +347,7 @@ def _recv_main(argv: Sequence[str] | None) -> int:
     if args.base64 and not args.json:
         raise ValueError("--base64 goes with --json")
     client = _client(args)
-    return _run("fq-recv", client, _recv(client, args))
+    return run_tool("fq-recv", client.host, client.port, _recv(client, args))
 
 
 async def _recv(client: Client, args: argparse.Namespace) -> int:

@@ -120,7 +120,6 @@ _pack_record = RECORD.pack
 Entry = tuple[int, int | bytes, float, bytes]
 # What a fold writes: the rows to upsert, flat (_COLUMNS values a row), and keys to delete.
 Params = list[int | bytes | float]
-_ABSENT: Entry | None = None
 
 
 def _failed(error: str) -> str | None:
