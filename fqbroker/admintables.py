@@ -67,7 +67,7 @@ def _status(answer: dict[str, Any]) -> str:
                 ("name", "FRONT END"),
                 ("transport", "TRANSPORT"),
                 ("address", "ADDRESS"),
-                ("connections", "CONNECTIONS"),
+                ("open", "CONNECTIONS"),
             ],
             "no front ends",
         ),

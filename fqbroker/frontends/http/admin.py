@@ -21,10 +21,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
-import resource
-import sys
-import time
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -32,7 +28,7 @@ from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.http import adminconfig, adminqueues
 from fqbroker.frontends.http.adminbase import PREFIX, ROUTES, Params, Refused, changed, route
 from fqbroker.frontends.http.host import HttpHost
-from fqbroker.version import FQ_COMPAT_VERSION, __version__
+from fqbroker.frontends.http.node import node_status
 
 __all__ = ["PREFIX", "body_limit", "respond"]
 
@@ -92,85 +88,8 @@ def _body(body: bytes) -> Params:
 
 @route("GET", "status")
 async def _status(broker: HttpHost, params: Params, who: str) -> dict[str, Any]:
-    listeners = []
-    front_ends = []
-    for live in broker.front_ends.values():
-        address = None if live.address is None else f"{live.address[0]}:{live.address[1]}"
-        if address is not None:
-            listeners.append({"name": live.name, "address": address})
-        front_ends.append(
-            {
-                "name": live.name,
-                "transport": live.transport,
-                "address": address,
-                "connections": len(live.connections),
-            }
-        )
-    peers = [
-        {
-            "host": link.address.host,
-            "port": link.address.port,
-            "source": link.address.source,
-            "state": str(link.state),
-            "reconnects": link.reconnects,
-        }
-        for link in broker.peering.links.values()
-    ]
-    node = {
-        "version": __version__,
-        "fq_version": FQ_COMPAT_VERSION,
-        "node_id": ".".join(str(b) for b in broker.node_id),  # 4 bytes, written as an IPv4
-        "uptime_seconds": _uptime(),
-        "rss_bytes": _rss_bytes(),
-        "queue_dir": str(broker.settings.queue_dir),
-        "queue_dir_bytes": _queue_dir_bytes(broker),
-        "queues": len(broker.queues),
-        "clients": len(broker.clients),
-        "listeners": listeners,
-        "front_ends": front_ends,
-        "peers": peers,
-    }
-    return {"node": node}
-
-
-_IMPORTED = time.time()
-
-
-def _uptime() -> float:
-    """Seconds since the process started (the kernel's count; else since this import)."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-        with open("/proc/uptime", "rb") as f:
-            system_up = float(f.read().split()[0])
-        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
-        return round(max(0.0, system_up - started), 1)
-    except (OSError, ValueError, IndexError):
-        return round(time.time() - _IMPORTED, 1)
-
-
-def _rss_bytes() -> int:
-    """Resident memory now (Linux), else the peak the kernel reports."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024
-
-
-def _queue_dir_bytes(broker: HttpHost) -> int:
-    """Bytes of the open disk queues' and topics' segment files: what the stores count
-    as they write, so no directory walk (1,000 queues) holds the loop."""
-    total = 0
-    for queue in broker.queues.values():
-        size = getattr(queue.store, "size_bytes", None)
-        if isinstance(size, int):
-            total += size
-    topics = broker.topics
-    if topics is not None:
-        total += sum(topic.size_bytes for topic in topics)
-    return total
+    # /node.json's account of the node: the web UI and fq-admin read one and the same.
+    return {"node": await node_status(broker)}
 
 
 # --- publish -----------------------------------------------------------------------------------
