@@ -55,6 +55,9 @@ MODULES: Final[tuple[str, ...]] = (
     "fqbroker.frontends.fq.datachannel",
     "fqbroker.core.queue",
     "fqbroker.core.publisher",
+    "fqbroker.core.router",
+    "fqbroker.core.routestats",
+    "fqbroker.core.prefixes",
     "fqbroker.frontends.opencluster.wire",
 )
 

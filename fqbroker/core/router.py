@@ -34,7 +34,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, final
 
 from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
 from fqbroker.core.budget import fitting
@@ -67,10 +67,25 @@ _AVG_SHIFT = 7
 
 perf_counter_ns = time.perf_counter_ns
 
-# The bindings a route reaches, and whether any of their queues blocks.
-Reach = tuple[list["Binding"], bool]
-_UNKNOWN: Reach = ([], False)  # a route not looked up yet
-_NO_GROUP: Reach = ([], False)  # publish_runs has no joined runs waiting
+
+@final
+class Reach:
+    """The bindings a route reaches, and whether any of their queues blocks.
+
+    A class, not a tuple: publish_runs tells reaches apart by identity, and compiled
+    (mypyc) code keeps a fixed-length tuple unboxed, boxing it afresh for each ``is``, so
+    a tuple would never be itself again there (docs/accel.md).
+    """
+
+    __slots__ = ("blocks", "hits")
+
+    def __init__(self, hits: list[Binding], blocks: bool) -> None:
+        self.hits = hits
+        self.blocks = blocks
+
+
+_UNKNOWN: Final = Reach([], False)  # a route not looked up yet
+_NO_GROUP: Final = Reach([], False)  # publish_runs has no joined runs waiting
 
 
 @dataclass(slots=True, eq=False)
@@ -180,7 +195,7 @@ class Exchange:
             key = tuple(found)
             reach = self._reaches.get(key)
             if reach is None:
-                reach = self._reaches[key] = (found, any(b.queue.blocks for b in found))
+                reach = self._reaches[key] = Reach(found, any(b.queue.blocks for b in found))
         self._hits[route] = reach
         return reach
 
@@ -401,7 +416,7 @@ class Router:
                     if reach is group:
                         continue  # joined as above, next time round
                 if group is not _NO_GROUP:
-                    hits = group[0]
+                    hits = group.hits
                     group = _NO_GROUP  # never gathered twice, even on an error
                     group_n = len(group_frames)
                     group_raw = (
@@ -423,7 +438,7 @@ class Router:
                     else:
                         group_ex.no_route += group_n
                         no_route += group_n
-                if reach is not None and not reach[1]:
+                if reach is not None and not reach.blocks:
                     i += 1
                     group = reach
                     group_ex = ex
@@ -440,7 +455,7 @@ class Router:
                     )
                 else:
                     n, size, run_routed, run_dropped, blocked = _publish_exactly(
-                        reach[0], frames, head
+                        reach.hits, frames, head
                     )
                     run_no_route = 0
                 if n < len(frames):
@@ -463,7 +478,7 @@ class Router:
             return i, messages + (len(group_frames) if group is not _NO_GROUP else 0), []
         finally:
             if group is not _NO_GROUP:
-                hits = group[0]
+                hits = group.hits
                 group_n = len(group_frames)
                 group_raw = sum(map(len, group_frames)) if group_n != 1 else len(group_frames[0])
                 group_size = group_raw - group_heads
