@@ -93,6 +93,68 @@ def route(binds: list[tuple[bytes, bytes, int]], frames: bytes, backlog: int) ->
     ]
 
 
+def routing(ops: list[list[Any]]) -> list[Any]:
+    """A router through a sequence of ``ops``: ``["bind", ex, program, queue, flags]``,
+    ``["unbind", ex, the index of a bind op, queue]``, ``["read", frames, sample]`` (a data
+    channel's bytes decoded and published as the data path does; a block-policy queue
+    left full is drained before publishing goes on, as its consumer would) and
+    ``["take", queue]``. Answers each op, then every queue's deliveries in order, every
+    counter: the aggregate's, the client's, each exchange's and binding's, the timings'."""
+    router = Router()
+    specs = [
+        QueueSpec(b"q0", policy=Policy.DROP, backlog=1000),
+        QueueSpec(b"q1", policy=Policy.DROP, backlog=3),
+        QueueSpec(b"q2", policy=Policy.DROP, backlog=1000, backlog_bytes=400),
+        QueueSpec(b"q3", policy=Policy.BLOCK, backlog=4),
+        QueueSpec(b"q4", policy=Policy.BLOCK, backlog=1000, backlog_bytes=300),
+    ]
+    queues = [Queue(spec) for spec in specs]
+    delivered: list[list[bytes]] = [[] for _ in queues]
+    client = ClientStats()
+    answers: list[Any] = []
+    for op in ops:
+        if op[0] == "bind":
+            answers.append(_guard(router.try_bind, op[1], op[2], queues[op[3]], op[4]))
+        elif op[0] == "unbind":
+            route_id = answers[op[2]] if op[2] < len(answers) else 0
+            unbound = router.unbind(op[1], route_id if isinstance(route_id, int) else 0,
+                                    queues[op[3]])  # fmt: skip
+            answers.append(None if unbound is None else unbound.route_id)
+        elif op[0] == "take":
+            delivered[op[1]] += queues[op[1]].take(2)
+            answers.append(len(delivered[op[1]]))
+        else:
+            decoder = MessageDecoder(peer_format=False)
+            decoder.feed(op[1])
+            runs = decoder.runs(SENDER, HOPS)
+            router.sample = op[2]
+            steps = []
+            i = 0
+            while i < len(runs):
+                i, n, blocked = router.publish_runs(runs, i, client)
+                full = [queues.index(q) for q in blocked]  # type: ignore[arg-type]
+                steps.append([i, n, full])
+                for k in full:
+                    delivered[k] += queues[k].take(1 << 30)
+            answers.append(steps)
+    for k, queue in enumerate(queues):
+        delivered[k] += queue.take(1 << 30)
+    a = router.aggregate
+    times = router.times
+    return [
+        answers,
+        delivered,
+        [a.messages, a.octets, a.routed, a.dropped, a.no_route, a.no_exchange, a.size_dropped],
+        [client.routed, client.dropped, client.no_route, client.no_exchange, client.msgs_in],
+        [
+            [name, ex.messages, ex.octets, ex.routed, ex.dropped, ex.no_route, ex.denied]
+            for name, ex in router.exchanges.items()
+        ],
+        [[b.route_id, b.invocations, b.permanent, b.peer] for b in router.bindings()],
+        [sum(times.buckets), times.messages, router.sample],
+    ]
+
+
 def opencluster(chunks: list[bytes], limits: list[int]) -> list[Any]:
     """A connection's machine fed ``chunks`` over a real store: each receive's answer,
     and what committed() answers as each batch it waits on is done."""
@@ -141,6 +203,12 @@ def main() -> None:
         elif kind == "route":
             binds = [(bytes.fromhex(e), bytes.fromhex(p), q) for e, p, q in request["binds"]]
             answer = route(binds, bytes.fromhex(request["frames"]), request["backlog"])
+        elif kind == "routing":
+            ops = [
+                [op[0], *(bytes.fromhex(x) if isinstance(x, str) else x for x in op[1:])]
+                for op in request["ops"]
+            ]
+            answer = routing(ops)
         elif kind == "opencluster":
             answer = opencluster(chunks, request["limits"])
         elif kind == "ocframes":
