@@ -209,7 +209,6 @@ class Exchange:
 
 
 _NOWHERE = Exchange(b"")  # publish_runs' exchange of no joined runs: never counted on
-_NO_REACH_OF = _NOWHERE._hits.get
 _NO_FRAMES: list[bytes] = []  # never added to
 
 
@@ -380,7 +379,7 @@ class Router:
         # exchange compare a name rather than look the exchange up each.
         ex = _NOWHERE
         last_name = None
-        reach_of = _NO_REACH_OF
+        reached = _NOWHERE._hits
         timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
         i = start
         end = len(runs)  # runs[i] may be replaced by its rest, never added to
@@ -399,8 +398,8 @@ class Router:
                         continue
                     ex = found
                     last_name = exchange
-                    reach_of = ex._hits.get  # the same dict for good: forget() clears it
-                reach = reach_of(route, _UNKNOWN)
+                    reached = ex._hits  # the same dict for good: forget() clears it
+                reach = reached.get(route, _UNKNOWN)
                 if reach is group:
                     # The same bindings as the run before: joined to it.
                     i += 1
