@@ -77,7 +77,8 @@ test: install spark node
 # The tests of the compiled modules again, in pure Python (`make test` runs them compiled
 # where the accelerator is built; tests/test_accel.py compares the two).
 ACCEL_TESTS := tests/test_frames.py tests/test_runs.py tests/test_datachannel.py \
-  tests/test_wire.py tests/test_figg_wire.py tests/test_router.py tests/test_publisher.py \
+  tests/test_wire.py tests/test_figg_wire.py tests/test_router.py tests/test_router_cache.py \
+  tests/test_publisher.py \
   tests/test_fairness.py tests/test_confirm_race.py tests/test_kvstore.py \
   tests/test_opencluster.py tests/test_opencluster_wire.py tests/test_accel.py
 test-pure: install

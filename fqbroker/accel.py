@@ -42,8 +42,9 @@ MANIFEST: Final = "_compiled.json"
 # The hot loops the profiles name: the fq data path (decode, queue, publish). Each must
 # compile with mypyc as it is. A compiled class cannot be subclassed by an interpreted
 # one, so the subclasses of decoding.py's decoders are compiled too (fq's, Figg's and
-# OpenCluster's wire.py). Not router.py, nor OpenCluster's machine and store: see
-# docs/accel.md.
+# OpenCluster's wire.py); and the router, with the counters and prefix index it calls
+# per batch. Not targets.py (Sink has interpreted subclasses) nor program.py, nor
+# OpenCluster's machine and store: see docs/accel.md.
 MODULES: Final[tuple[str, ...]] = (
     "fqbroker.frontends.decoding",
     "fqbroker.frontends.fq.wire",
