@@ -229,11 +229,14 @@ def _gather(
         slot = gathered.get(queue)
         if slot is None:
             slot = gathered[queue] = [queue.room, queue.room_bytes, [], 0]
-        slot[2] += frames
-        slot[3] += raw
-        room = slot[0]
+        # Typed locals: compiled, the counts are C integers between the list's items.
+        waiting: list[bytes] = slot[2]
+        waiting += frames
+        gathered_raw: int = slot[3]
+        slot[3] = gathered_raw + raw
+        room: int = slot[0]
         slot[0] = room - n
-        room_bytes = slot[1]
+        room_bytes: int = slot[1]
         slot[1] = room_bytes - raw
         if room < n or room_bytes < raw:
             dropped += n - max(min(room, fitting(frames, room_bytes)), 0)
@@ -556,8 +559,10 @@ class Router:
 
     @staticmethod
     def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:
-        for queue, (_, _, frames, size) in gathered.items():
+        for queue, slot in gathered.items():
+            frames: list[bytes] = slot[2]
             if frames:
+                size: int = slot[3]
                 queue.offer(frames, size)
 
     def _publish_each(
