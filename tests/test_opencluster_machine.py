@@ -132,6 +132,6 @@ def test_the_machine_answers_as_a_dict_in_any_split(
     command=st.sampled_from([wire.SET_INT, wire.SET_STRING]),
 )
 def test_a_run_of_acks_is_the_acks_one_by_one(userids: list[int], command: int) -> None:
-    run = _Acks(None, command, userids[0])  # type: ignore[arg-type]  # no batch needed
+    run = _Acks(None, command, [userids[0]])  # type: ignore[arg-type]  # no batch needed
     run.userids += userids[1:]
     assert run.encode() == b"".join(wire.ack(command, u) for u in userids)

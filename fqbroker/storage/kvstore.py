@@ -54,6 +54,7 @@ import contextlib
 import heapq
 import logging
 import sqlite3
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -62,6 +63,7 @@ from pathlib import Path
 
 from fqbroker.errors import KVStoreError
 from fqbroker.storage.kvjournal import (
+    FRAMES,
     RECORD,
     JournalWriter,
     close_quietly,
@@ -115,6 +117,13 @@ _SET_FOLD_GEN = "INSERT OR REPLACE INTO meta VALUES ('fold_gen', ?)"
 
 _Bytes = bytes  # in KVStore, whose ``bytes`` property hides the type
 _pack_record = RECORD.pack
+# An OpenCluster set frame (docs/opencluster-protocol.md): its header (command, repcmd,
+# user id, payload length) and the payload's head (hashes, expires, full_wait, name
+# length), in one unpack; then the name and the value.
+_unpack_set_frame = struct.Struct(">hhiiIIiii").unpack_from
+_SET_FRAME_HEAD = 32
+_i32_from = struct.Struct(">i").unpack_from
+_SET_STRING = 2020  # its value is a string; set_int's (2000) an i32
 
 # One value in memory: (kind, value, expires, name).
 Entry = tuple[int, int | bytes, float, bytes]
@@ -141,10 +150,11 @@ class Batch:
     """The sets of one group commit. ``error`` is None once written, or says why the
     write failed; ``waiters`` are called (on the loop) when ``done``."""
 
-    __slots__ = ("done", "error", "gen", "olds", "parts", "size", "waiters")
+    __slots__ = ("count", "done", "error", "gen", "olds", "parts", "size", "waiters")
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []  # the journal records, in pieces, until written
+        self.count = 0  # sets
         self.size = 0  # bytes written to the journal
         self.gen = -1  # the journal written to (-1: none, the write failed)
         # Each key's entry before the batch's first set of it (None: there was none).
@@ -258,7 +268,7 @@ class KVStore:
     def sets(self) -> int:
         """Sets taken (stored or failed since): counted per batch, the open one's too."""
         batch = self._open
-        return self._sets + (len(batch.parts) >> 1 if batch is not None else 0)
+        return self._sets + (batch.count if batch is not None else 0)
 
     @property
     def bytes(self) -> int:
@@ -330,7 +340,97 @@ class KVStore:
         if key not in olds:
             olds[key] = old
         batch.parts += (_pack_record(kind, at, len(payload)), payload)  # 2 parts a set
+        batch.count += 1
         return batch
+
+    def put_frames(
+        self,
+        buf: _Bytes,
+        pos: int,
+        have: int,
+        room: int,
+        command: int,
+        limits: tuple[int, int, int],
+        userids: list[int],
+    ) -> int:
+        """:meth:`put` of the run of OpenCluster ``command`` frames (set_string 2020 or
+        set_int 2000: docs/opencluster-protocol.md) in ``buf`` from ``pos``, up to ``have``
+        and at most ``room`` of them: the listener's hot path, a pipelined read's sets in
+        one call and one journal record (the frames as read), with no object per set but
+        its entry. ``limits``: (max_payload, max_name, max_value). Stops before a frame
+        that is not whole, not of ``command``, not a set within the limits, or a new key
+        when the store is full: the caller takes that one alone (and says why). Appends
+        each set's user id to ``userids``; the position after the last frame taken (then
+        :attr:`open_batch` is the batch they joined)."""
+        values = self._values
+        get = values.get
+        max_payload, max_name, max_value = limits
+        max_keys = self.max_keys
+        string = command == _SET_STRING
+        kind = STRING if string else INT
+        batch = self._open
+        fresh = batch is None
+        if batch is None:
+            batch = Batch()
+        olds = batch.olds
+        expiries = self._expiries
+        now = time.time()
+        start = pos
+        grow = count = 0
+        append = userids.append
+        while count < room and have - pos >= _SET_FRAME_HEAD:
+            cmd, _, userid, size, map_hash, key_hash, expires, _, n = _unpack_set_frame(buf, pos)
+            if cmd != command or size < 24 or size > max_payload:
+                break
+            end = pos + 12 + size
+            at = pos + _SET_FRAME_HEAD + n
+            if end > have or n < 0 or n > max_name or at + 4 > end:
+                break
+            value: int | bytes
+            if string:
+                length = _i32_from(buf, at)[0]
+                if at + 4 + length != end or length < 0 or length > max_value:
+                    break
+                value = buf[at + 4 : end]
+            else:
+                if at + 4 != end:
+                    break
+                value = _i32_from(buf, at)[0]
+                length = 4
+            key = (map_hash << 32) | key_hash
+            old = get(key)
+            if old is None:
+                if len(values) >= max_keys:
+                    break
+                grow += n + length
+            else:
+                grow += n + length - len(old[3])
+                grow -= len(old[1]) if old[0] == STRING else 4  # type: ignore[arg-type]
+            if expires > 0:
+                expiry = now + expires
+                heapq.heappush(expiries, (expiry, key))
+            else:
+                expiry = 0.0
+            values[key] = (kind, value, expiry, buf[pos + _SET_FRAME_HEAD : at])
+            if key not in olds:
+                olds[key] = old
+            append(userid)
+            pos = end
+            count += 1
+        if count:
+            self._bytes += grow
+            batch.parts += (_pack_record(FRAMES, now, pos - start), buf[start:pos])
+            batch.count += count
+            if fresh:
+                self._open = batch
+                if len(self._flushing) < FLUSHES:
+                    self._loop.call_soon(self._commit)  # as put's
+        return pos
+
+    @property
+    def open_batch(self) -> Batch | None:
+        """The batch taking sets now, if any."""
+        return self._open
 
     def _commit(self, *, behind: bool = False) -> None:
         """Write the open batch to the journal, here on the loop: a write to the page
@@ -348,7 +448,7 @@ class KVStore:
         if flushing and self._unfolded >= self.fold_bytes and self._folding is None:
             return
         self._open = None
-        self._sets += len(batch.parts) >> 1
+        self._sets += batch.count
         journal = self._journal
         future: asyncio.Future[str | None]
         try:
