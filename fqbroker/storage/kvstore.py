@@ -302,6 +302,15 @@ class KVStore:
         start = pos
         grow = count = 0
         append = userids.append
+        # Typed, so that compiled (mypyc) they are machine ints, not objects.
+        cmd: int
+        userid: int
+        size: int
+        map_hash: int
+        key_hash: int
+        expires: int
+        n: int
+        length: int
         while count < room and have - pos >= _SET_FRAME_HEAD:
             cmd, _, userid, size, map_hash, key_hash, expires, _, n = _unpack_set_frame(buf, pos)
             if cmd != command or size < 24 or size > max_payload:
