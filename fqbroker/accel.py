@@ -42,8 +42,8 @@ MANIFEST: Final = "_compiled.json"
 # The hot loops the profiles name: the fq data path (decode, queue, publish). Each must
 # compile with mypyc as it is. A compiled class cannot be subclassed by an interpreted
 # one, so the subclasses of decoding.py's decoders are compiled too (fq's, Figg's and
-# OpenCluster's wire.py). OpenCluster's store: its run of sets (KVStore.put_frames).
-# Not router.py, nor OpenCluster's machine: see docs/accel.md.
+# OpenCluster's wire.py). OpenCluster's store and machine: a read's run of sets
+# (KVStore.put_frames), a get. Not router.py: see docs/accel.md.
 MODULES: Final[tuple[str, ...]] = (
     "fqbroker.frontends.decoding",
     "fqbroker.frontends.fq.wire",
@@ -57,6 +57,7 @@ MODULES: Final[tuple[str, ...]] = (
     "fqbroker.core.publisher",
     "fqbroker.frontends.opencluster.wire",
     "fqbroker.storage.kvstore",
+    "fqbroker.frontends.opencluster.machine",
 )
 
 _PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))
