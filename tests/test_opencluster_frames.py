@@ -29,6 +29,8 @@ from fqbroker.storage.kvjournal import (
 )
 from fqbroker.storage.kvstore import INT, STRING, KVStore, key_of
 
+from .conftest import wait_for
+
 LIMITS = Limits(16, 64, 2048, 1024)
 NAMES = [b"a", b"bb", b"\xffc", b"name-7"]
 
@@ -172,8 +174,7 @@ async def test_a_failed_write_of_a_run_restores_memory_and_says_not_stored(
         assert await feed(machine, wire.set_string(0, b"a", b"kept"), []) == wire.ack(
             wire.SET_STRING, 0
         )
-        while store._folding is not None or store.folds == 0:
-            await asyncio.sleep(0.01)
+        await wait_for(lambda: store._folding is None and store.folds > 0)
         gen = store._journal.gen
         journal_path(path, gen).symlink_to("/dev/full")
         data = wire.set_string(1, b"a", b"lost") + wire.set_string(2, b"new", b"lost")
