@@ -29,6 +29,7 @@ import csv
 import random
 import shutil
 import subprocess
+from pathlib import Path
 
 from .harness import Client, FqBroker, Redis, System, cpu_seconds
 
@@ -120,15 +121,23 @@ def oc_run(system: System, run: int, scale: float) -> dict[str, float]:
 
 
 OC_NORMAL = "fqbroker, sync=normal"
+BEFORE = "before"  # suite.BASELINE: the table's column of the baseline tree
+BEFORE_NORMAL = "before, sync=normal"
 
 
-def oc_systems(with_redis: bool) -> list[System]:
+def oc_systems(with_redis: bool, baseline: Path | None = None) -> list[System]:
     """A broker whose store fsyncs each group commit (the default), one with ``sync =
-    "normal"``, and Redis when it is a peer of the table and redis-benchmark is here."""
+    "normal"``, the same two of the ``baseline`` tree (``--baseline``: the column
+    "before"), and Redis when it is a peer of the table and redis-benchmark is here."""
     systems: list[System] = [
         FqBroker(opencluster="full"),
         FqBroker(opencluster="normal", name=OC_NORMAL),
     ]
+    if baseline is not None:
+        systems += [
+            FqBroker(opencluster="full", tree=baseline, name=BEFORE),
+            FqBroker(opencluster="normal", tree=baseline, name=BEFORE_NORMAL),
+        ]
     if with_redis and redis_available() is None:
         systems += [Redis(), Redis(appendfsync="always"), Redis(appendfsync="everysec")]
     return systems
@@ -142,9 +151,14 @@ def oc_rows(res: Figures) -> list[tuple[str, Figures, str]]:
     redis = res.get("redis")
     shape = f"{CONNS} conns x pipeline {DEPTH}, {SIZE} B"
     rows = []
-    for name, ops, sync in (("fqbroker", OPS, "full"), (OC_NORMAL, ("set",), "normal")):
+    for name, before, ops, sync in (
+        ("fqbroker", BEFORE, OPS, "full"),
+        (OC_NORMAL, BEFORE_NORMAL, ("set",), "normal"),
+    ):
         for op in ops:
             row = {"fqbroker": {"rate": res[name][op], "us": res[name][f"{op}_us"]}}
+            if before in res:
+                row[BEFORE] = {"rate": res[before][op], "us": res[before][f"{op}_us"]}
             if redis is not None:
                 row["redis"] = {"rate": redis[op], "us": redis[f"{op}_us"]}
             label = f"OpenCluster {op.upper()}, {shape}" + (f", sync={sync}" if op == "set" else "")

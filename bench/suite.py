@@ -492,7 +492,7 @@ def scenario_fyrehose(cfg: Config, table: Table) -> None:
 
 def scenario_opencluster(cfg: Config, table: Table) -> None:
     """The rows of bench/ocsuite.py, Redis beside them when it is a peer of the table."""
-    systems = oc_systems(with_redis="redis" in table.peers)
+    systems = oc_systems(with_redis="redis" in table.peers, baseline=cfg.baseline)
     res = interleaved(systems, cfg.runs, lambda s, run: oc_run(s, run, cfg.scale))
     for label, row, target in oc_rows(res):
         table.flow(label, row, target)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fqbroker.frontends.opencluster import wire
 from fqbroker.frontends.opencluster.machine import Limits, Machine, _Acks
-from fqbroker.storage.kvstore import KVStore
+from fqbroker.storage.kvstore import Batch, KVStore
 
 NAMES = [b"a", b"bb", b"\xffc", b"name-%d" % 7]
 
@@ -132,6 +132,6 @@ def test_the_machine_answers_as_a_dict_in_any_split(
     command=st.sampled_from([wire.SET_INT, wire.SET_STRING]),
 )
 def test_a_run_of_acks_is_the_acks_one_by_one(userids: list[int], command: int) -> None:
-    run = _Acks(None, command, userids[0])  # type: ignore[arg-type]  # no batch needed
+    run = _Acks(Batch(), command, [userids[0]])
     run.userids += userids[1:]
     assert run.encode() == b"".join(wire.ack(command, u) for u in userids)

@@ -17,9 +17,21 @@ body, records one after another::
              >IIiii map_hash, key_hash, expires (relative, unused here), full_wait,
              name length; the name; >i the value (int), or >i length and the bytes
 
+or, of kind :data:`FRAMES`, a run of sets as one record::
+
+    >BdI     FRAMES, the time the run was read (epoch seconds), length of the frames
+    frames   set_int and set_string frames as OpenCluster carries them, one after
+             another: >hhii command, repcmd, user id, payload length; the payload as
+             above, whose expiry counts from the record's time (0 = never)
+
 The payload is kept as the client sent it because the listener has it at hand: a record
 costs a 13-byte header, where building one field by field would cost a set more CPU than
-the rest of its journaling.
+the rest of its journaling; and a read's run of sets is one slice of the read, with no
+header or object of its own per set.
+
+An older broker's journals (:data:`MAGIC_V1`: no FRAMES records) are read as well; a
+journal of this one starts with :data:`MAGIC`, which an older broker does not take for
+its own (it skips the file with a warning rather than misread a FRAMES record).
 
 A batch is acknowledged only once it is written (and fdatasynced, ``sync = "full"``), so
 only the last batch of a file can be torn, by a crash in the middle of its write: replay
@@ -37,16 +49,30 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-__all__ = ["MAGIC", "RECORD", "JournalWriter", "close_quietly", "journals", "replay", "set_payload"]
+__all__ = [
+    "FRAMES",
+    "MAGIC",
+    "MAGIC_V1",
+    "RECORD",
+    "JournalWriter",
+    "close_quietly",
+    "journals",
+    "replay",
+    "set_payload",
+]
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"FQKVJ1\n\x00"
+MAGIC = b"FQKVJ2\n\x00"
+MAGIC_V1 = b"FQKVJ1\n\x00"
 _BATCH = struct.Struct(">II")
 RECORD = struct.Struct(">BdI")
 I32 = struct.Struct(">i")
 _SET_HEAD = struct.Struct(">IIiii")
 _INT = 1  # kvstore.INT: an int value is 4 bytes, >i
+FRAMES = 3  # a record that is a run of set frames (kvstore.INT and STRING are 1 and 2)
+_FRAME_HEAD = struct.Struct(">hhii")
+_SET_INT = 2000  # wire.SET_INT: the frames' other command is set_string
 
 # One replayed record: (map_hash, key_hash, kind, value, expires, name).
 Record = tuple[int, int, int, int | bytes, float, bytes]
@@ -76,7 +102,7 @@ def replay(path: Path) -> Iterator[Record]:
             log.warning("opencluster: %s is not a regular file, skipped", path)
             return
         data = memoryview(file.read(status.st_size))
-    if data[: len(MAGIC)] != MAGIC:
+    if data[: len(MAGIC)] not in (MAGIC, MAGIC_V1):
         if len(data):  # empty: created, then the crash came before its first write
             log.warning("opencluster: %s is not a journal, skipped", path)
         return
@@ -116,6 +142,9 @@ def _records(body: memoryview) -> Iterator[Record]:
         at += size
         payload = body[at : at + length]
         at += length
+        if kind == FRAMES:
+            yield from _frames(payload, expires)
+            continue
         map_hash, key_hash, _, _, name_size = _SET_HEAD.unpack_from(payload, 0)
         name = bytes(payload[20 : 20 + name_size])
         if kind == _INT:
@@ -123,6 +152,24 @@ def _records(body: memoryview) -> Iterator[Record]:
         else:
             value = bytes(payload[24 + name_size :])
         yield map_hash, key_hash, kind, value, expires, name
+
+
+def _frames(frames: memoryview, now: float) -> Iterator[Record]:
+    """The sets of a FRAMES record read at ``now``, as the store applied them."""
+    at, end = 0, len(frames)
+    while at < end:
+        command, _, _, size = _FRAME_HEAD.unpack_from(frames, at)
+        at += 12
+        payload = frames[at : at + size]
+        at += size
+        map_hash, key_hash, expires, _, name_size = _SET_HEAD.unpack_from(payload, 0)
+        name = bytes(payload[20 : 20 + name_size])
+        value: int | bytes
+        if command == _SET_INT:
+            kind, value = _INT, I32.unpack_from(payload, 20 + name_size)[0]
+        else:
+            kind, value = 2, bytes(payload[24 + name_size :])
+        yield map_hash, key_hash, kind, value, now + expires if expires > 0 else 0.0, name
 
 
 class JournalWriter:

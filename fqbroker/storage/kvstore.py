@@ -7,10 +7,11 @@ Theory of operation
 hashes the client computed; the server never hashes). It is the source of truth for
 every get; the disk is only read at startup.
 
-**Writes** change the dict at once and join the open :class:`Batch`. Every set of one
-turn of the event loop (the sets of a read, across connections) goes into one batch, and
-a batch is one append to the journal (:mod:`~fqbroker.storage.kvjournal`): one write, and
-with ``sync = "full"`` one fdatasync, in the store's journal thread so the loop keeps
+**Writes** change the dict at once and join the open :class:`Batch` (the listener's: a
+read's run of sets in one call, :meth:`KVStore.put_frames`). Every set of one turn of
+the event loop (the sets of a read, across connections) goes into one batch, and a batch
+is one append to the journal (:mod:`~fqbroker.storage.kvjournal`): one write, and with
+``sync = "full"`` one fdatasync, in the store's journal thread so the loop keeps
 reading. While a batch is written, new sets join the next one: the busier the store, the
 larger its batches (group commit). A batch's ``waiters`` are called on the loop once its
 write returned: only then may a set be acknowledged. ``"full"``: an ack survives a power
@@ -26,14 +27,14 @@ dropped their pages, and a replay stops at the first batch it cannot read), and 
 journal goes on in a new file; a file is closed in the journal thread, after the last
 flush queued on it.
 
-**Folding.** Once the journals hold :attr:`KVStore.fold_bytes`, the store closes the
-current one and hands the latest committed value of every key set since the last fold
-to its fold thread, which writes them to sqlite (``<stem>.sqlite3``, WAL, fsynced) in one
-transaction that also records the generation folded (``meta.fold_gen``), then deletes
-the journals up to it. Startup loads sqlite, then replays the journals above
-``fold_gen`` in order; so a crash at any point of a fold loses nothing and replays
-nothing twice over newer values. ``close()`` folds everything: a clean restart reads
-sqlite alone.
+**Folding** (:mod:`~fqbroker.storage.kvsqlite`). Once the journals hold
+:attr:`KVStore.fold_bytes`, the store closes the current one and hands the latest
+committed value of every key set since the last fold to its fold thread, which writes
+them to sqlite (``<stem>.sqlite3``, WAL, fsynced) in one transaction that also records
+the generation folded (``meta.fold_gen``), then deletes the journals up to it. Startup
+loads sqlite, then replays the journals above ``fold_gen`` in order; so a crash at any
+point of a fold loses nothing and replays nothing twice over newer values. ``close()``
+folds everything: a clean restart reads sqlite alone.
 
 **A failed write** (a full disk): its batch carries the error, its sets are answered
 "not stored", and each of its keys goes back in memory to its value before the batch
@@ -54,6 +55,7 @@ import contextlib
 import heapq
 import logging
 import sqlite3
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -61,14 +63,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fqbroker.errors import KVStoreError
-from fqbroker.storage.kvjournal import (
-    RECORD,
-    JournalWriter,
-    close_quietly,
-    journals,
-    replay,
-    set_payload,
-)
+from fqbroker.storage.kvjournal import FRAMES, RECORD, JournalWriter, close_quietly, set_payload
+from fqbroker.storage.kvsqlite import Entry, Params, key_of, load, open_db, write_fold
 
 log = logging.getLogger(__name__)
 WARN_EVERY = 10.0  # seconds between lines about failing writes: a full disk fails them all
@@ -86,50 +82,20 @@ FOLD_BYTES = 64 << 20  # journal bytes that start a fold into sqlite
 # loop, so there are more and smaller batches, and each fdatasync costs ~140 us of CPU.
 FLUSHES = 1
 
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS kv(map_hash INTEGER, key_hash INTEGER, name BLOB,"
-    " kind INTEGER, value, expires REAL, PRIMARY KEY(map_hash, key_hash)) WITHOUT ROWID",
-    "CREATE TABLE IF NOT EXISTS meta(name TEXT PRIMARY KEY, value)",
-)
-# Rows go in by multi-row statements of at most CHUNK rows: one sqlite3_step (run without
-# the GIL) per statement, where executemany takes and drops the GIL for every row while
-# the event loop wants it. sqlite3 caches the prepared statements (up to CHUNK + a few).
-CHUNK = 256
-_COLUMNS = 6
-_UPSERTS: dict[int, str] = {}
-
-
-def _upsert(rows: int) -> str:
-    sql = _UPSERTS.get(rows)
-    if sql is None:
-        sql = _UPSERTS[rows] = "INSERT OR REPLACE INTO kv VALUES " + ",".join(
-            ["(?,?,?,?,?,?)"] * rows
-        )
-    return sql
-
-
-_EXPIRE = "DELETE FROM kv WHERE expires > 0 AND expires <= ?"
-_DELETE = "DELETE FROM kv WHERE map_hash = ? AND key_hash = ?"
-_FOLD_GEN = "SELECT value FROM meta WHERE name = 'fold_gen'"
-_SET_FOLD_GEN = "INSERT OR REPLACE INTO meta VALUES ('fold_gen', ?)"
-
 _Bytes = bytes  # in KVStore, whose ``bytes`` property hides the type
 _pack_record = RECORD.pack
-
-# One value in memory: (kind, value, expires, name).
-Entry = tuple[int, int | bytes, float, bytes]
-# What a fold writes: the rows to upsert, flat (_COLUMNS values a row), and keys to delete.
-Params = list[int | bytes | float]
+# An OpenCluster set frame (docs/opencluster-protocol.md): its header (command, repcmd,
+# user id, payload length) and the payload's head (hashes, expires, full_wait, name
+# length), in one unpack; then the name and the value.
+_unpack_set_frame = struct.Struct(">hhiiIIiii").unpack_from
+_SET_FRAME_HEAD = 32
+_i32_from = struct.Struct(">i").unpack_from
+_SET_STRING = 2020  # its value is a string; set_int's (2000) an i32
 
 
 def _failed(error: str) -> str | None:
     """In the journal thread: a batch whose write failed, answered in its turn."""
     return error
-
-
-def key_of(map_hash: int, key_hash: int) -> int:
-    """The dict key of a (map_hash, key_hash) pair, signed or unsigned 32-bit alike."""
-    return ((map_hash & 0xFFFFFFFF) << 32) | (key_hash & 0xFFFFFFFF)
 
 
 def _size(entry: Entry) -> int:
@@ -141,10 +107,11 @@ class Batch:
     """The sets of one group commit. ``error`` is None once written, or says why the
     write failed; ``waiters`` are called (on the loop) when ``done``."""
 
-    __slots__ = ("done", "error", "gen", "olds", "parts", "size", "waiters")
+    __slots__ = ("count", "done", "error", "gen", "olds", "parts", "size", "waiters")
 
     def __init__(self) -> None:
         self.parts: list[bytes] = []  # the journal records, in pieces, until written
+        self.count = 0  # sets
         self.size = 0  # bytes written to the journal
         self.gen = -1  # the journal written to (-1: none, the write failed)
         # Each key's entry before the batch's first set of it (None: there was none).
@@ -173,14 +140,10 @@ class KVStore:
         self.path = path
         self.max_keys = max_keys
         self.fold_bytes = fold_bytes
-        self._values: dict[int, Entry] = {}
-        self._bytes = 0
         # Counters, for /stats.json and /metrics (sets: :attr:`sets`).
         self._sets = self.gets = self.hits = self.misses = 0
         self.expired = self.commits = self.failed_commits = self.folds = 0
         self._warned_at = -WARN_EVERY
-        # (expires, key) of keys set with an expiry; stale pairs (overwritten) are skipped.
-        self._expiries: list[tuple[float, int]] = []
         self._loop = asyncio.get_running_loop()
         self._open: Batch | None = None  # taking sets, not yet written
         # Batches written, each with its flush, in order ("full"; at most FLUSHES).
@@ -189,63 +152,34 @@ class KVStore:
         self._failed_gen = -1
         self._failed_error = ""
         self._folding: asyncio.Future[str | None] | None = None
-        self._dirty: set[int] = set()  # keys written to journals since the last fold
-        self._unfolded = 0  # bytes of the journals not folded
         self._closed = False
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(
-                path, isolation_level=None, check_same_thread=False, cached_statements=CHUNK + 16
-            )
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")  # folds are rare: always durable
-            for statement in _SCHEMA:
-                self._db.execute(statement)
-            gen = self._load()
+            self._db = open_db(path)
+        except (OSError, sqlite3.Error) as exc:
+            raise KVStoreError(f"opencluster store {path} cannot be opened: {exc}") from None
+        try:
+            loaded = load(self._db, path, time.time())
         except (OSError, sqlite3.Error) as exc:
             with contextlib.suppress(Exception):
                 self._db.close()
             raise KVStoreError(f"opencluster store {path} cannot be opened: {exc}") from None
+        self._values: dict[int, Entry] = loaded.values
+        self._bytes = sum(_size(entry) for entry in self._values.values())
+        self._dirty: set[int] = loaded.dirty  # keys written to journals since the last fold
+        self._unfolded = loaded.unfolded  # bytes of the journals not folded
+        # (expires, key) of keys set with an expiry; stale pairs (overwritten) are skipped.
+        self._expiries = [(e[2], k) for k, e in self._values.items() if e[2]]
+        heapq.heapify(self._expiries)
         # One thread each: journal flushes run in order, and a fold (sqlite's connection
         # is its alone) does not hold them up.
         self._flusher = ThreadPoolExecutor(1, thread_name_prefix="fq-kvjournal")
         full = sync == "full"
         self._journal = JournalWriter(
-            path, gen, sync=full, closer=self._close_later if full else close_quietly
+            path, loaded.gen, sync=full, closer=self._close_later if full else close_quietly
         )
         self._folder = ThreadPoolExecutor(1, thread_name_prefix="fq-kvfold")
         self._sweeper = self._loop.call_later(SWEEP_SECONDS, self._sweep)
-
-    def _load(self) -> int:
-        """sqlite's rows, then the journals not folded; the next journal's generation."""
-        now = time.time()
-        db = self._db
-        db.execute(_EXPIRE, (now,))  # expired while the broker was down
-        row = db.execute(_FOLD_GEN).fetchone()
-        folded = int(row[0]) if row else 0
-        values = self._values
-        rows = db.execute("SELECT map_hash, key_hash, name, kind, value, expires FROM kv")
-        for map_hash, key_hash, name, kind, value, expires in rows:
-            if not expires or expires > now:
-                values[key_of(map_hash, key_hash)] = (kind, value, expires, name)
-        last = folded
-        for gen, journal in journals(self.path):
-            last = max(last, gen)
-            if gen <= folded:
-                journal.unlink(missing_ok=True)  # folded; the crash came before its unlink
-                continue
-            for map_hash, key_hash, kind, value, expires, name in replay(journal):
-                key = key_of(map_hash, key_hash)
-                self._dirty.add(key)
-                if expires and expires <= now:
-                    values.pop(key, None)
-                else:
-                    values[key] = (kind, value, expires, name)
-            self._unfolded += journal.stat().st_size
-        self._bytes = sum(_size(entry) for entry in values.values())
-        self._expiries = [(e[2], k) for k, e in values.items() if e[2]]
-        heapq.heapify(self._expiries)
-        return last + 1
 
     # --- what stats read ------------------------------------------------------------------
 
@@ -258,7 +192,7 @@ class KVStore:
     def sets(self) -> int:
         """Sets taken (stored or failed since): counted per batch, the open one's too."""
         batch = self._open
-        return self._sets + (len(batch.parts) >> 1 if batch is not None else 0)
+        return self._sets + (batch.count if batch is not None else 0)
 
     @property
     def bytes(self) -> int:
@@ -330,7 +264,106 @@ class KVStore:
         if key not in olds:
             olds[key] = old
         batch.parts += (_pack_record(kind, at, len(payload)), payload)  # 2 parts a set
+        batch.count += 1
         return batch
+
+    def put_frames(
+        self,
+        buf: _Bytes,
+        pos: int,
+        have: int,
+        room: int,
+        command: int,
+        limits: tuple[int, int, int],
+        userids: list[int],
+    ) -> int:
+        """:meth:`put` of the run of OpenCluster ``command`` frames (set_string 2020 or
+        set_int 2000: docs/opencluster-protocol.md) in ``buf`` from ``pos``, up to ``have``
+        and at most ``room`` of them: the listener's hot path, a pipelined read's sets in
+        one call and one journal record (the frames as read), with no object per set but
+        its entry. ``limits``: (max_payload, max_name, max_value). Stops before a frame
+        that is not whole, not of ``command``, not a set within the limits, or a new key
+        when the store is full: the caller takes that one alone (and says why). Appends
+        each set's user id to ``userids``; the position after the last frame taken (then
+        :attr:`open_batch` is the batch they joined)."""
+        values = self._values
+        get = values.get
+        max_payload, max_name, max_value = limits
+        max_keys = self.max_keys
+        string = command == _SET_STRING
+        kind = STRING if string else INT
+        batch = self._open
+        fresh = batch is None
+        if batch is None:
+            batch = Batch()
+        olds = batch.olds
+        expiries = self._expiries
+        now = time.time()
+        start = pos
+        grow = count = 0
+        append = userids.append
+        # Typed, so that compiled (mypyc) they are machine ints, not objects.
+        cmd: int
+        userid: int
+        size: int
+        map_hash: int
+        key_hash: int
+        expires: int
+        n: int
+        length: int
+        while count < room and have - pos >= _SET_FRAME_HEAD:
+            cmd, _, userid, size, map_hash, key_hash, expires, _, n = _unpack_set_frame(buf, pos)
+            if cmd != command or size < 24 or size > max_payload:
+                break
+            end = pos + 12 + size
+            at = pos + _SET_FRAME_HEAD + n
+            if end > have or n < 0 or n > max_name or at + 4 > end:
+                break
+            value: int | bytes
+            if string:
+                length = _i32_from(buf, at)[0]
+                if at + 4 + length != end or length < 0 or length > max_value:
+                    break
+                value = buf[at + 4 : end]
+            else:
+                if at + 4 != end:
+                    break
+                value = _i32_from(buf, at)[0]
+                length = 4
+            key = (map_hash << 32) | key_hash
+            old = get(key)
+            if old is None:
+                if len(values) >= max_keys:
+                    break
+                grow += n + length
+            else:
+                grow += n + length - len(old[3])
+                grow -= len(old[1]) if old[0] == STRING else 4  # type: ignore[arg-type]
+            if expires > 0:
+                expiry = now + expires
+                heapq.heappush(expiries, (expiry, key))
+            else:
+                expiry = 0.0
+            values[key] = (kind, value, expiry, buf[pos + _SET_FRAME_HEAD : at])
+            if key not in olds:
+                olds[key] = old
+            append(userid)
+            pos = end
+            count += 1
+        if count:
+            self._bytes += grow
+            batch.parts += (_pack_record(FRAMES, now, pos - start), buf[start:pos])
+            batch.count += count
+            if fresh:
+                self._open = batch
+                if len(self._flushing) < FLUSHES:
+                    self._loop.call_soon(self._commit)  # as put's
+        return pos
+
+    @property
+    def open_batch(self) -> Batch | None:
+        """The batch taking sets now, if any."""
+        return self._open
 
     def _commit(self, *, behind: bool = False) -> None:
         """Write the open batch to the journal, here on the loop: a write to the page
@@ -348,7 +381,7 @@ class KVStore:
         if flushing and self._unfolded >= self.fold_bytes and self._folding is None:
             return
         self._open = None
-        self._sets += len(batch.parts) >> 1
+        self._sets += batch.count
         journal = self._journal
         future: asyncio.Future[str | None]
         try:
@@ -490,7 +523,7 @@ class KVStore:
         unfolded, self._unfolded = self._unfolded, 0
         gen = self._journal.rotate()
         future = self._loop.run_in_executor(
-            self._folder, self._write_fold, upserts, deletes, gen, time.time()
+            self._folder, write_fold, self._db, self.path, upserts, deletes, gen, time.time()
         )
         self._folding = future
 
@@ -506,31 +539,6 @@ class KVStore:
             self._unfolded += unfolded
 
         future.add_done_callback(folded)
-
-    def _write_fold(
-        self, upserts: Params, deletes: list[tuple[int, int]], gen: int, now: float
-    ) -> str | None:
-        """In the fold thread: one sqlite transaction, then the journals it folded go."""
-        db = self._db
-        step = CHUNK * _COLUMNS
-        try:
-            db.execute("BEGIN")
-            for at in range(0, len(upserts), step):
-                chunk = upserts[at : at + step]
-                db.execute(_upsert(len(chunk) // _COLUMNS), chunk)
-            if deletes:
-                db.executemany(_DELETE, deletes)
-            db.execute(_EXPIRE, (now,))
-            db.execute(_SET_FOLD_GEN, (gen,))
-            db.execute("COMMIT")
-        except (sqlite3.Error, OSError) as exc:
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            return str(exc) or type(exc).__name__
-        for old, journal in journals(self.path):
-            if old <= gen:
-                journal.unlink(missing_ok=True)
-        return None
 
     # --- expiry ---------------------------------------------------------------------------
 

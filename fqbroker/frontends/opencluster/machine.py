@@ -90,9 +90,6 @@ _pack_data_int = struct.Struct(">hhiiIIi").pack  # header, hashes, value
 _pack_data_str = struct.Struct(">hhiiIIi").pack  # header, hashes, the value's length
 _DATA_INT, _DATA_STR = wire.DATA_INT, wire.DATA_STR
 _HEADER_SIZE = wire.HEADER_SIZE
-# A frame's header and a set's head: hashes, expires, full_wait, name length.
-_unpack_set_frame = struct.Struct(">hhiiIIiii").unpack_from
-_SET_FRAME_HEAD = _HEADER_SIZE + 20
 
 # In the queue: goodbye's ack is written, close now.
 _CLOSE = None
@@ -115,10 +112,10 @@ class _Acks:
 
     __slots__ = ("batch", "command", "userids")
 
-    def __init__(self, batch: Batch, command: int, userid: int) -> None:
+    def __init__(self, batch: Batch, command: int, userids: list[int]) -> None:
         self.batch = batch
         self.command = command
-        self.userids = [userid]
+        self.userids = userids
 
     def encode(self) -> bytes:
         """The acks, one header each: the user ids packed in one call and spread into
@@ -144,6 +141,7 @@ class Machine:
     """One connection's commands, answered in order (see the module's docstring)."""
 
     __slots__ = (
+        "_bounds",
         "_bye",
         "_held",
         "decoder",
@@ -165,6 +163,7 @@ class Machine:
         self.error: OpenClusterProtocolError | None = None
         self._bye = False  # goodbye read: nothing after it is
         self._held = 0  # commands whose replies are in the queue
+        self._bounds = (limits.max_payload, limits.max_name, limits.max_value)
 
     @property
     def inflight(self) -> int:
@@ -224,30 +223,39 @@ class Machine:
     def _answer(self, buf: bytes, pos: int, room: int, out: list[bytes]) -> int:
         """Act on up to ``room`` frames of ``buf`` from ``pos``, in order, walked where
         they lie (the hot path: no object per frame); a reply goes to ``out``, or to the
-        queue behind a set. How many frames were taken."""
+        queue behind a set. A run of sets goes to the store in one call
+        (:meth:`~fqbroker.storage.kvstore.KVStore.put_frames`), its acks to one queue
+        entry. How many frames were taken."""
         decoder = self.decoder
         max_payload = decoder.max_payload
         have = len(buf)
         store = self.store
-        put = store.put
+        put_frames = store.put_frames
         queue = self.queue
-        limits = self.limits
-        max_name, max_value = limits.max_name, limits.max_value
+        bounds = self._bounds
         tail = queue[-1] if queue else None
         run = tail if type(tail) is _Acks else None  # the queue's tail, if acks
         held = 0  # replies queued here (self._held, once at the end)
         count = 0
         try:
             while count < room and have - pos >= _HEADER_SIZE:
-                if have - pos >= _SET_FRAME_HEAD:
-                    # The header and a set's head in one unpack: every set of a pipelined
-                    # load is one of these. (Past a shorter frame, the set fields are
-                    # the next frame's bytes: only a set of 24 bytes or more reads them.)
-                    command, _repcmd, userid, size, map_hash, key_hash, expires, _fw, n = (
-                        _unpack_set_frame(buf, pos)
-                    )
-                else:
-                    command, _repcmd, userid, size = _unpack_header(buf, pos)
+                command, _repcmd, userid, size = _unpack_header(buf, pos)
+                if command in _SETS:
+                    got: list[int] = []
+                    after = put_frames(buf, pos, have, room - count, command, bounds, got)
+                    if got:
+                        batch = store.open_batch
+                        if run is not None and run.batch is batch and run.command == command:
+                            run.userids += got
+                        else:
+                            run = _Acks(batch, command, got)  # type: ignore[arg-type]
+                            queue.append(run)
+                        taken = len(got)
+                        held += taken
+                        count += taken
+                        pos = after
+                        continue
+                    # Not whole, not valid, or a new key in a full store: alone, below.
                 if size < 0 or size > max_payload:
                     self.error = decoder.bad_header(pos, command, size)
                     return count
@@ -257,46 +265,15 @@ class Machine:
                     break
                 pos = end
                 count += 1
-                if command == _SET_STRING:
-                    # The set of a pipelined load: wire.decode_set's checks, inline and
-                    # without its SetValue. What they refuse goes to _bad_set (why).
-                    if size >= 24:  # whole, so at least _SET_FRAME_HEAD bytes were there
-                        at = start + 20 + n
-                        if 0 <= n <= max_name and at + 4 <= end:
-                            length = _i32_from(buf, at)[0]
-                            if at + 4 + length == end and 0 <= length <= max_value:
-                                batch = put(
-                                    (map_hash << 32) | key_hash, buf[start + 20 : at], STRING,
-                                    buf[at + 4 : end], expires, buf[start:end],
-                                )  # fmt: skip
-                                if batch is not None:
-                                    if (
-                                        run is not None
-                                        and run.batch is batch
-                                        and run.command == _SET_STRING
-                                    ):
-                                        run.userids.append(userid)
-                                    else:
-                                        run = _Acks(batch, _SET_STRING, userid)
-                                        queue.append(run)
-                                    held += 1
-                                    continue
-                                reply = _failinfo(command, userid, 3, _STORE_FULL)
-                            else:
-                                raise self._bad_set(command, buf[start:end])
-                        else:
-                            raise self._bad_set(command, buf[start:end])
-                    else:
-                        raise self._bad_set(command, buf[start:end])
-                elif command in _GETS:
+                if command in _GETS:
                     reply = self._get(command, userid, buf[start:end])
-                elif command == _SET_INT:
-                    batch = self._set(command, buf[start:end])
-                    if batch is not None:
+                elif command in _SETS:
+                    batch = self._set(command, buf[start:end])  # raises, saying why
+                    if batch is not None:  # put_frames refuses what this takes
                         if run is not None and run.batch is batch and run.command == command:
                             run.userids.append(userid)
                         else:
-                            run = _Acks(batch, command, userid)
+                            run = _Acks(batch, command, [userid])
                             queue.append(run)
                         held += 1
                         continue

@@ -1,0 +1,139 @@
+"""The OpenCluster binary protocol, Nov-2011 generation: its frames and commands
+(:mod:`~fqbroker.frontends.opencluster.wire` encodes and decodes them).
+
+Every frame is a 12-byte header (i16 command or reply id, i16 ``repcmd``: the command a
+reply answers, 0 for commands; i32 user id; i32 payload length, the header not counted)
+and a payload. All integers are signed big-endian; a string is an i32 length and its bytes
+(no NUL). A reply echoes the user id of the command it answers. The payloads the seed
+leaves out are those of the 2011 C server and client (docs/opencluster-protocol.md):
+
+================ ===== ==============================================================
+command          dir   payload
+================ ===== ==============================================================
+1 ack, 2 fail    reply none
+3 failinfo       reply i32 code, string text
+4 tryelsewhere   reply string "IP:port"
+9 unknown        reply none (the seed's i16 command is accepted too; never written)
+10 hello         C→S   none; answered ack, then serverlist and hashmasks pushes
+11 capabilities  C→S   i16 command
+15/20/30         C→S   none (shuttingdown, goodbye, ping)
+50 serverhello   S→S   string connect info
+100 serverlist   S→C   i32 count, count of string
+110 hashmasks    S→C   i32 mask, i32 n, n of (i32 bucket, i32 level)
+2000 set_int     C→S   i32 map_hash, i32 key_hash, i32 expires, i32 full_wait, string
+                       name, i32 value
+2020 set_string  C→S   as set_int with a string value
+2100 get_int     C→S   i32 map_hash, i32 key_hash; answered 2105 data_int (map_hash,
+                       key_hash, i32 value)
+2120 get_string  C→S   as get_int; answered 2125 data_str (map_hash, key_hash, string)
+================ ===== ==============================================================
+
+Hashes are the client's (FNV-1a, ``wire.fnv1a32``). The command ids are what the seed's
+table names them; :data:`NEVER_SPECIFIED` are those no version of the protocol gives a
+payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "ACK",
+    "CAPABILITIES",
+    "DATA_INT",
+    "DATA_STR",
+    "FAIL",
+    "FAILINFO",
+    "GET_INT",
+    "GET_LONG",
+    "GET_STRING",
+    "GET_TYPE",
+    "GOODBYE",
+    "HASHMASK",
+    "HASHMASKS",
+    "HEADER_SIZE",
+    "HELLO",
+    "LOADLEVEL",
+    "LOCK",
+    "NEVER_SPECIFIED",
+    "NEWSERVER",
+    "PING",
+    "PROTOCOL_NAMES",
+    "SERVERHELLO",
+    "SERVERLIST",
+    "SET_INT",
+    "SET_LONG",
+    "SET_STRING",
+    "SHUTTINGDOWN",
+    "TRYELSEWHERE",
+    "UNKNOWN",
+    "UNLOCK",
+    "Frame",
+    "SetValue",
+]
+
+HEADER_SIZE: Final = 12
+ACK, FAIL, FAILINFO, TRYELSEWHERE, UNKNOWN = 1, 2, 3, 4, 9
+HELLO, CAPABILITIES, SHUTTINGDOWN, GOODBYE, PING, SERVERHELLO = 10, 11, 15, 20, 30, 50
+SERVERLIST, HASHMASKS, HASHMASK, NEWSERVER, LOADLEVEL = 100, 110, 120, 130, 200
+LOCK, UNLOCK = 1000, 1010
+SET_INT, SET_LONG, SET_STRING = 2000, 2010, 2020
+GET_INT, DATA_INT, GET_LONG, GET_STRING, DATA_STR, GET_TYPE = 2100, 2105, 2110, 2120, 2125, 2200
+
+# Named in the seed's command table, but given a payload by no version of the protocol.
+NEVER_SPECIFIED: Final = frozenset(
+    {NEWSERVER, LOADLEVEL, LOCK, UNLOCK, SET_LONG, GET_LONG, GET_TYPE}
+)
+
+PROTOCOL_NAMES: Final = {
+    ACK: "ack",
+    FAIL: "fail",
+    FAILINFO: "failinfo",
+    TRYELSEWHERE: "tryelsewhere",
+    UNKNOWN: "unknown",
+    HELLO: "hello",
+    CAPABILITIES: "capabilities",
+    SHUTTINGDOWN: "shuttingdown",
+    GOODBYE: "goodbye",
+    PING: "ping",
+    SERVERHELLO: "serverhello",
+    SERVERLIST: "serverlist",
+    HASHMASKS: "hashmasks",
+    HASHMASK: "hashmask",
+    NEWSERVER: "newserver",
+    LOADLEVEL: "loadlevel",
+    LOCK: "lock",
+    UNLOCK: "unlock",
+    SET_INT: "set_int",
+    SET_LONG: "set_long",
+    SET_STRING: "set_string",
+    GET_INT: "get_int",
+    DATA_INT: "data_int",
+    GET_LONG: "get_long",
+    GET_STRING: "get_string",
+    DATA_STR: "data_str",
+    GET_TYPE: "get_type",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame: a command (``repcmd`` 0) or a reply to ``repcmd``."""
+
+    command: int
+    repcmd: int
+    userid: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SetValue:
+    """A set_int (``value`` an int) or set_string (``value`` bytes) request."""
+
+    map_hash: int
+    key_hash: int
+    expires: int
+    full_wait: int
+    name: bytes
+    value: int | bytes
