@@ -20,7 +20,7 @@ the package is installed): the standard library only.
 
 from __future__ import annotations
 
-import hashlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -29,7 +29,14 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
+
+try:
+    # The interpreter's own SHA-256, the same digest: hashlib's would load OpenSSL's
+    # digests, 0.5 MiB of RSS in every broker (bench/RESULTS.md, the idle row).
+    _sha256: Any = importlib.import_module("_sha256").sha256
+except ImportError:  # an interpreter built without it
+    from hashlib import sha256 as _sha256
 
 __all__ = ["ACCELERATED", "ENV", "MODULES", "REASON", "describe"]
 
@@ -69,7 +76,7 @@ def source_path(module: str, package_dir: str = _PACKAGE_DIR) -> str:
 
 def digest(path: str) -> str:
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        return str(_sha256(f.read()).hexdigest())
 
 
 def manifest(modules: Sequence[str], package_dir: str) -> dict[str, object]:
