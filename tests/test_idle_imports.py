@@ -27,6 +27,8 @@ LAZY = (
     "fqbroker.frontends.opencluster.session",
     "fqbroker.frontends.opencluster.machine",
     "fqbroker.storage.kvstore",
+    "fqbroker.frontends.http.host",
+    "fqbroker.frontends.http.auth",
     "fqbroker.frontends.http.endpoints",
     "fqbroker.frontends.http.stats",
     "fqbroker.frontends.http.metrics",
