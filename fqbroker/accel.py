@@ -21,7 +21,6 @@ the package is installed): the standard library only.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
@@ -122,11 +121,15 @@ def _check(package_dir: str, *, env: bool = True) -> str | None:
     return None
 
 
-class _SourceFirst(importlib.abc.MetaPathFinder):
+class _SourceFirst:
     """Imports a module of the package from its ``.py`` source when an extension of an
     earlier build lies beside it that is not to run: every one when pure Python runs, and
     those of modules no longer in :data:`MODULES` when the build runs (their extension
-    would look for its code in a shared library that no longer has it)."""
+    would look for its code in a shared library that no longer has it).
+
+    A finder by its ``find_spec`` alone: importlib.abc's base class would import
+    importlib.resources and with it tempfile, shutil and random, 1 MiB of RSS in every
+    broker (bench/RESULTS.md, the idle row)."""
 
     def __init__(self, compiled: frozenset[str]) -> None:
         self.compiled = compiled

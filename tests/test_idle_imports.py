@@ -37,6 +37,8 @@ LAZY = (
     "aiofiles",
     "hashlib",
     "hmac",
+    "importlib.resources",
+    "tempfile",
     "hypothesis",
 )
 
