@@ -24,12 +24,17 @@ import time
 CONNECTIONS = 10_000
 
 
-def _rss_mib() -> float:
+def _rss_mib(field: str = "VmRSS") -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
+
+
+def _split() -> str:
+    """Anonymous memory (the heap) and file pages (code), as the idle row says them."""
+    return f"anonymous {_rss_mib('RssAnon'):.1f}, file pages {_rss_mib('RssFile'):.1f} MiB"
 
 
 class _Idle(asyncio.Protocol):
@@ -54,14 +59,14 @@ def _hold(port: int, connections: int) -> int:
     return pid
 
 
-async def _serve(connections: int) -> tuple[float, float, int]:
+async def _serve(connections: int) -> tuple[float, float, int, str, str]:
     _Idle.wanted = connections
     server = await asyncio.get_running_loop().create_server(_Idle, "127.0.0.1", 0, backlog=4096)
-    empty = _rss_mib()
+    empty, empty_split = _rss_mib(), _split()
     pid = _hold(server.sockets[0].getsockname()[1], connections)
     await _Idle.all_in.wait()  # every connection accepted, its transport made
     await asyncio.sleep(1)
-    return empty, _rss_mib(), pid
+    return empty, _rss_mib(), pid, empty_split, _split()
 
 
 def _one(loop: str, connections: int) -> None:
@@ -71,14 +76,15 @@ def _one(loop: str, connections: int) -> None:
     if loop == "uvloop":
         import uvloop
 
-        empty, loaded, pid = uvloop.run(_serve(connections))
+        empty, loaded, pid, empty_split, loaded_split = uvloop.run(_serve(connections))
     else:
-        empty, loaded, pid = asyncio.run(_serve(connections))
+        empty, loaded, pid, empty_split, loaded_split = asyncio.run(_serve(connections))
     os.waitpid(pid, 0)
     per = (loaded - empty) * 1024 / connections
     print(
         f"  {loop:8s} empty {empty:5.1f} MiB, {connections:,} idle connections"
-        f" {loaded:5.1f} MiB ({loaded * 1.048576:.1f} MB): {per:.2f} KiB per connection",
+        f" {loaded:5.1f} MiB ({loaded * 1.048576:.1f} MB): {per:.2f} KiB per connection\n"
+        f"           empty: {empty_split}; with them: {loaded_split}",
         flush=True,
     )
 

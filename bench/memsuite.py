@@ -75,6 +75,7 @@ def idle_row(broker: FqBroker, clients: int, seconds: float) -> Row:
     try:
         broker.start()
         base = rss_bytes(broker.pid)
+        base_anon = rss_bytes(broker.pid, "RssAnon")
         idle = Client("idle", broker, clients=clients, hb_ms=1000, seconds=seconds)
         idle.ready()
         loaded = rss_bytes(broker.pid)
@@ -84,6 +85,7 @@ def idle_row(broker: FqBroker, clients: int, seconds: float) -> Row:
         cpu = cpu_seconds(broker.pid) - c0
         loaded = max(loaded, rss_bytes(broker.pid))
         anon = rss_bytes(broker.pid, "RssAnon")
+        file = rss_bytes(broker.pid, "RssFile")
         failed = False
     finally:
         finish_all([idle] if idle else [], failed=failed)
@@ -94,7 +96,8 @@ def idle_row(broker: FqBroker, clients: int, seconds: float) -> Row:
         f"RSS {loaded / 2**20:.1f} MiB",
         "",
         f"(empty {base / 2**20:.1f} MiB; {(loaded - base) / res['connections'] / 1024:.1f}"
-        f" KiB/conn; anonymous {anon / 2**20:.1f} MiB; CPU {cpu / seconds * 100:.0f}%;"
+        f" KiB/conn; anonymous {anon / 2**20:.1f} MiB (empty {base_anon / 2**20:.1f}),"
+        f" file pages {file / 2**20:.1f} MiB; CPU {cpu / seconds * 100:.0f}%;"
         f" heartbeat gaps over 1 s: p50 {_ms(res['p50_late_ns'])},"
         f" p99 {_ms(res['p99_late_ns'])}, max {_ms(late)} ms; closed {res['closed']})",
     ]

@@ -20,8 +20,7 @@ the package is installed): the standard library only.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.abc
+import importlib
 import importlib.machinery
 import importlib.util
 import json
@@ -29,7 +28,14 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
+
+try:
+    # The interpreter's own SHA-256, the same digest: hashlib's would load OpenSSL's
+    # digests, 0.5 MiB of RSS in every broker (bench/RESULTS.md, the idle row).
+    _sha256: Any = importlib.import_module("_sha256").sha256
+except ImportError:  # an interpreter built without it
+    from hashlib import sha256 as _sha256
 
 __all__ = ["ACCELERATED", "ENV", "MODULES", "REASON", "describe"]
 
@@ -76,7 +82,7 @@ def source_path(module: str, package_dir: str = _PACKAGE_DIR) -> str:
 
 def digest(path: str) -> str:
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        return str(_sha256(f.read()).hexdigest())
 
 
 def manifest(modules: Sequence[str], package_dir: str) -> dict[str, object]:
@@ -122,11 +128,15 @@ def _check(package_dir: str, *, env: bool = True) -> str | None:
     return None
 
 
-class _SourceFirst(importlib.abc.MetaPathFinder):
+class _SourceFirst:
     """Imports a module of the package from its ``.py`` source when an extension of an
     earlier build lies beside it that is not to run: every one when pure Python runs, and
     those of modules no longer in :data:`MODULES` when the build runs (their extension
-    would look for its code in a shared library that no longer has it)."""
+    would look for its code in a shared library that no longer has it).
+
+    A finder by its ``find_spec`` alone: importlib.abc's base class would import
+    importlib.resources and with it tempfile, shutil and random, 1 MiB of RSS in every
+    broker (bench/RESULTS.md, the idle row)."""
 
     def __init__(self, compiled: frozenset[str]) -> None:
         self.compiled = compiled

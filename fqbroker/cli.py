@@ -274,6 +274,7 @@ async def _run(settings: Settings) -> None:
         front_end = broker.front_ends.get(name)
         if front_end is not None and front_end.address is not None:
             _say(f"{label} listening on port: {front_end.address[1]}")
+    _trim_malloc()
     await stop.wait()
     await broker.stop()
 
@@ -417,6 +418,21 @@ def _fix_malloc_thresholds() -> None:
         return
     mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
     mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+
+
+def _trim_malloc() -> None:
+    # Starting (imports, the databases, recovering queues) frees memory that the trim
+    # threshold above keeps in malloc's heap: given back once, when the broker listens,
+    # it is RSS an idle broker does not carry (bench/RESULTS.md, the idle row).
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        trim = ctypes.CDLL(None).malloc_trim
+    except (ImportError, OSError, AttributeError):  # not glibc
+        return
+    trim(0)
 
 
 def _event_loop_runner() -> asyncio.Runner:

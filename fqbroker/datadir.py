@@ -14,7 +14,6 @@ The data directory holds the config database (``fqd.sqlite``) and the queue dire
 from __future__ import annotations
 
 import os
-from importlib import resources
 from pathlib import Path
 
 __all__ = ["CONFIG_DB_NAME", "QUEUE_DIR_NAME", "default_data_dir", "sample_config"]
@@ -49,4 +48,8 @@ def default_data_dir(environ: os._Environ[str] | dict[str, str] | None = None) -
 
 def sample_config() -> str:
     """The annotated sample configuration shipped in the package (``fqd --print-config``)."""
+    # Imported here: importlib.resources brings tempfile, shutil and random, 1 MiB of RSS
+    # a running broker does not need (bench/RESULTS.md, the idle row).
+    from importlib import resources
+
     return resources.files("fqbroker").joinpath("data", "fqd.toml").read_text(encoding="utf-8")

@@ -28,8 +28,7 @@ import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import aiofiles.os
+from typing import Any
 
 __all__ = ["WINDOW", "ReadAhead"]
 
@@ -83,7 +82,7 @@ def _threads() -> ThreadPoolExecutor:
 async def _read_into_cache(path: Path, offset: int, size: int) -> None:
     # A segment trimmed or a disk failing meanwhile: the log's own read will say so.
     with contextlib.suppress(OSError):
-        await _read_range(path, offset, size, executor=_threads())
+        await _read_range()(path, offset, size, executor=_threads())
 
 
 def _read_range_blocking(path: Path, offset: int, size: int) -> None:
@@ -99,4 +98,10 @@ def _read_range_blocking(path: Path, offset: int, size: int) -> None:
         os.close(fd)
 
 
-_read_range = aiofiles.os.wrap(_read_range_blocking)
+@functools.cache
+def _read_range() -> Any:
+    # aiofiles is imported by the first read behind memory, not by every broker: an idle
+    # one keeps its memory (bench/RESULTS.md, the idle row).
+    import aiofiles.os
+
+    return aiofiles.os.wrap(_read_range_blocking)

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hashlib
-import hmac
 import logging
 import os
 import sqlite3
@@ -37,6 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fqbroker.core.permissions import KINDS, Permissions
+
+# hashlib and hmac are imported where a password is hashed or checked, not by every
+# broker: they load OpenSSL's digests, 0.5 MiB of RSS an idle broker without users
+# would carry (bench/RESULTS.md, the idle row).
 
 __all__ = ["DEFAULT_ITERATIONS", "Users", "check_password", "hash_password"]
 
@@ -63,6 +65,8 @@ def hash_password(password: bytes, iterations: int = DEFAULT_ITERATIONS) -> str:
     """The stored form of ``password`` with a fresh salt."""
     if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
         raise ValueError(f"iterations must be {MIN_ITERATIONS} to {MAX_ITERATIONS}")
+    import hashlib
+
     salt = os.urandom(SALT_BYTES)
     digest = hashlib.pbkdf2_hmac("sha256", password, salt, iterations)
     return "$".join(
@@ -93,6 +97,9 @@ def check_password(stored: str, password: bytes) -> bool:
     except ValueError:
         iterations, salt, expected = DEFAULT_ITERATIONS, b"\0" * SALT_BYTES, b""
         log.warning("a user's password hash is malformed: that user cannot log in")
+    import hashlib
+    import hmac
+
     actual = hashlib.pbkdf2_hmac("sha256", password, salt, iterations)
     return hmac.compare_digest(actual, expected)
 
@@ -235,12 +242,16 @@ class Users:
         self._users = users
 
     def _digest(self, name: str, password: bytes) -> bytes:
+        import hmac
+
         return hmac.digest(
             self._key, name.encode("utf-8", "surrogateescape") + b"\0" + password, "sha256"
         )
 
     def _lookup(self, name: str, password: bytes) -> tuple[_User | None, bytes, bool]:
         """(the user, the password's keyed digest, whether it was verified before)."""
+        import hmac
+
         self._refresh()
         user = self._users.get(name)
         digest = self._digest(name, password)

@@ -7,12 +7,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import Figg, Settings
-from fqbroker.frontends.figg.session import Config, FiggHost, FiggSession
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.server.tls import server_context
+
+# The session and its wire are imported when the listener opens or a connection is told
+# of, not by every broker: an idle one keeps its memory (bench/RESULTS.md, the idle row).
+if TYPE_CHECKING:
+    from fqbroker.frontends.figg.session import Config, FiggHost
 
 __all__ = ["FIGG", "config_of"]
 
@@ -27,6 +31,8 @@ def config_of(settings: Figg) -> Config:
 @functools.lru_cache(maxsize=8)
 def _config(exchange: str, max_frame: int, idle: float) -> Config:
     # Keyed by the values: Figg itself is not hashable (its per-topic table is a dict).
+    from fqbroker.frontends.figg.session import Config
+
     return Config(exchange.encode(), max_frame, idle)
 
 
@@ -41,10 +47,14 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
 def _open(
     host: FiggHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
 ) -> asyncio.BaseProtocol:
+    from fqbroker.frontends.figg.session import FiggSession
+
     return FiggSession(host, live, transport, config_of(host.settings.figg))
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:
+    from fqbroker.frontends.figg.session import FiggSession
+
     if not isinstance(protocol, FiggSession):
         return ()
     return (

@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import Settings
-from fqbroker.frontends.fyrehose.backbone import Backbone
-from fqbroker.frontends.fyrehose.endpoint import FyrehoseEndpoint, FyrehoseHost, renewer
-from fqbroker.frontends.fyrehose.sequence import SequenceFile, SequenceFileError
 from fqbroker.server.frontend import Datagrams, FrontEnd, LiveFrontEnd
+
+# The endpoint and its backbone are imported when the listener opens, not by every
+# broker: an idle one keeps its memory (bench/RESULTS.md, the idle row).
+if TYPE_CHECKING:
+    from fqbroker.frontends.fyrehose.endpoint import FyrehoseEndpoint, FyrehoseHost
 
 __all__ = ["FYREHOSE"]
 
@@ -19,6 +21,10 @@ def _address(settings: Settings) -> tuple[str, int] | None:
 
 
 def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
+    from fqbroker.frontends.fyrehose.backbone import Backbone
+    from fqbroker.frontends.fyrehose.endpoint import FyrehoseEndpoint, renewer
+    from fqbroker.frontends.fyrehose.sequence import SequenceFile, SequenceFileError
+
     settings = host.settings.fyrehose
     file = SequenceFile.under(host.settings.queue_dir)
     first = file.read()  # SequenceFileError: fqd says why in one line and exits

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import weakref
 from dataclasses import dataclass
 from enum import Enum
@@ -128,6 +127,9 @@ def credentials(headers: dict[bytes, bytes]) -> Credentials:
 
 def _token_matches(given: bytes, *configured: str) -> bool:
     # Every configured token is compared, so the time taken does not say which one exists.
+    # hmac here, not by every broker: it loads OpenSSL's digests (bench/RESULTS.md, idle).
+    import hmac
+
     ok = False
     for token in configured:
         if token and hmac.compare_digest(given, token.encode()):

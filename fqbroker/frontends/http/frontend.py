@@ -8,10 +8,13 @@ shape. h11 and the endpoints are imported by the first HTTP request, not by ever
 from __future__ import annotations
 
 import asyncio
-from typing import Final, cast
+from typing import TYPE_CHECKING, Final, cast
 
-from fqbroker.frontends.http.host import HttpHost
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, Sniffed
+
+# The host's Protocol and what it imports (auth) come with the first request too.
+if TYPE_CHECKING:
+    from fqbroker.frontends.http.host import HttpHost
 
 __all__ = ["HTTP", "HTTP_METHODS", "SERVICE_UNAVAILABLE"]
 

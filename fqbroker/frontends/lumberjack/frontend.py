@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import Lumberjack, Settings
-from fqbroker.frontends.lumberjack.mapping import DEFAULT_ROUTE_TEMPLATE, RouteTemplate
-from fqbroker.frontends.lumberjack.protocol import Limits
-from fqbroker.frontends.lumberjack.session import Config, LumberjackHost, LumberjackSession
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
+
+# The session, its protocol and mapping are imported when the listener opens or a
+# connection is told of, not by every broker: an idle one keeps its memory
+# (bench/RESULTS.md, the idle row).
+if TYPE_CHECKING:
+    from fqbroker.frontends.lumberjack.session import Config, LumberjackHost
 
 __all__ = ["LUMBERJACK", "config_of"]
 
@@ -27,6 +30,10 @@ Facts = tuple[tuple[str, str | int], ...]
 @functools.lru_cache(maxsize=8)
 def config_of(settings: Lumberjack) -> Config:
     """What the listener's connections share; ValueError for a template that will not do."""
+    from fqbroker.frontends.lumberjack.mapping import DEFAULT_ROUTE_TEMPLATE, RouteTemplate
+    from fqbroker.frontends.lumberjack.protocol import Limits
+    from fqbroker.frontends.lumberjack.session import Config
+
     return Config(
         exchange=settings.exchange.encode(),
         template=RouteTemplate(settings.route or DEFAULT_ROUTE_TEMPLATE),
@@ -60,10 +67,14 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
 def _open(
     host: LumberjackHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
 ) -> asyncio.BaseProtocol:
+    from fqbroker.frontends.lumberjack.session import LumberjackSession
+
     return LumberjackSession(host, live, transport, config_of(host.settings.lumberjack))
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:
+    from fqbroker.frontends.lumberjack.session import LumberjackSession
+
     if not isinstance(protocol, LumberjackSession):
         return ()
     return (

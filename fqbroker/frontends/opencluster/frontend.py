@@ -10,14 +10,19 @@ import asyncio
 import functools
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import OpenCluster, Settings
-from fqbroker.frontends.opencluster.machine import Limits
-from fqbroker.frontends.opencluster.session import OpenClusterHost, OpenClusterSession
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.server.tls import server_context
-from fqbroker.storage.kvstore import KVStore
+
+# The session, its machine and wire and the store are imported when the listener opens
+# or a connection is told of, not by every broker: an idle one keeps its memory
+# (bench/RESULTS.md, the idle row).
+if TYPE_CHECKING:
+    from fqbroker.frontends.opencluster.machine import Limits
+    from fqbroker.frontends.opencluster.session import OpenClusterHost
+    from fqbroker.storage.kvstore import KVStore
 
 __all__ = ["OPENCLUSTER", "limits_of", "store_path"]
 
@@ -27,6 +32,8 @@ Facts = tuple[tuple[str, str | int], ...]
 @functools.lru_cache(maxsize=8)
 def limits_of(settings: OpenCluster) -> Limits:
     """What the listener's connections share."""
+    from fqbroker.frontends.opencluster.machine import Limits
+
     return Limits(
         settings.max_name, settings.max_value, settings.max_payload, settings.max_inflight
     )
@@ -46,6 +53,8 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
 
 
 def _state(host: OpenClusterHost, settings: Settings) -> KVStore:
+    from fqbroker.storage.kvstore import KVStore
+
     table = settings.opencluster
     return KVStore(store_path(settings), sync=table.sync, max_keys=table.max_keys)
 
@@ -53,12 +62,17 @@ def _state(host: OpenClusterHost, settings: Settings) -> KVStore:
 def _open(
     host: OpenClusterHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
 ) -> asyncio.BaseProtocol:
+    from fqbroker.frontends.opencluster.session import OpenClusterSession
+    from fqbroker.storage.kvstore import KVStore
+
     assert isinstance(live.state, KVStore)  # made before the port opened
     limits = limits_of(host.settings.opencluster)
     return OpenClusterSession(host, live, transport, live.state, limits)
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:
+    from fqbroker.frontends.opencluster.session import OpenClusterSession
+
     if not isinstance(protocol, OpenClusterSession):
         return ()
     return (("inflight", protocol.machine.inflight),)
