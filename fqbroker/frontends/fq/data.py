@@ -47,6 +47,7 @@ from fqbroker.frontends.fq.datachannel import (
     Phase,
 )
 from fqbroker.frontends.fq.largeframe import LARGE_FRAME
+from fqbroker.frontends.fq.msgdecoder import BIG_READ
 from fqbroker.server.connections import RemotePeer
 
 if TYPE_CHECKING:
@@ -115,12 +116,22 @@ class _LargeBatch:
         self.held = held
 
 
-class DataSession(RemotePeer, asyncio.Protocol):
+# Ordinary reads land in one of these, and leave it as bytes at once (as uvloop's own
+# reads do), so one serves every session of the process; a session that asked for one
+# and was not given bytes keeps it until it is.
+_SPARE: list[bytearray] = []
+
+
+class DataSession(RemotePeer, asyncio.BufferedProtocol):
+    # A BufferedProtocol, not a Protocol: uvloop reads into get_buffer() only for a
+    # protocol that is not an asyncio.Protocol. data_received is kept, for the bytes the
+    # sniffer read before handing the connection over.
     __slots__ = (
         "_draining",
         "_in",
         "_out",
         "_paused",
+        "_read",
         "_ready",
         "_unacked",
         "broker",
@@ -143,6 +154,8 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self._paused = False
         self._unacked: list[bytes] | None = None
         self._out: _LargeBatch | None = None
+        # The scratch buffer of the read in progress; None: it goes into a message.
+        self._read: bytearray | None = None
 
     @property
     def phase(self) -> Phase:
@@ -156,6 +169,36 @@ class DataSession(RemotePeer, asyncio.Protocol):
         return self.owner.pretty if self.owner else f"{self.remote_addr}:{self.remote_port}"
 
     # --- protocol -------------------------------------------------------------------------
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: into a large message's own bytes, where it stays,
+        or else an ordinary read into scratch, handed on as bytes."""
+        room = self.channel.room()
+        if room is not None:
+            spare = self._read
+            if spare is not None:
+                self._read = None
+                _SPARE.append(spare)
+            return room
+        scratch = self._read
+        if scratch is None:
+            scratch = self._read = _SPARE.pop() if _SPARE else bytearray(BIG_READ)
+        size = self.channel.read_size
+        with memoryview(scratch) as view:
+            return view[:size]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        scratch = self._read
+        if scratch is None:
+            # Part of a message read in place, never its end: nothing to decode, and
+            # in_flight announced its whole size when it started.
+            self.channel.filled_in(nbytes)
+            return
+        self._read = None
+        with memoryview(scratch) as view:
+            data = bytes(view[:nbytes])
+        _SPARE.append(scratch)
+        self.data_received(data)
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel

@@ -6,8 +6,15 @@ of many megabytes that costs its size three times (the buffer, a copy of it, the
 frame). A large frame instead gets one buffer of the exact size of the peer frame
 consumers receive, with the broker's sender and hops stamp in place; the bytes are written
 into it as they arrive, and the buffer becomes the frame without a copy
-(``BytesIO.getvalue`` hands over its own ``bytes`` when it is exactly full).
-docs/memory.md says what that bounds.
+(``BytesIO.getvalue`` hands over its own ``bytes`` when it is exactly full and no view of
+it is left).
+
+A reader that can read into a buffer of ours (asyncio's ``BufferedProtocol``) is given
+:meth:`LargeFrame.room`, the frame's own memory, so the kernel writes the payload where
+it stays and nothing copies it again. The room leaves out the frame's last byte: that one
+comes with the next ordinary read, at a moment when the event loop holds no view of the
+frame (uvloop lets go of a buffer only after ``buffer_updated`` returns), so the buffer
+can become the frame as it is. docs/memory.md says what that bounds.
 """
 
 from __future__ import annotations
@@ -27,25 +34,39 @@ LARGE_FRAME: Final = 1 << 20  # frames from this size on are assembled in place
 class LargeFrame:
     """One publisher-format frame being assembled into its stamped peer frame."""
 
-    __slots__ = ("_buffer", "left", "length", "run", "size")
+    __slots__ = ("_buffer", "_view", "filled", "left", "length", "run", "size")
 
-    def __init__(self, buffer: io.BytesIO, left: int, length: int, size: int, run: Run) -> None:
+    def __init__(
+        self, buffer: io.BytesIO, filled: int, left: int, length: int, size: int, run: Run
+    ) -> None:
         self._buffer = buffer
+        # Writable view of the frame's bytes: a BytesIO with a view taken refuses
+        # write(), so everything goes in through this.
+        self._view: memoryview | None = buffer.getbuffer()
+        self.filled = filled  # bytes of the frame in place
         self.left = left  # bytes still to come
         self.length = length  # the publisher frame's length, as the decoder counts octets
         self.size = size  # the stamped frame's length: what it holds once whole
         self.run = run  # its run; the frame is appended once whole
 
     @classmethod
-    def start(cls, data: bytearray, pos: int, stamp: bytes, max_payload: int) -> LargeFrame | None:
-        """The frame that starts at ``data[pos:]``, if it is large and not all there yet,
-        and its payload within ``max_payload`` (a larger one is the decoder's to skip)."""
+    def start(
+        cls,
+        data: bytearray,
+        pos: int,
+        stamp: bytes,
+        max_payload: int,
+        least: int = LARGE_FRAME,
+    ) -> LargeFrame | None:
+        """The frame that starts at ``data[pos:]``, if it is at least ``least`` bytes
+        long and not all there yet, and its payload within ``max_payload`` (a larger one
+        is the decoder's to skip)."""
         try:
             length = frame_length(data, pos, peer=False)
         except (IndexError, struct.error):
             return None  # its head has not all arrived
         have = len(data) - pos
-        if length < LARGE_FRAME or length <= have:
+        if length < least or length <= have:
             return None
         exchange, route, after_id, payload = publish_head(data, pos)
         if payload > max_payload:
@@ -60,18 +81,40 @@ class LargeFrame:
             buffer.write(stamp)
             buffer.write(view[after_id:])
         run: Run = (exchange, route, [], after_id - pos + len(stamp) + 4)
-        return cls(buffer, length - have, length, size, run)
+        return cls(buffer, have + len(stamp), length - have, length, size, run)
+
+    def room(self) -> memoryview | None:
+        """Where the next bytes of the frame go, all but its last; None once only that
+        is left (it comes with an ordinary read, through :meth:`feed`)."""
+        view = self._view
+        if view is None or self.left <= 1:
+            return None
+        return view[self.filled : self.size - 1]
+
+    def filled_in(self, n: int) -> None:
+        """``n`` bytes were read into :meth:`room`."""
+        self.filled += n
+        self.left -= n
 
     def feed(self, data: bytes | bytearray) -> bytes | bytearray | None:
         """Take what belongs to the frame: None while it needs more, else what follows it
         (the frame is then the run's, whole)."""
-        left = self.left
+        view = self._view
+        assert view is not None
+        left, filled = self.left, self.filled
         if len(data) < left:
-            self._buffer.write(data)
+            end = filled + len(data)
+            view[filled:end] = data
+            self.filled = end
             self.left = left - len(data)
             return None
-        with memoryview(data) as view:
-            self._buffer.write(view[:left])
+        with memoryview(data) as part:
+            view[filled : filled + left] = part[:left]
+        self.filled += left
         self.left = 0
-        self.run[2].append(self._buffer.getvalue())  # the buffer's own bytes: no copy
+        self._view = None
+        view.release()
+        # The buffer's own bytes, no copy, unless a view of it is still held somewhere
+        # (then a copy: the same frame all the same).
+        self.run[2].append(self._buffer.getvalue())
         return data[left:]
