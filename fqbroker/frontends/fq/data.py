@@ -190,9 +190,10 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         scratch = self._read
         if scratch is None:
-            # Part of a message read in place, never its end: nothing to decode, and
-            # in_flight announced its whole size when it started.
-            self.channel.filled_in(nbytes)
+            # Read into a message in place: in_flight announced its whole size when it
+            # started, and until it is whole there is nothing to decode.
+            if self.channel.filled_in(nbytes):
+                self._fed()
             return
         self._read = None
         with memoryview(scratch) as view:
@@ -206,14 +207,18 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             if not channel.reading:
                 self._start_reading()
             channel.receive_data(data)
-            input_ = self._input()
-            if input_.waiting is None:
-                self._pump()
-                if input_.waiting is None and channel.phase is Phase.STREAMING:
-                    self._reserve()
+            self._fed()
         elif channel.phase is Phase.AWAIT_KEY:
             channel.receive_data(data)
             self._pump()
+
+    def _fed(self) -> None:
+        """The channel has new input: publish it, and reserve for what it holds."""
+        input_ = self._input()
+        if input_.waiting is None:
+            self._pump()
+            if input_.waiting is None and self.channel.phase is Phase.STREAMING:
+                self._reserve()
 
     def eof_received(self) -> bool:
         input_ = self._in

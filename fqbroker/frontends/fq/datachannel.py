@@ -133,11 +133,14 @@ class DataChannel:
             return None
         return decoder.room()
 
-    def filled_in(self, n: int) -> None:
-        """``n`` bytes were read into :meth:`room`: part of a message, never its end, so
-        there is nothing new to decode."""
+    def filled_in(self, n: int) -> bool:
+        """``n`` bytes were read into :meth:`room`; True: a message is whole, and
+        :meth:`next_event` has a batch."""
         assert self._decoder is not None
-        self._decoder.filled_in(n)
+        if not self._decoder.filled_in(n):
+            return False
+        self._batch_due = True
+        return True
 
     @property
     def read_size(self) -> int:

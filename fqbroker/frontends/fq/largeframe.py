@@ -11,10 +11,13 @@ it is left).
 
 A reader that can read into a buffer of ours (asyncio's ``BufferedProtocol``) is given
 :meth:`LargeFrame.room`, the frame's own memory, so the kernel writes the payload where
-it stays and nothing copies it again. The room leaves out the frame's last byte: that one
-comes with the next ordinary read, at a moment when the event loop holds no view of the
-frame (uvloop lets go of a buffer only after ``buffer_updated`` returns), so the buffer
-can become the frame as it is. docs/memory.md says what that bounds.
+it stays and nothing copies it again. The buffer becomes the frame only once the event
+loop holds no view of it (uvloop lets go of a buffer after ``buffer_updated`` returns),
+so a frame from ``LARGE_FRAME`` on is read into all but its last byte, which comes with
+the next ordinary read: no copy of a large message, for a read more. A smaller one is
+read whole, with a little ``spill`` room after it for the next frame's head (one read a
+message, as many as before), and copied once if the loop still holds the buffer.
+docs/memory.md says what that bounds.
 """
 
 from __future__ import annotations
@@ -34,12 +37,20 @@ LARGE_FRAME: Final = 1 << 20  # frames from this size on are assembled in place
 class LargeFrame:
     """One publisher-format frame being assembled into its stamped peer frame."""
 
-    __slots__ = ("_buffer", "_view", "filled", "left", "length", "run", "size")
+    __slots__ = ("_buffer", "_view", "filled", "left", "length", "run", "size", "spill")
 
     def __init__(
-        self, buffer: io.BytesIO, filled: int, left: int, length: int, size: int, run: Run
+        self,
+        buffer: io.BytesIO,
+        filled: int,
+        left: int,
+        length: int,
+        size: int,
+        run: Run,
+        spill: int = 0,
     ) -> None:
         self._buffer = buffer
+        self.spill = spill  # room past the frame for what follows it (room() reads only)
         # Writable view of the frame's bytes: a BytesIO with a view taken refuses
         # write(), so everything goes in through this.
         self._view: memoryview | None = buffer.getbuffer()
@@ -57,6 +68,7 @@ class LargeFrame:
         stamp: bytes,
         max_payload: int,
         least: int = LARGE_FRAME,
+        spill: int = 0,
     ) -> LargeFrame | None:
         """The frame that starts at ``data[pos:]``, if it is at least ``least`` bytes
         long and not all there yet, and its payload within ``max_payload`` (a larger one
@@ -73,7 +85,7 @@ class LargeFrame:
             return None
         size = length + len(stamp)
         buffer = io.BytesIO()
-        buffer.seek(size - 1)
+        buffer.seek(size + spill - 1)
         buffer.write(b"\0")  # sized once: the frame never moves as it grows
         buffer.seek(0)
         with memoryview(data) as view:
@@ -81,20 +93,42 @@ class LargeFrame:
             buffer.write(stamp)
             buffer.write(view[after_id:])
         run: Run = (exchange, route, [], after_id - pos + len(stamp) + 4)
-        return cls(buffer, have + len(stamp), length - have, length, size, run)
+        return cls(buffer, have + len(stamp), length - have, length, size, run, spill)
 
     def room(self) -> memoryview | None:
-        """Where the next bytes of the frame go, all but its last; None once only that
-        is left (it comes with an ordinary read, through :meth:`feed`)."""
+        """Where the next bytes of the frame go: the rest of it and ``spill`` bytes more,
+        or without a spill all but its last byte; None once only that is left (it comes
+        with an ordinary read, through :meth:`feed`)."""
         view = self._view
-        if view is None or self.left <= 1:
+        end = self.size + self.spill if self.spill else self.size - 1
+        if view is None or self.filled >= end:
             return None
-        return view[self.filled : self.size - 1]
+        return view[self.filled : end]
 
-    def filled_in(self, n: int) -> None:
-        """``n`` bytes were read into :meth:`room`."""
+    def filled_in(self, n: int) -> bool:
+        """``n`` bytes were read into :meth:`room`; True: the frame is whole, and
+        :meth:`finish` makes it the run's."""
         self.filled += n
         self.left -= n
+        return self.left <= 0
+
+    def finish(self) -> bytes:
+        """The frame is the run's; returns the bytes read past it, into the spill."""
+        view = self._view
+        assert view is not None
+        size = self.size
+        rest = bytes(view[size : self.filled])
+        self._view = None
+        view.release()
+        buffer = self._buffer
+        try:
+            buffer.truncate(size)  # refused while the reader still holds the buffer
+            frame = buffer.getvalue()  # then its own bytes, no copy
+        except BufferError:
+            with buffer.getbuffer() as whole:
+                frame = bytes(whole[:size])
+        self.run[2].append(frame)
+        return rest
 
     def feed(self, data: bytes | bytearray) -> bytes | bytearray | None:
         """Take what belongs to the frame: None while it needs more, else what follows it
@@ -112,9 +146,5 @@ class LargeFrame:
             view[filled : filled + left] = part[:left]
         self.filled += left
         self.left = 0
-        self._view = None
-        view.release()
-        # The buffer's own bytes, no copy, unless a view of it is still held somewhere
-        # (then a copy: the same frame all the same).
-        self.run[2].append(self._buffer.getvalue())
+        self.finish()  # nothing past it: that is what is returned
         return data[left:]

@@ -39,7 +39,7 @@ __all__ = ["BIG_READ", "SIZED_FRAME", "SMALL_READ", "MessageDecoder"]
 # copies of it fewer; the ordinary read that comes between two of them is small, so
 # that it brings the next one's head and little of its payload to copy.
 SIZED_FRAME: Final = 32 << 10
-SMALL_READ: Final = 1024
+SMALL_READ: Final = 1024  # also the spill of a frame read whole (LargeFrame)
 BIG_READ: Final = 256 << 10  # uvloop's own read size
 
 # The longest publisher frame head: two names of 127 bytes, their lengths, id and u32.
@@ -174,7 +174,11 @@ class MessageDecoder(Decoder):
             if (self._head_length() or 0) < SIZED_FRAME:
                 return None
             buf = self._buf
-            large = LargeFrame.start(buf.data, buf.pos, after_id, self.max_payload, SIZED_FRAME)
+            length = self._head_length() or 0
+            spill = SMALL_READ if length < LARGE_FRAME else 0
+            large = LargeFrame.start(
+                buf.data, buf.pos, after_id, self.max_payload, SIZED_FRAME, spill
+            )
             if large is None:
                 return None
             self._large_stamp = None
@@ -184,11 +188,18 @@ class MessageDecoder(Decoder):
             buf.pos = 0
         return large.room()
 
-    def filled_in(self, n: int) -> None:
-        """``n`` bytes were read into :meth:`room`."""
+    def filled_in(self, n: int) -> bool:
+        """``n`` bytes were read into :meth:`room`; True: a message is whole (and what
+        came after it is fed), so there is something to decode."""
         large = self._large
         assert large is not None
-        large.filled_in(n)
+        if not large.filled_in(n):
+            return False
+        rest = large.finish()
+        self._large, self._large_done = None, large
+        if rest:
+            self._hold(rest)
+        return True
 
     @property
     def read_size(self) -> int:
