@@ -11,13 +11,13 @@ it is left).
 
 A reader that can read into a buffer of ours (asyncio's ``BufferedProtocol``) is given
 :meth:`LargeFrame.room`, the frame's own memory, so the kernel writes the payload where
-it stays and nothing copies it again. The buffer becomes the frame only once the event
-loop holds no view of it (uvloop lets go of a buffer after ``buffer_updated`` returns),
-so a frame from ``LARGE_FRAME`` on is read into all but its last byte, which comes with
-the next ordinary read: no copy of a large message, for a read more. A smaller one is
-read whole, with a little ``spill`` room after it for the next frame's head (one read a
-message, as many as before), and copied once if the loop still holds the buffer.
-docs/memory.md says what that bounds.
+it stays. The buffer becomes the frame only once the event loop holds no view of it
+(uvloop lets go of a buffer after ``buffer_updated`` returns), so a frame from
+``LARGE_FRAME`` on is read into all but its last byte, which comes with the next ordinary
+read: no copy of a large message, for a read more. A smaller one (``spill`` > 0) is read
+whole, with a little room after it for the next frame's head (one read a message), into a
+warm buffer kept for the next one, and copied out once: a fresh ``BytesIO`` would cost a
+pass of zeroes and cold memory for the copy it saves. docs/memory.md says what that bounds.
 """
 
 from __future__ import annotations
@@ -32,28 +32,38 @@ from fqbroker.core.message import Run
 __all__ = ["LARGE_FRAME", "LargeFrame"]
 
 LARGE_FRAME: Final = 1 << 20  # frames from this size on are assembled in place
+# Buffers of frames read whole, kept for the next: a few, and none larger than this.
+_KEEP: Final = 4
+_KEEP_SIZE: Final = 288 << 10
+_kept: list[bytearray] = []
 
 
 class LargeFrame:
     """One publisher-format frame being assembled into its stamped peer frame."""
 
-    __slots__ = ("_buffer", "_view", "filled", "left", "length", "run", "size", "spill")
+    __slots__ = ("_buffer", "_store", "_view", "filled", "left", "length", "run", "size", "spill")
 
     def __init__(
         self,
-        buffer: io.BytesIO,
+        buffer: io.BytesIO | None,
+        store: bytearray | None,
         filled: int,
         left: int,
         length: int,
         size: int,
         run: Run,
-        spill: int = 0,
+        spill: int,
     ) -> None:
+        # The frame's memory: a BytesIO that becomes it, or a kept buffer it is copied
+        # out of (``spill`` > 0). Everything goes in through the writable view (a BytesIO
+        # with a view taken refuses write()).
         self._buffer = buffer
+        self._store = store
+        view = buffer.getbuffer() if buffer is not None else None
+        if store is not None:
+            view = memoryview(store)
+        self._view: memoryview | None = view
         self.spill = spill  # room past the frame for what follows it (room() reads only)
-        # Writable view of the frame's bytes: a BytesIO with a view taken refuses
-        # write(), so everything goes in through this.
-        self._view: memoryview | None = buffer.getbuffer()
         self.filled = filled  # bytes of the frame in place
         self.left = left  # bytes still to come
         self.length = length  # the publisher frame's length, as the decoder counts octets
@@ -72,7 +82,7 @@ class LargeFrame:
     ) -> LargeFrame | None:
         """The frame that starts at ``data[pos:]``, if it is at least ``least`` bytes
         long and not all there yet, and its payload within ``max_payload`` (a larger one
-        is the decoder's to skip)."""
+        is the decoder's to skip). With ``spill``, read into :meth:`room` whole."""
         try:
             length = frame_length(data, pos, peer=False)
         except (IndexError, struct.error):
@@ -84,16 +94,27 @@ class LargeFrame:
         if payload > max_payload:
             return None
         size = length + len(stamp)
+        run: Run = (exchange, route, [], after_id - pos + len(stamp) + 4)
+        filled = have + len(stamp)
+        head = after_id - pos
+        if spill:
+            store = _kept.pop() if _kept else None
+            if store is None or len(store) < size + spill:
+                store = bytearray(size + spill)
+            with memoryview(store) as into, memoryview(data) as view:
+                into[:head] = view[pos:after_id]
+                into[head : head + len(stamp)] = stamp
+                into[head + len(stamp) : filled] = view[after_id:]
+            return cls(None, store, filled, length - have, length, size, run, spill)
         buffer = io.BytesIO()
-        buffer.seek(size + spill - 1)
+        buffer.seek(size - 1)
         buffer.write(b"\0")  # sized once: the frame never moves as it grows
         buffer.seek(0)
         with memoryview(data) as view:
             buffer.write(view[pos:after_id])
             buffer.write(stamp)
             buffer.write(view[after_id:])
-        run: Run = (exchange, route, [], after_id - pos + len(stamp) + 4)
-        return cls(buffer, have + len(stamp), length - have, length, size, run, spill)
+        return cls(buffer, None, filled, length - have, length, size, run, 0)
 
     def room(self) -> memoryview | None:
         """Where the next bytes of the frame go: the rest of it and ``spill`` bytes more,
@@ -119,14 +140,25 @@ class LargeFrame:
         size = self.size
         rest = bytes(view[size : self.filled])
         self._view = None
-        view.release()
-        buffer = self._buffer
-        try:
-            buffer.truncate(size)  # refused while the reader still holds the buffer
-            frame = buffer.getvalue()  # then its own bytes, no copy
-        except BufferError:
-            with buffer.getbuffer() as whole:
-                frame = bytes(whole[:size])
+        store = self._store
+        if store is not None:
+            frame = bytes(view[:size])
+            view.release()
+            self._store = None
+            # (The reader may still hold a view of it: it only reads into it again once
+            # it is given it again, for another frame.)
+            if len(_kept) < _KEEP and len(store) <= _KEEP_SIZE:
+                _kept.append(store)
+        else:
+            view.release()
+            buffer = self._buffer
+            assert buffer is not None
+            try:
+                buffer.truncate(size)  # refused while a view of it is still held
+                frame = buffer.getvalue()  # then its own bytes, no copy
+            except BufferError:
+                with buffer.getbuffer() as whole:
+                    frame = bytes(whole[:size])
         self.run[2].append(frame)
         return rest
 
