@@ -47,7 +47,7 @@ from fqbroker.frontends.fq.datachannel import (
     Phase,
 )
 from fqbroker.frontends.fq.largeframe import LARGE_FRAME
-from fqbroker.frontends.fq.msgdecoder import BIG_READ
+from fqbroker.frontends.fq.msgdecoder import BIG_READ, SMALL_READ
 from fqbroker.server.connections import RemotePeer
 
 if TYPE_CHECKING:
@@ -116,10 +116,11 @@ class _LargeBatch:
         self.held = held
 
 
-# Ordinary reads land in one of these, and leave it as bytes at once (as uvloop's own
-# reads do), so one serves every session of the process; a session that asked for one
-# and was not given bytes keeps it until it is.
-_SPARE: list[bytearray] = []
+# Ordinary reads land here and leave as bytes at once (as uvloop's own reads do), so one
+# buffer serves every session of the process: a loop reads into the buffer get_buffer()
+# gave and calls buffer_updated() before it reads anything else.
+_SCRATCH = memoryview(bytearray(BIG_READ))
+_SMALL = _SCRATCH[:SMALL_READ]
 
 
 class DataSession(RemotePeer, asyncio.BufferedProtocol):
@@ -129,9 +130,9 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
     __slots__ = (
         "_draining",
         "_in",
+        "_into_room",
         "_out",
         "_paused",
-        "_read",
         "_ready",
         "_unacked",
         "broker",
@@ -154,8 +155,7 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
         self._paused = False
         self._unacked: list[bytes] | None = None
         self._out: _LargeBatch | None = None
-        # The scratch buffer of the read in progress; None: it goes into a message.
-        self._read: bytearray | None = None
+        self._into_room = False  # the read in progress goes into a message's own bytes
 
     @property
     def phase(self) -> Phase:
@@ -173,33 +173,22 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         """Where the next read goes: into a large message's own bytes, where it stays,
         or else an ordinary read into scratch, handed on as bytes."""
-        room = self.channel.room()
+        channel = self.channel
+        room = channel.room()
         if room is not None:
-            spare = self._read
-            if spare is not None:
-                self._read = None
-                _SPARE.append(spare)
+            self._into_room = True
             return room
-        scratch = self._read
-        if scratch is None:
-            scratch = self._read = _SPARE.pop() if _SPARE else bytearray(BIG_READ)
-        size = self.channel.read_size
-        with memoryview(scratch) as view:
-            return view[:size]
+        self._into_room = False
+        return _SCRATCH if channel.read_size == BIG_READ else _SMALL
 
     def buffer_updated(self, nbytes: int) -> None:
-        scratch = self._read
-        if scratch is None:
+        if self._into_room:
             # Read into a message in place: in_flight announced its whole size when it
             # started, and until it is whole there is nothing to decode.
             if self.channel.filled_in(nbytes):
                 self._fed()
             return
-        self._read = None
-        with memoryview(scratch) as view:
-            data = bytes(view[:nbytes])
-        _SPARE.append(scratch)
-        self.data_received(data)
+        self.data_received(_SCRATCH[:nbytes].tobytes())
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel
