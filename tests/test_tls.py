@@ -346,7 +346,7 @@ async def _large_over_tls(settings: Settings, pki: dict[str, Path]) -> None:
         tls = Client("127.0.0.1", broker.port, "tlsuser", cafile=pki["ca"], reconnect=False)
         async with asyncio.timeout(3 * TIMEOUT), tls:
             await tls.bind(b"x", b"prefix:")
-            payloads = [bytes([i]) * n for i, n in enumerate([40_000, 131_072, 5, (1 << 20) + 7])]
+            payloads = [bytes([i]) * n for i, n in enumerate([40_000, 300_000, 5, (1 << 20) + 7])]
             for payload in payloads:
                 tls.publish(b"x", b"r", payload)
             await tls.flush()

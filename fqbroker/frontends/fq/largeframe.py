@@ -33,8 +33,8 @@ __all__ = ["LARGE_FRAME", "LargeFrame"]
 
 LARGE_FRAME: Final = 1 << 20  # frames from this size on are assembled in place
 # Buffers of frames read whole, kept for the next: a few, and none larger than this.
-_KEEP: Final = 4
-_KEEP_SIZE: Final = 288 << 10
+_KEEP: Final = 2
+_KEEP_SIZE: Final = LARGE_FRAME
 _kept: list[bytearray] = []
 
 
