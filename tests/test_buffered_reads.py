@@ -258,3 +258,34 @@ def test_messages_of_every_size_arrive_whole_on_uvloop(settings: Settings) -> No
     uvloop = pytest.importorskip("uvloop")
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(asyncio.wait_for(_round_trip(settings), 60))
+
+
+async def _blocked(settings: Settings) -> None:
+    from tests.conftest import open_session, running
+
+    async with running(settings) as broker:
+        consumer = await open_session(broker.port, b"u", b"q\x00mem:block,backlog=2")
+        await consumer.bind(b"ex", b"prefix:")
+        publisher = await open_session(broker.port)
+        rng = random.Random(4)
+        payloads = [rng.randbytes(rng.choice([100, 300_000, SIZED_FRAME + 1])) for _ in range(12)]
+        stream = b"".join(encode_publish(b"ex", b"r", bytes(16), p) for p in payloads)
+        publisher.data.writer.write(stream)  # far past what the queue takes: reading pauses
+        got = []
+        while len(got) < len(payloads):
+            got += await consumer.receive(1)
+            await asyncio.sleep(0.01)  # a slow consumer: the publisher is held meanwhile
+        assert [m.payload for m in got] == payloads
+        await publisher.close()
+        await consumer.close()
+
+
+def test_a_block_queue_holds_a_publisher_of_large_messages_on_both_loops(
+    settings: Settings,
+) -> None:
+    loops = [asyncio.new_event_loop]
+    uvloop = pytest.importorskip("uvloop")
+    loops.append(uvloop.new_event_loop)
+    for factory in loops:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(asyncio.wait_for(_blocked(settings), 60))
