@@ -337,3 +337,27 @@ async def test_figg_cli_over_tls(tmp_path: Path, pki: dict[str, Path], procs: li
         status, out, err = await sub.finish()
         assert status == 0, err
         assert out.splitlines() == [b"one", b"two"]
+
+
+async def _large_over_tls(settings: Settings, pki: dict[str, Path]) -> None:
+    # Messages read in place (32 KiB and more, 1 MiB and more) through the TLS transport:
+    # its BufferedProtocol reads decrypt into the frame's own memory.
+    async with running(replace(settings, tls_cert=pki["cert"], tls_key=pki["key"])) as broker:
+        tls = Client("127.0.0.1", broker.port, "tlsuser", cafile=pki["ca"], reconnect=False)
+        async with asyncio.timeout(3 * TIMEOUT), tls:
+            await tls.bind(b"x", b"prefix:")
+            payloads = [bytes([i]) * n for i, n in enumerate([40_000, 300_000, 5, (1 << 20) + 7])]
+            for payload in payloads:
+                tls.publish(b"x", b"r", payload)
+            await tls.flush()
+            assert [(await tls.receive()).payload for _ in payloads] == payloads
+
+
+async def test_large_messages_over_tls(settings: Settings, pki: dict[str, Path]) -> None:
+    await _large_over_tls(settings, pki)
+
+
+def test_large_messages_over_tls_on_uvloop(settings: Settings, pki: dict[str, Path]) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_large_over_tls(settings, pki))

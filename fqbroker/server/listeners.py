@@ -285,6 +285,11 @@ class Listeners:
         reach = cast(Sniffed[Any], owner.spec.reach)
         protocol = reach.open(self.host, owner, transport, first4)
         transport.set_protocol(protocol)
+        if isinstance(protocol, asyncio.BufferedProtocol):
+            # uvloop keeps reading the way it started (data_received) until reading
+            # starts again; asyncio's transports switch at set_protocol already.
+            transport.pause_reading()
+            transport.resume_reading()
         if rest:
             cast(asyncio.Protocol, protocol).data_received(rest)
 

@@ -47,6 +47,7 @@ from fqbroker.frontends.fq.datachannel import (
     Phase,
 )
 from fqbroker.frontends.fq.largeframe import LARGE_FRAME
+from fqbroker.frontends.fq.msgdecoder import BIG_READ, SMALL_READ
 from fqbroker.server.connections import RemotePeer
 
 if TYPE_CHECKING:
@@ -115,10 +116,21 @@ class _LargeBatch:
         self.held = held
 
 
-class DataSession(RemotePeer, asyncio.Protocol):
+# Ordinary reads land here and leave as bytes at once (as uvloop's own reads do), so one
+# buffer serves every session of the process: a loop reads into the buffer get_buffer()
+# gave and calls buffer_updated() before it reads anything else.
+_SCRATCH = memoryview(bytearray(BIG_READ))
+_SMALL = _SCRATCH[:SMALL_READ]
+
+
+class DataSession(RemotePeer, asyncio.BufferedProtocol):
+    # A BufferedProtocol, not a Protocol: uvloop reads into get_buffer() only for a
+    # protocol that is not an asyncio.Protocol. data_received is kept, for the bytes the
+    # sniffer read before handing the connection over.
     __slots__ = (
         "_draining",
         "_in",
+        "_into_room",
         "_out",
         "_paused",
         "_ready",
@@ -143,6 +155,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
         self._paused = False
         self._unacked: list[bytes] | None = None
         self._out: _LargeBatch | None = None
+        self._into_room = False  # the read in progress goes into a message's own bytes
 
     @property
     def phase(self) -> Phase:
@@ -157,20 +170,44 @@ class DataSession(RemotePeer, asyncio.Protocol):
 
     # --- protocol -------------------------------------------------------------------------
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: into a large message's own bytes, where it stays,
+        or else an ordinary read into scratch, handed on as bytes."""
+        channel = self.channel
+        room = channel.room()
+        if room is not None:
+            self._into_room = True
+            return room
+        self._into_room = False
+        return _SCRATCH if channel.read_size == BIG_READ else _SMALL
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._into_room:
+            # Read into a message in place: in_flight announced its whole size when it
+            # started, and until it is whole there is nothing to decode.
+            if self.channel.filled_in(nbytes):
+                self._fed()
+            return
+        self.data_received(_SCRATCH[:nbytes].tobytes())
+
     def data_received(self, data: bytes) -> None:
         channel = self.channel
         if channel.phase is Phase.STREAMING:
             if not channel.reading:
                 self._start_reading()
             channel.receive_data(data)
-            input_ = self._input()
-            if input_.waiting is None:
-                self._pump()
-                if input_.waiting is None and channel.phase is Phase.STREAMING:
-                    self._reserve()
+            self._fed()
         elif channel.phase is Phase.AWAIT_KEY:
             channel.receive_data(data)
             self._pump()
+
+    def _fed(self) -> None:
+        """The channel has new input: publish it, and reserve for what it holds."""
+        input_ = self._input()
+        if input_.waiting is None:
+            self._pump()
+            if input_.waiting is None and self.channel.phase is Phase.STREAMING:
+                self._reserve()
 
     def eof_received(self) -> bool:
         input_ = self._in

@@ -40,7 +40,7 @@ from fqbroker.core.message import (
 )
 from fqbroker.errors import ProtocolError
 from fqbroker.frontends.fq import wire
-from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+from fqbroker.frontends.fq.msgdecoder import BIG_READ, MessageDecoder
 
 __all__ = ["PEER_COPIES", "BadInput", "Batch", "DataChannel", "Hello", "Oversized", "Phase"]
 
@@ -122,6 +122,30 @@ class DataChannel:
         elif self.phase is Phase.AWAIT_KEY:
             assert self._hello is not None
             self._hello.feed(data)
+
+    def room(self) -> memoryview | None:
+        """Where the next read should go, for a reader that reads into our memory: a
+        large message's own bytes; None: an ordinary read of :attr:`read_size` bytes
+        for :meth:`receive_data` (docs/fq-protocol.md has no say in this: any split of
+        the input reads the same)."""
+        decoder = self._decoder
+        if self.phase is not Phase.STREAMING or decoder is None:
+            return None
+        return decoder.room()
+
+    def filled_in(self, n: int) -> bool:
+        """``n`` bytes were read into :meth:`room`; True: a message is whole, and
+        :meth:`next_event` has a batch."""
+        assert self._decoder is not None
+        if not self._decoder.filled_in(n):
+            return False
+        self._batch_due = True
+        return True
+
+    @property
+    def read_size(self) -> int:
+        decoder = self._decoder
+        return BIG_READ if decoder is None else decoder.read_size
 
     def next_event(self) -> Event | None:
         if self.phase is Phase.AWAIT_KEY:
