@@ -34,19 +34,20 @@ docs/queues.md):
 
 Messages live in a :class:`MemoryStore`; disk queues swap in another store with the same
 small interface. A queue holds each message as the peer frame its consumers receive
-(docs/fq-protocol.md §1.10): nothing is decoded or built again on the way out, and a message
-routed to several queues is one shared ``bytes`` object.
+(docs/fq-protocol.md §1.10): nothing is decoded or built again on the way out. A memory
+queue packs small frames into chunks, a copy each (a message routed to several queues is
+one in each), which consumers write as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import itertools
 from typing import Protocol
 
 from fqbroker.core.budget import MemoryBudget, fitting
+from fqbroker.core.frames import frame_length
 from fqbroker.core.queuespec import (
     DEFAULT_BACKLOG_BYTES,
     UNLIMITED_BYTES,
@@ -59,9 +60,20 @@ from fqbroker.errors import QueueError
 from fqbroker.storage.segmentlog import SegmentLog
 from fqbroker.storage.store import DiskStore
 
-__all__ = ["MAX_PUBLIC_CLIENTS", "MemoryStore", "Notify", "Queue", "Store"]
+__all__ = [
+    "MAX_PUBLIC_CLIENTS",
+    "Buffer",
+    "MemoryStore",
+    "Notify",
+    "Queue",
+    "Store",
+    "split_frames",
+]
 
 MAX_PUBLIC_CLIENTS = 16
+
+# What a store hands out: whole frames, one or many to a buffer.
+Buffer = bytes | bytearray
 
 
 class Store(Protocol):
@@ -74,10 +86,14 @@ class Store(Protocol):
         ...
 
     def extend(self, frames: list[bytes], size: int = -1) -> None: ...
-    def take(self, n: int) -> list[bytes]: ...
-    def ack(self, frames: list[bytes]) -> None: ...
+    def take_out(self, n: int) -> tuple[int, list[Buffer]]:
+        """Up to ``n`` messages, as (how many, buffers of whole frames in order): what a
+        consumer writes as it is. :meth:`ack` takes the buffers back."""
+        ...
+
+    def ack(self, taken: list[Buffer]) -> None: ...
     def peek(self, n: int) -> list[bytes]:
-        """The next ``n`` messages :meth:`take` would hand out, left where they are."""
+        """The next ``n`` messages :meth:`take_out` would hand out, left where they are."""
         ...
 
     def purge(self) -> int:
@@ -88,94 +104,186 @@ class Store(Protocol):
 
 
 TAKE_BYTES = 1 << 20
+# Frames this large (on average in a batch) are held as they are: their object's header is
+# little beside them, and they go out scattered, not copied.
+PACK_BELOW = 1024
+# A packed chunk takes later small batches (one message a read) while under this size; a
+# batch this large makes a chunk of its own, of its exact size.
+OPEN_BYTES = 16 << 10
 
 
-def _popleft(items: collections.deque[bytes], n: int) -> list[bytes]:
-    """The first ``n`` of ``items``, taken off: the pops looped in C, not in a list
-    comprehension (half the time a message)."""
-    return list(itertools.starmap(items.popleft, itertools.repeat((), n)))
+def _walk(data: bytearray, n: int, limit: int) -> tuple[int, int]:
+    """(end, count) of the first ``n`` frames of a chunk, or fewer: up to and with the one
+    that reaches ``limit`` bytes."""
+    end = 0
+    k = 0
+    while k < n:
+        end += frame_length(data, end)
+        k += 1
+        if end >= limit:
+            break
+    return end, k
 
 
-def _take_bytes(items: collections.deque[bytes], n: int, held: int) -> tuple[list[bytes], int]:
-    """About ``TAKE_BYTES`` of messages (at least one): as many as the average size allows,
-    cut where they cross it if the first ones are larger, and the rest put back."""
-    k = max(1, min(n, len(items), TAKE_BYTES * len(items) // held))
-    out = _popleft(items, k)
-    size = sum(map(len, out))
-    if size > TAKE_BYTES and k > 1:
-        keep = bisect.bisect_left(list(itertools.accumulate(map(len, out))), TAKE_BYTES) + 1
-        items.extendleft(reversed(out[keep:]))
-        del out[keep:]
-        size = sum(map(len, out))
-    return out, size
+def split_frames(buffers: list[Buffer]) -> list[bytes]:
+    """The frames of what :meth:`Store.take_out` handed out, one ``bytes`` each."""
+    frames: list[bytes] = []
+    for buf in buffers:
+        if isinstance(buf, bytes):
+            frames.append(buf)  # a frame held as it was given
+        else:
+            pos = 0
+            while pos < len(buf):
+                end = pos + frame_length(buf, pos)
+                frames.append(bytes(buf[pos:end]))
+                pos = end
+    return frames
 
 
 class MemoryStore:
-    """An in-memory FIFO; its contents die with the process."""
+    """An in-memory FIFO; its contents die with the process.
 
-    __slots__ = ("_budget", "_items", "held_bytes")
+    Small frames are packed: each batch given to :meth:`extend` is copied into one
+    ``bytearray`` chunk (later small batches are appended to it while it is small), so a
+    held message costs its bytes and nothing else, where a ``bytes`` object each cost
+    about 50 more (header, allocator rounding, a pointer). A consumer takes whole chunks
+    and writes them as they are: the copy made here is the one the consumer's write used
+    to make joining its batch. Where frames start is not kept: a chunk taken in part
+    (a batch's or a share's limit inside it) is read for its frames' lengths then.
+
+    Only the first chunk is ever taken in part: the taken part goes out as a copy, and is
+    cut off the chunk's front (``del chunk[:end]``), which frees nothing until what is
+    left is under half the chunk's allocation, then reallocates it to size. So the memory
+    a queue holds beyond its ``held_bytes`` is at most the first chunk's own size again
+    (``<=`` held bytes) plus the ``bytearray`` growth slack of a chunk grown by small
+    batches (an eighth of it at most).
+    """
+
+    __slots__ = ("_budget", "_bufs", "_counts", "_n", "held_bytes")
 
     def __init__(self, budget: MemoryBudget | None = None) -> None:
         # Made on first use: an empty deque is 600 bytes, in every idle client's queue.
-        self._items: collections.deque[bytes] | None = None
+        self._bufs: collections.deque[Buffer] | None = None
+        self._counts: collections.deque[int] | None = None  # frames in each buffer
+        self._n = 0
         self.held_bytes = 0
         self._budget = budget
 
     def __len__(self) -> int:
-        items = self._items
-        return 0 if items is None else len(items)
+        return self._n
 
     def extend(self, frames: list[bytes], size: int = -1) -> None:
-        items = self._items
-        if items is None:
-            items = self._items = collections.deque()
-        items.extend(frames)
+        n = len(frames)
+        if not n:
+            return
         if size < 0:
             size = sum(map(len, frames))
+        bufs = self._bufs
+        counts = self._counts
+        if bufs is None or counts is None:
+            bufs = self._bufs = collections.deque()
+            counts = self._counts = collections.deque()
+        if size >= PACK_BELOW * n or (n == 1 and not bufs):
+            # Large frames, or one into an empty queue (taken at once, most likely): held
+            # as they are, no copy.
+            bufs.extend(frames)
+            counts.extend(itertools.repeat(1, n))
+        else:
+            tail = bufs[-1] if bufs else None
+            if isinstance(tail, bytearray) and len(tail) < OPEN_BYTES and size < OPEN_BYTES:
+                tail += frames[0] if n == 1 else b"".join(frames)
+                counts[-1] += n
+            else:
+                bufs.append(bytearray(frames[0]) if n == 1 else bytearray().join(frames))
+                counts.append(n)
+        self._n += n
         self.held_bytes += size
         if self._budget is not None:
             self._budget.used += size
 
-    def take(self, n: int) -> list[bytes]:
+    def take_out(self, n: int) -> tuple[int, list[Buffer]]:
         """Up to ``n`` messages, and at most about ``TAKE_BYTES`` but for one message: a
         consumer's batch is copied whole into its socket's buffer."""
-        items = self._items
-        if items is None:
-            return []
+        bufs = self._bufs
+        counts = self._counts
+        if bufs is None or counts is None or not self._n:
+            return 0, []
         held = self.held_bytes
-        if held <= TAKE_BYTES:
-            if n >= len(items):
-                out = list(items)
-                items.clear()
-                size = held
-            else:
-                out = _popleft(items, n)
-                size = sum(map(len, out))
+        if n >= self._n and held <= TAKE_BYTES:
+            out = list(bufs)
+            bufs.clear()
+            counts.clear()
+            k = self._n
+            size = held
         else:
-            out, size = _take_bytes(items, n, held)
+            out = []
+            k = size = 0
+            while k < n and size < TAKE_BYTES and bufs:
+                c = counts[0]
+                buf = bufs[0]
+                if c == 1 or (c <= n - k and size + len(buf) <= TAKE_BYTES):
+                    out.append(bufs.popleft())
+                    counts.popleft()
+                    k += c
+                    size += len(buf)
+                    continue
+                assert isinstance(buf, bytearray)  # only chunks hold more than one
+                end, j = _walk(buf, n - k, TAKE_BYTES - size)
+                if j == c:
+                    out.append(bufs.popleft())
+                    counts.popleft()
+                else:
+                    out.append(buf[:end])
+                    del buf[:end]  # no copy of the rest until it is under half (above)
+                    counts[0] = c - j
+                k += j
+                size += end
+        self._n -= k
         self.held_bytes = held - size
         if self._budget is not None:
             self._budget.release(size)
-        return out
+        return k, out
 
-    def ack(self, frames: list[bytes]) -> None:
+    def take(self, n: int) -> list[bytes]:
+        """:meth:`take_out`'s messages as frames."""
+        return split_frames(self.take_out(n)[1])
+
+    def ack(self, taken: list[Buffer]) -> None:
         pass  # nothing to remember: a memory queue's contents die with the process
 
     def peek(self, n: int) -> list[bytes]:
-        items = self._items
-        return [] if items is None else list(itertools.islice(items, n))
+        out: list[bytes] = []
+        bufs = self._bufs
+        if bufs is None:
+            return out
+        for buf in bufs:
+            if len(out) >= n:
+                break
+            if isinstance(buf, bytes):
+                out.append(buf)
+                continue
+            pos = 0
+            while pos < len(buf) and len(out) < n:
+                end = pos + frame_length(buf, pos)
+                out.append(bytes(buf[pos:end]))
+                pos = end
+        return out
 
     def purge(self) -> int:
-        n = len(self)
-        if self._items is not None:
-            self._items.clear()  # not take(): it hands out a socket buffer's worth at most
+        n = self._n
+        if self._bufs is not None and self._counts is not None:
+            self._bufs.clear()  # not take_out(): it hands out a socket buffer's worth at most
+            self._counts.clear()
+        self._n = 0
         if self._budget is not None:
             self._budget.release(self.held_bytes)
         self.held_bytes = 0
         return n
 
     def close(self, *, destroy: bool) -> None:
-        self._items = None
+        self._bufs = None
+        self._counts = None
+        self._n = 0
         if self._budget is not None:
             self._budget.release(self.held_bytes)
         self.held_bytes = 0
@@ -374,22 +482,26 @@ class Queue:
         one that took its own should wait in line again rather than take theirs."""
         return self._woken > 0
 
-    def take(self, max_n: int) -> list[bytes]:
+    def take_out(self, max_n: int) -> tuple[int, list[Buffer]]:
         """Take up to ``max_n`` messages now, leaving an even share to each consumer woken
-        and still to come."""
+        and still to come: (how many, buffers of whole frames, as :meth:`Store.take_out`)."""
         store = self.store
         available = len(store)
         if not available:
-            return []
+            return 0, []
         n = min(max_n, -(-available // (self._woken + 1)))
-        batch = store.take(n)
+        taken = store.take_out(n)
         if self._getters and not self._woken:
             # What is left is no woken consumer's share: the next ones in line get it.
             self._wake_getters()
         if self._space is not None and not self.is_full:
             self._space.set()
             self._space = None
-        return batch
+        return taken
+
+    def take(self, max_n: int) -> list[bytes]:
+        """:meth:`take_out`'s messages as frames, one ``bytes`` each."""
+        return split_frames(self.take_out(max_n)[1])
 
     def notify_ready(self, consumer: Consumer) -> Notify:
         """Call ``consumer.queue_ready()`` soon once there may be messages to :meth:`take`.
@@ -402,10 +514,11 @@ class Queue:
         self._getters.append(getter)
         return getter
 
-    def ack(self, frames: list[bytes]) -> None:
-        """These messages reached a consumer's socket (a disk queue's checkpoint moves)."""
-        if frames:
-            self.store.ack(frames)
+    def ack(self, taken: list[Buffer]) -> None:
+        """What :meth:`take_out` gave reached a consumer's socket (a disk queue's checkpoint
+        moves)."""
+        if taken:
+            self.store.ack(taken)
 
     def peek(self, n: int) -> list[bytes]:
         """The next ``n`` messages a consumer would get, as frames; nothing moves."""

@@ -1,0 +1,149 @@
+"""A memory queue packs small frames into chunks and hands out whole regions of them: what
+it gives must be what a plain FIFO of frames gives, in the same order, with the same
+bytes held and counted, and the memory it keeps beyond them bounded."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fqbroker.core.budget import MemoryBudget
+from fqbroker.core.frames import PEER_OVERHEAD
+from fqbroker.core.message import Message
+from fqbroker.core.queue import (
+    OPEN_BYTES,
+    PACK_BELOW,
+    TAKE_BYTES,
+    MemoryStore,
+    Queue,
+    split_frames,
+)
+from fqbroker.core.queuespec import QueueSpec
+from fqbroker.storage.segmentlog import SegmentLog
+from fqbroker.storage.store import DiskStore
+
+PAYLOADS = st.sampled_from(
+    [0, 1, 76, 100, PACK_BELOW - PEER_OVERHEAD, PACK_BELOW, 5000, OPEN_BYTES, 400_000]
+)
+
+
+def _reference_take(items: list[bytes], n: int) -> list[bytes]:
+    """Up to ``n`` frames, stopping once they reach TAKE_BYTES (the one that crosses it
+    is taken, so one frame at least)."""
+    size = k = 0
+    while k < min(n, len(items)) and size < TAKE_BYTES:
+        size += len(items[k])
+        k += 1
+    out = items[:k]
+    del items[:k]
+    return out
+
+
+_EMPTY = sys.getsizeof(bytearray())
+
+
+def _check_bound(store: MemoryStore) -> None:
+    """The first chunk keeps at most its size again (its taken front); the others their
+    growth slack, an eighth at most."""
+    for i, buf in enumerate(store._bufs or ()):
+        if isinstance(buf, bytearray):
+            alloc = sys.getsizeof(buf) - _EMPTY
+            allowed = len(buf) * (2 if i == 0 else 1) + len(buf) // 8 + 16
+            assert alloc <= allowed, (i, alloc, len(buf))
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("extend"), st.lists(PAYLOADS, max_size=60), st.booleans()),
+            st.tuples(st.just("take_out"), st.integers(1, 120)),
+            st.tuples(st.just("take"), st.integers(1, 40)),
+            st.tuples(st.just("peek"), st.integers(1, 40)),
+            st.tuples(st.just("purge"), st.just(0)),
+        ),
+        max_size=40,
+    )
+)
+def test_the_memory_store_hands_out_what_a_plain_fifo_does(ops: list[tuple[Any, ...]]) -> None:
+    budget = MemoryBudget(1 << 40)
+    store = MemoryStore(budget)
+    model: list[bytes] = []
+    serial = itertools.count()
+    for op in ops:
+        kind = op[0]
+        if kind == "extend":
+            frames = [
+                Message(b"ex", b"r", next(serial).to_bytes(4, "big") * (p // 4 + 1)).peer_frame()
+                for p in op[1]
+            ]
+            store.extend(frames, sum(map(len, frames)) if op[2] else -1)
+            model += frames
+        elif kind == "take_out":
+            want = _reference_take(model, op[1])
+            count, bufs = store.take_out(op[1])
+            assert count == len(want)
+            assert split_frames(bufs) == want
+            assert b"".join(bufs) == b"".join(want)
+        elif kind == "take":
+            assert store.take(op[1]) == _reference_take(model, op[1])
+        elif kind == "peek":
+            assert store.peek(op[1]) == model[: op[1]]
+        else:
+            assert store.purge() == len(model)
+            model.clear()
+        assert len(store) == len(model)
+        assert store.held_bytes == sum(map(len, model)) == budget.used
+        _check_bound(store)
+    store.close(destroy=True)
+    assert budget.used == 0
+
+
+def test_a_backlog_of_small_messages_is_packed() -> None:
+    store = MemoryStore()
+    frame = Message(b"ex", b"r", bytes(100)).peer_frame()
+    for _ in range(100):
+        store.extend([frame] * 1000)
+    assert store._bufs is not None and len(store._bufs) == 100
+    for _ in range(1000):
+        store.extend([frame])  # one a read: appended to a small chunk
+    assert len(store._bufs) <= 100 + 1000 * len(frame) // OPEN_BYTES + 2
+    out = b""
+    while len(store):
+        out += b"".join(store.take_out(1 << 30)[1])  # TAKE_BYTES at a time
+    assert out == frame * 101_000
+
+
+def test_a_chunk_handed_out_whole_is_not_copied() -> None:
+    store = MemoryStore()
+    frames = [Message(b"ex", b"r", bytes([i]) * 100).peer_frame() for i in range(50)]
+    store.extend(frames)
+    count, bufs = store.take_out(1024)
+    assert count == 50 and len(bufs) == 1 and bufs[0] == b"".join(frames)
+    store.extend(frames[:1])  # one into an empty queue: held as it is
+    assert store.take_out(1024)[1][0] is frames[0]
+
+
+def test_queue_shares_count_messages_not_buffers() -> None:
+    queue = Queue(QueueSpec(b"q"))
+    frames = [Message(b"ex", b"r", bytes([i]) * 10).peer_frame() for i in range(10)]
+    queue.offer(frames)
+    queue._woken = 1  # one other consumer woken: half each
+    count, bufs = queue.take_out(100)
+    assert count == 5 and split_frames(bufs) == frames[:5]
+    assert queue.backlog == 5
+
+
+async def test_a_disk_store_hands_out_its_frames_as_they_are(tmp_path: Path) -> None:
+    store = DiskStore(SegmentLog(tmp_path / "log"))
+    frames = [Message(b"ex", b"r", bytes([i]) * 10).peer_frame() for i in range(3)]
+    store.extend(frames)
+    count, bufs = store.take_out(10)
+    assert count == 3 and all(isinstance(b, bytes) for b in bufs)
+    store.ack(bufs)
+    store.close(destroy=True)
