@@ -42,9 +42,10 @@ one in each), which consumers write as they are.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import itertools
-from typing import Protocol
+from typing import Protocol, cast
 
 from fqbroker.core.budget import MemoryBudget, fitting
 from fqbroker.core.frames import ID_SIZE
@@ -144,6 +145,24 @@ def split_frames(buffers: list[Buffer]) -> list[bytes]:
     return frames
 
 
+class _Chunk:
+    """Small frames packed: ``count`` of them from ``pos`` on in ``data``. A ``bytearray``
+    while small batches are appended to it, ``bytes`` once it is read for lengths."""
+
+    __slots__ = ("count", "data", "pos")
+
+    def __init__(self, data: Buffer, count: int) -> None:
+        self.data = data
+        self.count = count
+        self.pos = 0  # where what is left starts: only the first chunk is taken in part
+
+    def rest(self) -> Buffer:
+        return self.data[self.pos :] if self.pos else self.data
+
+
+_Item = bytes | _Chunk
+
+
 class MemoryStore:
     """An in-memory FIFO; its contents die with the process.
 
@@ -153,24 +172,24 @@ class MemoryStore:
     read) are appended to a small ``bytearray`` chunk. A consumer takes whole chunks and
     writes them as they are: the copy made here is the one the consumer's write used to
     make joining its batch. Where frames start is not kept: a chunk taken in part (a
-    batch's or a share's limit inside it) is read for its frames' lengths then.
+    batch's or a share's limit inside it) is read for its frames' lengths then. Large
+    frames are held as they are, one ``bytes`` each, as a message into an empty queue.
 
     Only the first chunk is ever taken in part: the taken part goes out as a copy, and
     what is left is copied out of the chunk once the taken front is larger than it. So
     the memory a queue holds beyond its ``held_bytes`` is at most what the first chunk
-    still holds again (``<=`` held bytes, a 1 MiB batch's chunk one 100-byte message is
+    still holds again (``<=`` held bytes: a 1 MiB batch's chunk one 100-byte message is
     left of is cut to that message), plus the growth slack of the small chunks grown
     by appending (an eighth of their ``OPEN_BYTES`` at most).
     """
 
-    __slots__ = ("_budget", "_bufs", "_counts", "_n", "_pos", "held_bytes")
+    __slots__ = ("_budget", "_chunks", "_items", "_n", "held_bytes")
 
     def __init__(self, budget: MemoryBudget | None = None) -> None:
         # Made on first use: an empty deque is 600 bytes, in every idle client's queue.
-        self._bufs: collections.deque[Buffer] | None = None
-        self._counts: collections.deque[int] | None = None  # frames in each buffer
+        self._items: collections.deque[_Item] | None = None
         self._n = 0
-        self._pos = 0  # where what is left of the first buffer starts
+        self._chunks = 0  # how many items are chunks: none, and items are frames
         self.held_bytes = 0
         self._budget = budget
 
@@ -183,27 +202,28 @@ class MemoryStore:
             return
         if size < 0:
             size = sum(map(len, frames))
-        bufs = self._bufs
-        counts = self._counts
-        if bufs is None or counts is None:
-            bufs = self._bufs = collections.deque()
-            counts = self._counts = collections.deque()
-        if size >= PACK_BELOW * n or (n == 1 and not bufs):
+        items = self._items
+        if items is None:
+            items = self._items = collections.deque()
+        if size >= PACK_BELOW * n or (n == 1 and not items):
             # Large frames, or one into an empty queue (taken at once, most likely): held
             # as they are, no copy.
-            bufs.extend(frames)
-            counts.extend(itertools.repeat(1, n))
+            items.extend(frames)
         elif size >= OPEN_BYTES:
-            bufs.append(b"".join(frames))
-            counts.append(n)
+            items.append(_Chunk(b"".join(frames), n))
+            self._chunks += 1
         else:
-            tail = bufs[-1] if bufs else None
-            if isinstance(tail, bytearray) and len(tail) < OPEN_BYTES:
-                tail += frames[0] if n == 1 else b"".join(frames)
-                counts[-1] += n
+            tail = items[-1] if items else None
+            if (
+                isinstance(tail, _Chunk)
+                and isinstance(tail.data, bytearray)
+                and len(tail.data) < OPEN_BYTES
+            ):
+                tail.data += frames[0] if n == 1 else b"".join(frames)
+                tail.count += n
             else:
-                bufs.append(bytearray(frames[0]) if n == 1 else bytearray().join(frames))
-                counts.append(n)
+                items.append(_Chunk(bytearray().join(frames), n))
+                self._chunks += 1
         self._n += n
         self.held_bytes += size
         if self._budget is not None:
@@ -212,61 +232,68 @@ class MemoryStore:
     def take_out(self, n: int) -> tuple[int, list[Buffer]]:
         """Up to ``n`` messages, and at most about ``TAKE_BYTES`` but for one message: a
         consumer's batch is copied whole into its socket's buffer."""
-        bufs = self._bufs
-        counts = self._counts
-        if bufs is None or counts is None or not self._n:
+        items = self._items
+        if items is None or not self._n:
             return 0, []
         held = self.held_bytes
-        pos = self._pos
         out: list[Buffer]
-        if n >= self._n and held <= TAKE_BYTES:
-            out = list(bufs)
-            if pos:
-                out[0] = out[0][pos:]
-            bufs.clear()
-            counts.clear()
+        if not self._chunks:
+            k, size, out = _take_frames(items, n, held)
+        elif n >= self._n and held <= TAKE_BYTES:
+            out = [item if isinstance(item, bytes) else item.rest() for item in items]
+            items.clear()
+            self._chunks = 0
             k = self._n
             size = held
-            pos = 0
         else:
-            out = []
-            k = size = 0
-            while k < n and size < TAKE_BYTES and bufs:
-                c = counts[0]
-                buf = bufs[0]
-                if c == 1 or (c <= n - k and size + len(buf) - pos <= TAKE_BYTES):
-                    bufs.popleft()
-                    counts.popleft()
-                    out.append(buf[pos:] if pos else buf)
-                    k += c
-                    size += len(buf) - pos
-                    pos = 0
-                    continue
-                if not isinstance(buf, bytes):
-                    buf = bufs[0] = bytes(buf)  # a small chunk: read as bytes, read fast
-                end, j = _walk(buf, pos, n - k, TAKE_BYTES - size)
-                k += j
-                size += end - pos
-                if j == c:
-                    bufs.popleft()
-                    counts.popleft()
-                    out.append(buf[pos:] if pos else buf)
-                    pos = 0
-                else:
-                    out.append(buf[pos:end])
-                    counts[0] = c - j
-                    pos = end
-                    if pos > len(buf) - pos:
-                        # Less is left than was taken: that much is copied out, so a
-                        # chunk is never kept for the little left of it.
-                        bufs[0] = buf[pos:]
-                        pos = 0
-        self._pos = pos
+            k, size, out = self._take_some(items, n)
         self._n -= k
         self.held_bytes = held - size
         if self._budget is not None:
             self._budget.release(size)
         return k, out
+
+    def _take_some(self, items: collections.deque[_Item], n: int) -> tuple[int, int, list[Buffer]]:
+        out: list[Buffer] = []
+        k = size = 0
+        while k < n and size < TAKE_BYTES and items:
+            item = items[0]
+            if isinstance(item, bytes):
+                items.popleft()
+                out.append(item)
+                k += 1
+                size += len(item)
+                continue
+            c = item.count
+            pos = item.pos
+            data = item.data
+            if c <= n - k and size + len(data) - pos <= TAKE_BYTES:
+                items.popleft()
+                self._chunks -= 1
+                out.append(item.rest())
+                k += c
+                size += len(data) - pos
+                continue
+            if not isinstance(data, bytes):
+                data = item.data = bytes(data)  # read as bytes: fast (_walk)
+            end, j = _walk(data, pos, n - k, TAKE_BYTES - size)
+            k += j
+            size += end - pos
+            if j == c:
+                items.popleft()
+                self._chunks -= 1
+                out.append(item.rest())
+                continue
+            out.append(data[pos:end])
+            item.count = c - j
+            if end > len(data) - end:
+                # Less is left than was taken: that much is copied out, so a chunk is
+                # never kept for the little left of it.
+                item.data = data[end:]
+                item.pos = 0
+            else:
+                item.pos = end
+        return k, size, out
 
     def take(self, n: int) -> list[bytes]:
         """:meth:`take_out`'s messages as frames."""
@@ -277,39 +304,61 @@ class MemoryStore:
 
     def peek(self, n: int) -> list[bytes]:
         out: list[bytes] = []
-        bufs = self._bufs
-        if bufs is None:
+        items = self._items
+        if items is None:
             return out
-        pos = self._pos
-        for buf in bufs:
+        for item in items:
             if len(out) >= n:
                 break
-            data = buf if isinstance(buf, bytes) else bytes(buf)
+            if isinstance(item, bytes):
+                out.append(item)
+                continue
+            data = item.data if isinstance(item.data, bytes) else bytes(item.data)
+            pos = item.pos
             while pos < len(data) and len(out) < n:
                 end = _walk(data, pos, 1, 1)[0]
-                out.append(data if end - pos == len(data) else data[pos:end])
+                out.append(data[pos:end])
                 pos = end
-            pos = 0
         return out
 
     def purge(self) -> int:
         n = self._n
-        if self._bufs is not None and self._counts is not None:
-            self._bufs.clear()  # not take_out(): it hands out a socket buffer's worth at most
-            self._counts.clear()
-        self._n = self._pos = 0
+        if self._items is not None:
+            self._items.clear()  # not take_out(): it hands out a socket buffer's worth at most
+        self._n = self._chunks = 0
         if self._budget is not None:
             self._budget.release(self.held_bytes)
         self.held_bytes = 0
         return n
 
     def close(self, *, destroy: bool) -> None:
-        self._bufs = None
-        self._counts = None
-        self._n = self._pos = 0
+        self._items = None
+        self._n = self._chunks = 0
         if self._budget is not None:
             self._budget.release(self.held_bytes)
         self.held_bytes = 0
+
+
+def _take_frames(
+    chunkless: collections.deque[_Item], n: int, held: int
+) -> tuple[int, int, list[Buffer]]:
+    """A store of frames alone (no chunk): up to ``n``, and about ``TAKE_BYTES`` of them
+    (at least one), as many as the average size allows, cut where they cross it if the
+    first ones are larger, the rest put back. Pops looped in C."""
+    items = cast("collections.deque[bytes]", chunkless)
+    if held <= TAKE_BYTES and n >= len(items):
+        out = list(items)
+        items.clear()
+        return len(out), held, cast("list[Buffer]", out)
+    k = n if held <= TAKE_BYTES else max(1, min(n, len(items), TAKE_BYTES * len(items) // held))
+    out = list(itertools.starmap(items.popleft, itertools.repeat((), k)))
+    size = sum(map(len, out))
+    if size > TAKE_BYTES and k > 1:
+        keep = bisect.bisect_left(list(itertools.accumulate(map(len, out))), TAKE_BYTES) + 1
+        items.extendleft(reversed(out[keep:]))
+        del out[keep:]
+        size = sum(map(len, out))
+    return len(out), size, cast("list[Buffer]", out)
 
 
 class Queue:
