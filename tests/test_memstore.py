@@ -22,6 +22,7 @@ from fqbroker.core.queue import (
     TAKE_BYTES,
     MemoryStore,
     Queue,
+    _Chunk,
     split_frames,
 )
 from fqbroker.core.queuespec import QueueSpec
@@ -167,3 +168,26 @@ async def test_a_disk_store_hands_out_its_frames_as_they_are(tmp_path: Path) -> 
     assert count == 3 and all(isinstance(b, bytes) for b in bufs)
     store.ack(bufs)
     store.close(destroy=True)
+
+
+def test_a_batch_routed_to_several_queues_is_packed_once() -> None:
+    def frames(tag: int) -> list[bytes]:
+        return [Message(b"ex", b"r", bytes([tag, i]) * 100).peer_frame() for i in range(200)]
+
+    stores = [MemoryStore() for _ in range(3)]
+    batch = frames(1)
+    for store in stores:
+        store.extend(batch)
+    heads = [s._items[0] if s._items else None for s in stores]
+    assert all(isinstance(head, _Chunk) for head in heads)
+    assert len({id(head.data) for head in heads if isinstance(head, _Chunk)}) == 1
+    # The caller's list changed in place, same length: packed anew, not taken for the last.
+    batch[:] = frames(2)
+    stores[2].extend(batch)
+    batch[100] = frames(3)[100]
+    stores[1].extend(batch)
+    assert stores[2].take(1000) == frames(1) + frames(2)
+    assert (
+        stores[1].take(1000) == frames(1) + frames(2)[:100] + frames(3)[100:101] + frames(2)[101:]
+    )
+    assert stores[0].take(1000) == frames(1)

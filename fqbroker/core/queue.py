@@ -35,8 +35,8 @@ docs/queues.md):
 Messages live in a :class:`MemoryStore`; disk queues swap in another store with the same
 small interface. A queue holds each message as the peer frame its consumers receive
 (docs/fq-protocol.md §1.10): nothing is decoded or built again on the way out. A memory
-queue packs small frames into chunks, a copy each (a message routed to several queues is
-one in each), which consumers write as they are.
+queue packs small frames into chunks (one for all the queues a batch is routed to), which
+consumers write as they are.
 """
 
 from __future__ import annotations
@@ -145,6 +145,23 @@ def split_frames(buffers: list[Buffer]) -> list[bytes]:
     return frames
 
 
+# The frames last packed, and their chunk: a batch routed to several queues is offered to
+# each in turn, and is packed once (chunks of bytes are never changed). A copy of the
+# list, compared by value: whatever the caller does with its own, a chunk is only ever
+# the frames it is given.
+_last_frames: list[bytes] = []
+_last_chunk = b""
+
+
+def _packed(frames: list[bytes]) -> bytes:
+    global _last_frames, _last_chunk
+    if len(frames) == len(_last_frames) and frames == _last_frames:
+        return _last_chunk
+    _last_chunk = b"".join(frames)
+    _last_frames = frames[:]
+    return _last_chunk
+
+
 class _Chunk:
     """Small frames packed: ``count`` of them from ``pos`` on in ``data``. A ``bytearray``
     while small batches are appended to it, ``bytes`` once it is read for lengths."""
@@ -166,8 +183,9 @@ _Item = bytes | _Chunk
 class MemoryStore:
     """An in-memory FIFO; its contents die with the process.
 
-    Small frames are packed: each batch given to :meth:`extend` is copied into one chunk,
-    so a held message costs its bytes and little else, where a ``bytes`` object each costs
+    Small frames are packed: each batch given to :meth:`extend` is copied into one chunk
+    (one for all the queues a batch is routed to, but for small ones), so a held message
+    costs its bytes and little else, where a ``bytes`` object each costs
     about 50 more (header, allocator rounding, a pointer). Small batches (a message a
     read) are appended to a small ``bytearray`` chunk. A consumer takes whole chunks and
     writes them as they are: the copy made here is the one the consumer's write used to
@@ -210,7 +228,7 @@ class MemoryStore:
             # as they are, no copy.
             items.extend(frames)
         elif size >= OPEN_BYTES:
-            items.append(_Chunk(b"".join(frames), n))
+            items.append(_Chunk(_packed(frames), n))
             self._chunks += 1
         else:
             tail = items[-1] if items else None
