@@ -191,3 +191,9 @@ def test_a_batch_routed_to_several_queues_is_packed_once() -> None:
         stores[1].take(1000) == frames(1) + frames(2)[:100] + frames(3)[100:101] + frames(2)[101:]
     )
     assert stores[0].take(1000) == frames(1)
+    # Equal frames from another read are another message each: held apart.
+    stores[0].extend(frames(1))
+    stores[0].extend(frames(1))
+    items = stores[0]._items or []
+    assert [type(item) for item in items] == [_Chunk, _Chunk]
+    assert items[0].data is not items[1].data  # type: ignore[union-attr]

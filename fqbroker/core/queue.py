@@ -45,6 +45,7 @@ import asyncio
 import bisect
 import collections
 import itertools
+import operator
 from typing import Protocol, cast
 
 from fqbroker.core.budget import MemoryBudget, fitting
@@ -146,16 +147,17 @@ def split_frames(buffers: list[Buffer]) -> list[bytes]:
 
 
 # The frames last packed, and their chunk: a batch routed to several queues is offered to
-# each in turn, and is packed once (chunks of bytes are never changed). A copy of the
-# list, compared by value: whatever the caller does with its own, a chunk is only ever
-# the frames it is given.
+# each in turn, and is packed once (chunks of bytes are never changed). Matched by the
+# frames' identity, on a copy of the list: whatever the caller does with its own, a chunk
+# is only ever the frames it is given, and equal batches from other reads (a publisher
+# sending the same message again and again) are not held as one.
 _last_frames: list[bytes] = []
 _last_chunk = b""
 
 
 def _packed(frames: list[bytes]) -> bytes:
     global _last_frames, _last_chunk
-    if len(frames) == len(_last_frames) and frames == _last_frames:
+    if len(frames) == len(_last_frames) and all(map(operator.is_, frames, _last_frames)):
         return _last_chunk
     _last_chunk = b"".join(frames)
     _last_frames = frames[:]
