@@ -4,6 +4,7 @@ bytes held and counted, and the memory it keeps beyond them bounded."""
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import itertools
 import sys
@@ -28,6 +29,8 @@ from fqbroker.core.queue import (
 from fqbroker.core.queuespec import QueueSpec
 from fqbroker.storage.segmentlog import SegmentLog
 from fqbroker.storage.store import DiskStore
+
+from .test_fqpath import _consumer, _Transport
 
 PAYLOADS = st.sampled_from(
     [0, 1, 76, 100, PACK_BELOW - PEER_OVERHEAD, PACK_BELOW, 5000, OPEN_BYTES, 400_000]
@@ -197,3 +200,45 @@ def test_a_batch_routed_to_several_queues_is_packed_once() -> None:
     items = stores[0]._items or []
     assert [type(item) for item in items] == [_Chunk, _Chunk]
     assert items[0].data is not items[1].data  # type: ignore[union-attr]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    batches=st.lists(st.integers(1, 1500), min_size=1, max_size=6),
+    payload=st.sampled_from([0, 100, 900, 3000]),
+    pause_every=st.sampled_from([1, 5000, 1 << 30]),
+)
+def test_a_consumer_writes_packed_chunks_in_order(
+    batches: list[int], payload: int, pause_every: int
+) -> None:
+    """Batches past a consumer's BATCH, cut inside chunks, through the real out path."""
+
+    async def run() -> None:
+        budget = MemoryBudget(1 << 34)
+        queue = Queue(QueueSpec(b"q", backlog=1 << 20, backlog_bytes=0), budget=budget)
+        transport = _Transport(pause_every)
+        session = _consumer(transport, queue, budget)
+        serial = itertools.count()
+        sent: list[bytes] = []
+        for n in batches:
+            frames = [
+                Message(
+                    b"ex", b"r", next(serial).to_bytes(4, "big") * (payload // 4 + 1)
+                ).peer_frame()
+                for _ in range(n)
+            ]
+            queue.offer(frames)
+            sent += frames
+        session.queue_ready()
+        for _ in range(10 * len(sent) + 10):
+            await asyncio.sleep(0)
+            transport.drain()
+            if not queue.backlog and session._out is None:
+                break
+        assert bytes(transport.out) == b"".join(sent)
+        assert session.owner is not None
+        assert session.owner.stats.msgs_out == len(sent)
+        assert queue.backlog == 0
+        assert budget.used == 0
+
+    asyncio.run(run())

@@ -16,8 +16,9 @@ two independent sides, and no task of its own while idle:
   this publisher holds nothing, reading pauses until consumers drain (docs/memory.md).
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they are
   taken, those the peer at the other end already saw are dropped (docs/fq-protocol.md §5.3),
-  and the rest written in peer format, one write per batch (small frames joined, larger
-  ones as they are, a scatter write), until the transport asks to pause. Messages are only
+  and the rest written in peer format, one write per batch (a memory queue's chunks of
+  small frames as they are, a few small buffers joined, large frames as they are, a
+  scatter write), until the transport asks to pause. Messages are only
   taken to be written at once, so none are ever held: nothing needs putting back when the
   channel closes. A batch larger than ``OUT_CHUNK`` is handed to the transport about a
   chunk at a time as it drains (a frame larger than that in copied pieces), and held
@@ -422,7 +423,7 @@ class DataSession(RemotePeer, asyncio.Protocol):
                 size = len(data)
             else:
                 size = sum(map(len, out))
-                if size < SCATTER_FROM * len(out):
+                if size <= SCATTER_FROM * len(out):
                     data = b"".join(out)  # one copy beats many small iovecs
             stats.msgs_out += len(out) if peer else count
             stats.octets_out += size
