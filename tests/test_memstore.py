@@ -135,7 +135,7 @@ def test_a_backlog_of_small_messages_is_packed() -> None:
         store.extend([frame] * 1000)
     assert store._items is not None and len(store._items) == store._chunks == 100
     for _ in range(1000):
-        store.extend([frame])  # one a read: appended to a small chunk
+        store.extend([frame[:1] + frame[1:]])  # one a read: appended to a small chunk
     assert len(store._items) <= 100 + 1000 * len(frame) // OPEN_BYTES + 2
     out = b""
     while len(store):
@@ -194,6 +194,18 @@ def test_a_batch_routed_to_several_queues_is_packed_once() -> None:
         stores[1].take(1000) == frames(1) + frames(2)[:100] + frames(3)[100:101] + frames(2)[101:]
     )
     assert stores[0].take(1000) == frames(1)
+    # A small batch (and one message) into queues holding others: held once too.
+    small = frames(4)[:3]
+    for store in stores:
+        store.extend(frames(5)[:2])  # something to be behind
+    for batch in (small, small[:1]):  # as a router offers them: a batch to each queue
+        for store in stores:
+            store.extend(batch)
+    assert isinstance(stores[2]._items[-2], _Chunk)  # type: ignore[index]
+    assert stores[2]._items[-2].data is stores[1]._items[-2].data  # type: ignore[index,union-attr]
+    assert stores[2]._items[-1] is small[0]  # type: ignore[index]
+    for store in stores:
+        assert store.take(1000) == frames(5)[:2] + small + small[:1]
     # Equal frames from another read are another message each: held apart.
     stores[0].extend(frames(1))
     stores[0].extend(frames(1))

@@ -147,7 +147,7 @@ def split_frames(buffers: list[Buffer]) -> list[bytes]:
 
 
 # The frames last packed, and their chunk: a batch routed to several queues is offered to
-# each in turn, and is packed once (chunks of bytes are never changed). Matched by the
+# each in turn, and is held once (chunks of bytes are never changed). Matched by the
 # frames' identity, on a copy of the list: whatever the caller does with its own, a chunk
 # is only ever the frames it is given, and equal batches from other reads (a publisher
 # sending the same message again and again) are not held as one.
@@ -155,13 +155,18 @@ _last_frames: list[bytes] = []
 _last_chunk = b""
 
 
-def _packed(frames: list[bytes]) -> bytes:
-    global _last_frames, _last_chunk
+def _shared(frames: list[bytes]) -> bytes | None:
+    """The chunk of these very frames, if they were the last packed."""
     if len(frames) == len(_last_frames) and all(map(operator.is_, frames, _last_frames)):
         return _last_chunk
-    _last_chunk = b"".join(frames)
+    return None
+
+
+def _remember(frames: list[bytes], chunk: bytes) -> bytes:
+    global _last_frames, _last_chunk
     _last_frames = frames[:]
-    return _last_chunk
+    _last_chunk = chunk
+    return chunk
 
 
 class _Chunk:
@@ -186,8 +191,8 @@ class MemoryStore:
     """An in-memory FIFO; its contents die with the process.
 
     Small frames are packed: each batch given to :meth:`extend` is copied into one chunk
-    (one for all the queues a batch is routed to, but for small ones), so a held message
-    costs its bytes and little else, where a ``bytes`` object each costs
+    (held once for all the queues a batch is routed to), so a held message costs its
+    bytes and little else, where a ``bytes`` object each costs
     about 50 more (header, allocator rounding, a pointer). Small batches (a message a
     read) are appended to a small ``bytearray`` chunk. A consumer takes whole chunks and
     writes them as they are: the copy made here is the one the consumer's write used to
@@ -229,25 +234,40 @@ class MemoryStore:
             # Large frames, or one into an empty queue (taken at once, most likely): held
             # as they are, no copy.
             items.extend(frames)
+        else:
+            self._pack(items, frames, n, size)
+        self._n += n
+        self.held_bytes += size
+        if self._budget is not None:
+            self._budget.used += size
+
+    def _pack(
+        self, items: collections.deque[_Item], frames: list[bytes], n: int, size: int
+    ) -> None:
+        shared = _shared(frames)
+        if shared is not None:
+            # Packed a moment ago for another queue it is routed to: held once for all.
+            if n == 1:
+                items.append(frames[0])
+            else:
+                items.append(_Chunk(shared, n))
+                self._chunks += 1
         elif size >= OPEN_BYTES:
-            items.append(_Chunk(_packed(frames), n))
+            items.append(_Chunk(_remember(frames, b"".join(frames)), n))
             self._chunks += 1
         else:
+            data = _remember(frames, frames[0] if n == 1 else b"".join(frames))
             tail = items[-1] if items else None
             if (
                 isinstance(tail, _Chunk)
                 and isinstance(tail.data, bytearray)
                 and len(tail.data) < OPEN_BYTES
             ):
-                tail.data += frames[0] if n == 1 else b"".join(frames)
+                tail.data += data
                 tail.count += n
             else:
-                items.append(_Chunk(bytearray().join(frames), n))
+                items.append(_Chunk(bytearray(data), n))
                 self._chunks += 1
-        self._n += n
-        self.held_bytes += size
-        if self._budget is not None:
-            self._budget.used += size
 
     def take_out(self, n: int) -> tuple[int, list[Buffer]]:
         """Up to ``n`` messages, and at most about ``TAKE_BYTES`` but for one message: a
