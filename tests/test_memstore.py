@@ -195,7 +195,7 @@ def test_a_batch_routed_to_several_queues_is_packed_once() -> None:
     )
     assert stores[0].take(1000) == frames(1)
     # A small batch (and one message) into queues holding others: held once too.
-    small = frames(4)[:3]
+    small = frames(4)[:6]
     for store in stores:
         store.extend(frames(5)[:2])  # something to be behind
     for batch in (small, small[:1]):  # as a router offers them: a batch to each queue

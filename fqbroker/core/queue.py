@@ -247,8 +247,9 @@ class MemoryStore:
         shared = _shared(frames)
         if shared is not None:
             # Packed a moment ago for another queue it is routed to: held once for all.
-            if n == 1:
-                items.append(frames[0])
+            # Up to 4 frames, those: a pointer each here, where a chunk object is 64 B.
+            if n <= 4:
+                items.extend(frames)
             else:
                 items.append(_Chunk(shared, n))
                 self._chunks += 1
