@@ -16,16 +16,16 @@ from hypothesis import strategies as st
 
 from fqbroker.core.budget import MemoryBudget
 from fqbroker.core.frames import PEER_OVERHEAD
-from fqbroker.core.message import Message
-from fqbroker.core.queue import (
+from fqbroker.core.memstore import (
     OPEN_BYTES,
     PACK_BELOW,
     TAKE_BYTES,
     MemoryStore,
-    Queue,
     _Chunk,
     split_frames,
 )
+from fqbroker.core.message import Message
+from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
 from fqbroker.storage.segmentlog import SegmentLog
 from fqbroker.storage.store import DiskStore
