@@ -61,6 +61,7 @@ MODULES: Final[tuple[str, ...]] = (
     "fqbroker.frontends.fq.largeframe",
     "fqbroker.frontends.fq.msgdecoder",
     "fqbroker.frontends.fq.datachannel",
+    "fqbroker.core.memstore",
     "fqbroker.core.queue",
     "fqbroker.core.publisher",
     "fqbroker.core.router",

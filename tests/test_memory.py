@@ -13,6 +13,7 @@ import pytest
 
 from fqbroker.clients.client import Client
 from fqbroker.core.budget import MemoryBudget, fitting
+from fqbroker.core.frames import PEER_OVERHEAD
 from fqbroker.core.message import Message
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import Policy, QueueKind, QueueSpec, parse_queue_field
@@ -131,22 +132,29 @@ def test_backlog_bytes_is_a_queue_param_that_round_trips() -> None:
         parse_queue_field(b"q\0mem:backlog_bytes=lots")
 
 
+def _frame(size: int) -> bytes:
+    """A peer frame of ``size`` bytes (24 at least): what queues hold."""
+    frame = Message(b"", b"", b"a" * (size - PEER_OVERHEAD)).peer_frame()
+    assert len(frame) == size
+    return frame
+
+
 def test_drop_queue_refuses_past_its_bytes_and_counts_them() -> None:
     budget = MemoryBudget(1 << 40)
     queue = Queue(QueueSpec(b"q", backlog_bytes=100), budget=budget)
-    assert queue.offer([b"a" * 40] * 5) == 3  # 40, 80, 120: the third crosses the limit
+    assert queue.offer([_frame(40)] * 5) == 3  # 40, 80, 120: the third crosses the limit
     assert queue.dropped_to == 2
     assert queue.store.held_bytes == budget.used == 120
-    assert queue.offer([b"b"]) == 0
+    assert queue.offer([_frame(40)]) == 0
     assert queue.dropped_to == 3
     queue.take(10)
     assert budget.used == 0
-    assert queue.offer([b"c" * 10]) == 1
+    assert queue.offer([_frame(24)]) == 1
 
 
 def test_block_queue_is_full_at_its_bytes() -> None:
     queue = Queue(QueueSpec(b"q", policy=Policy.BLOCK, backlog_bytes=100), budget=None)
-    frames = [b"a" * 40] * 5
+    frames = [_frame(40)] * 5
     assert queue.takes(frames) == 3
     assert queue.offer(frames[:3]) == 3
     assert queue.is_full

@@ -34,19 +34,18 @@ docs/queues.md):
 
 Messages live in a :class:`MemoryStore`; disk queues swap in another store with the same
 small interface. A queue holds each message as the peer frame its consumers receive
-(docs/fq-protocol.md §1.10): nothing is decoded or built again on the way out, and a message
-routed to several queues is one shared ``bytes`` object.
+(docs/fq-protocol.md §1.10): nothing is decoded or built again on the way out. A memory
+queue packs small frames into chunks (one for all the queues a batch is routed to), which
+consumers write as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import collections
-import itertools
 from typing import Protocol
 
 from fqbroker.core.budget import MemoryBudget, fitting
+from fqbroker.core.memstore import Buffer, MemoryStore, split_frames
 from fqbroker.core.queuespec import (
     DEFAULT_BACKLOG_BYTES,
     UNLIMITED_BYTES,
@@ -59,7 +58,15 @@ from fqbroker.errors import QueueError
 from fqbroker.storage.segmentlog import SegmentLog
 from fqbroker.storage.store import DiskStore
 
-__all__ = ["MAX_PUBLIC_CLIENTS", "MemoryStore", "Notify", "Queue", "Store"]
+__all__ = [
+    "MAX_PUBLIC_CLIENTS",
+    "Buffer",
+    "MemoryStore",
+    "Notify",
+    "Queue",
+    "Store",
+    "split_frames",
+]
 
 MAX_PUBLIC_CLIENTS = 16
 
@@ -74,10 +81,14 @@ class Store(Protocol):
         ...
 
     def extend(self, frames: list[bytes], size: int = -1) -> None: ...
-    def take(self, n: int) -> list[bytes]: ...
-    def ack(self, frames: list[bytes]) -> None: ...
+    def take_out(self, n: int) -> tuple[int, list[Buffer]]:
+        """Up to ``n`` messages, as (how many, buffers of whole frames in order): what a
+        consumer writes as it is. :meth:`ack` takes the buffers back."""
+        ...
+
+    def ack(self, taken: list[Buffer]) -> None: ...
     def peek(self, n: int) -> list[bytes]:
-        """The next ``n`` messages :meth:`take` would hand out, left where they are."""
+        """The next ``n`` messages :meth:`take_out` would hand out, left where they are."""
         ...
 
     def purge(self) -> int:
@@ -85,100 +96,6 @@ class Store(Protocol):
         ...
 
     def close(self, *, destroy: bool) -> None: ...
-
-
-TAKE_BYTES = 1 << 20
-
-
-def _popleft(items: collections.deque[bytes], n: int) -> list[bytes]:
-    """The first ``n`` of ``items``, taken off: the pops looped in C, not in a list
-    comprehension (half the time a message)."""
-    return list(itertools.starmap(items.popleft, itertools.repeat((), n)))
-
-
-def _take_bytes(items: collections.deque[bytes], n: int, held: int) -> tuple[list[bytes], int]:
-    """About ``TAKE_BYTES`` of messages (at least one): as many as the average size allows,
-    cut where they cross it if the first ones are larger, and the rest put back."""
-    k = max(1, min(n, len(items), TAKE_BYTES * len(items) // held))
-    out = _popleft(items, k)
-    size = sum(map(len, out))
-    if size > TAKE_BYTES and k > 1:
-        keep = bisect.bisect_left(list(itertools.accumulate(map(len, out))), TAKE_BYTES) + 1
-        items.extendleft(reversed(out[keep:]))
-        del out[keep:]
-        size = sum(map(len, out))
-    return out, size
-
-
-class MemoryStore:
-    """An in-memory FIFO; its contents die with the process."""
-
-    __slots__ = ("_budget", "_items", "held_bytes")
-
-    def __init__(self, budget: MemoryBudget | None = None) -> None:
-        # Made on first use: an empty deque is 600 bytes, in every idle client's queue.
-        self._items: collections.deque[bytes] | None = None
-        self.held_bytes = 0
-        self._budget = budget
-
-    def __len__(self) -> int:
-        items = self._items
-        return 0 if items is None else len(items)
-
-    def extend(self, frames: list[bytes], size: int = -1) -> None:
-        items = self._items
-        if items is None:
-            items = self._items = collections.deque()
-        items.extend(frames)
-        if size < 0:
-            size = sum(map(len, frames))
-        self.held_bytes += size
-        if self._budget is not None:
-            self._budget.used += size
-
-    def take(self, n: int) -> list[bytes]:
-        """Up to ``n`` messages, and at most about ``TAKE_BYTES`` but for one message: a
-        consumer's batch is copied whole into its socket's buffer."""
-        items = self._items
-        if items is None:
-            return []
-        held = self.held_bytes
-        if held <= TAKE_BYTES:
-            if n >= len(items):
-                out = list(items)
-                items.clear()
-                size = held
-            else:
-                out = _popleft(items, n)
-                size = sum(map(len, out))
-        else:
-            out, size = _take_bytes(items, n, held)
-        self.held_bytes = held - size
-        if self._budget is not None:
-            self._budget.release(size)
-        return out
-
-    def ack(self, frames: list[bytes]) -> None:
-        pass  # nothing to remember: a memory queue's contents die with the process
-
-    def peek(self, n: int) -> list[bytes]:
-        items = self._items
-        return [] if items is None else list(itertools.islice(items, n))
-
-    def purge(self) -> int:
-        n = len(self)
-        if self._items is not None:
-            self._items.clear()  # not take(): it hands out a socket buffer's worth at most
-        if self._budget is not None:
-            self._budget.release(self.held_bytes)
-        self.held_bytes = 0
-        return n
-
-    def close(self, *, destroy: bool) -> None:
-        self._items = None
-        if self._budget is not None:
-            self._budget.release(self.held_bytes)
-        self.held_bytes = 0
 
 
 class Queue:
@@ -374,22 +291,26 @@ class Queue:
         one that took its own should wait in line again rather than take theirs."""
         return self._woken > 0
 
-    def take(self, max_n: int) -> list[bytes]:
+    def take_out(self, max_n: int) -> tuple[int, list[Buffer]]:
         """Take up to ``max_n`` messages now, leaving an even share to each consumer woken
-        and still to come."""
+        and still to come: (how many, buffers of whole frames, as :meth:`Store.take_out`)."""
         store = self.store
         available = len(store)
         if not available:
-            return []
+            return 0, []
         n = min(max_n, -(-available // (self._woken + 1)))
-        batch = store.take(n)
+        taken = store.take_out(n)
         if self._getters and not self._woken:
             # What is left is no woken consumer's share: the next ones in line get it.
             self._wake_getters()
         if self._space is not None and not self.is_full:
             self._space.set()
             self._space = None
-        return batch
+        return taken
+
+    def take(self, max_n: int) -> list[bytes]:
+        """:meth:`take_out`'s messages as frames, one ``bytes`` each."""
+        return split_frames(self.take_out(max_n)[1])
 
     def notify_ready(self, consumer: Consumer) -> Notify:
         """Call ``consumer.queue_ready()`` soon once there may be messages to :meth:`take`.
@@ -402,10 +323,11 @@ class Queue:
         self._getters.append(getter)
         return getter
 
-    def ack(self, frames: list[bytes]) -> None:
-        """These messages reached a consumer's socket (a disk queue's checkpoint moves)."""
-        if frames:
-            self.store.ack(frames)
+    def ack(self, taken: list[Buffer]) -> None:
+        """What :meth:`take_out` gave reached a consumer's socket (a disk queue's checkpoint
+        moves)."""
+        if taken:
+            self.store.ack(taken)
 
     def peek(self, n: int) -> list[bytes]:
         """The next ``n`` messages a consumer would get, as frames; nothing moves."""

@@ -42,6 +42,7 @@ import contextlib
 import logging
 import struct
 import time
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -401,9 +402,15 @@ class DiskStore:
         self._recent_seq += n
         return frames
 
-    def ack(self, frames: list[bytes]) -> None:
+    def take_out(self, n: int) -> tuple[int, list[bytes | bytearray]]:
+        """:meth:`take` as the Store protocol hands out: (how many, frames)."""
+        frames: list[bytes | bytearray] = list(self.take(n))
+        return len(frames), frames
+
+    def ack(self, frames: Sequence[bytes | bytearray]) -> None:
         """The consumer's socket has these; the read checkpoint may move past them."""
-        first = frame_seq(frames[0])
+        head = frames[0]  # the frames take() gave: bytes, each its own
+        first = frame_seq(head if isinstance(head, bytes) else bytes(head))
         for batch in self._in_flight:
             if batch[0] == first:
                 batch[2] = 1

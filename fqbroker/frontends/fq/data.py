@@ -16,8 +16,9 @@ two independent sides, and no task of its own while idle:
   this publisher holds nothing, reading pauses until consumers drain (docs/memory.md).
 * Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they are
   taken, those the peer at the other end already saw are dropped (docs/fq-protocol.md §5.3),
-  and the rest written in peer format, one write per batch (small frames joined, larger
-  ones as they are, a scatter write), until the transport asks to pause. Messages are only
+  and the rest written in peer format, one write per batch (a memory queue's chunks of
+  small frames as they are, a few small buffers joined, large frames as they are, a
+  scatter write), until the transport asks to pause. Messages are only
   taken to be written at once, so none are ever held: nothing needs putting back when the
   channel closes. A batch larger than ``OUT_CHUNK`` is handed to the transport about a
   chunk at a time as it drains (a frame larger than that in copied pieces), and held
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.permissions import Permissions
     from fqbroker.core.publisher import Publisher
-    from fqbroker.core.queue import Notify
+    from fqbroker.core.queue import Buffer, Notify
     from fqbroker.core.router import ClientStats
     from fqbroker.frontends.fq.command import CommandSession
     from fqbroker.server.limits import Limits
@@ -109,8 +110,8 @@ class _LargeBatch:
 
     __slots__ = ("frames", "held", "next", "pos")
 
-    def __init__(self, frames: list[bytes], held: int) -> None:
-        self.frames: list[bytes] | None = frames  # None once it is all written
+    def __init__(self, frames: list[Buffer], held: int) -> None:
+        self.frames: list[Buffer] | None = frames  # None once it is all written
         self.next = 0  # the frame to write next
         self.pos = 0  # where in it, for a frame larger than OUT_CHUNK
         self.held = held
@@ -153,7 +154,7 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
         # last batch written while the transport said pause (acked once it takes more).
         self._ready: Notify | None = None
         self._paused = False
-        self._unacked: list[bytes] | None = None
+        self._unacked: list[Buffer] | None = None
         self._out: _LargeBatch | None = None
         self._into_room = False  # the read in progress goes into a message's own bytes
 
@@ -430,30 +431,44 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
         assert owner is not None and owner.queue is not None
         queue = owner.queue
         stats = owner.stats
-        outgoing = self.channel.outgoing
+        channel = self.channel
+        peer = channel.peer_id != wire.NO_PEER
         took = False
         while not self._paused:
             # Others woken for what is held get their share: we queue up behind them.
-            batch = taken = queue.take(BATCH) if not (took and queue.contended) else []
-            if not batch:
+            taken: list[Buffer]
+            if took and queue.contended:
+                count = 0
+            elif peer:
+                # Frame by frame: not those the peer saw already. All are acked.
+                frames = queue.take(BATCH)
+                count = len(frames)
+                taken = list(frames)
+                out: list[Buffer] = list(channel.outgoing(frames))
+            else:
+                count, taken = queue.take_out(BATCH)
+                out = taken
+            if not count:
                 self._ready = queue.notify_ready(self)
                 break
             took = True
-            batch = outgoing(batch)
-            data: bytes | None = None
-            if len(batch) > 1 and len(batch[0]) >= SCATTER_FROM:
-                size = sum(map(len, batch))  # large frames: written as they are
-            else:
-                # Small frames: one copy beats many iovecs. One frame: itself, no copy.
-                data = b"".join(batch)
+            # Small frames come packed in chunks (MemoryStore), written as they are; a
+            # few of them are joined, large frames scattered as they are.
+            data: Buffer | None = None
+            if len(out) == 1:
+                data = out[0]
                 size = len(data)
-            stats.msgs_out += len(batch)
+            else:
+                size = sum(map(len, out))
+                if size <= SCATTER_FROM * len(out):
+                    data = b"".join(out)  # one copy beats many small iovecs
+            stats.msgs_out += len(out) if peer else count
             stats.octets_out += size
             if size > OUT_CHUNK:
-                self._out = _LargeBatch(batch if data is None else [data], size)
+                self._out = _LargeBatch(out if data is None else [data], size)
                 self.broker.budget.used += size
                 self._unacked = taken
-                del batch, data
+                del out, data
                 if not self._write_out():
                     break  # the rest, the ack and the release when it resumes
                 self._unacked = None
@@ -462,7 +477,7 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
                 self._drop_out()
                 continue
             if data is None:
-                transport.writelines(batch)
+                transport.writelines(out)
             else:
                 transport.write(data)
             if self._paused:
