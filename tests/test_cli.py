@@ -246,6 +246,33 @@ async def test_fqd_flags_of_fqd_are_accepted(tmp_path: Path) -> None:
     assert "-B ignored: no libbcd crash reporting here" in said[1]
 
 
+def test_fqd_freezes_what_it_made_to_start_and_lets_it_go_when_it_stops(tmp_path: Path) -> None:
+    # The collector's pauses: what starting made is frozen once the broker listens (never
+    # walked again), and thawed when it stops (fqd run again in one process).
+    code = """if True:
+        import gc, os, signal, sys
+        import fqbroker.cli as cli
+        say = cli._say
+        def said(text):
+            say(text)
+            if text.startswith("Listening on port: "):
+                say(f"frozen {gc.get_freeze_count()}")
+                os.kill(os.getpid(), signal.SIGTERM)
+        cli._say = said
+        code = cli.fqd(sys.argv[1:])
+        print(f"frozen after {gc.get_freeze_count()}", file=sys.stderr)
+        sys.exit(code)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", code, "-p", "0", "-n", NODE_ID, "-c", "fqd.sqlite", "-q", "q"],
+        env=CLEAN_ENV, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = dict(line.rsplit(" ", 1) for line in done.stderr.splitlines() if "frozen" in line)
+    assert int(said["frozen"]) > 10_000, done.stderr  # modules, settings, catalog, router
+    assert said["frozen after"] == "0", done.stderr
+
+
 def test_print_config_writes_the_packaged_sample() -> None:
     done = run_script("fqd", "--print-config")
     assert done.returncode == 0 and done.stderr == ""

@@ -35,6 +35,7 @@ from typing import Protocol
 
 from fqbroker.core.message import Run
 from fqbroker.core.permissions import Permissions
+from fqbroker.core.queue import collect_wakeups, run_wakeups
 from fqbroker.core.router import ClientStats, Router, Target
 
 __all__ = ["DurableStore", "FlushDirty", "Publisher"]
@@ -140,7 +141,18 @@ class Publisher:
         return self.carry_on()
 
     def carry_on(self) -> bool:
-        """Publish what is left of the batch; False when it has to wait again."""
+        """Publish what is left of the batch; False when it has to wait again.
+
+        The consumers it wakes are called back once it is done, before it returns: they
+        write it in the loop turn it was read in.
+        """
+        outer = collect_wakeups()
+        try:
+            return self._carry_on()
+        finally:
+            run_wakeups(outer)
+
+    def _carry_on(self) -> bool:
         runs = self._runs
         i = self._next
         stats = self.stats

@@ -104,6 +104,7 @@ class Broker:
         self.shutdown_requested = asyncio.Event()
         self.started = time.monotonic()  # for the uptime /node.json shows
         self._route_sampler: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _rule_registry(self) -> RuleRegistry:
         if not self.settings.modules:
@@ -143,6 +144,7 @@ class Broker:
         self._stopped = True
         if self._route_sampler is not None:
             self._route_sampler.cancel()
+            self._loop = None
         await self.peering.stop()
         await self.listeners.stop()
         self.heartbeats.close()
@@ -166,7 +168,9 @@ class Broker:
         """Have the router time its next batch, now and every RouteTimes.SAMPLE_SECONDS:
         the routing-time histogram of /metrics without a clock read per batch."""
         self.router.sample = True
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None:  # kept: each get_running_loop is a getpid system call
+            loop = self._loop = asyncio.get_running_loop()
         self._route_sampler = loop.call_later(RouteTimes.SAMPLE_SECONDS, self._sample_routing)
 
     def _warn_open(self) -> None:

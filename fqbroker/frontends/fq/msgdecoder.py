@@ -315,7 +315,8 @@ class MessageDecoder(Decoder):
             )
         slow: list[Message] = []
         try:
-            while (msg := self.next_message()) is not None:
+            # (an empty buffer holds no message: NeedData raised and caught costs more)
+            while len(self._buf) and (msg := self.next_message()) is not None:
                 msg.stamp(sender, hops)
                 self.octets += msg.publish_octets
                 slow.append(msg)
@@ -329,6 +330,7 @@ class MessageDecoder(Decoder):
             self._error is None
             and not self._skipping
             and self._large is None
+            and len(self._buf)
             and self._head_length() is not None
         ):
             # The head is whole, so in_flight now announces the frame's true size, which the

@@ -1,0 +1,129 @@
+"""When a consumer waiting in a queue is called back: at the end of the publisher's batch,
+in the turn it was read in (not one loop turn later), or on the next turn when whoever
+filled the queue is no publisher; a consumer's error stays its own."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fqbroker.config import Settings
+from fqbroker.core.message import Message, runs_of
+from fqbroker.core.publisher import Publisher
+from fqbroker.core.queue import Notify, Queue, collect_wakeups, run_wakeups
+from fqbroker.core.queuespec import QueueSpec
+from fqbroker.core.router import Router
+from fqbroker.storage.catalog import Catalog
+from fqbroker.storage.state import ConfigStore
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Iterator[Catalog]:
+    settings = Settings(config_db=tmp_path / "fqd.sqlite", queue_dir=tmp_path / "queues")
+    catalog = Catalog(settings, Router(), ConfigStore(settings.config_db))
+    yield catalog
+    catalog.close()
+
+
+class Consumer:
+    """Takes what the queue holds when called back, and waits in line again."""
+
+    def __init__(self, queue: Queue, fail: bool = False) -> None:
+        self.queue = queue
+        self.fail = fail
+        self.got: list[list[bytes]] = []
+        self.ready: Notify | None = queue.notify_ready(self)
+
+    def queue_ready(self) -> bool:
+        self.ready = None
+        if self.fail:
+            raise RuntimeError("consumer failed")
+        batch = self.queue.take(1000)
+        if batch:
+            self.got.append(batch)
+        self.ready = self.queue.notify_ready(self)
+        return True
+
+
+def messages(n: int) -> list[Message]:
+    return [Message(b"ex", b"r", b"m%d" % i) for i in range(n)]
+
+
+async def test_a_consumer_takes_the_batch_before_publish_returns(catalog: Catalog) -> None:
+    queue = Queue(QueueSpec(b"q"))
+    catalog.router.bind(b"ex", b"prefix:", queue)
+    consumer = Consumer(queue)
+    publisher = Publisher(catalog.router, catalog.flush_dirty)
+    sent = messages(5)
+    assert publisher.publish(runs_of(sent))
+    # No loop turn in between: the whole batch, in one take, in order.
+    assert consumer.got == [[m.peer_frame() for m in sent]]
+    assert queue.backlog == 0
+    await asyncio.sleep(0)
+    assert len(consumer.got) == 1
+    assert publisher.publish(runs_of(messages(2)))
+    assert len(consumer.got) == 2
+
+
+async def test_without_a_publisher_the_consumer_is_called_back_next_turn(
+    catalog: Catalog,
+) -> None:
+    queue = Queue(QueueSpec(b"q"))
+    consumer = Consumer(queue)
+    frames = [m.peer_frame() for m in messages(3)]
+    queue.offer(frames)
+    assert consumer.got == []
+    await asyncio.sleep(0)
+    assert consumer.got == [frames]
+
+
+async def test_a_collection_inside_another_hands_back_to_it() -> None:
+    outer_queue, inner_queue = Queue(QueueSpec(b"outer")), Queue(QueueSpec(b"inner"))
+    outer, inner = Consumer(outer_queue), Consumer(inner_queue)
+    first = collect_wakeups()
+    outer_queue.offer([b"o"])
+    second = collect_wakeups()
+    inner_queue.offer([b"i"])
+    run_wakeups(second)
+    assert (inner.got, outer.got) == ([[b"i"]], [])
+    run_wakeups(first)
+    assert outer.got == [[b"o"]]
+    outer_queue.offer([b"p"])  # no collection left: a loop callback again
+    assert outer.got == [[b"o"]]
+    await asyncio.sleep(0)
+    assert outer.got == [[b"o"], [b"p"]]
+
+
+async def test_public_queue_consumers_share_in_line_order(catalog: Catalog) -> None:
+    queue = Queue(QueueSpec(b"q", private=False))
+    catalog.router.bind(b"ex", b"prefix:", queue)
+    first, second = Consumer(queue), Consumer(queue)
+    publisher = Publisher(catalog.router, catalog.flush_dirty)
+    sent = [m.peer_frame() for m in messages(10)]
+    assert publisher.publish(runs_of(messages(10)))
+    assert first.got == [sent[:5]] and second.got == [sent[5:]]
+
+
+async def test_a_failing_consumer_is_the_loops_to_report_not_the_publishers(
+    catalog: Catalog,
+) -> None:
+    queue = Queue(QueueSpec(b"q", private=False))
+    catalog.router.bind(b"ex", b"prefix:", queue)
+    failing, good = Consumer(queue, fail=True), Consumer(queue)
+    reported: list[dict[str, Any]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        publisher = Publisher(catalog.router, catalog.flush_dirty)
+        assert publisher.publish(runs_of(messages(4)))  # raises nothing
+        assert publisher.stats.routed == 4
+        assert [type(c["exception"]) for c in reported] == [RuntimeError]
+        assert reported[0]["protocol"] is failing
+        # The other consumer woken was still called back, and took the batch.
+        assert sum(map(len, good.got)) == 4
+    finally:
+        loop.set_exception_handler(None)
