@@ -84,18 +84,20 @@ async def test_without_a_publisher_the_consumer_is_called_back_next_turn(
 async def test_a_collection_inside_another_hands_back_to_it() -> None:
     outer_queue, inner_queue = Queue(QueueSpec(b"outer")), Queue(QueueSpec(b"inner"))
     outer, inner = Consumer(outer_queue), Consumer(inner_queue)
+    # Real peer frames: a memory queue reads frame lengths where a take cuts its chunks.
+    o, i, p = (m.peer_frame() for m in messages(3))
     first = collect_wakeups()
-    outer_queue.offer([b"o"])
+    outer_queue.offer([o])
     second = collect_wakeups()
-    inner_queue.offer([b"i"])
+    inner_queue.offer([i])
     run_wakeups(second)
-    assert (inner.got, outer.got) == ([[b"i"]], [])
+    assert (inner.got, outer.got) == ([[i]], [])
     run_wakeups(first)
-    assert outer.got == [[b"o"]]
-    outer_queue.offer([b"p"])  # no collection left: a loop callback again
-    assert outer.got == [[b"o"]]
+    assert outer.got == [[o]]
+    outer_queue.offer([p])  # no collection left: a loop callback again
+    assert outer.got == [[o]]
     await asyncio.sleep(0)
-    assert outer.got == [[b"o"], [b"p"]]
+    assert outer.got == [[o], [p]]
 
 
 async def test_public_queue_consumers_share_in_line_order(catalog: Catalog) -> None:
