@@ -35,7 +35,6 @@ from typing import Protocol
 
 from fqbroker.core.message import Run
 from fqbroker.core.permissions import Permissions
-from fqbroker.core.queue import collect_wakeups, run_wakeups
 from fqbroker.core.router import ClientStats, Router, Target
 
 __all__ = ["DurableStore", "FlushDirty", "Publisher"]
@@ -143,16 +142,12 @@ class Publisher:
     def carry_on(self) -> bool:
         """Publish what is left of the batch; False when it has to wait again.
 
-        The consumers it wakes are called back once it is done, before it returns: they
-        write it in the loop turn it was read in.
+        The consumers it wakes are called back on the loop's next turn, not before it
+        returns: calling them in the read's own turn was tried (P16, round two) and cost
+        broker CPU on every throughput row (1 to 1 128 KiB 0.82x, fan-in 0.86x, 4 KiB
+        0.92x: a write per publisher read instead of one per turn) for no p99 gain at
+        10k msg/s that the bench could tell from noise (bench/RESULTS.md).
         """
-        outer = collect_wakeups()
-        try:
-            return self._carry_on()
-        finally:
-            run_wakeups(outer)
-
-    def _carry_on(self) -> bool:
         runs = self._runs
         i = self._next
         stats = self.stats

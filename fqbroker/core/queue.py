@@ -42,7 +42,6 @@ consumers write as they are.
 from __future__ import annotations
 
 import asyncio
-from threading import get_ident
 from typing import Protocol
 
 from fqbroker.core.budget import MemoryBudget, fitting
@@ -66,8 +65,6 @@ __all__ = [
     "Notify",
     "Queue",
     "Store",
-    "collect_wakeups",
-    "run_wakeups",
     "split_frames",
 ]
 
@@ -410,14 +407,10 @@ class Notify:
         return True
 
     def set_result(self, _: None) -> None:
-        # Not now: the publisher finishes its batch first, and the consumer takes it in one
-        # go, when the publisher is done (run_wakeups), else soon, as a future's callback.
+        # Called soon, not now, as a future's callback: the publisher finishes its batch
+        # first, and the consumer takes it in one go.
         self._state = _WOKEN
-        woken = _collecting.get(get_ident())
-        if woken is not None:
-            woken.append(self)
-        else:
-            asyncio.get_running_loop().call_soon(self._run)
+        asyncio.get_running_loop().call_soon(self._run)
 
     def _run(self) -> None:
         queue = self._queue
@@ -427,56 +420,3 @@ class Notify:
 
 
 _WAITING, _WOKEN, _CANCELLED = "waiting", "woken", "cancelled"
-
-# Per thread (a broker runs on one; another thread may run another): the consumers woken
-# while a publisher publishes a batch, to be called back when it is done.
-_collecting: dict[int, list[Notify]] = {}
-
-
-def collect_wakeups() -> list[Notify] | None:
-    """Consumers woken from now on, in this thread, wait for :func:`run_wakeups` instead
-    of a loop callback; returns what to give it (a collection this one is inside of).
-
-    A publisher calls the two around a batch: the consumers write it in the loop turn it
-    was read in, not one turn later (a turn of other callbacks and a poll), and without
-    the loop lookup a callback needs (a ``getpid`` system call in each
-    ``asyncio.get_running_loop``). That was most of a message's time in the broker at
-    low rates (bench/RESULTS.md).
-    """
-    key = get_ident()
-    outer = _collecting.get(key)
-    _collecting[key] = []
-    return outer
-
-
-def run_wakeups(outer: list[Notify] | None) -> None:
-    """Call back the consumers woken since :func:`collect_wakeups`, in the order woken.
-
-    A consumer's error is the loop's to report, as from a callback of its own: it never
-    reaches the publisher that woke it, and the others are still called back. Those woken
-    meanwhile (a consumer's take wakes the next in line) are called back soon, as always.
-    """
-    key = get_ident()
-    woken = _collecting.pop(key)
-    if outer is not None:
-        _collecting[key] = outer
-    i = 0
-    try:
-        while i < len(woken):
-            getter = woken[i]
-            i += 1
-            try:
-                getter._run()
-            except Exception as exc:
-                asyncio.get_running_loop().call_exception_handler(
-                    {
-                        "message": "Exception in queue_ready",
-                        "exception": exc,
-                        "protocol": getter._consumer,
-                    }
-                )
-    finally:
-        if i < len(woken):  # interrupted (KeyboardInterrupt): the rest are called soon
-            loop = asyncio.get_running_loop()
-            for getter in woken[i:]:
-                loop.call_soon(getter._run)
