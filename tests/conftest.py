@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 
 from fqbroker.config import Settings
+from fqbroker.core.router import Router
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 from fqbroker.server.broker import Broker
 from fqbroker.server.frontend import FrontEnd
 from fqbroker.server.frontends import FRONT_ENDS
+from fqbroker.storage.catalog import Catalog
+from fqbroker.storage.state import ConfigStore
 
 from .procs import Proc
 
@@ -67,6 +70,15 @@ def root_and_bob(settings: Settings) -> Settings:
 async def broker(settings: Settings) -> AsyncIterator[Broker]:
     async with running(settings) as b:
         yield b
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Iterator[Catalog]:
+    """A catalog and router of their own, with no broker around them."""
+    settings = Settings(config_db=tmp_path / "fqd.sqlite", queue_dir=tmp_path / "queues")
+    catalog = Catalog(settings, Router(), ConfigStore(settings.config_db))
+    yield catalog
+    catalog.close()
 
 
 @pytest.fixture

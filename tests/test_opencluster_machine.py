@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from fqbroker.frontends.opencluster import wire
 from fqbroker.frontends.opencluster.machine import Limits, Machine, _Acks
 from fqbroker.storage.kvstore import Batch, KVStore
+from tests.test_opencluster_frames import settle
 
 NAMES = [b"a", b"bb", b"\xffc", b"name-%d" % 7]
 
@@ -86,22 +87,13 @@ async def answers(data: bytes, cuts: list[int], max_inflight: int) -> tuple[byte
             machine = Machine(store, Limits(64, 1024, 2048, max_inflight))
             out: list[bytes] = []
 
-            async def settle() -> None:
-                while (batch := machine.waiting) is not None:
-                    if not batch.done:
-                        done = asyncio.Event()
-                        batch.waiters.append(done.set)
-                        async with asyncio.timeout(10):
-                            await done.wait()
-                    out.append(machine.committed())
-
             at = 0
             for cut in [*sorted(set(cuts)), len(data)]:
                 out.append(machine.receive(data[at:cut]))
                 at = cut
                 if machine.full:
-                    await settle()  # the shell stops reading until replies go out
-            await settle()
+                    await settle(machine, out)  # the shell stops reading until replies go out
+            await settle(machine, out)
             return b"".join(out), machine
         finally:
             await store.close()

@@ -4,28 +4,13 @@ catalog whose disk queue writes into tmp_path."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from fqbroker.config import Settings
 from fqbroker.core.message import Message, runs_of
 from fqbroker.core.permissions import Permissions
 from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import Policy, QueueKind, QueueSpec
-from fqbroker.core.router import Router
 from fqbroker.storage.catalog import Catalog
-from fqbroker.storage.state import ConfigStore
-
-
-@pytest.fixture
-def catalog(tmp_path: Path) -> Iterator[Catalog]:
-    settings = Settings(config_db=tmp_path / "fqd.sqlite", queue_dir=tmp_path / "queues")
-    catalog = Catalog(settings, Router(), ConfigStore(settings.config_db))
-    yield catalog
-    catalog.close()
 
 
 def messages(n: int, exchange: bytes = b"ex") -> list[Message]:
