@@ -243,6 +243,39 @@ def _gather(
     return dropped
 
 
+def _settle_group(
+    ex: Exchange,
+    hits: list[Binding],
+    frames: list[bytes],
+    heads: int,
+    gathered: dict[Target, list[Any]] | None,
+) -> tuple[int, int, int, int]:
+    """Count a group of joined runs on ``ex`` and gather it for its bindings' queues, or
+    offer it to them at once when ``gathered`` is None (nothing else is waiting to go
+    first). Returns its messages, payload bytes, routed and dropped; with no binding,
+    all its messages are ``no_route``, counted on ``ex`` here and by the caller."""
+    n = len(frames)
+    raw = sum(map(len, frames)) if n != 1 else len(frames[0])
+    size = raw - heads
+    ex.messages += n
+    ex.octets += size
+    if not hits:
+        ex.no_route += n
+        return n, size, 0, 0
+    if gathered is not None:
+        dropped = _gather(gathered, hits, frames, n, raw)
+    else:
+        dropped = 0
+        for binding in hits:
+            binding.invocations += n
+            dropped += n - binding.queue.offer(frames, raw)
+    routed = n * len(hits)
+    ex.routed += routed
+    if dropped:
+        ex.dropped += dropped
+    return n, size, routed, dropped
+
+
 @dataclass(slots=True)
 class PublishResult:
     routed: int = 0
@@ -420,25 +453,14 @@ class Router:
                 if group is not _NO_GROUP:
                     hits = group.hits
                     group = _NO_GROUP  # never gathered twice, even on an error
-                    group_n = len(group_frames)
-                    group_raw = (
-                        sum(map(len, group_frames)) if group_n != 1 else len(group_frames[0])
+                    group_n, group_size, run_routed, run_dropped = _settle_group(
+                        group_ex, hits, group_frames, group_heads, gathered
                     )
-                    group_size = group_raw - group_heads
-                    group_ex.messages += group_n
-                    group_ex.octets += group_size
                     messages += group_n
                     octets += group_size
-                    if hits:
-                        run_dropped = _gather(gathered, hits, group_frames, group_n, group_raw)
-                        run_routed = group_n * len(hits)
-                        group_ex.routed += run_routed
-                        routed += run_routed
-                        if run_dropped:
-                            group_ex.dropped += run_dropped
-                            dropped += run_dropped
-                    else:
-                        group_ex.no_route += group_n
+                    routed += run_routed
+                    dropped += run_dropped
+                    if not hits:
                         no_route += group_n
                 if reach is not None and not reach.blocks:
                     i += 1
@@ -481,31 +503,16 @@ class Router:
         finally:
             if group is not _NO_GROUP:
                 hits = group.hits
-                group_n = len(group_frames)
-                group_raw = sum(map(len, group_frames)) if group_n != 1 else len(group_frames[0])
-                group_size = group_raw - group_heads
-                group_ex.messages += group_n
-                group_ex.octets += group_size
+                # Nothing else gathered (a read on one route, say): offered as it is.
+                group_n, group_size, run_routed, run_dropped = _settle_group(
+                    group_ex, hits, group_frames, group_heads, gathered if gathered else None
+                )
                 messages += group_n
                 octets += group_size
+                routed += run_routed
+                dropped += run_dropped
                 if not hits:
-                    group_ex.no_route += group_n
                     no_route += group_n
-                elif gathered:
-                    run_dropped = _gather(gathered, hits, group_frames, group_n, group_raw)
-                else:
-                    # Nothing else gathered (a read on one route, say): offered as it is.
-                    run_dropped = 0
-                    for binding in hits:
-                        binding.invocations += group_n
-                        run_dropped += group_n - binding.queue.offer(group_frames, group_raw)
-                if hits:
-                    run_routed = group_n * len(hits)
-                    group_ex.routed += run_routed
-                    routed += run_routed
-                    if run_dropped:
-                        group_ex.dropped += run_dropped
-                        dropped += run_dropped
             if gathered:
                 self._offer_gathered(gathered)
             self.count(client, messages, octets, no_exchange, no_route, routed, dropped)
