@@ -22,15 +22,15 @@ from hypothesis import strategies as st
 
 from fqbroker.core import frames as frames_module
 from fqbroker.core.budget import MemoryBudget
-from fqbroker.core.message import Message, message_from_frame
+from fqbroker.core.message import Message
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
 from fqbroker.core.router import ClientStats
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.data import OUT_CHUNK, DataSession
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+from tests.test_wire import HOPS, run_messages, stamped_messages
 
-HOPS = bytes([10, 0, 0, 1, 127, 0, 0, 1])
 SIZES = st.sampled_from([0, 1, 100, frames_module._VIEW_FROM - 1, frames_module._VIEW_FROM, 5000])
 
 
@@ -65,19 +65,8 @@ def test_reads_decoded_in_place_match_one_at_a_time(
         if settle:
             _ = fast.in_flight  # the careful paths see the read in the buffer
         slow.feed(bytearray(data[a:b]))  # not bytes: always buffered, never held
-        for exchange, route, frames, head in fast.runs(b"user", HOPS):
-            for frame in frames:
-                assert type(frame) is bytes
-                msg = message_from_frame(frame)
-                assert (msg.exchange, msg.route, len(frame) - len(msg.payload)) == (
-                    exchange,
-                    route,
-                    head,
-                )
-                got.append(msg)
-        while (msg := slow.next_message()) is not None:
-            msg.stamp(b"user", HOPS)
-            want.append(msg)
+        got += run_messages(fast.runs(b"user", HOPS))
+        want += stamped_messages(slow)
     assert got == want
     assert fast.oversized == slow.oversized
     assert fast.octets == sum(m.publish_octets for m in got)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fqbroker.core.message import Message, message_from_frame
+from fqbroker.core.message import Message, Run, message_from_frame
 from fqbroker.errors import AuthError, FrameTooLarge, ProtocolError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
@@ -356,6 +356,32 @@ def test_garbage_gives_frames_none_or_protocol_error(data: bytes) -> None:
             pass
 
 
+def run_messages(runs: list[Run]) -> list[Message]:
+    """The messages of the data path's runs, each frame checked against its run: a
+    ``bytes`` of the run's exchange and route, with the run's head size."""
+    got: list[Message] = []
+    for exchange, route, frames, head in runs:
+        for frame in frames:
+            assert type(frame) is bytes
+            msg = message_from_frame(frame)
+            assert (msg.exchange, msg.route, len(frame) - len(msg.payload)) == (
+                exchange,
+                route,
+                head,
+            )
+            got.append(msg)
+    return got
+
+
+def stamped_messages(decoder: MessageDecoder) -> list[Message]:
+    """What next_message() decodes, stamped as the data path stamps (user, HOPS)."""
+    want: list[Message] = []
+    while (msg := decoder.next_message()) is not None:
+        msg.stamp(b"user", HOPS)
+        want.append(msg)
+    return want
+
+
 @given(
     messages=st.lists(
         st.builds(Message, **MESSAGE_FIELDS),
@@ -377,18 +403,8 @@ def test_runs_decoding_matches_one_at_a_time_and_stamps(
     for a, b in itertools.pairwise(points):
         fast.feed(data[a:b])
         slow.feed(data[a:b])
-        for exchange, route, frames, head in fast.runs(b"user", HOPS):
-            for frame in frames:
-                msg = message_from_frame(frame)
-                assert (msg.exchange, msg.route, len(frame) - len(msg.payload)) == (
-                    exchange,
-                    route,
-                    head,
-                )
-                got.append(msg)
-        while (msg := slow.next_message()) is not None:
-            msg.stamp(b"user", HOPS)
-            want.append(msg)
+        got += run_messages(fast.runs(b"user", HOPS))
+        want += stamped_messages(slow)
     assert got == want
     assert fast.oversized == slow.oversized
     assert fast.octets == sum(m.publish_octets for m in got)
