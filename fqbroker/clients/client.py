@@ -370,8 +370,16 @@ class Client:
             # broker end the session, data socket included, with our last messages unread.
             self._write_pending()
             with contextlib.suppress(ConnectionError, RuntimeError):
-                link.data_w.write_eof()
-                await asyncio.wait([link.data_reader], timeout=GOODBYE_SECONDS)
+                if link.data_w.can_write_eof():
+                    link.data_w.write_eof()
+                    await asyncio.wait([link.data_reader], timeout=GOODBYE_SECONDS)
+                else:
+                    # TLS has no half-close: its close_notify is the EOF, and closing waits
+                    # for the broker's close_notify, sent once it has read up to ours.
+                    link.data_w.close()
+                    with contextlib.suppress(OSError, TimeoutError):
+                        async with asyncio.timeout(GOODBYE_SECONDS):
+                            await link.data_w.wait_closed()
         if link is not None:
             await self._teardown(link)
         self._finish()
