@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -22,10 +22,14 @@ from fqbroker.core.message import Message
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
 from fqbroker.frontends.fq import wire
-from fqbroker.frontends.fq.data import BULK_READ, WRITE_GROUP, DataSession
+from fqbroker.frontends.fq.data import BULK_FROM, BULK_READ, WRITE_GROUP, DataSession, _Input
 from fqbroker.frontends.fq.msgdecoder import BIG_READ
 from tests.test_buffered_reads import buffered, fed
+from tests.test_datachannel import streaming
 from tests.test_fqpath import _consumer, _Transport
+
+if TYPE_CHECKING:
+    from fqbroker.core.publisher import Publisher
 
 KIB = 1 << 10
 
@@ -36,16 +40,40 @@ def _session(budget: MemoryBudget) -> DataSession:
     return DataSession(host, wire.Mode.DATA, transport)
 
 
-def test_an_ordinary_read_is_bulk_only_while_the_budget_has_room_for_it() -> None:
+def _publishing(session: DataSession, bulk: bool) -> None:
+    session._in = _Input(cast("Publisher", None))
+    session._in.bulk = bulk
+
+
+def test_an_ordinary_read_is_bulk_for_large_messages_while_the_budget_has_room() -> None:
     budget = MemoryBudget(64 << 20)
     session = _session(budget)
+    assert len(session.get_buffer(-1)) == BIG_READ  # nothing published yet
+    _publishing(session, bulk=False)
+    assert len(session.get_buffer(-1)) == BIG_READ  # small messages
+    _publishing(session, bulk=True)
     assert len(session.get_buffer(-1)) == BULK_READ
     # Near the limit a read stays uvloop's size: what the budget may be overshot by.
     budget.used = budget.limit - BULK_READ + 1
     assert len(session.get_buffer(-1)) == BIG_READ
     budget.used = budget.limit - BULK_READ
     assert len(session.get_buffer(-1)) == BULK_READ
-    assert len(_session(MemoryBudget(BULK_READ // 2)).get_buffer(-1)) == BIG_READ
+    small = _session(MemoryBudget(BULK_READ // 2))
+    _publishing(small, bulk=True)
+    assert len(small.get_buffer(-1)) == BIG_READ
+
+
+def test_a_batch_ending_in_a_large_message_makes_reads_bulk() -> None:
+    session = _session(MemoryBudget(64 << 20))
+    published: list[int] = []
+    publisher: Any = SimpleNamespace(publish=lambda runs, octets: published.append(octets) or True)
+    session._in = _Input(publisher)
+    channel = session.channel = streaming()
+    for size, bulk in [(100, False), (BULK_FROM, True), (1000, False), (128 * KIB, True)]:
+        channel.receive_data(encode_publish(b"ex", b"r", bytes(16), bytes(size)) * 2)
+        session._pump()
+        assert session._in.bulk is bulk
+    assert len(published) == 4
 
 
 # Around 128 KiB: the bulk read's case (several whole frames a read, and a partial one).
