@@ -24,7 +24,7 @@ from fqbroker.core.queuespec import QueueSpec
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.data import BULK_FROM, BULK_READ, WRITE_GROUP, DataSession, _Input
 from fqbroker.frontends.fq.msgdecoder import BIG_READ
-from tests.test_buffered_reads import buffered, fed
+from tests.test_buffered_reads import buffered, fed, whole
 from tests.test_datachannel import streaming
 from tests.test_fqpath import _consumer, _Transport
 
@@ -111,6 +111,29 @@ def test_frames_split_by_bulk_reads_at_any_offset_decode_as_one_read(
     assert fed(stream, cut, 1 << 20) == expect
     cuts = iter([first])
     assert buffered(stream, cut, 1 << 20) == expect
+
+
+def test_a_bulk_read_may_end_at_any_offset_of_a_frame() -> None:
+    # Every offset around each head (names, id, length) and a stride through payloads:
+    # the first read ends there, the rest come a BULK_READ at a time.
+    rng = random.Random(11)
+    frames = [
+        encode_publish(b"ex", b"route", bytes(16), rng.randbytes(128 * KIB + d))
+        for d in (-3, 0, 17, 5000)
+    ]
+    stream = b"".join(frames)
+    expect = whole(stream)
+    assert len(expect) == len(frames)
+    starts = [sum(map(len, frames[:i])) for i in range(len(frames))]
+    offsets = {o for start in starts for o in range(start - 40, start + 80)}
+    offsets |= set(range(1, len(stream), 4093)) | {len(stream) - 1, len(stream)}
+    for first in sorted(o for o in offsets if 0 < o <= len(stream)):
+        reads = iter([first])
+
+        def cut(limit: int) -> int:
+            return next(reads, BULK_READ)  # noqa: B023 (this iteration's reads)
+
+        assert fed(stream, cut, 1 << 20)[0] == expect, first
 
 
 def test_a_large_batch_goes_out_a_write_group_at_a_time() -> None:
