@@ -142,7 +142,9 @@ def _consumer(transport: _Transport, queue: Queue, budget: MemoryBudget) -> Data
 @settings(max_examples=100, deadline=None)
 @given(
     sizes=st.lists(
-        st.sampled_from([10, 100, 3000, 100_000, OUT_CHUNK - 50, OUT_CHUNK + 1, 3 * OUT_CHUNK]),
+        st.sampled_from(
+            [10, 100, 3000, 100_000, 131_072, OUT_CHUNK - 50, OUT_CHUNK + 1, 3 * OUT_CHUNK]
+        ),
         min_size=1,
         max_size=20,
     ),
