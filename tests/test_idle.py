@@ -63,3 +63,29 @@ async def test_clock_serves_many_sessions_on_their_grid() -> None:
         # On time or a little late, never more than the slack early: the grid holds.
         assert all(t >= d - 0.0021 for t, d in zip(times, due, strict=True)), (times, due)
     clock.close()
+
+
+async def test_an_idle_client_has_no_counters_until_it_counts(broker: Broker) -> None:
+    # Made at first use: an idle client holds none, and status reads zeros all the same.
+    idle = await open_session(broker.port, b"idle")
+    consumer = await open_session(broker.port, b"consumer")
+    publisher = await open_session(broker.port, b"publisher")
+    try:
+        for s in (idle, consumer, publisher):
+            await paired(broker, s.key)
+        assert await consumer.bind(b"ex", b"prefix:") != wire.BIND_ILLEGAL
+        sessions = {s.key: broker.clients[s.key] for s in (idle, consumer, publisher)}
+        assert all(c._stats is None for c in sessions.values())
+        await publisher.publish(b"ex", b"r", b"payload")
+        (msg,) = await consumer.receive()
+        assert msg.payload == b"payload"
+        assert sessions[idle.key]._stats is None
+        assert sessions[publisher.key].stats.msgs_in == 1
+        assert sessions[consumer.key].stats.msgs_out == 1
+        status = await idle.status()
+        zeros = ("no_exchange", "no_route", "routed", "dropped", "msgs_in", "msgs_out")
+        assert all(status[k] == 0 for k in zeros), status
+        assert (await consumer.status())["msgs_out"] == 1
+    finally:
+        for s in (idle, consumer, publisher):
+            await s.close()
