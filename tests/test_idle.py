@@ -89,3 +89,19 @@ async def test_an_idle_client_has_no_counters_until_it_counts(broker: Broker) ->
     finally:
         for s in (idle, consumer, publisher):
             await s.close()
+
+
+async def test_clients_of_one_user_share_its_name(broker: Broker) -> None:
+    sessions = [await open_session(broker.port, b"same", b"q%d" % i) for i in range(3)]
+    other = await open_session(broker.port, b"other")
+    names = broker.registry._names
+    try:
+        users = [broker.clients[s.key].user for s in sessions]
+        assert users == [b"same"] * 3 and all(u is users[0] for u in users)
+        assert names == {b"same": (users[0], 3), b"other": (b"other", 1)}
+        await sessions[0].close()
+        await wait_for(lambda: names[b"same"][1] == 2)
+    finally:
+        for s in (*sessions[1:], other):
+            await s.close()
+    await wait_for(lambda: not names)
