@@ -398,3 +398,11 @@ def stream_at_frame(stream: bytes, pos: int) -> bool:
     while decoder.next_frame() is not None:
         pass
     return decoder.buffered == 0
+
+
+def test_sessions_asking_the_same_interval_share_its_int() -> None:
+    a, b = ready(), ready()
+    ask(a, int("1500"), 0.0)  # made at run time: two equal ints, not one constant
+    ask(b, int("1500"), 0.0)
+    assert a.heartbeat_ms == b.heartbeat_ms == 1500
+    assert a._interval_ms is b._interval_ms

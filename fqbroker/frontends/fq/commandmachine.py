@@ -63,6 +63,7 @@ HEARTBEAT_FAILED = wire.encode(wire.ErrorReply("client heartbeat failed"))
 # The decoder of every session past auth with nothing buffered, never fed: a session's own
 # decoder, buffer and bytearray are 150 bytes in each of 10,000 idle clients.
 _IDLE: Final = wire.ServerCommandDecoder(authed=True)
+_INTERVALS: dict[int, int] = {}
 
 
 class Phase(Enum):
@@ -333,7 +334,11 @@ class CommandMachine(Generic[T]):
         interval = interval_ms / 1000
         if self._interval_ms is None:
             self._beat_time += interval  # one interval after the last write
-        self._interval_ms = interval_ms
+        # One int object per interval in use (1000 is no cached small int): 28 bytes in
+        # every idle client otherwise. Up to a few dozen intervals; any more are kept as read.
+        self._interval_ms = _INTERVALS.get(interval_ms, interval_ms)
+        if len(_INTERVALS) < 64:
+            _INTERVALS.setdefault(interval_ms, interval_ms)
         return min(self._beat_time, self._last_read + 3 * interval)
 
     def heartbeat_due(self, now: float) -> float | None:
