@@ -30,6 +30,7 @@ LAZY = (
     "fqbroker.storage.topics",
     "fqbroker.storage.topic",
     "fqbroker.storage.retention",
+    "fqbroker.frontends.fq.peerlink",
     "fqbroker.frontends.http.host",
     "fqbroker.frontends.http.auth",
     "fqbroker.frontends.http.endpoints",
