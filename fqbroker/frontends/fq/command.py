@@ -129,7 +129,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         "_pairing",
         "_stats",
         "host",
-        "key",
+        "key_id",
         "machine",
         "permissions",
         "queue",
@@ -148,7 +148,9 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         # while its password is being checked.
         self.permissions: Permissions | None = None
         self.queue: Queue | None = None
-        self.key = b""
+        # Its client key's id in the host's registry (the key itself is not kept): -1 until
+        # issued at auth.
+        self.key_id = -1
         # Made at first use (see stats): an idle client never counts anything.
         self._stats: ClientStats | None = None
         self._pairing: Pairing = None
@@ -310,8 +312,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         """The client is who it says: attach its queue (within its rights) and answer."""
         self.permissions = permissions
         self.queue = self.host.attach(spec, self)
-        self.key = self.host.register(self)
-        self.machine.accept(self.key)
+        self.machine.accept(self.host.register(self))
         log.info("client %s authenticated", self.pretty)
 
     def _authenticate(self, users: Users, spec: QueueSpec, password: bytes) -> None:
