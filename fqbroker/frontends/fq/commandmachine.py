@@ -8,7 +8,8 @@ three phases:
 
 The first frame must be the plain-auth request; the decoder knows that grammar, and its
 one "auth read" flag is the only record of having passed it, so the phase is read off
-the decoder (and CLOSED is having none: a closed machine reads nothing more). Reading
+the decoder (and CLOSED is having none: a closed machine reads nothing more; READY with
+nothing buffered is the shared ``_IDLE`` decoder, an idle session's own let go). Reading
 the auth request yields :class:`Authenticate`; the caller answers it with :meth:`accept`
 or :meth:`refuse` before it asks for the next event.
 
