@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import cast
-
-from hypothesis import given
-from hypothesis import strategies as st
 
 from fqbroker.frontends.fq import wire
-from fqbroker.frontends.fq.command import CommandSession
-from fqbroker.frontends.fq.registry import ClientKeys
 from fqbroker.server.broker import Broker
 from fqbroker.server.heartbeats import Entry, HeartbeatClock
 
@@ -111,35 +105,3 @@ async def test_clients_of_one_user_share_its_name(broker: Broker) -> None:
         for s in (*sessions[1:], other):
             await s.close()
     await wait_for(lambda: not names)
-
-
-@given(st.integers(0, wire.KEY_LEN - 1), st.integers(1, 255))
-def test_a_client_key_is_found_whole_and_only_whole(at: int, flip: int) -> None:
-    keys = ClientKeys()
-    session = cast(CommandSession, object())
-    other = cast(CommandSession, object())
-    key = keys.key(keys.issue(session))
-    other_key = keys.key(keys.issue(other))
-    assert len(key) == len(other_key) == wire.KEY_LEN and key != other_key
-    assert keys[key] is session and keys.get(other_key) is other
-    assert set(keys) == {key, other_key} and len(keys) == 2
-    tampered = bytearray(key)
-    tampered[at] ^= flip  # in its id or in its tail: no session
-    assert keys.get(bytes(tampered)) is None
-    assert keys.get(key[:-1]) is None and keys.get(key + b"x") is None
-    # Another broker's secret: the same id makes another key.
-    assert ClientKeys().key(int.from_bytes(key[:8], "big")) != key
-
-
-async def test_a_data_socket_pairs_by_the_key_and_not_by_another(broker: Broker) -> None:
-    s = await open_session(broker.port, b"keyed")
-    try:
-        await paired(broker, s.key)
-        session = broker.clients[s.key]
-        assert session.key_id == int.from_bytes(s.key[:8], "big")
-        assert broker.registry.session(s.key) is session
-        forged = s.key[:8] + bytes(wire.KEY_LEN - 8)
-        assert broker.registry.session(forged) is None
-    finally:
-        await s.close()
-    await wait_for(lambda: len(broker.clients) == 0)

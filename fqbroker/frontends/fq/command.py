@@ -129,7 +129,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         "_pairing",
         "_stats",
         "host",
-        "key_id",
+        "key",
         "machine",
         "permissions",
         "queue",
@@ -148,9 +148,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         # while its password is being checked.
         self.permissions: Permissions | None = None
         self.queue: Queue | None = None
-        # Its client key's id in the host's registry (the key itself is not kept): -1 until
-        # issued at auth.
-        self.key_id = -1
+        self.key = b""
         # Made at first use (see stats): an idle client never counts anything.
         self._stats: ClientStats | None = None
         self._pairing: Pairing = None
@@ -312,7 +310,8 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         """The client is who it says: attach its queue (within its rights) and answer."""
         self.permissions = permissions
         self.queue = self.host.attach(spec, self)
-        self.machine.accept(self.host.register(self))
+        self.key = self.host.register(self)
+        self.machine.accept(self.key)
         log.info("client %s authenticated", self.pretty)
 
     def _authenticate(self, users: Users, spec: QueueSpec, password: bytes) -> None:

@@ -10,11 +10,9 @@ Broker builds one :class:`ClientRegistry` and hands it to every command session 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
-from _operator import _compare_digest
-from collections.abc import Callable, Iterator, Mapping, ValuesView
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fqbroker.errors import AuthError
 from fqbroker.frontends.fq import wire
@@ -30,70 +28,12 @@ if TYPE_CHECKING:
     from fqbroker.storage.catalog import Catalog
     from fqbroker.storage.users import Users
 
-__all__ = ["ClientKeys", "ClientRegistry"]
-
-# The builtin SHA-256, as fqbroker.accel takes it: hashlib would load OpenSSL's digests
-# (half a megabyte of pages) into every broker.
-_sha256: Any = importlib.import_module("_sha256").sha256
-_ID_LEN = 8  # the key's random head, by which it is filed
+__all__ = ["ClientRegistry"]
 
 
 def _text(name: bytes) -> str:
     # For an error frame: printable, whatever bytes the name holds.
     return name.decode("utf-8", errors="replace")
-
-
-class ClientKeys(Mapping[bytes, CommandSession]):
-    """Client keys to command sessions, without holding the keys (160 bytes in every
-    idle client otherwise).
-
-    A key is 8 random bytes, its id, then 119 bytes a keyed SHA-256 makes of the id with a
-    secret of this broker's (fixed-length inputs, so no extension of one is another's);
-    sessions are filed under the id, an int, and a key presented is found by its id and
-    checked whole. To a client it is 127 unpredictable bytes, as before: knowing one's
-    own key says nothing of another's.
-    """
-
-    __slots__ = ("_secret", "_sessions")
-
-    def __init__(self) -> None:
-        self._secret = os.urandom(32)
-        self._sessions: dict[int, CommandSession] = {}
-
-    def issue(self, client: CommandSession) -> int:
-        """A fresh id for ``client``, filed under it; :meth:`key` is its key."""
-        while True:
-            key_id = int.from_bytes(os.urandom(_ID_LEN), "big")
-            if key_id not in self._sessions:
-                self._sessions[key_id] = client
-                return key_id
-
-    def key(self, key_id: int) -> bytes:
-        head = key_id.to_bytes(_ID_LEN, "big")
-        secret = self._secret
-        tail = b"".join(_sha256(secret + head + bytes((i,))).digest() for i in range(4))
-        return (head + tail)[: wire.KEY_LEN]
-
-    def withdraw(self, key_id: int, client: CommandSession) -> None:
-        if self._sessions.get(key_id) is client:
-            del self._sessions[key_id]
-
-    def __getitem__(self, key: bytes) -> CommandSession:
-        if len(key) == wire.KEY_LEN:
-            key_id = int.from_bytes(key[:_ID_LEN], "big")
-            session = self._sessions.get(key_id)
-            if session is not None and _compare_digest(self.key(key_id), key):
-                return session
-        raise KeyError(key)
-
-    def __iter__(self) -> Iterator[bytes]:
-        return map(self.key, list(self._sessions))
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def values(self) -> ValuesView[CommandSession]:
-        return self._sessions.values()
 
 
 class ClientRegistry:
@@ -120,7 +60,7 @@ class ClientRegistry:
         closed: Callable[[asyncio.Transport], None],
         users: Users | None = None,
     ) -> None:
-        self.clients = ClientKeys()
+        self.clients: dict[bytes, CommandSession] = {}
         self.catalog = catalog
         self.limits = limits
         self.heartbeats = heartbeats
@@ -176,14 +116,17 @@ class ClientRegistry:
         return queue
 
     def register(self, client: CommandSession) -> bytes:
-        """Issue a fresh client key and file the client under it (its ``key_id``)."""
-        client.key_id = self.clients.issue(client)
-        return self.clients.key(client.key_id)
+        """Issue a fresh client key and file the client under it."""
+        while True:
+            key = os.urandom(wire.KEY_LEN)
+            if key not in self.clients:
+                self.clients[key] = client
+                return key
 
     def deregister(self, client: CommandSession) -> None:
         """A command session ended: drop its key and data channel, maybe its queue."""
-        if client.key_id >= 0:
-            self.clients.withdraw(client.key_id, client)
+        if client.key and self.clients.get(client.key) is client:
+            del self.clients[client.key]
         if client.data is not None:
             client.data.drain_then_close(LINGER_SECONDS)
         if client.queue is not None:
