@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fqbroker.clients.client import Authenticated, CommandChannel, Reply
 from fqbroker.core.queuespec import QueueKind
@@ -16,6 +18,7 @@ from fqbroker.core.router import ClientStats
 from fqbroker.errors import AuthError, ProtocolError, QueueError
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.commandmachine import (
+    _IDLE,
     Authenticate,
     Broken,
     CommandMachine,
@@ -341,3 +344,65 @@ def test_the_machine_does_no_io_and_the_session_needs_no_broker() -> None:
     forbidden = {"fqbroker.server.broker", "fqbroker.frontends.fq.data"}
     assert not _imports(command) & forbidden
     assert not _imports(commandmachine) & forbidden
+
+
+# --- an idle session's decoder ------------------------------------------------------------
+
+_REQUESTS = st.sampled_from(
+    [
+        wire.encode(wire.Heartbeat()),
+        wire.encode(wire.HeartbeatRequest(1000)),
+        wire.encode(wire.StatusRequest()),
+        wire.encode(wire.BindRequest(0x100, b"ex", b'prefix:"a"')),
+        wire.encode(wire.UnbindRequest(7, b"ex")),
+    ]
+)
+
+
+@given(
+    st.lists(_REQUESTS, max_size=8),
+    st.lists(st.integers(1, 40), max_size=30),
+    st.booleans(),
+)
+def test_any_chunking_reads_the_same_and_an_idle_session_holds_no_decoder(
+    requests: list[bytes], cuts: list[int], eof: bool
+) -> None:
+    """The decoder is let go whenever all fed is read (commandmachine._IDLE) and made again
+    when bytes come: whatever the reads, the events and the end are those of one read."""
+    stream = b"".join(requests)
+    whole = ready()
+    whole.receive_data(stream)
+    expected = events(whole)
+    chunked = ready()
+    assert chunked._decoder is _IDLE  # the auth read, nothing buffered
+    got: list[object] = []
+    pos = 0
+    for n in [*cuts, len(stream)]:
+        if pos >= len(stream):
+            break
+        chunked.receive_data(stream[pos : pos + n])
+        pos += n
+        got += events(chunked)
+        assert chunked.phase is Phase.READY
+        assert (chunked._decoder is _IDLE) == (pos >= len(stream) or stream_at_frame(stream, pos))
+    assert got == expected
+    if eof:
+        assert isinstance(chunked.receive_eof(), EndOfInput) and chunked.closed
+        assert chunked.phase is Phase.CLOSED
+
+
+def stream_at_frame(stream: bytes, pos: int) -> bool:
+    """Whether ``pos`` falls between two whole requests of ``stream``."""
+    decoder = wire.ServerCommandDecoder(authed=True)
+    decoder.feed(stream[:pos])
+    while decoder.next_frame() is not None:
+        pass
+    return decoder.buffered == 0
+
+
+def test_sessions_asking_the_same_interval_share_its_int() -> None:
+    a, b = ready(), ready()
+    ask(a, int("1500"), 0.0)  # made at run time: two equal ints, not one constant
+    ask(b, int("1500"), 0.0)
+    assert a.heartbeat_ms == b.heartbeat_ms == 1500
+    assert a._interval_ms is b._interval_ms

@@ -63,3 +63,45 @@ async def test_clock_serves_many_sessions_on_their_grid() -> None:
         # On time or a little late, never more than the slack early: the grid holds.
         assert all(t >= d - 0.0021 for t, d in zip(times, due, strict=True)), (times, due)
     clock.close()
+
+
+async def test_an_idle_client_has_no_counters_until_it_counts(broker: Broker) -> None:
+    # Made at first use: an idle client holds none, and status reads zeros all the same.
+    idle = await open_session(broker.port, b"idle")
+    consumer = await open_session(broker.port, b"consumer")
+    publisher = await open_session(broker.port, b"publisher")
+    try:
+        for s in (idle, consumer, publisher):
+            await paired(broker, s.key)
+        assert await consumer.bind(b"ex", b"prefix:") != wire.BIND_ILLEGAL
+        sessions = {s.key: broker.clients[s.key] for s in (idle, consumer, publisher)}
+        assert all(c._stats is None for c in sessions.values())
+        await publisher.publish(b"ex", b"r", b"payload")
+        (msg,) = await consumer.receive()
+        assert msg.payload == b"payload"
+        assert sessions[idle.key]._stats is None
+        assert sessions[publisher.key].stats.msgs_in == 1
+        assert sessions[consumer.key].stats.msgs_out == 1
+        status = await idle.status()
+        zeros = ("no_exchange", "no_route", "routed", "dropped", "msgs_in", "msgs_out")
+        assert all(status[k] == 0 for k in zeros), status
+        assert (await consumer.status())["msgs_out"] == 1
+    finally:
+        for s in (idle, consumer, publisher):
+            await s.close()
+
+
+async def test_clients_of_one_user_share_its_name(broker: Broker) -> None:
+    sessions = [await open_session(broker.port, b"same", b"q%d" % i) for i in range(3)]
+    other = await open_session(broker.port, b"other")
+    names = broker.registry._names
+    try:
+        users = [broker.clients[s.key].user for s in sessions]
+        assert users == [b"same"] * 3 and all(u is users[0] for u in users)
+        assert names == {b"same": (users[0], 3), b"other": (b"other", 1)}
+        await sessions[0].close()
+        await wait_for(lambda: names[b"same"][1] == 2)
+    finally:
+        for s in (*sessions[1:], other):
+            await s.close()
+    await wait_for(lambda: not names)

@@ -27,6 +27,10 @@ LAZY = (
     "fqbroker.frontends.opencluster.session",
     "fqbroker.frontends.opencluster.machine",
     "fqbroker.storage.kvstore",
+    "fqbroker.storage.topics",
+    "fqbroker.storage.topic",
+    "fqbroker.storage.retention",
+    "fqbroker.frontends.fq.peerlink",
     "fqbroker.frontends.http.host",
     "fqbroker.frontends.http.auth",
     "fqbroker.frontends.http.endpoints",
@@ -81,3 +85,8 @@ def test_a_configured_listener_imports_its_front_end(tmp_path: Path) -> None:
     modules = _modules_of_idle_broker(tmp_path, "--lumberjack", "127.0.0.1:0")
     assert "fqbroker.frontends.lumberjack.session" in modules
     assert "fqbroker.frontends.figg.session" not in modules
+
+
+def test_a_figg_listener_imports_the_topic_logs(tmp_path: Path) -> None:
+    modules = _modules_of_idle_broker(tmp_path, "--figg", "127.0.0.1:0")
+    assert "fqbroker.storage.topics" in modules

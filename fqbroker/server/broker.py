@@ -36,13 +36,13 @@ from fqbroker.server.limits import Limits, install_exception_handler, raised_in_
 from fqbroker.server.listeners import Listeners
 from fqbroker.storage.catalog import Catalog
 from fqbroker.storage.state import ConfigStore
-from fqbroker.storage.topics import Topics
 from fqbroker.storage.users import Users
 
 if TYPE_CHECKING:
     from fqbroker.frontends.fyrehose.endpoint import FyrehoseHost
     from fqbroker.frontends.http.host import HttpHost
     from fqbroker.frontends.lumberjack.session import LumberjackHost
+    from fqbroker.storage.topics import Topics
 
 __all__ = ["Broker"]
 
@@ -76,6 +76,9 @@ class Broker:
         # durable() cover them as they cover disk queues.
         self.topics: Topics | None = None
         if self.settings.figg.listen is not None:
+            # Imported here: the topic logs' code is no broker's without a Figg listener.
+            from fqbroker.storage.topics import Topics
+
             self.topics = Topics(
                 self.settings, self.router, self.catalog.dirty, self.catalog.budget
             )

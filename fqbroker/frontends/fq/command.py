@@ -127,12 +127,12 @@ class CommandSession(RemotePeer, asyncio.Protocol):
     __slots__ = (
         "_beat",
         "_pairing",
+        "_stats",
         "host",
         "key",
         "machine",
         "permissions",
         "queue",
-        "stats",
         "transport",
         "user",
     )
@@ -149,13 +149,25 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         self.permissions: Permissions | None = None
         self.queue: Queue | None = None
         self.key = b""
-        self.stats = ClientStats()
+        # Made at first use (see stats): an idle client never counts anything.
+        self._stats: ClientStats | None = None
         self._pairing: Pairing = None
         self._beat: Entry | None = None
 
     def __lt__(self, other: object) -> bool:
         # Heartbeat entries of one time compare their sessions; any fixed order will do.
         return id(self) < id(other)
+
+    @property
+    def stats(self) -> ClientStats:
+        """The client's counters (docs/fq-protocol.md §1.6). Made when first asked for,
+        by its data channel's first message either way or by a status or /stats read,
+        which then see zeros as from counters made at connect: 112 bytes in every idle
+        client otherwise."""
+        stats = self._stats
+        if stats is None:
+            stats = self._stats = ClientStats()
+        return stats
 
     @property
     def pretty(self) -> str:

@@ -460,7 +460,6 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
         owner = self.owner
         assert owner is not None and owner.queue is not None
         queue = owner.queue
-        stats = owner.stats
         channel = self.channel
         peer = channel.peer_id != wire.NO_PEER
         took = False
@@ -492,6 +491,8 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
                 size = sum(map(len, out))
                 if size <= SCATTER_FROM * len(out):
                     data = b"".join(out)  # one copy beats many small iovecs
+            # Asked for only once there is something to count: an idle client has none.
+            stats = owner.stats
             stats.msgs_out += len(out) if peer else count
             stats.octets_out += size
             if size > OUT_CHUNK:

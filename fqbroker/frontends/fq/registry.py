@@ -40,6 +40,7 @@ class ClientRegistry:
     """Client keys to command sessions; a command session's host."""
 
     __slots__ = (
+        "_names",
         "_on_closed",
         "catalog",
         "clients",
@@ -69,6 +70,10 @@ class ClientRegistry:
         # failures per source address that slow a guesser down (docs/security.md).
         self.users = users
         self.failed_logins = FailedLogins()
+        # The user names of attached clients, each one bytes object however many
+        # clients share it, and how many do: a name read off the wire is a new object
+        # (37 bytes and more in every idle client otherwise).
+        self._names: dict[bytes, tuple[bytes, int]] = {}
 
     @property
     def confirm_pair_timeout(self) -> float:
@@ -99,6 +104,11 @@ class ClientRegistry:
             raise AuthError("permission denied: private queue of another user")
         counted = self.limits.admit_queue(spec, client.user)
         queue = self.catalog.attach(spec, client)
+        # Attached (nothing refuses it now): the client's name becomes the shared one,
+        # before the limits or its queue keep it; deregister counts it off.
+        name, count = self._names.get(client.user, (client.user, 0))
+        self._names[name] = (name, count + 1)
+        client.user = name
         if counted:
             self.limits.charge(client.user, queue)
         if queue.private and queue.owner is None:
@@ -121,6 +131,11 @@ class ClientRegistry:
             client.data.drain_then_close(LINGER_SECONDS)
         if client.queue is not None:
             self.catalog.detach(client.queue, client)
+            name, count = self._names.get(client.user, (client.user, 0))
+            if count > 1:
+                self._names[name] = (name, count - 1)
+            else:
+                self._names.pop(name, None)
 
     def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int:
         return self.catalog.bind(exchange, program, queue, flags)

@@ -328,9 +328,11 @@ class ServerCommandDecoder(Decoder):
 
     __slots__ = ("_authed",)
 
-    def __init__(self) -> None:
+    def __init__(self, authed: bool = False) -> None:
+        # authed: past the auth request already (a command machine lets an idle session's
+        # decoder go, and makes another when bytes come).
         super().__init__()
-        self._authed = False
+        self._authed = authed
 
     @property
     def authed(self) -> bool:
