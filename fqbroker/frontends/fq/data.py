@@ -331,6 +331,8 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
                 if not publisher.publish(event.runs, event.octets):
                     self._hold()
                     return
+                if event.last:
+                    return  # nothing follows it until more is read: no need to ask
             elif isinstance(event, Oversized):
                 # The line shares the bad-input rate limit, so a publisher of oversized
                 # messages cannot flood the log.
@@ -388,6 +390,8 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             if input_.reserved:
                 budget.release(input_.reserved)
                 input_.reserved = 0
+        if not need and not input_.reserved and budget.used <= budget.limit:
+            return True  # a read decoded whole, nothing held: what resize would answer
         input_.reserved, grow = budget.resize(
             input_.reserved, need, behind_waiters=need - input_.reserved >= LARGE_FRAME
         )
