@@ -194,10 +194,17 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
     def data_received(self, data: bytes) -> None:
         channel = self.channel
         if channel.phase is Phase.STREAMING:
-            if not channel.reading:
-                self._start_reading()
+            input_ = self._in
+            if input_ is None or not channel.reading:
+                if not channel.reading:
+                    self._start_reading()
+                input_ = self._input()
             channel.receive_data(data)
-            self._fed()
+            # _fed(), inline: the latency row's every read comes this way.
+            if input_.waiting is None:
+                self._pump()
+                if input_.waiting is None and channel.phase is Phase.STREAMING:
+                    self._reserve()
         elif channel.phase is Phase.AWAIT_KEY:
             channel.receive_data(data)
             self._pump()
