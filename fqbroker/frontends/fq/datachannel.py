@@ -4,7 +4,8 @@ docs/fq-protocol.md §1.4, §1.10).
 :class:`DataChannel` is the broker's side of one fq data socket in the shape of the
 client's :class:`~fqbroker.clients.client.CommandChannel` (and of h11 and websockets): the
 shell feeds it what it read with :meth:`DataChannel.receive_data` and handles
-:meth:`DataChannel.next_event` until it returns None. It knows the phases, the hello, the
+:meth:`DataChannel.next_event` until it returns None (or a batch that says it is the
+``last`` event until more is read: one call a read). It knows the phases, the hello, the
 message format and the stamp; it owns no socket, task, timer or budget, and publishes
 nothing itself: the shell in :mod:`fqbroker.frontends.fq.data` does that.
 
