@@ -242,7 +242,10 @@ class Queue:
                     frames = frames[:room]
                     n = room
                     size = -1
-        store.extend(frames, size)
+        if isinstance(store, MemoryStore):
+            store.extend(frames, size)  # compiled to compiled: not through the protocol
+        else:
+            store.extend(frames, size)
         self._wake_getters()
         return n
 
