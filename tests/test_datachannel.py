@@ -72,7 +72,8 @@ def test_a_publishers_messages_come_as_stamped_runs() -> None:
     got = message_from_frame(batch.runs[0][2][0])
     assert (got.sender, got.hops) == (b"user", NODE + bytes([192, 0, 2, 7]))
     assert channel.stamp_size == 2 + len(b"user") + 8
-    assert channel.next_event() is None  # nothing new came
+    assert batch.last  # the shell need not ask again: nothing new came
+    assert channel.next_event() is None
 
 
 def test_oversized_messages_are_reported_after_their_batch() -> None:
@@ -83,6 +84,7 @@ def test_oversized_messages_are_reported_after_their_batch() -> None:
     )
     batch, oversized = events(channel)
     assert isinstance(batch, Batch) and len(batch.runs[0][2]) == 1
+    assert not batch.last  # the shell asks again, and hears of the oversized one
     assert oversized == Oversized(1, 10)
 
 
@@ -91,6 +93,7 @@ def test_good_messages_before_a_bad_frame_come_first() -> None:
     channel.receive_data(Message(b"ex", b"r", b"ok").publish_frame() + b"\xff" * 8)
     first, second = events(channel)
     assert isinstance(first, Batch) and len(first.runs) == 1
+    assert not first.last
     assert isinstance(second, BadInput)
 
 
@@ -103,6 +106,7 @@ def test_a_peers_looped_messages_are_counted_and_left_out() -> None:
     (batch,) = events(channel)
     assert isinstance(batch, Batch)
     assert (batch.octets, batch.read, batch.read_octets) == (-1, 2, len(data))
+    assert batch.last
     (run,) = batch.runs
     # We go first (docs/fq-protocol.md §5.2).
     assert message_from_frame(run[2][0]).hops == NODE + OTHER

@@ -106,3 +106,31 @@ def test_the_scans_read_what_was_built_and_stop_at_a_partial_frame(
         for frame in run_frames:
             assert frames.peer_fields(frame)[:2] == (exchange, route)
             assert len(frame) - len(frames.peer_fields(frame)[2]) == head
+
+
+def test_scan_runs_stops_at_the_partial_frame_wherever_a_read_ends() -> None:
+    # Every offset, so each byte of a length field (read from the bytes, not by struct)
+    # is the last one read once; a payload large enough to be joined from a view too.
+    msgs = [
+        Message(b"ex", b"r", b"a" * 5),
+        Message(b"ex", b"r", b"b" * 1500),
+        Message(b"ex", b"s", b""),
+        Message(b"ex", b"s", b"c" * 7),
+    ]
+    published = b"".join(m.publish_frame() for m in msgs)
+    ends = [0]
+    for m in msgs:
+        ends.append(ends[-1] + m.publish_octets)
+    after_id = frames.stamp(b"me", bytes(4))
+    for m in msgs:
+        m.stamp(b"me", bytes(4))
+    for cut in range(len(published) + 1):
+        runs: list[tuple[bytes, bytes, list[bytes], int]] = []
+        read = frames.scan_runs(published[:cut], runs, after_id, {}, frames.MAX_MESSAGE_SIZE)
+        whole = max(i for i, end in enumerate(ends) if end <= cut)
+        assert read == ends[whole]
+        assert [f for run in runs for f in run[2]] == [m.peer_frame() for m in msgs[:whole]]
+        assert all(run[2] for run in runs)
+    # A payload over the limit stops the scan at its frame, for the careful reader.
+    runs = []
+    assert frames.scan_runs(published, runs, after_id, {}, 1000) == ends[1]

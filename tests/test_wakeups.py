@@ -100,3 +100,31 @@ async def test_a_failing_consumer_is_the_loops_to_report_not_the_publishers(
         assert sum(map(len, good.got)) == 4
     finally:
         loop.set_exception_handler(None)
+
+
+def test_a_wake_up_goes_to_the_loop_running_now_not_one_before() -> None:
+    # The loop is kept between wake-ups (no getpid() a wake-up): one that stopped is
+    # not called on again, whatever loop kind runs next.
+    def one_loop(loop: asyncio.AbstractEventLoop) -> None:
+        async def main() -> None:
+            queue = Queue(QueueSpec(b"q"))
+            consumer = Consumer(queue)
+            queue.offer([Message(b"ex", b"r", b"m").peer_frame()])
+            assert consumer.got == []
+            await asyncio.sleep(0)
+            assert consumer.got == [[Message(b"ex", b"r", b"m").peer_frame()]]
+
+        try:
+            loop.run_until_complete(main())
+        finally:
+            loop.close()
+
+    kinds: list[Any] = [asyncio.new_event_loop]
+    try:
+        import uvloop
+
+        kinds.append(uvloop.new_event_loop)
+    except ModuleNotFoundError:
+        pass
+    for kind in kinds * 2:
+        one_loop(kind())

@@ -265,50 +265,48 @@ def scan_runs(
     ``names`` maps each frame head (u8 + exchange + u8 + route) to its two names, so
     every message on a route shares one copy of them.
     """
-    unpack = _U32.unpack_from
-    startswith = data.startswith
+    # Indexing, slicing and startswith on a bytes are mypyc primitives, and a length
+    # read from four of its bytes costs no call: struct's unpack_from and a try around
+    # the loop for its error took half the time of a read of small frames (10 messages
+    # of 100 bytes: 3.8 -> 1.9 us compiled).
     extra = ID_SIZE + len(after_id) + 4  # what a frame's head has past exchange and route
     n = len(data)
     head = b""  # u8 + exchange + u8 + route of the run being filled
     to_length = 0  # from a frame's start to its payload length: head and id
     frames: list[bytes] = []
-    append = frames.append
     view: memoryview | None = None
-    view_from = _VIEW_FROM
-    try:
-        while pos < n:
-            if head and startswith(head, pos):
-                q = pos + to_length
-            else:
-                size = data[pos]
-                p = pos + 1 + size  # route length
-                if size > MAX_RK_LEN or p >= n or data[p] > MAX_RK_LEN:
-                    break
-                q = p + 1 + data[p]
-                head = data[pos:q]
-                pair = names.get(head)
-                if pair is None:
-                    # One copy of each name however many messages and queues hold it.
-                    pair = names[head] = (data[pos + 1 : p], data[p + 1 : q])
-                frames = []
-                append = frames.append
-                out.append((pair[0], pair[1], frames, q - pos + extra))
-                q += ID_SIZE
-                to_length = q - pos
-            size = unpack(data, q)[0]  # struct.error when it is not all there
-            end = q + 4 + size
-            if size > max_payload or end > n:
+    while pos < n:
+        if head and data.startswith(head, pos):
+            q = pos + to_length
+        else:
+            size = data[pos]
+            p = pos + 1 + size  # route length
+            if size > MAX_RK_LEN or p >= n or data[p] > MAX_RK_LEN:
                 break
-            if size < view_from:
-                append(data[pos:q] + after_id + data[q:end])
-            else:
-                # A large payload is copied once, into its frame, not sliced out first.
-                if view is None:
-                    view = memoryview(data)
-                append(_join((data[pos:q], after_id, view[q:end])))
-            pos = end
-    except struct.error:
-        pass  # a frame whose length field has not all arrived
+            q = p + 1 + data[p]
+            head = data[pos:q]
+            pair = names.get(head)
+            if pair is None:
+                # One copy of each name however many messages and queues hold it.
+                pair = names[head] = (data[pos + 1 : p], data[p + 1 : q])
+            frames = []
+            out.append((pair[0], pair[1], frames, q - pos + extra))
+            q += ID_SIZE
+            to_length = q - pos
+        if q + 4 > n:
+            break  # a frame whose length field has not all arrived
+        size = (data[q] << 24) | (data[q + 1] << 16) | (data[q + 2] << 8) | data[q + 3]
+        end = q + 4 + size
+        if size > max_payload or end > n:
+            break
+        if size < _VIEW_FROM:
+            frames.append(data[pos:q] + after_id + data[q:end])
+        else:
+            # A large payload is copied once, into its frame, not sliced out first.
+            if view is None:
+                view = memoryview(data)
+            frames.append(_join((data[pos:q], after_id, view[q:end])))
+        pos = end
     if view is not None:
         view.release()
     if out and not out[-1][2]:

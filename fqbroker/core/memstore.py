@@ -177,7 +177,13 @@ class MemoryStore:
         else:
             data = _remember(frames, frames[0] if n == 1 else b"".join(frames))
             tail = items[-1] if items else None
-            if (
+            if tail is None:
+                # Into an empty queue, most likely taken whole at once (a consumer waits:
+                # the latency row's every burst), as it is: no bytearray copy to append
+                # to. A batch that follows before it is taken opens a chunk of its own.
+                items.append(_Chunk(data, n))
+                self._chunks += 1
+            elif (
                 isinstance(tail, _Chunk)
                 and isinstance(tail.data, bytearray)
                 and len(tail.data) < OPEN_BYTES

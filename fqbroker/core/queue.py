@@ -242,7 +242,10 @@ class Queue:
                     frames = frames[:room]
                     n = room
                     size = -1
-        store.extend(frames, size)
+        if isinstance(store, MemoryStore):
+            store.extend(frames, size)  # compiled to compiled: not through the protocol
+        else:
+            store.extend(frames, size)
         self._wake_getters()
         return n
 
@@ -410,7 +413,14 @@ class Notify:
         # Called soon, not now, as a future's callback: the publisher finishes its batch
         # first, and the consumer takes it in one go.
         self._state = _WOKEN
-        asyncio.get_running_loop().call_soon(self._run)
+        loop = _loop[0]
+        if loop is None or not loop.is_running():
+            # asyncio.get_running_loop() is a getpid() system call on every wake-up
+            # (CPython checks the loop was not inherited across a fork): one a burst of
+            # the latency row. A loop that runs is the one running here: a broker is one
+            # thread, and another loop runs only after this one stopped.
+            loop = _loop[0] = asyncio.get_running_loop()
+        loop.call_soon(self._run)
 
     def _run(self) -> None:
         queue = self._queue
@@ -420,3 +430,5 @@ class Notify:
 
 
 _WAITING, _WOKEN, _CANCELLED = "waiting", "woken", "cancelled"
+# The loop the last wake-up was called soon on (Notify.set_result).
+_loop: list[asyncio.AbstractEventLoop | None] = [None]

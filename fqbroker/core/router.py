@@ -41,6 +41,7 @@ from fqbroker.core.budget import fitting
 from fqbroker.core.message import Message, Run, message_from_frame
 from fqbroker.core.prefixes import PrefixIndex
 from fqbroker.core.program import Program, RuleRegistry, compile_program
+from fqbroker.core.queue import Queue
 from fqbroker.core.routestats import AggregateStats, ClientStats, Counts, RouteTimes
 from fqbroker.core.targets import Sink, Target
 from fqbroker.errors import ProgramError
@@ -268,7 +269,13 @@ def _settle_group(
         dropped = 0
         for binding in hits:
             binding.invocations += n
-            dropped += n - binding.queue.offer(frames, raw)
+            target = binding.queue
+            if isinstance(target, Queue):
+                # A direct call of the compiled method, not one through the protocol
+                # (a Python-level call with its arguments parsed: a burst's every queue).
+                dropped += n - target.offer(frames, raw)
+            else:
+                dropped += n - target.offer(frames, raw)
     routed = n * len(hits)
     ex.routed += routed
     if dropped:

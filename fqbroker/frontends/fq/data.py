@@ -221,10 +221,17 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
     def data_received(self, data: bytes) -> None:
         channel = self.channel
         if channel.phase is Phase.STREAMING:
-            if not channel.reading:
-                self._start_reading()
+            input_ = self._in
+            if input_ is None or not channel.reading:
+                if not channel.reading:
+                    self._start_reading()
+                input_ = self._input()
             channel.receive_data(data)
-            self._fed()
+            # _fed(), inline: the latency row's every read comes this way.
+            if input_.waiting is None:
+                self._pump()
+                if input_.waiting is None and channel.phase is Phase.STREAMING:
+                    self._reserve()
         elif channel.phase is Phase.AWAIT_KEY:
             channel.receive_data(data)
             self._pump()
@@ -361,6 +368,8 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
                 if not publisher.publish(event.runs, event.octets):
                     self._hold()
                     return
+                if event.last:
+                    return  # nothing follows it until more is read: no need to ask
             elif isinstance(event, Oversized):
                 # The line shares the bad-input rate limit, so a publisher of oversized
                 # messages cannot flood the log.
@@ -418,6 +427,8 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             if input_.reserved:
                 budget.release(input_.reserved)
                 input_.reserved = 0
+        if not need and not input_.reserved and budget.used <= budget.limit:
+            return True  # a read decoded whole, nothing held: what resize would answer
         input_.reserved, grow = budget.resize(
             input_.reserved, need, behind_waiters=need - input_.reserved >= LARGE_FRAME
         )

@@ -4,7 +4,8 @@ docs/fq-protocol.md §1.4, §1.10).
 :class:`DataChannel` is the broker's side of one fq data socket in the shape of the
 client's :class:`~fqbroker.clients.client.CommandChannel` (and of h11 and websockets): the
 shell feeds it what it read with :meth:`DataChannel.receive_data` and handles
-:meth:`DataChannel.next_event` until it returns None. It knows the phases, the hello, the
+:meth:`DataChannel.next_event` until it returns None (or a batch that says it is the
+``last`` event until more is read: one call a read). It knows the phases, the hello, the
 message format and the stamp; it owns no socket, task, timer or budget, and publishes
 nothing itself: the shell in :mod:`fqbroker.frontends.fq.data` does that.
 
@@ -64,12 +65,28 @@ class Hello:
     peer_id: bytes
 
 
-@dataclass(frozen=True, slots=True)
 class Batch:
-    runs: list[Run]
-    octets: int  # bytes read for the runs, counted as they are published; -1: see read
-    read: int = 0  # a peer's: messages read, looped ones too
-    read_octets: int = 0
+    """Not a dataclass: one is made every read, and a compiled dataclass's ``__init__`` is
+    the one the dataclasses module writes, interpreted (0.55 us against 0.05)."""
+
+    __slots__ = ("last", "octets", "read", "read_octets", "runs")
+
+    def __init__(
+        self, runs: list[Run], octets: int, read: int = 0, read_octets: int = 0, last: bool = True
+    ) -> None:
+        self.runs = runs
+        # Bytes read for the runs, counted as they are published; -1: see read.
+        self.octets = octets
+        self.read = read  # a peer's: messages read, looped ones too
+        self.read_octets = read_octets
+        # No event follows until more is read: the shell need not ask again.
+        self.last = last
+
+    def __repr__(self) -> str:
+        return (
+            f"Batch(runs={self.runs!r}, octets={self.octets}, read={self.read}, "
+            f"read_octets={self.read_octets}, last={self.last})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +187,7 @@ class DataChannel:
             return BadInput(str(exc))
         # The good messages before a bad frame come first; the next event is its error.
         self._batch_due = decoder.error_pending
+        batch.last = not (self._batch_due or decoder.oversized)
         return batch
 
     def paired(self, user: bytes, peer_id: bytes) -> bytes:

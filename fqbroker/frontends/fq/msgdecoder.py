@@ -72,13 +72,16 @@ class MessageDecoder(Decoder):
     """
 
     __slots__ = (
+        "_after_id",
         "_error",
         "_heads",
+        "_hops",
         "_large",
         "_large_done",
         "_large_stamp",
         "_names",
         "_pending",
+        "_sender",
         "_sized",
         "_skipping",
         "max_payload",
@@ -107,6 +110,9 @@ class MessageDecoder(Decoder):
         self._pending: bytes | None = None
         # Frames are coming that room() reads in place: ordinary reads are kept small.
         self._sized = False
+        # The stamp runs() last spliced in, and the sender and hops it was made of.
+        self._sender: bytes | None = None
+        self._hops = self._after_id = b""
 
     def feed(self, data: bytes | bytearray) -> None:
         after_id = self._large_stamp
@@ -304,7 +310,11 @@ class MessageDecoder(Decoder):
             out.append(done.run)
             self.octets += done.length
         large_runs = len(out)
-        after_id = stamp(sender, hops)
+        after_id = self._after_id
+        if sender is not self._sender or hops is not self._hops:
+            # A channel stamps every read alike: built once, not a cache lookup a read.
+            after_id = self._after_id = stamp(sender, hops)
+            self._sender, self._hops = sender, hops
         pending = self._pending
         if pending is not None:
             self._pending = None
