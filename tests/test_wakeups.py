@@ -6,6 +6,7 @@ consumer's error stays its own."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from fqbroker.core.message import Message, runs_of
@@ -128,3 +129,46 @@ def test_a_wake_up_goes_to_the_loop_running_now_not_one_before() -> None:
         pass
     for kind in kinds * 2:
         one_loop(kind())
+
+
+def test_wake_ups_of_two_loops_running_at_once_in_two_threads_stay_on_their_own() -> None:
+    # Two brokers embedded in one process, each on its own thread and loop: the loop kept
+    # between wake-ups is the thread's, or one thread's wake-up would be called soon on the
+    # other's loop (not thread-safe, and run there).
+    rounds = 300
+    errors: list[BaseException] = []
+    turn = threading.Barrier(2, timeout=10)
+
+    def run() -> None:
+        async def main() -> None:
+            me = threading.get_ident()
+            queue = Queue(QueueSpec(b"q"))
+            ran_on: list[int] = []
+
+            class Here(Consumer):
+                def queue_ready(self) -> bool:
+                    ran_on.append(threading.get_ident())
+                    return super().queue_ready()
+
+            consumer = Here(queue)
+            for i in range(rounds):
+                await asyncio.to_thread(turn.wait)  # both threads wake at about once
+                queue.offer([Message(b"ex", b"r", b"m%d" % i).peer_frame()])
+                for _ in range(100):
+                    if len(consumer.got) > i:
+                        break
+                    await asyncio.sleep(0.001)
+            assert len(consumer.got) == rounds and set(ran_on) == {me}
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+            turn.abort()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors

@@ -42,6 +42,7 @@ consumers write as they are.
 from __future__ import annotations
 
 import asyncio
+from _thread import get_ident
 from typing import Protocol
 
 from fqbroker.core.budget import MemoryBudget, fitting
@@ -414,12 +415,14 @@ class Notify:
         # first, and the consumer takes it in one go.
         self._state = _WOKEN
         loop = _loop[0]
-        if loop is None or not loop.is_running():
+        if loop is None or _loop_thread[0] != get_ident() or not loop.is_running():
             # asyncio.get_running_loop() is a getpid() system call on every wake-up
-            # (CPython checks the loop was not inherited across a fork): one a burst of
-            # the latency row. A loop that runs is the one running here: a broker is one
-            # thread, and another loop runs only after this one stopped.
+            # (CPython 3.11 checks the loop was not inherited across a fork): one a burst
+            # of the latency row. The loop kept is the one running here if it runs and
+            # this is its thread: a thread runs one loop at a time, and brokers embedded
+            # on two threads each wake on their own.
             loop = _loop[0] = asyncio.get_running_loop()
+            _loop_thread[0] = get_ident()
         loop.call_soon(self._run)
 
     def _run(self) -> None:
@@ -432,3 +435,4 @@ class Notify:
 _WAITING, _WOKEN, _CANCELLED = "waiting", "woken", "cancelled"
 # The loop the last wake-up was called soon on (Notify.set_result).
 _loop: list[asyncio.AbstractEventLoop | None] = [None]
+_loop_thread: list[int] = [0]  # ... and the thread it ran on
