@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import struct
 import time
 from typing import Any
 
-from bench.fqpath import EXCHANGE, ROUTE, _Host, _owner, _Transport
+from bench.fqpath import EXCHANGE, ROUTE, _consumer, _Host, _owner, _Transport
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
 from fqbroker.core.router import Router
@@ -64,26 +63,12 @@ class _Timed:
 
 
 async def _run(read: bytes, bursts: int, hot: bool) -> tuple[float, float, float]:
-    loop = asyncio.get_running_loop()
     router = Router()
     queue = Queue(QueueSpec(b"q", backlog=10_000_000, backlog_bytes=0))
     router.bind(EXCHANGE, b"prefix:", queue)
     host = _Host(router)
-    ours, theirs = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        while theirs.recv(1 << 20):
-            pass
-        os._exit(0)
-    theirs.close()
-    transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
-    consumer = DataSession(host, wire.Mode.DATA, transport)  # type: ignore[arg-type]
-    transport.set_protocol(consumer)
-    sub = _owner(b"sub", queue)
-    consumer.owner = sub
-    consumer.channel.paired(b"sub", wire.NO_PEER)
-    consumer.queue_ready()
+    consumer, pid = await _consumer(host, queue)
+    transport = consumer.transport
     publisher = DataSession(host, wire.Mode.DATA, _Transport())  # type: ignore[arg-type]
     publisher.owner = _owner(b"pub", None)
     publisher.channel.paired(b"pub", wire.NO_PEER)

@@ -37,10 +37,10 @@ EXCHANGE, ROUTE = b"bench", b"r.k"
 class _Host:
     node_id = bytes((10, 0, 0, 1))
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, budget: MemoryBudget | None = None) -> None:
         self.router = router
         self.settings = SimpleNamespace(max_message_size=1 << 28)
-        self.budget = MemoryBudget(1 << 34)
+        self.budget = MemoryBudget(1 << 34) if budget is None else budget
         self.limits = SimpleNamespace(bad=print, log=SimpleNamespace(log=print))
         self.clients: dict[bytes, Any] = {}
 
@@ -74,6 +74,27 @@ def _owner(user: bytes, queue: Queue | None) -> Any:
     )  # fmt: skip
 
 
+async def _consumer(host: _Host, queue: Queue) -> tuple[DataSession, int]:
+    """A data session consuming ``queue`` onto a real socket, drained by a forked child
+    (which exits at EOF: close the session's transport, then wait for the pid)."""
+    ours, theirs = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        ours.close()
+        while theirs.recv(1 << 20):
+            pass
+        os._exit(0)
+    theirs.close()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
+    consumer = DataSession(host, wire.Mode.DATA, transport)  # type: ignore[arg-type]
+    transport.set_protocol(consumer)
+    consumer.owner = _owner(b"sub", queue)
+    consumer.channel.paired(b"sub", wire.NO_PEER)
+    consumer.queue_ready()
+    return consumer, pid
+
+
 def _frames(size: int, count: int) -> list[bytes]:
     payload = (b"0123456789abcdef" * (size // 16 + 1))[:size]
     frame = b"".join(
@@ -85,27 +106,12 @@ def _frames(size: int, count: int) -> list[bytes]:
 
 
 async def _run(size: int, count: int, reads: list[bytes], pubs: int) -> float:
-    loop = asyncio.get_running_loop()
     router = Router()
     queue = Queue(QueueSpec(b"q", backlog=10_000_000, backlog_bytes=0))
     router.bind(EXCHANGE, b"prefix:", queue)
     host = _Host(router)
-
-    ours, theirs = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:
-        ours.close()
-        while theirs.recv(1 << 20):
-            pass
-        os._exit(0)
-    theirs.close()
-    transport, _ = await loop.connect_accepted_socket(asyncio.Protocol, ours)
-    consumer = DataSession(host, wire.Mode.DATA, transport)  # type: ignore[arg-type]
-    transport.set_protocol(consumer)
-    sub = _owner(b"sub", queue)
-    consumer.owner = sub
-    consumer.channel.paired(b"sub", wire.NO_PEER)
-    consumer.queue_ready()
+    consumer, pid = await _consumer(host, queue)
+    transport, sub = consumer.transport, consumer.owner
 
     publishers = []
     for _ in range(pubs):
