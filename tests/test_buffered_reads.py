@@ -5,8 +5,10 @@ to the same messages as the same stream fed as bytes, however the reads split it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given
@@ -226,13 +228,32 @@ def test_the_data_session_is_a_buffered_protocol() -> None:
 # --- end to end, on both loops ------------------------------------------------------------
 
 
-async def _round_trip(settings: Settings) -> None:
+@contextlib.asynccontextmanager
+async def consumer_and_publisher(
+    settings: Settings, queue: bytes
+) -> AsyncIterator[tuple[Any, Any]]:
+    """A broker, a consumer of ``queue`` bound to every route of ``ex``, a publisher."""
     from tests.conftest import open_session, running
 
     async with running(settings) as broker:
-        consumer = await open_session(broker.port, b"u", b"q\x00mem:backlog=-1")
+        consumer = await open_session(broker.port, b"u", b"q\x00" + queue)
         await consumer.bind(b"ex", b"prefix:")
         publisher = await open_session(broker.port)
+        yield consumer, publisher
+        await publisher.close()
+        await consumer.close()
+
+
+def on_both_loops(scenario: Callable[[Settings], Awaitable[None]], settings: Settings) -> None:
+    """``scenario`` on asyncio's loop, then on uvloop's."""
+    uvloop = pytest.importorskip("uvloop")
+    for factory in (asyncio.new_event_loop, uvloop.new_event_loop):
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(asyncio.wait_for(scenario(settings), 60))
+
+
+async def _round_trip(settings: Settings) -> None:
+    async with consumer_and_publisher(settings, b"mem:backlog=-1") as (consumer, publisher):
         rng = random.Random(3)
         sizes_ = [100, 40_000, 300_000, 4096, 131_072, LARGE_FRAME + 3, 0, 700_000] * 2
         payloads = [rng.randbytes(n) for n in sizes_]
@@ -245,8 +266,6 @@ async def _round_trip(settings: Settings) -> None:
         got = await consumer.receive(len(payloads))
         assert [m.payload for m in got] == payloads
         assert all(m.sender == b"user" for m in got)
-        await publisher.close()
-        await consumer.close()
 
 
 def test_messages_of_every_size_arrive_whole_on_asyncios_loop(settings: Settings) -> None:
@@ -261,12 +280,8 @@ def test_messages_of_every_size_arrive_whole_on_uvloop(settings: Settings) -> No
 
 
 async def _blocked(settings: Settings) -> None:
-    from tests.conftest import open_session, running
-
-    async with running(settings) as broker:
-        consumer = await open_session(broker.port, b"u", b"q\x00mem:block,backlog=2")
-        await consumer.bind(b"ex", b"prefix:")
-        publisher = await open_session(broker.port)
+    queue = b"mem:block,backlog=2"
+    async with consumer_and_publisher(settings, queue) as (consumer, publisher):
         rng = random.Random(4)
         payloads = [rng.randbytes(rng.choice([100, 300_000, SIZED_FRAME + 1])) for _ in range(12)]
         stream = b"".join(encode_publish(b"ex", b"r", bytes(16), p) for p in payloads)
@@ -276,16 +291,9 @@ async def _blocked(settings: Settings) -> None:
             got += await consumer.receive(1)
             await asyncio.sleep(0.01)  # a slow consumer: the publisher is held meanwhile
         assert [m.payload for m in got] == payloads
-        await publisher.close()
-        await consumer.close()
 
 
 def test_a_block_queue_holds_a_publisher_of_large_messages_on_both_loops(
     settings: Settings,
 ) -> None:
-    loops = [asyncio.new_event_loop]
-    uvloop = pytest.importorskip("uvloop")
-    loops.append(uvloop.new_event_loop)
-    for factory in loops:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(asyncio.wait_for(_blocked(settings), 60))
+    on_both_loops(_blocked, settings)

@@ -4,15 +4,14 @@ nothing, unless the budget is spent: then reading waits, as MemoryBudget.resize 
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
+from bench.fqpath import _Host, _owner
 from fqbroker.core.budget import MemoryBudget
 from fqbroker.core.message import Message
-from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
-from fqbroker.core.router import ClientStats, Router
+from fqbroker.core.router import Router
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.data import DataSession
 
@@ -34,33 +33,13 @@ class _Transport:
         return False
 
 
-class _Host:
-    node_id = bytes((10, 0, 0, 1))
-
-    def __init__(self, router: Router, budget: MemoryBudget) -> None:
-        self.router = router
-        self.settings = SimpleNamespace(max_message_size=1 << 20)
-        self.budget = budget
-        self.limits = SimpleNamespace(bad=print, log=SimpleNamespace(log=print))
-        self.clients: dict[bytes, Any] = {}
-
-    def closed(self, transport: object) -> None:
-        pass
-
-    def make_publisher(self, stats: Any = None, permissions: Any = None) -> Publisher:
-        return Publisher(self.router, lambda: ((), 0), stats, permissions=permissions)
-
-
 def _publisher(budget: MemoryBudget) -> tuple[DataSession, _Transport, Queue]:
     router = Router()
     queue = Queue(QueueSpec(b"q", backlog=1000, backlog_bytes=0))
     router.bind(b"ex", b"prefix:", queue)
     transport = _Transport()
     session = DataSession(_Host(router, budget), wire.Mode.DATA, transport)  # type: ignore[arg-type]
-    session.owner = SimpleNamespace(  # type: ignore[assignment]
-        user=b"pub", queue=None, stats=ClientStats(), permissions=None, pretty="pub",
-        data=None, paired=lambda data: None,
-    )  # fmt: skip
+    session.owner = _owner(b"pub", None)
     session.channel.paired(b"pub", wire.NO_PEER)
     return session, transport, queue
 

@@ -10,7 +10,6 @@ import random
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
-import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as examples
 from hypothesis import strategies as st
@@ -24,7 +23,13 @@ from fqbroker.core.queuespec import QueueSpec
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.data import BULK_FROM, BULK_READ, WRITE_GROUP, DataSession, _Input
 from fqbroker.frontends.fq.msgdecoder import BIG_READ
-from tests.test_buffered_reads import buffered, fed, whole
+from tests.test_buffered_reads import (
+    buffered,
+    consumer_and_publisher,
+    fed,
+    on_both_loops,
+    whole,
+)
 from tests.test_datachannel import streaming
 from tests.test_fqpath import _consumer, _Transport
 
@@ -156,26 +161,14 @@ def test_a_large_batch_goes_out_a_write_group_at_a_time() -> None:
 
 
 async def _bulk_round_trip(settings: Settings) -> None:
-    from tests.conftest import open_session, running
-
-    async with running(settings) as broker:
-        consumer = await open_session(broker.port, b"u", b"q\x00mem:backlog=-1")
-        await consumer.bind(b"ex", b"prefix:")
-        publisher = await open_session(broker.port)
+    async with consumer_and_publisher(settings, b"mem:backlog=-1") as (consumer, publisher):
         rng = random.Random(7)
         payloads = [rng.randbytes(128 * KIB + rng.randint(-50, 50)) for _ in range(40)]
         stream = b"".join(encode_publish(b"ex", b"r", bytes(16), p) for p in payloads)
         publisher.data.writer.write(stream)  # all at once: the broker reads in bulk
         got = await consumer.receive(len(payloads))
         assert [m.payload for m in got] == payloads
-        await publisher.close()
-        await consumer.close()
 
 
 def test_a_stream_of_128_kib_messages_arrives_whole_on_both_loops(settings: Settings) -> None:
-    loops = [asyncio.new_event_loop]
-    uvloop = pytest.importorskip("uvloop")
-    loops.append(uvloop.new_event_loop)
-    for factory in loops:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(asyncio.wait_for(_bulk_round_trip(settings), 60))
+    on_both_loops(_bulk_round_trip, settings)

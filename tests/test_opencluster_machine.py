@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from fqbroker.frontends.opencluster import wire
 from fqbroker.frontends.opencluster.machine import Limits, Machine, _Acks
 from fqbroker.storage.kvstore import Batch, KVStore
-from tests.test_opencluster_frames import settle
+from tests.test_opencluster_frames import feed
 
 NAMES = [b"a", b"bb", b"\xffc", b"name-%d" % 7]
 
@@ -85,16 +85,8 @@ async def answers(data: bytes, cuts: list[int], max_inflight: int) -> tuple[byte
         store = KVStore(Path(tmp) / "kv.sqlite3", sync="normal")
         try:
             machine = Machine(store, Limits(64, 1024, 2048, max_inflight))
-            out: list[bytes] = []
-
-            at = 0
-            for cut in [*sorted(set(cuts)), len(data)]:
-                out.append(machine.receive(data[at:cut]))
-                at = cut
-                if machine.full:
-                    await settle(machine, out)  # the shell stops reading until replies go out
-            await settle(machine, out)
-            return b"".join(out), machine
+            # feed stops reading while the machine is full, as the shell does.
+            return await feed(machine, data, cuts), machine
         finally:
             await store.close()
 
