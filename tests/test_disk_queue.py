@@ -18,7 +18,7 @@ from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.msgdecoder import MessageDecoder
 from fqbroker.server.broker import Broker
 from fqbroker.storage import checkpoints, segmentlog, store
-from fqbroker.storage.store import queue_directory
+from fqbroker.storage.store import disk_log, queue_directory
 
 from .conftest import FailingFsync, authenticate, open_session, wait_for
 
@@ -72,7 +72,7 @@ async def test_read_checkpoint_moves_only_after_delivery(settings: Settings) -> 
         for i in range(10):
             await publisher.publish(b"ex", b"r", b"%d" % i)
         await consumer.receive(10)
-        log = broker.queues[b"diskq"].disk_log()
+        log = disk_log(broker.queues[b"diskq"])
         await wait_for(lambda: log.checkpoints.get("fq") == 11)
         await consumer.close()
         await publisher.close()
@@ -87,7 +87,7 @@ async def test_confirms_cover_disk_and_memory_queues(broker: Broker) -> None:
         for i in range(1000):
             client.publish(b"ex", b"r", b"%d" % i)
         assert await client.confirm() == 1000
-        log = broker.queues[b"diskq"].disk_log()
+        log = disk_log(broker.queues[b"diskq"])
         assert log.next_seq == 1001
         for i in range(10):
             client.publish(b"nowhere", b"r", b"%d" % i)
@@ -215,7 +215,7 @@ async def test_queues_of_format_1_keep_their_positions(settings: Settings) -> No
     assert (directory / "FORMAT").read_text() == "fqbroker-segmentlog 2\n"
     assert not (directory / "checkpoints.json").exists()
     async with Broker(settings) as broker:
-        log = broker.queues[b"diskq"].disk_log()
+        log = disk_log(broker.queues[b"diskq"])
         assert log.recovery == []
         assert log.checkpoints["replay"] == 2
         assert [log.checkpoints[name] for name in names] == [1 + i % 10 for i in range(300)]
@@ -237,7 +237,7 @@ async def test_named_checkpoint_keeps_segments(tmp_path: Path) -> None:
         for _ in range(400):
             await publisher.publish(b"ex", b"r", b"x" * 100)
         await consumer.receive(400)
-        log = broker.queues[b"diskq"].disk_log()
+        log = disk_log(broker.queues[b"diskq"])
         await wait_for(lambda: log.checkpoints.get("fq") == 401)
         assert log.first_seq == 1  # the named checkpoint holds every segment
         checkpoints.remove_checkpoint(broker, "keep", "diskq")
@@ -493,7 +493,7 @@ async def test_a_damaged_checkpoints_file_redelivers_rather_than_loses(
     async with Broker(settings) as broker:
         s = await open_session(broker.port, b"u", DISKQ)
         assert len(await s.receive(10)) == 10
-        log = broker.queues[b"diskq"].disk_log()
+        log = disk_log(broker.queues[b"diskq"])
         await wait_for(lambda: log.checkpoints.get("fq") == 11)
         await s.close()
         await wait_for(lambda: not broker.queues[b"diskq"].clients)
@@ -509,7 +509,7 @@ async def test_a_damaged_checkpoints_file_redelivers_rather_than_loses(
             data[4096 + slot * size : 4096 + slot * size + 16] = bytes(16)
     path.write_bytes(bytes(data))
     async with Broker(settings) as broker:
-        log = broker.queues[b"diskq"].disk_log()
+        log = disk_log(broker.queues[b"diskq"])
         (report,) = log.recovery
         assert "checkpoints" in report.reason
         s = await open_session(broker.port, b"u", DISKQ)

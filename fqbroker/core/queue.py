@@ -56,8 +56,6 @@ from fqbroker.core.queuespec import (
     signed_backlog,
 )
 from fqbroker.errors import QueueError
-from fqbroker.storage.segmentlog import SegmentLog
-from fqbroker.storage.store import DiskStore
 
 __all__ = [
     "MAX_PUBLIC_CLIENTS",
@@ -73,7 +71,9 @@ MAX_PUBLIC_CLIENTS = 16
 
 
 class Store(Protocol):
-    """Where a queue keeps its messages (fqd's ``fqd_queue_impl``)."""
+    """Where a queue keeps its messages (fqd's ``fqd_queue_impl``): :class:`MemoryStore`
+    here, the disk queue's store in :mod:`fqbroker.storage.store`. The core knows stores
+    only through this protocol."""
 
     def __len__(self) -> int: ...
     @property
@@ -341,7 +341,7 @@ class Queue:
         """Drop the backlog (what no consumer has been handed yet); how many messages.
 
         Publishers waiting on a full block-policy queue go on. A disk queue's named
-        checkpoints stay where they are (:meth:`DiskStore.purge`).
+        checkpoints stay where they are (its store's ``purge``).
         """
         n = self.store.purge()
         if self._space is not None and not self.is_full:
@@ -349,17 +349,9 @@ class Queue:
             self._space = None
         return n
 
-    def disk_log(self) -> SegmentLog:
-        store = self.store
-        if not isinstance(store, DiskStore):
-            raise TypeError(f"queue {self.name!r} is not a disk queue")
-        return store.log
-
-    def rewind(self, seq: int) -> None:
-        store = self.store
-        if not isinstance(store, DiskStore):
-            raise TypeError(f"queue {self.name!r} is not a disk queue")
-        store.rewind(seq)
+    def refilled(self) -> None:
+        """The store holds messages that did not come through :meth:`offer` (a disk queue
+        rewound to a checkpoint): wake consumers in line for them."""
         self._wake_getters()
 
     def close(self, *, destroy: bool) -> None:

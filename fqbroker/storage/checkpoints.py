@@ -17,6 +17,7 @@ from typing import Protocol
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueKind
 from fqbroker.errors import CheckpointError
+from fqbroker.storage.store import disk_log, rewind_queue
 
 __all__ = [
     "RESERVED",
@@ -67,7 +68,7 @@ def _disk_queue(broker: QueueSource, cpname: str, qname: str) -> Queue:
 def add_checkpoint(broker: QueueSource, cpname: str, qname: str, chkptid: str) -> str:
     queue = _disk_queue(broker, cpname, qname)
     seq = parse_position(chkptid)
-    log = queue.disk_log()
+    log = disk_log(queue)
     if not log.first_seq <= seq <= log.next_seq:
         raise CheckpointError("'chkptid' is out of range of the queue")
     try:
@@ -82,7 +83,7 @@ def add_checkpoint(broker: QueueSource, cpname: str, qname: str, chkptid: str) -
 
 def remove_checkpoint(broker: QueueSource, cpname: str, qname: str) -> str:
     queue = _disk_queue(broker, cpname, qname)
-    log = queue.disk_log()
+    log = disk_log(queue)
     if cpname not in log.checkpoints:
         raise CheckpointError("Checkpoint does not exist")
     log.remove_checkpoint(cpname)
@@ -91,8 +92,8 @@ def remove_checkpoint(broker: QueueSource, cpname: str, qname: str) -> str:
 
 def reset_to_checkpoint(broker: QueueSource, cpname: str, qname: str) -> str:
     queue = _disk_queue(broker, cpname, qname)
-    log = queue.disk_log()
+    log = disk_log(queue)
     if cpname not in log.checkpoints:
         raise CheckpointError("Checkpoint does not exist")
-    queue.rewind(log.checkpoints[cpname])
+    rewind_queue(queue, log.checkpoints[cpname])
     return f"'{qname}' reset to checkpoint '{cpname}'"

@@ -54,8 +54,16 @@ from fqbroker.storage.segmentlog import SegmentLog
 if TYPE_CHECKING:
     from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
+    from fqbroker.core.queue import Queue
 
-__all__ = ["DiskStore", "FsyncPolicy", "open_disk_store", "split_record"]
+__all__ = [
+    "DiskStore",
+    "FsyncPolicy",
+    "disk_log",
+    "open_disk_store",
+    "rewind_queue",
+    "split_record",
+]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +103,25 @@ def open_disk_store(
         dirty=dirty,
         budget=budget,
     )
+
+
+def disk_store(queue: Queue) -> DiskStore:
+    """The store of a disk queue; TypeError for any other queue."""
+    store = queue.store
+    if not isinstance(store, DiskStore):
+        raise TypeError(f"queue {queue.name!r} is not a disk queue")
+    return store
+
+
+def disk_log(queue: Queue) -> SegmentLog:
+    """The segment log of a disk queue; TypeError for any other queue."""
+    return disk_store(queue).log
+
+
+def rewind_queue(queue: Queue, seq: int) -> None:
+    """Deliver a disk queue's messages again from ``seq`` (reset to a named checkpoint)."""
+    disk_store(queue).rewind(seq)
+    queue.refilled()
 
 
 def encode_records(frames: list[bytes], arrival_us: int) -> list[bytes]:

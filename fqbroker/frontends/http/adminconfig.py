@@ -22,6 +22,7 @@ from fqbroker.frontends.http.adminbase import Params, Refused, changed, route, t
 from fqbroker.frontends.http.adminqueues import find_queue
 from fqbroker.frontends.http.host import HttpHost, UsersAdminView
 from fqbroker.storage import checkpoints
+from fqbroker.storage.store import disk_log
 from fqbroker.storage.users import DEFAULT_ITERATIONS, MAX_ITERATIONS, MIN_ITERATIONS, Users
 
 __all__: list[str] = []
@@ -34,7 +35,7 @@ MAX_HOST = 255
 
 
 def _checkpoint_rows(queue: Queue) -> dict[str, Any]:
-    log = queue.disk_log()
+    log = disk_log(queue)
     end = log.next_seq
     rows = [
         {
@@ -79,7 +80,7 @@ async def _checkpoint_add(broker: HttpHost, params: Params, who: str) -> dict[st
     if position is None:
         # Where the broker's consumers read now: a bookmark to come back to.
         if queue.kind is QueueKind.DISK:
-            log = queue.disk_log()
+            log = disk_log(queue)
             seq = max(log.checkpoints.get(READER, log.first_seq), log.first_seq)
             position = checkpoints.format_position(seq)
         else:

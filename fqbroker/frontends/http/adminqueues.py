@@ -23,6 +23,7 @@ from fqbroker.core.queuespec import MAX_QUEUE_NAME, QueueKind, parse_queue_field
 from fqbroker.errors import AuthError, ProgramError, QueueError
 from fqbroker.frontends.http.adminbase import Params, Refused, changed, route, text
 from fqbroker.frontends.http.host import HttpHost
+from fqbroker.storage.store import disk_log
 
 __all__ = ["MAX_PEEK", "queue_json"]
 
@@ -62,7 +63,7 @@ def queue_json(queue: Queue) -> dict[str, Any]:
         out["fsync"] = queue.fsync
         out["size_bytes"] = getattr(queue.store, "size_bytes", None)
         try:
-            out["checkpoints"] = sorted(queue.disk_log().checkpoints)
+            out["checkpoints"] = sorted(disk_log(queue).checkpoints)
         except (TypeError, ValueError, OSError):
             out["checkpoints"] = []
     else:
