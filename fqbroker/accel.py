@@ -1,21 +1,11 @@
-"""Which implementation of the hot modules runs: compiled or pure Python.
+"""Which implementation of the hot modules runs: compiled or pure Python (docs/accel.md).
 
 The modules in :data:`MODULES` can be compiled with mypyc into one extension (``setup.py``
-builds it where mypyc and a C compiler are present; ``make accel``). The pure-Python
-sources stay next to the extensions and are always complete, so the choice is made once,
-when ``fqbroker`` is first imported:
-
-* ``FQBROKER_PURE=1`` in the environment forces pure Python;
-* the build wrote ``_compiled.json`` beside the extensions with each source's SHA-256; if
-  any source changed since (an edit in an editable install, a merge), the build no longer
-  says what the source says, so pure Python runs, and :data:`REASON` names the file;
-* otherwise the compiled modules run (Python's import picks an extension over a ``.py``).
-
-All or none: mypyc compiles a group's calls and classes against each other, so a compiled
-module next to a pure one of the group would meet two different ``Message`` classes.
-
-This module is imported by ``fqbroker/__init__.py`` and by ``setup.py`` (by path, before
-the package is installed): the standard library only.
+builds it where mypyc and a C compiler are present; ``make accel``). The pure sources stay
+beside the extensions, so the choice is made once, when ``fqbroker`` is first imported,
+and for all of them or none: ``FQBROKER_PURE=1``, or a source changed since the build's
+``_compiled.json``, means pure Python, and :data:`REASON` says why. Imported by
+``fqbroker/__init__.py`` and by ``setup.py`` (by path): the standard library only.
 """
 
 from __future__ import annotations
@@ -32,7 +22,7 @@ from typing import Any, Final
 
 try:
     # The interpreter's own SHA-256, the same digest: hashlib's would load OpenSSL's
-    # digests, 0.5 MiB of RSS in every broker (bench/RESULTS.md, the idle row).
+    # digests into every broker (bench/RESULTS.md, the idle row).
     _sha256: Any = importlib.import_module("_sha256").sha256
 except ImportError:  # an interpreter built without it
     from hashlib import sha256 as _sha256
@@ -136,8 +126,8 @@ class _SourceFirst:
     would look for its code in a shared library that no longer has it).
 
     A finder by its ``find_spec`` alone: importlib.abc's base class would import
-    importlib.resources and with it tempfile, shutil and random, 1 MiB of RSS in every
-    broker (bench/RESULTS.md, the idle row)."""
+    importlib.resources and with it tempfile, shutil and random, into every broker
+    (bench/RESULTS.md, the idle row)."""
 
     def __init__(self, compiled: frozenset[str]) -> None:
         self.compiled = compiled

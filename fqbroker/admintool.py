@@ -1,47 +1,11 @@
 """``fq-admin``: administer a running broker over its admin API, or a config database.
 
-Over HTTP (docs/admin.md), as fqtool and rabbitmqadmin do, with tables for people and
-``--json`` for scripts::
-
-    fq-admin [--url URL] [--token T | --user NAME [--password-stdin]] [--json] COMMAND
-    fq-admin status
-    fq-admin queues
-    fq-admin queue create NAME [--type mem|disk] [--policy drop|block] [--public]
-                               [--permanent] [--backlog-limit N] [--fsync POLICY]
-    fq-admin queue delete NAME [--force]
-    fq-admin queue purge NAME
-    fq-admin queue peek NAME [--count N]
-    fq-admin bindings
-    fq-admin binding add EXCHANGE PROGRAM QUEUE [--permanent]
-    fq-admin binding remove EXCHANGE PROGRAM QUEUE
-    fq-admin publish EXCHANGE ROUTE [PAYLOAD | --file PATH]
-    fq-admin checkpoints [QUEUE]
-    fq-admin checkpoint add|remove|reset QUEUE NAME [--position LOG:MARKER]
-    fq-admin peers
-    fq-admin peer add HOST EXCHANGE --source USER [--port N] [--program P] [--permanent]
-    fq-admin peer remove HOST EXCHANGE [--port N] [--program P] [--source USER]
-    fq-admin users
-    fq-admin user add|remove|allow|deny ...     (as below, on the running broker)
-    fq-admin topics
-
-The admin's credentials: ``--token`` (or ``$FQ_ADMIN_TOKEN``, which ``ps`` does not
-show), or ``--user`` with the password from one line of stdin (``--password-stdin``),
-``$FQ_ADMIN_PASSWORD``, or a prompt.
-
-On the sqlite file named with ``-c``, as fqd's flag names it, without a running broker
-(users and permissions, P12); a running broker reads the changes on its next connection::
-
-    fq-admin -c DB user add NAME [--password-stdin] [--iterations N]
-    fq-admin -c DB user remove NAME
-    fq-admin -c DB user list
-    fq-admin -c DB user allow NAME KIND PATTERN
-    fq-admin -c DB user deny NAME KIND PATTERN
-
-KIND is publish (exchange pattern), consume (bind on an exchange pattern), queue (attach
-to a queue-name pattern) or admin (pattern ``*``). A new user's password comes from a
-prompt, or from one line of stdin with ``--password-stdin`` (after the admin's own line
-when both are read), never from the command line (where ``ps`` and shell history would
-show it). Exit status: 0 done, 1 refused by the broker or unreachable, 2 bad input.
+Over HTTP (docs/admin.md, "fq-admin", lists every command), as fqtool and rabbitmqadmin
+do, with tables for people and ``--json`` for scripts. With ``-c DB``, as fqd's flag names
+it, it changes users and permissions in the sqlite file without a running broker
+(docs/security.md); a running broker reads the changes on its next connection. Passwords
+never come from the command line, where ``ps`` and shell history would show them. Exit
+status: 0 done, 1 refused by the broker or unreachable, 2 bad input.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Where fqd keeps its state when not told, and the sample configuration it ships.
 
 The data directory holds the config database (``fqd.sqlite``) and the queue directory
-(``queues/``) unless either is set on its own. Its default depends on how fqd runs:
-
-1. ``$STATE_DIRECTORY`` when set: systemd's ``StateDirectory=`` (``/var/lib/fqbroker``),
-   the first one when the unit names several;
-2. ``./var`` when started at the top of a source checkout (``pyproject.toml`` beside a
-   ``fqbroker/`` directory), as ``make run`` does;
-3. ``$XDG_STATE_HOME/fqbroker``, that is ``~/.local/state/fqbroker`` by default, so an
-   installed fqd never litters the directory it was started from.
+(``queues/``) unless either is set on its own. Its default depends on how fqd runs
+(docs/cli.md, "The data directory"): ``$STATE_DIRECTORY`` (systemd's ``StateDirectory=``,
+the first one when the unit names several), ``./var`` at the top of a source checkout,
+else ``$XDG_STATE_HOME/fqbroker``, so an installed fqd never litters the directory it
+was started from.
 """
 
 from __future__ import annotations
@@ -48,8 +45,8 @@ def default_data_dir(environ: os._Environ[str] | dict[str, str] | None = None) -
 
 def sample_config() -> str:
     """The annotated sample configuration shipped in the package (``fqd --print-config``)."""
-    # Imported here: importlib.resources brings tempfile, shutil and random, 1 MiB of RSS
-    # a running broker does not need (bench/RESULTS.md, the idle row).
+    # Imported here: importlib.resources brings tempfile, shutil and random, memory a
+    # running broker does not need (bench/RESULTS.md, the idle row).
     from importlib import resources
 
     return resources.files("fqbroker").joinpath("data", "fqd.toml").read_text(encoding="utf-8")

@@ -27,31 +27,34 @@
     │   └── AdminError       the admin API refused a request; .status is the HTTP status
     └── DataLossError        Spark: offsets a query needs are gone (also a RuntimeError)
 
-Sans-IO code raises these and never writes a reply itself; the asyncio shell that fed it
-the bytes maps them to the wire. On fq's command channel an ``AuthError`` or
-``QueueError`` becomes an error frame carrying its ``.text``, then a close; any other
-``ProtocolError`` (there, or on a data channel) closes the connection and is counted as
-bad input (:mod:`fqbroker.server.limits`). A ``ProgramError`` answers a bind with
-BIND_ILLEGAL; the HTTP endpoints answer ``CheckpointError`` and bad requests with fqd's
-JSON error. Whatever escapes a session reaches the event loop's exception handler
-(``limits.install_exception_handler``), which counts an ``FqError`` as bad input and logs
-anything else as a bug. Traffic outcomes (no exchange, no route, dropped) are counters,
-never exceptions.
-
-The client-side ones are defined here and importable from where their users meet them
-(``fqbroker.clients.client``, ``fqbroker.clients.replayclient``, ``fqbroker.spark``).
-Five internal signals stay outside the tree because they never reach a user as
-themselves: ``frontends.http.replay.Refused`` (a replay or topic read answered with an
-HTTP error; its endpoint turns it into the answer), ``frontends.http.adminbase.Refused``
-(the same for the admin API), ``frontends.decoding.NeedData`` (a
-decode step ran out of bytes; its decoder catches it), ``storage.segrecords.Damaged``
-(bytes that are no valid record: an ``OSError`` with EIO, which is what reads and
-``repair()`` raise, and which the exception handler must keep counting as an OS failure
-rather than bad input) and
-``storage.segcheckpoints.Unreadable`` (caught where checkpoints are opened).
+Five internal signals stay outside the tree, since none reaches a user as itself:
+``frontends.http.replay.Refused``, ``frontends.http.adminbase.Refused``,
+``frontends.decoding.NeedData``, ``storage.segrecords.Damaged`` and
+``storage.segcheckpoints.Unreadable``. The comments below say why, and how each shell maps
+the tree's exceptions to the wire.
 """
 
 from __future__ import annotations
+
+# Sans-IO code raises these and never writes a reply itself; the asyncio shell that fed it
+# the bytes maps them to the wire. On fq's command channel an AuthError or QueueError
+# becomes an error frame carrying its .text, then a close; any other ProtocolError (there,
+# or on a data channel) closes the connection and is counted as bad input
+# (fqbroker.server.limits). A ProgramError answers a bind with BIND_ILLEGAL; the HTTP
+# endpoints answer CheckpointError and bad requests with fqd's JSON error. Whatever escapes
+# a session reaches the event loop's exception handler (limits.install_exception_handler),
+# which counts an FqError as bad input and logs anything else as a bug. Traffic outcomes
+# (no exchange, no route, dropped) are counters, never exceptions.
+#
+# The client-side ones are defined here and importable from where their users meet them
+# (fqbroker.clients.client, fqbroker.clients.replayclient, fqbroker.spark). The internal
+# signals outside the tree: frontends.http.replay.Refused (a replay or topic read answered with an HTTP error; its
+# endpoint turns it into the answer), frontends.http.adminbase.Refused (the same for the
+# admin API), frontends.decoding.NeedData (a decode step ran out of bytes; its decoder
+# catches it), storage.segrecords.Damaged (bytes that are no valid record: an OSError with
+# EIO, which is what reads and repair() raise, and which the exception handler must keep
+# counting as an OS failure rather than bad input) and storage.segcheckpoints.Unreadable
+# (caught where checkpoints are opened).
 
 __all__ = [
     "AdminError",

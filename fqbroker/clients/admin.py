@@ -2,16 +2,10 @@
 
 Blocking, standard library only (``http.client``), one connection per request: an admin
 tool makes a handful of calls, and a fresh connection never trips over one the broker
-closed meanwhile. Every answer is the JSON object the broker sent; a refusal raises
-:class:`~fqbroker.errors.AdminError` with the broker's one line and the HTTP status, and
-an unreachable broker raises ``OSError``.
+closed meanwhile. Every answer is the broker's JSON object; a refusal raises
+:class:`~fqbroker.errors.AdminError`, an unreachable broker ``OSError``::
 
-::
-
-    admin = AdminClient("http://127.0.0.1:8765", token="s3cret")
-    admin.create_queue("jobs", type="disk", permanent=True)
-    admin.bind("logs", "prefix:\\"app.\\"", "jobs", permanent=True)
-    print(admin.queues())
+    AdminClient("http://127.0.0.1:8765", token="s3cret").create_queue("jobs", type="disk")
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The client's side of an fq command connection, sans I/O (fq_client.c).
 
 :class:`CommandChannel` builds the auth request, pairs each reply with its request first in,
-first out (fq answers in request order however many are pipelined, docs/fq-protocol.md §1.5)
-and answers every server heartbeat with one of its own, which is what keeps a libfq client
-alive (docs/fq-protocol.md §1.7). It is the model the broker's own sessions follow:
-``receive_data()`` buffers what was read, ``next_event()`` returns the next event or
-``None``, ``data_to_send()`` returns the bytes the protocol itself wants written, as in h11
-and websockets. Two shells drive it: the asyncio :class:`~fqbroker.clients.client.Client`
+first out (fq answers in request order, docs/fq-protocol.md §1.5) and answers every server
+heartbeat with one of its own, which keeps a libfq client alive (docs/fq-protocol.md §1.7).
+Its interface is h11's: ``receive_data()``, ``next_event()`` (an event or ``None``) and
+``data_to_send()``. Two shells drive it: the asyncio :class:`~fqbroker.clients.client.Client`
 and the blocking :class:`~fqbroker.clients.replayclient.ReplayClient`.
 """
 

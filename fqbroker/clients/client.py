@@ -1,16 +1,11 @@
 """An asyncio fq client: one command socket and one data socket per connection (fq_client.c).
 
-Two layers, as elsewhere in fqbroker:
-
-* :class:`~fqbroker.clients.channel.CommandChannel` (importable from here too) is the
-  sans-IO client side of one command connection: the auth request, replies paired with
-  requests, heartbeat answers.
-* :class:`Client`, here, is the asyncio shell: sockets, tasks, timers and reconnects.
-
-Reconnects follow libfq: a backoff from 16 ms doubling to 1 s with a few ms of jitter, then
-a new auth (so a new key) and a new data socket. libfq leaves re-binding to the auth
-callback of the application (fq_rcvr does it); this client re-sends every binding the
-application made itself, before it sends the messages published while it was away.
+:class:`Client` is the asyncio shell (sockets, tasks, timers, reconnects) around the sans-IO
+:class:`~fqbroker.clients.channel.CommandChannel`, importable from here too. Reconnects
+follow libfq: a backoff from 16 ms doubling to 1 s with a few ms of jitter, then a new auth
+(so a new key) and a new data socket. Where libfq leaves re-binding to the application's
+auth callback, this client re-sends every binding the application made, before the
+messages published while it was away.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """An asyncio Figg client: publish with ACKs, subscribe with resume (docs/figg-client.md).
 
-Two layers, as :mod:`fqbroker.clients.client` has:
-
-* :class:`~fqbroker.clients.figgmachine.FiggMachine` is the sans-IO core: the publish window,
-  subscription positions, pings, and what a reconnect re-sends.
-* :class:`FiggClient`, here, is the asyncio shell: the socket, one reader and one timer task
-  per connection, and a supervisor that reconnects with backoff (0.1 s doubling to 5 s, with
-  jitter) whenever the connection is lost, the broker sends garbage or two PINGs go
-  unanswered. A broker that goes away is logged, never raised: publishes wait in the window
-  and subscriptions pick up where they were once it is back.
-
-Received messages wait in their subscription's queue; past ``inbox_limit`` of them in all,
-the client stops reading the socket until the application catches up, so a slow consumer
-costs the broker a full socket buffer, not this process unbounded memory.
+:class:`FiggClient` is the asyncio shell around the sans-IO
+:class:`~fqbroker.clients.figgmachine.FiggMachine`: the socket, one reader and one timer
+task per connection, and a supervisor that reconnects with backoff whenever the connection
+is lost, the broker sends garbage or two PINGs go unanswered. A broker that goes away is
+logged, never raised; past ``inbox_limit`` received messages the client stops reading, so
+a slow consumer costs the broker a full socket buffer, not this process unbounded memory.
 """
 
 from __future__ import annotations

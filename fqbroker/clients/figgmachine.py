@@ -1,24 +1,11 @@
 """The client's side of a Figg connection, sans I/O (docs/figg-client.md).
 
-:class:`FiggMachine` holds everything a Figg client must remember across connections, so a
-reconnect is only "new socket, ``connection_made()``, write ``data_to_send()``":
-
-* the publish window: up to ``window`` (256) unacknowledged PUBLISH frames with sequence
-  numbers from 0 that continue across reconnects. An ACK is cumulative: it releases every
-  seq up to the acknowledged one. After a reconnect every unacknowledged frame is sent again,
-  in order, so delivery is at least once: a publish the broker appended but whose ACK was
-  lost with the connection is appended twice.
-* subscriptions: each topic's position (the offset of the last DATA received, or what
-  ATTACHED said, or what the application asked for). A reconnect re-attaches from it with
-  the 0x8000 flag, or from the latest message when there is no position yet. DATA at or
-  below the position is a duplicate and dropped (offsets only grow, whatever they encode).
-* ping bookkeeping: a PING every ``ping_interval`` seconds; ``missed_pings`` (2) in a row
-  unanswered and :meth:`tick` says the connection is dead. Anything the broker sends counts
-  as an answer: a PONG queued behind a burst of DATA proves no more than the DATA does.
-* :class:`Backoff`: the delays between reconnect attempts.
-
-The events :meth:`next_event` returns are :class:`Message` (a DATA for a live subscription),
-:class:`Acked` (the window moved), ``wire.Attached`` and ``wire.Detached``.
+:class:`FiggMachine` holds everything a Figg client must remember across connections (the
+publish window, each subscription's position, the pings), so a reconnect is only "new
+socket, ``connection_made()``, write ``data_to_send()``". :meth:`FiggMachine.next_event`
+returns :class:`Message` (a DATA for a live subscription), :class:`Acked` (the window
+moved), ``wire.Attached`` and ``wire.Detached``; :class:`Backoff` is the delay between
+reconnect attempts.
 """
 
 from __future__ import annotations
@@ -232,7 +219,8 @@ class FiggMachine:
         return self._next_ping
 
     def heard(self) -> None:
-        """The broker is alive (anything it sends counts; see the module docstring)."""
+        """The broker is alive: anything it sends counts as an answer to a PING, since a
+        PONG queued behind a burst of DATA proves no more than the DATA does."""
         self._unanswered = 0
 
     def receive_data(self, data: bytes) -> None:

@@ -3,13 +3,9 @@
     figg pub TOPIC                 each line of stdin (newline dropped) is one message
     figg sub TOPIC [--offset N] [--json] [--count N]
 
-``pub`` exits 0 once the broker has acknowledged every line, and prints its rate on stderr
-every few seconds and at the end. ``sub`` prints each message's data as one line, or with
-``--json`` one object per line: ``topic``, ``offset`` (resume after it with ``--offset``) and
-``data``, UTF-8 text or, when the data is not UTF-8, base64 with ``"base64": true``. Both
-survive the broker going away: they reconnect, ``pub`` re-sends what was not acknowledged
-and ``sub`` resumes after the last offset it printed. Run it as ``python -m
-fqbroker.clients.figgtool`` too.
+Both reconnect when the broker goes away: ``pub`` re-sends what was not acknowledged and
+``sub`` resumes after the last offset it printed. Output and exit codes: docs/figg-client.md,
+"The figg tool". Run it as ``python -m fqbroker.clients.figgtool`` too.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """An asyncio fyrehose client: subscribe with gap recovery, publish with confirmation
 (docs/fyrehose-client.md).
 
-Two layers, as the Figg client has:
-
-* :class:`~fqbroker.clients.fyrehosemachine.FyrehoseMachine` is the sans-IO core: the
-  KEEPALIVEs, in-order delivery, gaps and their REQUESTs, the tail probe, the journal and
-  publish confirmation.
-* :class:`FyrehoseClient`, here, is the asyncio shell: one unconnected datagram endpoint
-  (DELIVERs come from the broker and from journaling clients alike, and a journal answers
-  FORWARDs to any address) and one timer task that calls the machine's ``tick`` when it
-  asks to be called.
-
-UDP cannot push back: messages the application has not taken yet wait in memory. The
-receive buffer is raised as far as the system allows (``net.core.rmem_max``), because a
-datagram the kernel drops is one the client has to ask for again.
+:class:`FyrehoseClient` is the asyncio shell around the sans-IO
+:class:`~fqbroker.clients.fyrehosemachine.FyrehoseMachine`: one unconnected datagram
+endpoint (DELIVERs come from the broker and from journaling clients alike, and a journal
+answers FORWARDs to any address) and one timer task that calls the machine's ``tick`` when
+it asks to be. UDP cannot push back, so what the application has not taken waits in memory.
 """
 
 from __future__ import annotations

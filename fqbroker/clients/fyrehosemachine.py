@@ -1,39 +1,11 @@
 """The client's side of the fyrehose backbone, sans I/O (docs/fyrehose-client.md).
 
 :class:`FyrehoseMachine` takes datagrams in (with their source address and the time) and
-gives datagrams out (with their destination) and events; every timer runs off the ``now``
-its caller passes, so tests drive hours of protocol in microseconds. What it does:
-
-* KEEPALIVE every ``keepalive_interval`` (1 s; the broker forgets a subscriber after 5 s),
-  final 29-byte form with a random token, NOJOURNAL unless it keeps a journal and
-  NOSUBSCRIBE when it does not subscribe. ADDR:PORT is 0.0.0.0:0 unless ``advertise`` says
-  otherwise: the broker then sends to the datagram's source, which is right behind NAT or a
-  relay, where the client's own address would not be.
-* In-order delivery. The stream starts at the first sequence seen, or at ``start``. A
-  message above the next one is held and the missing range becomes a gap; a message
-  below it, or one already held, is a duplicate and dropped (counted). At most
-  ``hold_limit`` messages are held: past that the oldest gap is given up (memory is
-  bounded whatever the network does).
-* Gap recovery. A gap is REQUESTed ``request_delay`` after it appears (a reordered
-  datagram usually fills it first), then every ``request_interval`` until it is filled or
-  ``gap_seconds`` have passed; then it is reported :class:`Lost` and delivery moves past
-  it. One REQUEST covers at most ``request_limit`` messages (the broker's cap) and one
-  round asks for at most ``request_budget`` messages, so recovering a large hole does not
-  flood the client's own receive buffer.
-* The tail probe: when nothing arrived for ``probe_after`` (1 s) the client asks for
-  [next, next+63]. A loss at the end of a burst leaves no later message to reveal it; the
-  broker ignores the part of the range above its sequence.
-* The journal (``journal_messages`` > 0): the last N delivered messages, and a FORWARD
-  from the broker is answered with DELIVERs of the part of its range that is in it, sent
-  to the FORWARD's ADDR:PORT.
-* Publishing: PUSH (final 9-byte-header form). A publish is :class:`Confirmed` when the
-  same bytes come back in the in-order stream, first-in first-out among equal payloads,
-  and sent again every ``publish_timeout`` until then. Confirmation is by content: two
-  publishers of equal payloads can confirm each other's, and a re-send whose first copy
-  did arrive puts the message in the stream twice (at least once). Without a
-  subscription nothing comes back, so a publish is confirmed at once with no sequence.
-
-Events from :meth:`next_event`: :class:`Delivered`, :class:`Lost`, :class:`Confirmed`.
+gives datagrams out (with their destination) and events: KEEPALIVEs (the final form, with
+a random token), in-order delivery with gaps held and REQUESTed, the tail probe, the
+journal that answers FORWARDs, and PUSHes confirmed when their bytes come back in the
+stream. Every timer runs off the ``now`` its caller passes, so tests drive hours of
+protocol in microseconds. Events: :class:`Delivered`, :class:`Lost`, :class:`Confirmed`.
 """
 
 from __future__ import annotations

@@ -3,11 +3,8 @@
     fyrehose [--host H] [--port P] push
     fyrehose [--host H] [--port P] sub [--json] [--count N] [--start SEQ]
 
-``push`` sends each line of stdin (newline dropped) as one message and exits 0 once every
-one came back in the stream (re-sending after 2 s until then), printing how many on stderr.
-``sub`` prints each message's data as one line, or with ``--json`` one object per line:
-``seq`` and ``data``, the data as UTF-8 text or, when it is not UTF-8, base64 with
-``"base64": true``. Ranges given up on are reported on stderr. Run it as ``python -m
+``push`` re-sends a line after 2 s until it came back in the stream. What each prints and
+its exit codes: docs/fyrehose-client.md, "The fyrehose tool". Run it as ``python -m
 fqbroker.clients.fyrehosetool`` too.
 """
 

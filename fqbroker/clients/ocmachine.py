@@ -1,25 +1,11 @@
 """The client's side of an OpenCluster connection, sans I/O (docs/opencluster-client.md).
 
 :class:`OCMachine` turns requests into bytes and bytes into answers, and does nothing else:
-the asyncio shell (:mod:`fqbroker.clients.opencluster`) owns the socket.
-
-* **Requests** (:meth:`set`, :meth:`get`, :meth:`ping`, :meth:`goodbye`) return the frame
-  to write. Each takes the next user id, counting up from 0 (wrapping at 2**31), so replies
-  can be checked against it; the 2011 C client reused id 0, which the server allows as well.
-* **Replies** are matched in order: the server answers a connection's commands in the
-  order they were sent, so the next reply must echo the oldest outstanding request's user
-  id and command (``repcmd``), and be a reply that command can get (data_int only to
-  get_int, data_str only to get_string). Anything else is a protocol error: the
-  connection is out of step and cannot be trusted past it.
-* **Pushes** (frames with ``repcmd`` 0) are the handshake's serverlist and hashmasks. Each
-  is acknowledged as the 2011 client did: with ``repcmd`` 100 for both, hashmasks
-  included (the server accepts whatever repcmd). Any other push is a protocol error, as it
-  was an ``assert`` in the 2011 client. :attr:`ready` is true once hello's ack and the
-  hashmasks have arrived.
-
-:meth:`receive_data` returns the :class:`Answer` of each request completed by the bytes,
-oldest first; :meth:`data_to_send` returns the acks owed to pushes. Every error is an
-:class:`~fqbroker.errors.OpenClusterProtocolError` and final.
+the asyncio shell (:mod:`fqbroker.clients.opencluster`) owns the socket. Requests return
+the frame to write, under user ids counting up from 0; replies must echo the oldest
+outstanding request (the server answers in order), and the handshake's pushes are acked
+as the 2011 client did. :meth:`OCMachine.receive_data` returns the :class:`Answer` of each
+request completed; every error is an :class:`~fqbroker.errors.OpenClusterProtocolError`.
 """
 
 from __future__ import annotations
@@ -70,7 +56,23 @@ def as_value(value: int | bytes | str) -> int | bytes:
 
 
 class OCMachine:
-    """One OpenCluster connection's client state; a new connection needs a new machine."""
+    """One OpenCluster connection's client state; a new connection needs a new machine.
+
+    * **Requests** (:meth:`set`, :meth:`get`, :meth:`ping`, :meth:`goodbye`) return the
+      frame to write. Each takes the next user id, counting up from 0 (wrapping at 2**31),
+      so replies can be checked against it; the 2011 C client reused id 0, which the
+      server allows as well.
+    * **Replies** are matched in order: the next reply must echo the oldest outstanding
+      request's user id and command (``repcmd``), and be a reply that command can get
+      (data_int only to get_int, data_str only to get_string). Anything else is a
+      protocol error: the connection is out of step and cannot be trusted past it.
+    * **Pushes** (``repcmd`` 0) are the handshake's serverlist and hashmasks, each acked
+      with ``repcmd`` 100 as the 2011 client did (the server accepts whatever repcmd).
+      Any other push is a protocol error, as it was an ``assert`` in the 2011 client.
+      :attr:`ready` is true once hello's ack and the hashmasks have arrived.
+
+    :meth:`data_to_send` returns the acks owed to pushes. Every error is final.
+    """
 
     def __init__(self, max_reply: int = MAX_REPLY) -> None:
         self._decoder = wire.FrameDecoder(max_reply)

@@ -4,12 +4,8 @@
     opencluster ... set NAME VALUE [--int] [--expires S]
     opencluster ... ping
 
-``get`` prints the value (a string value as its bytes and a newline, an int in decimal) and
-exits 0, or says ``not found`` on stderr and exits 1. ``set`` stores VALUE as a string, or
-as a 32-bit int with ``--int``, and exits 0 once the server has acknowledged it. ``ping``
-exits 0 when the server answers. A server that cannot be reached, or refuses, is one line on
-stderr and exit 1; bad arguments are exit 2. Run it as ``python -m fqbroker.clients.octool``
-too.
+What each prints and its exit codes: docs/opencluster-client.md, "The opencluster tool".
+Run it as ``python -m fqbroker.clients.octool`` too.
 """
 
 from __future__ import annotations

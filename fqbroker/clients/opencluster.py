@@ -2,14 +2,10 @@
 
 :class:`OpenClusterClient` is the shell around :class:`~fqbroker.clients.ocmachine.OCMachine`:
 one socket and one reader task. Every call writes its request at once and waits for its
-own answer, so many calls may be outstanding on the one connection (``asyncio.gather`` a
-thousand sets: they go out back to back and their acks come back in order, each resolving
-its call's future). There is no reconnect: a lost connection or a reply out of step fails
-every outstanding call and every later one with :class:`~fqbroker.errors.ClientClosed`
-(or the protocol error), and the application connects again.
-
-Keys are hashed here, as the protocol has it (FNV-1a of the name, as the 2011 C client
-computed it); the server only stores. Two names with one hash are one key.
+own answer, so many calls may be outstanding on the connection. There is no reconnect: a
+lost connection or a reply out of step fails every outstanding and later call, and the
+application connects again. Keys are hashed here (FNV-1a of the name, as the 2011 C client
+computed it); the server only stores, so two names with one hash are one key.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """A blocking client for replaying readers: queue setup, positions, range reads, checkpoints.
 
-Retained topics are read the same way (:meth:`ReplayClient.topic_info`,
-:meth:`ReplayClient.read_topic`, over :mod:`fqbroker.frontends.http.topics`), by 0-based
-message index; an entry's ``seq`` is then the message index.
-
 Spark runs the fq source's code in plain Python processes with no event loop, one call at
-a time, so this client is synchronous: ``http.client`` for the replay endpoints of
-:mod:`fqbroker.frontends.http.replay` and the checkpoint endpoints, and the sans-IO
-:class:`~fqbroker.clients.channel.CommandChannel` over a blocking socket to create a queue
-and bind it. It keeps no connection between calls, so objects holding it stay picklable.
+a time, so this client is synchronous: ``http.client`` for the replay, topic and checkpoint
+endpoints (:mod:`fqbroker.frontends.http.replay`, :mod:`~fqbroker.frontends.http.topics`),
+and the sans-IO :class:`~fqbroker.clients.channel.CommandChannel` over a blocking socket to
+create a queue and bind it. It keeps no connection between calls, so objects holding it
+stay picklable. A topic is read by 0-based message index, which an entry's ``seq`` is then.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """``fq-send`` and ``fq-recv``: fq's client tools fqs, fq_sndr and fq_rcvr
-(docs/fq-protocol.md §6.2).
+(docs/fq-protocol.md §6.2; flags and output formats: docs/cli.md).
 
-Both take the libfq source string ``USER[/QUEUE[/TYPE:PARAMS]]`` as the user, and share
-the flags naming the broker: ``-H/--host``, ``-p/--port`` (or ``-a/--address HOST[:PORT]``,
-fqs's), ``-u/--user``, ``-P/--password``, ``-x/-e/--exchange``, ``--tls``, ``--cafile``.
-Messages go to stdout exactly as fq_rcvr prints them, one flushed line each, so a pipe
-reader sees them at once; everything else (bind results, rates, errors) goes to stderr.
-``fq-recv --json`` prints one object per message whose payload is ``payload`` (text) when
-it is UTF-8 and ``payload_base64`` otherwise, or always with ``--base64``: exactly one of
-the two is there (docs/cli.md). Run them as ``fq-send``/``fq-recv`` or as ``python -m
+Both take the libfq source string ``USER[/QUEUE[/TYPE:PARAMS]]`` as the user and share the
+flags naming the broker. Messages go to stdout exactly as fq_rcvr prints them, one flushed
+line each, so a pipe reader sees them at once; everything else (bind results, rates,
+errors) goes to stderr. Run them as ``fq-send``/``fq-recv`` or as ``python -m
 fqbroker.clients.tools send|recv ...``.
 """
 

@@ -1,22 +1,11 @@
 """The broker-wide memory budget: bytes held by queues and by reads in flight.
 
-Theory of operation
--------------------
-One counter, ``used``, holds what the broker keeps in memory on behalf of publishers:
-the frames in memory queues, disk queues' caches of written frames, and what data
-sockets and HTTP requests have announced and are reading. Holders add directly
-(``used += n`` on the hot path costs what a counter does) and give back through
-:meth:`MemoryBudget.release`, which wakes the waiters there is now room for. The
-byte-room rule queues and the router share (:func:`fitting`) lives here too.
-
-Publishers are slowed, never refused, while the budget is spent: before a data socket
-buffers more of a message (or reads on at all while over the limit), it asks
-:meth:`fits`; when the answer is no it pauses reading and waits in :meth:`acquire` until
-consumers have drained enough. Consumers are never held back, so a broker over its
-budget drains. A message larger than the whole budget could never be granted: the data
-socket refuses it outright (docs/memory.md).
-
-Sans I/O but for the waiting: the waiters are futures of the running loop.
+Publishers are slowed, never refused, while it is spent: a data socket pauses reading and
+waits in :meth:`MemoryBudget.acquire` until consumers have drained enough, and consumers
+are never held back, so a broker over its budget drains (docs/memory.md: what is counted,
+and what happens at each limit). The byte-room rule queues and the router share
+(:func:`fitting`) lives here too. Sans I/O but for the waiting: the waiters are futures
+of the running loop.
 """
 
 from __future__ import annotations
@@ -33,6 +22,8 @@ class MemoryBudget:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        # Holders add to it directly (``used += n`` on the hot path costs what a counter
+        # does) and give back through release(), which wakes the waiters there is room for.
         self.used = 0
         self.paused = 0  # times a publisher waited for the budget
         # (bytes wanted, future), first come first served.

@@ -1,28 +1,11 @@
 """The data-frame format of fq: one message on a data channel and in a queue (fq.h,
-docs/fq-protocol.md §1.10).
+docs/fq-protocol.md §1.10, §1.11).
 
-Theory of operation
--------------------
-A message travels in one of two frames; all integers are big-endian::
-
-    publisher  u8 exchange length, exchange, u8 route length, route, 16-byte id,
-               u32 payload length, payload
-    peer       the same, with the stamp between id and payload length:
-               u8 sender length, sender, u8 hop count, 4 bytes per hop
-
-Clients publish in the publisher format. A broker stamps its sender and hops on arrival
-(docs/fq-protocol.md §1.11), which makes each frame the peer frame that queues hold, disk
-records store and every consumer receives; peers exchange peer frames both ways. Hops are
-IPv4 addresses, nearest broker first, at most :data:`MAX_HOPS`. A disk queue places each
-delivered message's position in bytes 8-15 of its id (:func:`place_seq`).
-
-This module is the one place that knows that layout: it builds frames, stamps them,
-reads lengths, ids and hops out of them, and holds the decoding loops of the data path.
-It defines no type of its own: the value types (:class:`~fqbroker.core.message.Message`,
-the ``Run`` tuple) live in :mod:`fqbroker.core.message`, which uses it, and the decoders
-of a socket's bytes (:mod:`fqbroker.frontends.fq.msgdecoder`) call it. The per-message
-loops here are the broker's hottest code: each reads a whole buffer with local names and
-slices, and builds nothing per message but the frame (or the object) it returns.
+A broker stamps its sender and hops on each publisher frame as it arrives, which makes it
+the peer frame that queues hold, disk records store and consumers receive. This module is
+the one place that knows that layout, and holds the data path's decoding loops, the
+broker's hottest code: each reads a whole buffer with local names and slices, and builds
+nothing per message but what it returns. Value types: :mod:`fqbroker.core.message`.
 """
 
 from __future__ import annotations
@@ -267,8 +250,8 @@ def scan_runs(
     """
     # Indexing, slicing and startswith on a bytes are mypyc primitives, and a length
     # read from four of its bytes costs no call: struct's unpack_from and a try around
-    # the loop for its error took half the time of a read of small frames (10 messages
-    # of 100 bytes: 3.8 -> 1.9 us compiled).
+    # the loop for its error took half the time of a compiled read of small frames
+    # (bench/RESULTS.md, latency at 10k msg/s).
     extra = ID_SIZE + len(after_id) + 4  # what a frame's head has past exchange and route
     n = len(data)
     head = b""  # u8 + exchange + u8 + route of the run being filled

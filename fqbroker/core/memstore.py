@@ -35,8 +35,8 @@ OPEN_BYTES = 16 << 10
 def _walk(data: bytes, pos: int, n: int, limit: int) -> tuple[int, int]:
     """(end, count) of the first ``n`` frames from ``pos``, or fewer: up to and with the
     one that reaches ``limit`` bytes. Read from their length fields as
-    :func:`~fqbroker.core.frames.frame_length` does, inline on ``bytes``: compiled, 15 ns a
-    frame, where a call on a ``bytearray`` is ten times that."""
+    :func:`~fqbroker.core.frames.frame_length` does, inline on ``bytes``: compiled, far
+    cheaper than a call on a ``bytearray`` (bench/RESULTS.md, figures behind comments)."""
     end = pos
     k = 0
     while k < n:

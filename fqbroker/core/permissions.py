@@ -1,18 +1,10 @@
 """What one user may do: publish to, bind on (consume from) exchanges, attach to queues.
 
 Sans-IO: built from the ``(kind, pattern, allow)`` rows the user store keeps for a user
-(table ``fqbroker_permissions``), asked by the sessions with names as they come off the
-wire (bytes). Patterns are fnmatch-style globs over names (``*``, ``logs.*``, an exact
-name), matched case-sensitively. The rules, in order:
-
-* the ``admin`` kind (pattern ``*``) grants everything;
-* otherwise a ``deny`` rule that matches wins over any ``allow``;
-* no matching ``allow`` means denied.
-
-Under ``auth = "none"`` every client holds :attr:`Permissions.ALL`, whose answers are
-constant ``True`` and cost one attribute lookup. A user's answers are cached per name so
-the data path pays one dict lookup per run of messages to an exchange; the cache is
-bounded (a client inventing exchange names cannot grow it without limit).
+(table ``fqbroker_permissions``) and asked by the sessions with names as they come off the
+wire (bytes); docs/permissions.md has the rules. Under ``auth = "none"`` every client holds
+:attr:`Permissions.ALL`, whose answers cost one attribute lookup; a user's answers are
+cached per name, in a bounded cache, so the data path pays one dict lookup per run.
 """
 
 from __future__ import annotations

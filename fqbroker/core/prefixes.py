@@ -1,12 +1,8 @@
 """A set of byte-string prefixes answering "which of them start this route?" fast.
 
-fqd keeps rules in an 8-byte prefix jump table (fqd_routemgr.c). Here the prefixes are
-kept sorted, and each remembers its *parent*: the longest other prefix in the set that
-it starts with. For a route R, let p be the largest prefix that sorts <= R (one bisect).
-Every prefix q of R lies between q and R in sort order, so q also starts p: the prefixes
-of R are exactly p's chain of parents from the first one that R starts with. A lookup
-is therefore one bisect plus a walk up a chain no longer than the nesting of prefixes,
-whatever the number of prefixes and however many different lengths they have.
+fqd keeps rules in an 8-byte prefix jump table (fqd_routemgr.c); the router indexes its
+``prefix:`` bindings here instead, at one bisect and a short walk a lookup however many
+prefixes there are and however many lengths they have (:class:`PrefixIndex` says how).
 """
 
 from __future__ import annotations
@@ -21,6 +17,15 @@ T = TypeVar("T")
 
 
 class PrefixIndex(Generic[T]):
+    """Prefixes kept sorted, each remembering its *parent*: the longest other prefix in
+    the set that it starts with.
+
+    For a route R, let p be the largest prefix that sorts <= R (one bisect). Every prefix
+    q of R lies between q and R in sort order, so q also starts p: the prefixes of R are
+    exactly p's chain of parents from the first one that R starts with. A lookup is one
+    bisect plus a walk up a chain no longer than the nesting of prefixes.
+    """
+
     def __init__(self) -> None:
         self._keys: list[bytes] = []
         self._items: dict[bytes, list[T]] = {}

@@ -1,16 +1,11 @@
 """Route programs: ``prefix:``/``exact:`` plus a rule expression (fqd_routemgr.c, fqd_prog.c).
 
-A bind carries a program such as ``prefix:"http." (route_contains("a") && sample(0.1))``.
-`compile_program` turns its bytes into an immutable `Program`: whether the route must equal
-the prefix, the decoded prefix, and a tree of `Rule` nodes whose leaves call rule functions.
-Each function is resolved once, at compile time, by name and argument signature through a
-`RuleRegistry`, as fqd looks up the symbol ``fqd_route_prog__<name>__<sig>`` (then
-``__VA``). The router checks the prefix itself and calls `Program.evaluate` only for routes
-the prefix admits.
-
-The parser follows the grammar of docs/fq-protocol.md §2.2 byte for byte. Where C fqd has a
-quirk, the code says whether it is copied or fixed; docs/programs.md has the table and the
-reasons.
+:func:`compile_program` turns a bind's program, such as ``prefix:"http."
+(route_contains("a") && sample(0.1))``, into an immutable :class:`Program`: the prefix,
+whether the route must equal it, and a tree of :class:`Rule` nodes whose leaves call rule
+functions resolved once, by name and signature, through a :class:`RuleRegistry` (as fqd
+looks up ``fqd_route_prog__<name>__<sig>``). The parser follows docs/fq-protocol.md §2.2
+byte for byte; docs/programs.md says which of fqd's quirks are copied and which fixed.
 """
 
 from __future__ import annotations

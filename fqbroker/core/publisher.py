@@ -1,30 +1,10 @@
 """One publisher's way into the router: a connection's or a link's, whatever its protocol.
 
 Every front end that takes messages in (the fq data socket, each peering link, HTTP
-/submit, and those to come) makes one :class:`Publisher` and hands it runs of peer
-frames. It publishes them through :meth:`Router.publish_runs`, the router's one way in,
-and keeps what the front end would otherwise have to copy:
-
-* its counters (a :class:`~fqbroker.core.router.ClientStats`; the router adds routing
-  outcomes to it, and size drops and lost disk writes go through :meth:`Router.count`
-  like every other outcome);
-* where a batch stopped when a block-policy queue filled up: :meth:`publish` returns
-  False and keeps the rest, the shell awaits :meth:`wait_for_room` and calls
-  :meth:`carry_on`. How the shell waits is its own business: the data socket pauses
-  reading, a peering link simply awaits;
-* durability: the disk stores it appended to are written (``flush_dirty``) before it
-  waits and after each batch, and it records per store the last seq written and the
-  number of the first message a disk write failed for;
-* publisher confirms (docs/confirms.md): :meth:`confirm` answers once the first ``count``
-  messages are handled and durable, or says why not;
-* permissions (auth = "password", :mod:`fqbroker.core.permissions`): a run on an exchange
-  its user may not publish to is dropped unrouted and counted ``denied``, and a confirm
-  covering it fails with ``publish denied``. A publisher made without permissions, or with
-  :attr:`Permissions.ALL`, runs the loop it always ran: the check costs nothing then.
-
-It is sans I/O: it owns no task and no socket. The only awaiting is in the coroutines a
-shell calls by name (:meth:`wait_for_room`, :meth:`finish`, :meth:`publish_all`, :meth:`durable`,
-:meth:`confirm`).
+/submit, and the other listeners) makes one :class:`Publisher` and hands it runs of peer
+frames; it publishes them through :meth:`Router.publish_runs`, the router's one way in,
+and keeps what each front end would otherwise copy. Sans I/O: it owns no task and no
+socket; the only awaiting is in the coroutines a shell calls by name.
 """
 
 from __future__ import annotations
@@ -59,7 +39,29 @@ FlushDirty = Callable[[], tuple[Sequence[DurableStore], int]]
 
 
 class Publisher:
-    """The publishing side of one connection or link."""
+    """The publishing side of one connection or link. It keeps:
+
+    * its counters (a :class:`~fqbroker.core.router.ClientStats`; the router adds routing
+      outcomes to it, and size drops and lost disk writes go through :meth:`Router.count`
+      like every other outcome);
+    * where a batch stopped when a block-policy queue filled up: :meth:`publish` returns
+      False and keeps the rest, the shell awaits :meth:`wait_for_room` and calls
+      :meth:`carry_on`. How the shell waits is its own business: the data socket pauses
+      reading, a peering link simply awaits;
+    * durability: the disk stores it appended to are written (``flush_dirty``) before it
+      waits and after each batch, and it records per store the last seq written and the
+      number of the first message a disk write failed for;
+    * publisher confirms (docs/confirms.md): :meth:`confirm` answers once the first
+      ``count`` messages are handled and durable, or says why not;
+    * permissions (auth = "password", :mod:`fqbroker.core.permissions`): a run on an
+      exchange its user may not publish to is dropped unrouted and counted ``denied``, and
+      a confirm covering it fails with ``publish denied``. A publisher made without
+      permissions, or with :attr:`Permissions.ALL`, runs the loop it always ran: the check
+      costs nothing then.
+
+    The coroutines a shell awaits: :meth:`wait_for_room`, :meth:`finish`,
+    :meth:`publish_all`, :meth:`durable`, :meth:`confirm`.
+    """
 
     __slots__ = (
         "_first",
@@ -143,10 +145,10 @@ class Publisher:
         """Publish what is left of the batch; False when it has to wait again.
 
         The consumers it wakes are called back on the loop's next turn, not before it
-        returns: calling them in the read's own turn was tried (P16, round two) and cost
-        broker CPU on every throughput row (1 to 1 128 KiB 0.82x, fan-in 0.86x, 4 KiB
-        0.92x: a write per publisher read instead of one per turn) for no p99 gain at
-        10k msg/s that the bench could tell from noise (bench/RESULTS.md).
+        returns: calling them in the read's own turn was measured to cost broker CPU on
+        every throughput row (a write per publisher read instead of one per turn) for no
+        latency gain the bench could tell from noise (bench/RESULTS.md, latency at 10k
+        msg/s).
         """
         runs = self._runs
         i = self._next

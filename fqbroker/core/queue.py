@@ -1,42 +1,11 @@
 """Queues: policy, backlog, clients and competing consumers (fqd_queue.c, fqd_queue_mem.c).
 
-Theory of operation
--------------------
-A queue holds messages routed to it until a consumer's data channel takes them. Under
-the **drop** policy a message offered while ``backlog >= limit`` is refused (tail drop)
-and counted in ``dropped_to``; ``backlog=0`` therefore drops everything. Under **block**
-the message is accepted and the queue reports ``is_full``: the publishing session then
-waits on :meth:`Queue.wait_not_full` before it reads more from its socket. That stalls
-only the publishers writing into the full queue, not every publisher as fqd's worker
-thread does (docs/fq-protocol.md §1.13, §9), and nothing a publisher handed over is lost.
-
-A memory queue has a limit in bytes beside the message count (``backlog_bytes``,
-docs/memory.md) under the same policy: a message is taken while the bytes held are under
-the limit, so the one that crosses it is taken and the queue holds at most the limit plus
-one message. The bytes are those of the frames held, which the broker-wide
-:class:`~fqbroker.core.budget.MemoryBudget` counts too. A disk queue keeps its messages in its
-files; what it holds in memory is its cache, which it bounds itself.
-
-Consumers are data channels of the queue's clients (1 for a private queue, 16 for a public
-one). Each waits in :meth:`notify_ready` (a protocol, no task of its own) and is called back
-the moment a message arrives (fqd polls, docs/fq-protocol.md §1.13). Waiting consumers are
-served first come, first served, and a public queue shares fairly under light load too,
-where fqd hands everything to one consumer (docs/fq-protocol.md §3.4; what "fair" means:
-docs/queues.md):
-
-* messages arriving wake as many waiting consumers as there are new messages, up to all
-  of them (one, for a private queue or a lone consumer: nothing more on the hot path);
-* each woken consumer takes ``ceil(held / (woken still to come + 1))``, so 10 messages
-  and two idle consumers are 5 and 5;
-* a consumer that took its share while others are woken waits in line again
-  (:attr:`Queue.contended`) instead of taking theirs; under load this turns consumers
-  round-robin, a batch each, while a consumer whose socket is full is skipped.
-
-Messages live in a :class:`MemoryStore`; disk queues swap in another store with the same
-small interface. A queue holds each message as the peer frame its consumers receive
-(docs/fq-protocol.md §1.10): nothing is decoded or built again on the way out. A memory
-queue packs small frames into chunks (one for all the queues a batch is routed to), which
-consumers write as they are.
+A queue holds the messages routed to it, each as the peer frame its consumers receive, in
+a :class:`Store` (:class:`MemoryStore` here; the disk queue's store implements the same
+protocol in :mod:`fqbroker.storage.store`). Under drop, what is past a limit is refused
+and counted; under block, only the publishers into a full queue wait. Waiting consumers
+are called back in line and share a burst evenly: docs/queues.md says how, docs/memory.md
+covers the byte limits.
 """
 
 from __future__ import annotations

@@ -1,32 +1,11 @@
 """Exchanges, bindings and routing, sans I/O (fqd_routemgr.c, fqd_config.c).
 
-Theory of operation
--------------------
-An exchange exists from the first successful bind on it and is never deleted while the
-broker runs (docs/fq-protocol.md §2.1). Each binding joins a compiled program to a target
-queue under a route id drawn from one global counter (docs/fq-protocol.md §2.5).
-
-Routing a message looks up candidate bindings by its route, not by scanning every
-binding: bindings are indexed by their exact route (``exact:``) or by their prefix
-(``prefix:``, a :class:`~fqbroker.core.prefixes.PrefixIndex`: one bisect and a short walk).
-The cost is therefore flat in the number of bindings, as with fqd's prefix jump table.
-What a route reaches is remembered per exchange (until a binding comes or goes), and
-routes that reach the same bindings share one answer, so a stream of messages on many
-routes into the same queues is joined into one batch per queue, as one route's would be:
-the cost is flat in the number of routes too. Joining only ever appends a message after
-the one before it, so each queue sees its messages in the order they were published.
-
-Each queue receives a message at most once: once a queue is a target, its other bindings are
-skipped and their ``invocations`` do not move (docs/fq-protocol.md §2.3). The router then
-offers the message to every target. Outcomes are counters, never exceptions: no exchange, no
-route, routed (per target, even when then dropped) and dropped, kept per exchange, in the
-aggregate and for the publishing client (docs/fq-protocol.md §1.6, §2.6).
-
-Targets are anything with the small :class:`Target` protocol, so the router knows
-nothing of storage, sockets or any wire protocol. There is one way in,
-:meth:`Router.publish_runs`, and one place counters move, :meth:`Router.count`: every
-front end publishes through a :class:`~fqbroker.core.publisher.Publisher`, which calls
-them; :meth:`Router.publish` is one message as a run of one.
+Bindings are indexed by exact route and by prefix, and what a route reaches is remembered
+per exchange, so routing costs the same however many bindings and routes there are
+(docs/fq-protocol.md §2.3 has the rules and how they are kept). Outcomes are counters,
+never exceptions. There is one way in, :meth:`Router.publish_runs`, which every front end
+reaches through a :class:`~fqbroker.core.publisher.Publisher`, and one place counters
+move, :meth:`Router.count`; targets are anything with the :class:`Target` protocol.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
-"""PySpark data source ``fq``: read fq disk queues and publish to fq exchanges.
+"""PySpark data source ``fq``: read fq disk queues and retained topics, publish to exchanges.
 
-Needs the ``spark`` extra (``pip install -e '.[spark]'`` in a clone: pyspark and pyarrow). The
-broker never imports this package. Register it per session, or let Spark find it through
-the ``pyspark_fqbroker`` shim installed alongside::
-
-    spark.dataSource.register(FqDataSource)
-    spark.readStream.format("fq").option("queue", "events").option("exchange", "logs").load()
-    df.write.format("fq").option("exchange", "logs").mode("append").save()
-
-Options, schema and guarantees are in the README's Spark section; the HTTP reads the
-source makes are in docs/http.md.
-
-Modules: ``options`` (parsing), ``schema`` (rows), ``source`` (stream and batch readers),
-``sink`` (writers), ``datasource`` (the format); the broker calls go through
-:mod:`fqbroker.clients.replayclient` and :mod:`fqbroker.clients.client`.
+Needs the ``spark`` extra (pyspark and pyarrow); the broker never imports this package.
+Register it per session (``spark.dataSource.register(FqDataSource)``), or let Spark find
+it through the ``pyspark_fqbroker`` shim installed alongside. Options, schema and
+guarantees are in the README's Spark section; the HTTP reads the source makes are in
+docs/http.md. Modules: ``options``, ``schema``, ``source``, ``sink``, ``datasource``; the
+broker calls go through :mod:`fqbroker.clients.replayclient` and :mod:`~fqbroker.clients.client`.
 """
 
 from __future__ import annotations

@@ -3,12 +3,9 @@
 Spark hands every option over as a string in a case-insensitive mapping. Parsing them into
 frozen dataclasses here means a typo fails the query at once with the option's name, not
 halfway through a task, and the readers and writers Spark pickles carry plain values.
-Names follow Spark's Kafka connector where the meaning is the same.
-
-The source reads either a disk queue (``queue``) or a retained topic (``topic``), never
-both. A topic's positions are 0-based message indexes (``{"T": 0}`` is its first message
-ever), a queue's are sequence numbers (from 1); a topic has no broker checkpoint, so
-``checkpointName``, ``exchange`` and ``program`` are refused with it.
+Names follow Spark's Kafka connector where the meaning is the same. The source reads a
+disk queue (``queue``) or a retained topic (``topic``), never both; a topic has no broker
+checkpoint, so ``checkpointName``, ``exchange`` and ``program`` are refused with it.
 """
 
 from __future__ import annotations

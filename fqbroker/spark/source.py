@@ -1,27 +1,11 @@
-"""The ``fq`` source: a permanent disk queue read by position, streaming or in batch.
+"""The ``fq`` source: a permanent disk queue or a retained topic read by position, streaming
+or in batch (the README's Spark section).
 
-Where each piece runs decides its shape (Spark's Python data source API runs each class
-in a process of its own):
-
-* :class:`FqStreamReader` lives in one long-lived Python process on the driver. It makes
-  sure the queue exists and is bound (so nothing published while Spark is down is lost),
-  answers offsets from ``/queue/info`` and, on ``commit``, moves the broker checkpoint
-  that lets the broker delete segments Spark is done with.
-* ``read`` runs on executors in another instance built from the same options; everything
-  it needs is in the options and the :class:`FqRange` partition. It reads its range with
-  ``/queue/read``, which consumes nothing, so a batch Spark runs again after a failure
-  gets the same rows, byte for byte.
-
-Offsets are ``{"<queue>": seq}``, the next sequence number to read. Spark's checkpoint is
-the truth; the broker checkpoint lags it by a batch (``commit`` comes late, and never for
-the last batch before a stop) and only bounds deletion.
-
-With ``option("topic", T)`` the same readers read a retained topic instead (``/topic/info``
-and ``/topic/read``): offsets are ``{"T": index}``, the 0-based index of the next message
-(a Figg offset, the position just past a message, is the same number). Nothing is
-created, bound or committed on the broker (``commit`` does nothing), so any number of
-queries read one topic independently; retention alone decides what is deleted, and
-``failOnDataLoss`` says what to do when it deleted what a query still needed.
+Spark runs each class in a process of its own, which shapes them: :class:`FqStreamReader`
+lives on the driver, makes sure the queue exists and is bound, answers offsets from
+``/queue/info`` and on ``commit`` moves the broker checkpoint that bounds deletion; ``read``
+runs on executors with all it needs in the options and the :class:`FqRange` partition, and
+reads with ``/queue/read``, which consumes nothing, so a batch run again gets the same rows.
 """
 
 from __future__ import annotations
@@ -107,6 +91,17 @@ def _topic_info(client: ReplayClient, topic: str) -> QueueInfo:
 
 
 class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The stream's reader on the driver, one long-lived process.
+
+    Offsets are ``{"<queue>": seq}``, the next sequence number to read. Spark's checkpoint
+    is the truth; the broker checkpoint lags it by a batch (``commit`` comes late, and
+    never for the last batch before a stop) and only bounds deletion. With a topic the
+    offsets are ``{"T": index}``, the 0-based index of the next message (a Figg offset is
+    the same number), and nothing is created, bound or committed on the broker, so any
+    number of queries read one topic independently; retention alone decides what is
+    deleted, and ``failOnDataLoss`` what happens when it deleted what a query needed.
+    """
+
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._ready = False  # queue and binding ensured by this process (with an exchange)

@@ -1,23 +1,11 @@
 """Reading ahead of a reader that is behind: the disk's wait in a worker thread, not the loop.
 
-A disk queue keeps the frames it wrote last in memory (``store.RECENT_BYTES``), so a
-consumer that keeps up never reads the file. One further behind, and the replay reads of
-``/queue/read``, read the segment file back with :meth:`SegmentLog.read`, in the event
-loop: the log is not thread-safe, and it checks every record's crc as it goes. While the
-pages are in the page cache (the usual case: written recently) that costs the loop about
-1.7 ms per MiB, nearly all of it the checks; when they are not, the loop also waits for
-the disk: on the bench machine, 3.5 ms per MiB for a reader going forward when the
-kernel's own readahead does not cover it (bench/RESULTS.md, ``python -m bench
-file-reads``).
-
-So after each read from the file, :class:`ReadAhead` reads the next stretch of the same
-segment in a worker thread (aiofiles) and drops the bytes: the page cache keeps them, and
-the log's next read (still in the loop, still checking) copies them from there, at the
-warm cost. The read is one call in the thread, open to close (``aiofiles.os.wrap``), not
-aiofiles's file object: that takes a hand-off per open, seek, read and close, and a read
-cancelled (its store closed) between two of them leaves the file open. The price is one
-more read of each stretch, in a thread; readers that keep up never start one. One read at
-a time per reader, and only while it is behind: no task when nobody is.
+A consumer behind a disk queue's memory (``store.RECENT_BYTES``), and the replay reads of
+``/queue/read``, read the segment file with :meth:`SegmentLog.read` in the event loop: the
+log is not thread-safe, and it checks every record's crc as it goes. What a thread can take
+off the loop is the wait for the disk: :class:`ReadAhead` reads the next stretch of the
+segment into the page cache, so the log's next read costs what a warm one does
+(bench/RESULTS.md, file reads, has the measurements).
 """
 
 from __future__ import annotations
@@ -40,7 +28,17 @@ _CHUNK = 1 << 20  # bytes per read: the thread holds no more than this at once
 
 
 class ReadAhead:
-    """Keeps up to :data:`WINDOW` bytes past a reader's position in the page cache."""
+    """Keeps up to :data:`WINDOW` bytes past a reader's position in the page cache.
+
+    After each read from the file it reads the next stretch of the same segment in a
+    worker thread and drops the bytes: the page cache keeps them for the log's next read
+    (still in the loop, still checking). The read is one call in the thread, open to
+    close (``aiofiles.os.wrap``), not aiofiles's file object: that takes a hand-off per
+    open, seek, read and close, and a read cancelled (its store closed) between two of
+    them leaves the file open. The price is one more read of each stretch, in a thread;
+    readers that keep up never start one. One read at a time per reader, and only while
+    it is behind: no task when nobody is.
+    """
 
     def __init__(self) -> None:
         self._task: asyncio.Task[None] | None = None

@@ -1,41 +1,11 @@
 """The OpenCluster store's write-ahead journal: appended batches, checksummed, replayed
-at startup (docs/opencluster.md, "What an ack promises").
+at startup (docs/opencluster.md: "What an ack promises", and "On disk" for the format).
 
-Why a journal in front of sqlite: a set must be on disk before its ack, and sqlite costs
-2 to 3 us of CPU per row however the rows are given to it, most of it holding the GIL the
-event loop wants. A journal batch is the group commit's records joined into one buffer:
-one ``write`` and one ``fdatasync``, both without the GIL. sqlite stays the compacted
-form: the store folds the journal's latest values into it now and then, in the
-background, and deletes the journals it folded (as Redis rewrites its AOF).
-
-Files: ``<stem>.journal.<gen>`` beside the database, ``gen`` counting up. A file starts
-with :data:`MAGIC`; then batches, each ``>II`` (body length, crc32 of the body) and the
-body, records one after another::
-
-    >BdI     kind, expires (epoch seconds, 0 = never), payload length
-    payload  the set's payload as OpenCluster carries it (docs/opencluster-protocol.md):
-             >IIiii map_hash, key_hash, expires (relative, unused here), full_wait,
-             name length; the name; >i the value (int), or >i length and the bytes
-
-or, of kind :data:`FRAMES`, a run of sets as one record::
-
-    >BdI     FRAMES, the time the run was read (epoch seconds), length of the frames
-    frames   set_int and set_string frames as OpenCluster carries them, one after
-             another: >hhii command, repcmd, user id, payload length; the payload as
-             above, whose expiry counts from the record's time (0 = never)
-
-The payload is kept as the client sent it because the listener has it at hand: a record
-costs a 13-byte header, where building one field by field would cost a set more CPU than
-the rest of its journaling; and a read's run of sets is one slice of the read, with no
-header or object of its own per set.
-
-An older broker's journals (:data:`MAGIC_V1`: no FRAMES records) are read as well; a
-journal of this one starts with :data:`MAGIC`, which an older broker does not take for
-its own (it skips the file with a warning rather than misread a FRAMES record).
-
-A batch is acknowledged only once it is written (and fdatasynced, ``sync = "full"``), so
-only the last batch of a file can be torn, by a crash in the middle of its write: replay
-stops at the first batch whose length or crc does not hold and says so in the log.
+Why a journal in front of sqlite: a set must be on disk before its ack, and a sqlite row
+costs CPU per set, most of it holding the GIL the event loop wants (bench/RESULTS.md). A
+journal batch is the group commit's records joined into one buffer: one ``write`` and one
+``fdatasync``, both without the GIL. sqlite stays the compacted form: the store folds the
+journal's latest values into it in the background (as Redis rewrites its AOF).
 """
 
 from __future__ import annotations

@@ -1,51 +1,11 @@
-"""The OpenCluster listener's key/value store: memory for reads, a journal for acks,
-sqlite for what the journal folds into.
+"""The OpenCluster listener's key/value store: memory for reads, a journal for acks.
 
-Theory of operation
--------------------
-**Reads** come from a dict in memory, keyed by ``(map_hash << 32) | key_hash`` (the 32-bit
-hashes the client computed; the server never hashes). It is the source of truth for
-every get; the disk is only read at startup.
-
-**Writes** change the dict at once and join the open :class:`Batch` (the listener's: a
-read's run of sets in one call, :meth:`KVStore.put_frames`). Every set of one turn of
-the event loop (the sets of a read, across connections) goes into one batch, and a batch
-is one append to the journal (:mod:`~fqbroker.storage.kvjournal`): one write, and with
-``sync = "full"`` one fdatasync, in the store's journal thread so the loop keeps
-reading. While a batch is written, new sets join the next one: the busier the store, the
-larger its batches (group commit). A batch's ``waiters`` are called on the loop once its
-write returned: only then may a set be acknowledged. ``"full"``: an ack survives a power
-cut; ``"normal"``: the batch is written, not fsynced, and an ack survives kill -9 of the
-broker, not a power cut.
-
-**Flushes may overlap** (``"full"``, :data:`FLUSHES` above 1): while one batch's
-fdatasync runs, the next batch is written to the file and its fdatasync queued behind it,
-so the journal thread goes from one fdatasync to the next without waiting for the loop.
-Batches complete in the order they were written. A fdatasync that fails
-fails its batch and every batch written to the same file after it (the kernel may have
-dropped their pages, and a replay stops at the first batch it cannot read), and the
-journal goes on in a new file; a file is closed in the journal thread, after the last
-flush queued on it.
-
-**Folding** (:mod:`~fqbroker.storage.kvsqlite`). Once the journals hold
-:attr:`KVStore.fold_bytes`, the store closes the current one and hands the latest
-committed value of every key set since the last fold to its fold thread, which writes
-them to sqlite (``<stem>.sqlite3``, WAL, fsynced) in one transaction that also records
-the generation folded (``meta.fold_gen``), then deletes the journals up to it. Startup
-loads sqlite, then replays the journals above ``fold_gen`` in order; so a crash at any
-point of a fold loses nothing and replays nothing twice over newer values. ``close()``
-folds everything: a clean restart reads sqlite alone.
-
-**A failed write** (a full disk): its batch carries the error, its sets are answered
-"not stored", and each of its keys goes back in memory to its value before the batch
-(unless a later set, still to be written, changed it since: that one's batch now
-restores the older value if it fails too). The journal goes on in a new file, as the
-failed one may end in a torn batch; the store carries on.
-
-**Expiry** is a wall-clock time (seconds since the epoch, 0 = never), so that it means
-the same after a restart. An expired key is never returned; a sweep at least once a
-second deletes expired keys from memory (counted ``expired``); sqlite's expired rows go
-at the next fold, and loading drops what expired meanwhile.
+Every get is answered from a dict in memory; the disk is read only at startup. Sets
+change the dict at once and join the open :class:`Batch`: every set of one turn of the
+event loop is one journal append (:mod:`.kvjournal`), written and fdatasynced in the
+store's journal thread, and acknowledged only once written (group commit). The journals
+fold into sqlite (:mod:`.kvsqlite`) in the background. docs/opencluster.md says what an
+ack promises, and under "On disk" how the store keeps it.
 """
 
 from __future__ import annotations
@@ -77,9 +37,10 @@ STRING = 2  # the kind of a byte-string value
 SWEEP_SECONDS = 0.5  # expired keys are reclaimed within a second
 FOLD_BYTES = 64 << 20  # journal bytes that start a fold into sqlite
 # Batches written and waiting for their fdatasync ("full"). 1: the next batch is written
-# when the flush before it ends. 2 (one flushing, one written behind it) measured 20-25%
-# fewer sets/s on this box's disk (P16): the batch behind is the sets of one turn of the
-# loop, so there are more and smaller batches, and each fdatasync costs ~140 us of CPU.
+# when the flush before it ends. 2 (one flushing, one written behind it) measured fewer
+# sets/s on the bench machine's disk (bench/RESULTS.md): the batch behind is the sets of
+# one turn of the loop, so there are more and smaller batches, and each fdatasync costs
+# CPU of its own.
 FLUSHES = 1
 
 _Bytes = bytes  # in KVStore, whose ``bytes`` property hides the type

@@ -1,41 +1,11 @@
 """Segment log: the on-disk format of a disk queue (fq: jlog behind fqd_queue_jlog.c).
 
-Theory of operation
--------------------
-A log is a directory of append-only segment files named by the sequence number of their
-first record (``00000000000000000001.seg``), so sorting names sorts sequence numbers. A
-record is a 16-byte header (crc32, payload length, seq; big-endian) and the payload; the
-crc covers everything after itself. Sequence numbers start at 1 and are dense inside a
-segment. The byte layout, the FORMAT file and the versioning rules are in
-``docs/disk-format.md``.
-
-Reads, and what they do on damage, are the log's other half (``segreads``). Opening a log
-recovers it (``segrecovery``): every record of every segment is checked
-(length, crc, seq). Damage never deletes what reads back correctly: a damaged region is
-copied to ``damaged/``, the good records after it move to a segment of their own, and
-the skipped seqs become a gap between segments, which reads step over. Reads check every
-record too, and step over damage found while running. Only the torn tail of the newest
-segment is cut off, as the end of the log. All of it is listed in ``recovery``, logged
-once per region, and counted in ``corrupt_records`` and ``corrupt_bytes``. The last
-segment always stays, even empty, so ``next_seq`` survives a trim of everything (a
-drained log swaps it for an empty one, to give its disk back); a checkpoint beyond the
-recovered end (records lost in a power cut) also moves ``next_seq`` up, so a sequence
-number a reader has seen is not handed out again.
-
-Checkpoints live in one preallocated file of three slots (``CheckpointFile``): an update
-is one ``pwrite`` of the whole state into a slot that holds neither the latest state nor
-the latest fsynced one, so a crash mid-write falls back to one of those. Format 1 kept them
-in ``checkpoints.json``; opening such a log converts it.
-
-A failed fsync leaves the log refusing writes until :meth:`SegmentLog.repair` rewrites
-what the failed sync covered, so the next sync writes it to disk again.
-
-Threads: append, read, trim and checkpoints run on one thread (the event loop). ``sync``,
-and ``repair`` after a failed sync, may run on another one at the same time; they share
-``next_seq``, the set of segments written since the last sync and the failure, under
-``_lock``, which an append takes once per call. ``repair`` also reads the segments, which
-only a trim changes while the log refuses appends. Both open files by path, so the writer
-may close its descriptors whenever it wants.
+A log is a directory of append-only segment files of checked records, each file named by
+the sequence number of its first record, and a file of named checkpoints.
+docs/disk-format.md has the bytes and the versioning rules, and says what opening
+(:mod:`.segrecovery`), reading (:mod:`.segreads`), trimming and a failed fsync do; damage
+never deletes what reads back correctly. This module appends, syncs, repairs, trims and
+keeps the checkpoints.
 """
 
 from __future__ import annotations
@@ -130,7 +100,15 @@ class SegmentInfo:
 
 
 class SegmentLog(SegmentReads):
-    """A directory of segment files holding one queue's records, and its checkpoints."""
+    """A directory of segment files holding one queue's records, and its checkpoints.
+
+    Threads: append, read, trim and checkpoints run on one thread (the event loop).
+    ``sync``, and ``repair`` after a failed sync, may run on another one at the same time;
+    they share ``next_seq``, the set of segments written since the last sync and the
+    failure, under ``_lock``, which an append takes once per call. ``repair`` also reads
+    the segments, which only a trim changes while the log refuses appends. Both open files
+    by path, so the writer may close its descriptors whenever it wants.
+    """
 
     def __init__(self, directory: Path, *, segment_bytes: int = 64 << 20) -> None:
         if segment_bytes <= HEADER_SIZE:

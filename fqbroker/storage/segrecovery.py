@@ -1,20 +1,11 @@
 """Opening a segment log: check every record, and get past damage without losing what is
-intact (docs/disk-format.md, "Recovery").
+intact (docs/disk-format.md, "Recovery", has the rules).
 
-Each segment is read record by record (length, crc, seq). Where a record fails, the scan
-looks forward for the next record whose crc checks out and whose seq can follow
-(:func:`~fqbroker.storage.segrecords.find_record`), and goes on from there. The damaged bytes are
-copied to ``damaged/<segment>@<offset>``; each run of good records after damage is moved
-to a segment file of its own, named by its first seq, and the damaged segment is then cut
-at its first damage. So segments stay dense inside and the skipped seqs become a gap
-between two segments, which readers step over. Only the tail of the newest segment can be
-torn by a crash: with no record after it, it is cut off (kept aside unless zeros), as the
-end of the log.
-
-Every change is made in an order that a crash at any step leaves recoverable: the copy
-aside is fsynced before anything is cut; a run's new segment is fsynced and renamed into
-place before the original is truncated (a crash between leaves the run twice, and the
-next open cuts the original again, since its records then run into the next segment).
+Where a record fails, the scan goes on at the next record that checks out
+(:func:`~fqbroker.storage.segrecords.find_record`): the damaged bytes are copied aside, the
+good records after them move to a segment of their own, and the skipped seqs become a gap.
+Each change is ordered so that a crash at any step leaves it recoverable: the copy aside
+is fsynced before anything is cut, a run's new segment before the original is truncated.
 """
 
 from __future__ import annotations

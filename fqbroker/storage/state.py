@@ -1,16 +1,10 @@
 """The configuration store: permanent queues, bindings and peers in sqlite (fqd_config.c).
 
-The schema is fqd's own (docs/fq-protocol.md §3.5), column for column, so an existing
-``fqd.sqlite`` works as our ``-c`` database unchanged and the other way round. Names are
-stored as fqd stores them, raw bytes in TEXT columns, and booleans as the text
-``'true'``/``'false'``.
-
-Where we differ from fqd, on purpose:
-* unbinding a permanent binding deletes its row (fqd leaves it, so it comes back after a
-  restart);
-* making a queue transient deletes its bindings' rows with it (fqd's foreign key makes
-  that delete fail silently);
-* queues restored at start-up stay permanent (fqd forgets, docs/fq-protocol.md §3.5).
+The schema is fqd's own, column for column, and rows are written as fqd writes them (names
+as raw bytes in TEXT columns, booleans as the text ``'true'``/``'false'``), so an existing
+``fqd.sqlite`` works as our ``-c`` database unchanged and the other way round. Where we
+differ from fqd on purpose (an unbind deletes its row, among others) is listed in
+docs/fq-protocol.md §3.5.
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """Disk-queue storage: a segment log under asyncio, with group commit (fqd_queue_jlog.c).
 
-Theory of operation
--------------------
-Appends are buffered and written with one ``write()`` per store when the publisher that
-made them calls :meth:`DiskStore.flush` (every publisher flushes the broker's dirty
-stores before it next awaits, so a write error is reported to the publisher whose
-messages it concerns). Durability then follows the store's fsync policy:
-
-* ``always``: a background task fsyncs after every write, in a worker thread; writes
-  that arrive during an fsync are covered by the next one (group commit).
-* ``interval``: the same task fsyncs at most every ``fsync_interval_ms``.
-* ``never``: written is durable enough; the OS decides when data reaches the disk.
-
-:meth:`wait_durable` resolves once a sequence number is durable under that policy; it
-is what publisher confirms wait on.
-
-A failed fsync may have lost anything written since the last good one (Linux drops the
-failed pages from the dirty list), so waiters for those messages get False at once: their
-confirms fail, the publisher sends them again. The log refuses writes meanwhile (they fail
-as on a full disk); the sync task retries with backoff to repair it (rewrite that tail from
-the page cache) and sync again, and the queue carries on once an fsync succeeds.
-
-Consumers read without consuming: :meth:`take` hands out records from a cursor, and the
-durable read checkpoint ``fq`` moves only when :meth:`ack` says the records were written
-to a consumer's socket. After a crash at most the batches in flight are delivered again,
-never lost (fqd moves its checkpoint when it reads). Each delivered message id carries
-the record's sequence number in bytes 8-15, big-endian: ``LOG:MARKER`` in checkpoint
-terms. Segments are deleted once every checkpoint is past them.
-
-A record is the message's peer frame behind a 9-byte tag: ``0x81`` and the broker's
-arrival time (u64 microseconds since the epoch), which replaying readers report. Records
-written before the tag existed are the bare frame; the first byte tells them apart, since
-a frame starts with the exchange length, at most 127 (docs/disk-format.md).
+A :class:`DiskStore` is the core's ``Store`` protocol over a
+:class:`~fqbroker.storage.segmentlog.SegmentLog`: appends are written with one ``write()``
+per store when the publisher that made them flushes, and made durable by a background
+fsync task under the store's fsync policy; consumers read from a cursor, and the read
+checkpoint ``fq`` moves only when they ack. docs/confirms.md says what each policy keeps
+and what a failed fsync does; docs/disk-format.md has the records and the checkpoints.
 """
 
 from __future__ import annotations
@@ -152,7 +126,25 @@ def _delivered(seq: int, record: bytes) -> bytes:
 
 
 class DiskStore:
-    """The messages of one disk queue."""
+    """The messages of one disk queue.
+
+    Appends are buffered and written by :meth:`flush`: every publisher flushes the
+    broker's dirty stores before it next awaits, so a write error is reported to the
+    publisher whose messages it concerns. Durability then follows the fsync policy:
+    ``always``, a background task fsyncs after every write, in a worker thread, and
+    writes that arrive during an fsync are covered by the next one (group commit);
+    ``interval``, the same task fsyncs at most every ``fsync_interval_ms``; ``never``,
+    the OS decides. :meth:`wait_durable` is what publisher confirms wait on. A failed
+    fsync may have lost anything written since the last good one (Linux drops the failed
+    pages), so its waiters get False at once, and the log refuses writes until the sync
+    task has repaired it (rewritten that tail from the page cache) and synced again.
+
+    Consumers read without consuming: :meth:`take` hands out records from a cursor, and
+    the durable read checkpoint ``fq`` moves only when :meth:`ack` says they reached a
+    consumer's socket. After a crash at most the batches in flight are delivered again,
+    never lost (fqd moves its checkpoint when it reads). Each delivered id carries the
+    record's seq in bytes 8-15 (``LOG:MARKER`` in checkpoint terms).
+    """
 
     def __init__(
         self,

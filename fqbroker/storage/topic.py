@@ -1,12 +1,11 @@
 """One retained topic: a never-consumed disk store read by offset (docs/topics.md).
 
-The message at log seq ``s`` has offset ``s``, the position just past it; offset 0 is the
-start of the topic. Reads return durable messages only (seq <= ``durable_seq``), from the
-store's in-memory cache of its newest frames when the range is there (live readers), else
-from the segment files (:meth:`SegmentLog.read_run`, checked as read); either way a batch
-costs a few C-level list operations, not Python work per message. Retention
-(:mod:`.retention`) deletes whole segments; nothing else does, since no reader ever sets
-a checkpoint the store's trim would act on.
+Reads return durable messages only, from the store's in-memory cache of its newest frames
+when the range is there (live readers), else from the segment files
+(:meth:`SegmentLog.read_run`, checked as read); either way a batch costs a few C-level
+list operations, not Python work per message. Retention (:mod:`.retention`) deletes whole
+segments; nothing else does, since no reader ever sets a checkpoint the store's trim
+would act on.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Retained topics: never-consumed disk stores with offsets (Figg, seed 004; docs/topics.md).
 
-Theory of operation
--------------------
 A topic (:class:`~fqbroker.storage.topic.Topic`, re-exported here) is a
-:class:`~fqbroker.storage.store.DiskStore` over a segment log of its own in
-``<queue_dir>/topics/<hex of name>/``. Its appends go through the catalog's ``dirty`` set and
-memory budget, so :meth:`Publisher.flush` and :meth:`Publisher.durable` cover them exactly as
-they cover disk queues, under the broker's fsync policy. Nothing ever takes from it: no
-checkpoint is set, so the store's trim never runs; retention (:mod:`.retention`) deletes
-whole segments, by size and by age.
-
-Offsets count messages: the message at log seq ``s`` has offset ``s``, the position just
-past it, and offset 0 is the start of a topic. Readers see durable messages only
-(seq <= ``durable_seq``, Kafka's high watermark), so an offset a reader saw is never given
-to another message after a crash.
-
-Topics and the fq exchange ``settings.figg.exchange`` are one space: the
-:class:`TopicSink`, bound there with ``prefix:""`` straight on the router (never persisted),
-appends each message to the topic named by its route, creating it on first use, up to
-``max_topics``.
+:class:`~fqbroker.storage.store.DiskStore` of its own under ``<queue_dir>/topics/``, whose
+appends go through the catalog's dirty set and memory budget, so publishers' flushes and
+confirms cover them as they cover disk queues. :class:`Topics` keeps them; the
+:class:`TopicSink`, bound with ``prefix:""`` on ``settings.figg.exchange`` straight on the
+router (never persisted), appends each message to the topic named by its route.
 """
 
 from __future__ import annotations

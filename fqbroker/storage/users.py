@@ -1,26 +1,10 @@
 """Users, their password hashes and permissions, in tables of our own in the config DB.
 
-The tables sit beside fqd's in ``settings.config_db`` and are created if missing; fqd
-never reads them, so the file still opens in fqd (docs/security.md):
-
-* ``fqbroker_users(name, hash)``: a password is stored only as
-  ``pbkdf2-sha256$ITERATIONS$SALT_B64$HASH_B64`` (PBKDF2-HMAC-SHA256, 16-byte salt).
-* ``fqbroker_permissions(user, kind, pattern, allow)``: the rules
-  :meth:`~fqbroker.core.permissions.Permissions.from_rules` reads.
-
-The cost, 4,096 iterations by default, is Kafka SCRAM's minimum rather than the 600,000
-OWASP suggests for a login form: a broker authenticates every connection, and a
-reconnect storm of thousands of clients must not take minutes of CPU. What the low count
-gives up (a stolen database is cheaper to brute-force) is bought back by keeping the
-database private; ``fq-admin user add --iterations`` raises it per user.
-
-Verification compares in constant time, and an unknown user costs one PBKDF2 as a known
-one does (against a dummy hash). A password once verified is remembered in memory as a
-keyed digest (never the password), per user, and forgotten when that user's row
-changes, so a storm of reconnecting clients pays PBKDF2 once per user. ``fq-admin``
-changes the tables from another process: every verification first asks sqlite whether
-another connection committed since (``PRAGMA data_version``, no I/O) and reloads the
-tables when one did, so changes apply to the next connection without a restart.
+``fqbroker_users(name, hash)`` and ``fqbroker_permissions(user, kind, pattern, allow)`` sit
+beside fqd's tables in ``settings.config_db``, created if missing and never read by fqd,
+so the file still opens in fqd. docs/security.md says how a password is stored and why at
+that cost, how a check stays constant-time and is remembered per user, and how changes
+made by ``fq-admin`` from another process reach the next connection without a restart.
 """
 
 from __future__ import annotations
@@ -37,8 +21,8 @@ from pathlib import Path
 from fqbroker.core.permissions import KINDS, Permissions
 
 # hashlib and hmac are imported where a password is hashed or checked, not by every
-# broker: they load OpenSSL's digests, 0.5 MiB of RSS an idle broker without users
-# would carry (bench/RESULTS.md, the idle row).
+# broker: they load OpenSSL's digests, memory an idle broker without users would carry
+# (bench/RESULTS.md, the idle row).
 
 __all__ = ["DEFAULT_ITERATIONS", "Users", "check_password", "hash_password"]
 

@@ -1,17 +1,11 @@
 """The command channel's asyncio shell: auth, then bind/unbind/status/heartbeats (fqd_ccs.c).
 
-The protocol itself (phases, what each request answers, replies in request order behind
-a pending confirm, when a heartbeat is due) is :class:`~fqbroker.frontends.fq.
-commandmachine.CommandMachine`, which does no I/O. :class:`CommandSession` is the thin
-shell around it: it owns the transport (writes, pause and resume, the linger close after
-an error frame) and turns the machine's events into calls on its host, the few
-collaborators it needs (:class:`CommandHost`), never the Broker.
-
-The session is a protocol, not a task: whatever arrives is handled at once, in order. Only
-a confirm waits, in a task of its own while it does. Heartbeats come from the broker's one
-:class:`~fqbroker.server.heartbeats.HeartbeatClock` once a client asked for them with
-``HeartbeatRequest`` (docs/fq-protocol.md §1.7): an idle session costs no task and no timer
-of its own.
+The protocol is the sans-I/O :class:`~fqbroker.frontends.fq.commandmachine.CommandMachine`.
+:class:`CommandSession` owns the transport (writes, pause and resume, the linger close after
+an error frame) and turns the machine's events into calls on its :class:`CommandHost`, never
+the Broker. It is a protocol, not a task: only a confirm waits, in a task of its own, and
+heartbeats, once asked for (docs/fq-protocol.md §1.7), come from the broker's one
+:class:`~fqbroker.server.heartbeats.HeartbeatClock`: an idle session costs no task or timer.
 """
 
 from __future__ import annotations

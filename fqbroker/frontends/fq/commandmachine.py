@@ -1,35 +1,11 @@
-"""The command channel's protocol without I/O: bytes in; events, replies and bytes out.
+"""The command channel's protocol without I/O: bytes in; events, replies and bytes out
+(fqd_ccs.c; docs/fq-protocol.md §1.3-§1.8).
 
-Theory of operation (fqd_ccs.c; docs/fq-protocol.md §1.3-§1.8). The machine is in one of
-three phases:
-
-    AWAIT_AUTH --auth request read--> READY
-    AWAIT_AUTH or READY --refused, bad input, heartbeat failed, end of input, close()--> CLOSED
-
-The first frame must be the plain-auth request; the decoder knows that grammar, and its
-one "auth read" flag is the only record of having passed it, so the phase is read off
-the decoder (and CLOSED is having none: a closed machine reads nothing more; READY with
-nothing buffered is the shared ``_IDLE`` decoder, an idle session's own let go). Reading
-the auth request yields :class:`Authenticate`; the caller answers it with :meth:`accept`
-or :meth:`refuse` before it asks for the next event.
-
-The machine closes itself on what it cannot answer, and says so with the event: after
-:class:`Refused` its error frame (fq's text) waits in :meth:`data_to_send` and the caller
-lingers so a reset cannot destroy it; after :class:`Broken` it closes without a word;
-:meth:`receive_eof` returns one of :class:`Refused` (an auth request cut short) and
-:class:`EndOfInput`.
-
-Requests that need the broker (bind, unbind, status, confirm) come out as events, the wire
-frames themselves; the caller answers each with the matching method, and the replies go out
-in request order however many a client pipelines (docs/fq-protocol.md §1.5). Only a confirm
-cannot be answered at once: :meth:`defer` holds its place, with a token of the caller's, and
-every reply behind it waits until :meth:`settle` fills it.
-
-Time is passed in, never read: ``next_event(now)`` stamps the last read, ``data_to_send
-(now)`` the last write, and ``heartbeat_due(now)`` says whether a heartbeat goes out or the
-client has failed (3x the interval silent, docs/fq-protocol.md §1.7) and when to look again.
-Scheduling that look is the caller's: one clock serves every session
-(:mod:`fqbroker.server.heartbeats`).
+:class:`CommandMachine` (whose docstring is the theory of operation) goes AWAIT_AUTH ->
+READY -> CLOSED. Requests that need the broker come out as events, and the caller answers
+each; replies go out in request order however many a client pipelines. Time is passed in,
+never read, and scheduling the next heartbeat check is the caller's: one clock serves
+every session (:mod:`fqbroker.server.heartbeats`).
 """
 
 from __future__ import annotations
@@ -123,7 +99,38 @@ CommandEvent = (
 
 
 class CommandMachine(Generic[T]):
-    """One command connection's protocol state; ``T`` is the caller's confirm token."""
+    """One command connection's protocol state; ``T`` is the caller's confirm token.
+
+    Three phases::
+
+        AWAIT_AUTH --auth request read--> READY
+        AWAIT_AUTH or READY --refused, bad input, heartbeat failed, end of input,
+                              close()--> CLOSED
+
+    The first frame must be the plain-auth request; the decoder knows that grammar, and
+    its one "auth read" flag is the only record of having passed it, so the phase is read
+    off the decoder (and CLOSED is having none: a closed machine reads nothing more; READY
+    with nothing buffered is the shared ``_IDLE`` decoder, an idle session's own let go).
+    Reading the auth request yields :class:`Authenticate`; the caller answers it with
+    :meth:`accept` or :meth:`refuse` before it asks for the next event.
+
+    The machine closes itself on what it cannot answer, and says so with the event: after
+    :class:`Refused` its error frame (fq's text) waits in :meth:`data_to_send` and the
+    caller lingers so a reset cannot destroy it; after :class:`Broken` it closes without a
+    word; :meth:`receive_eof` returns one of :class:`Refused` (an auth request cut short)
+    and :class:`EndOfInput`.
+
+    Bind, unbind, status and confirm come out as events, the wire frames themselves; the
+    caller answers each with the matching method, and the replies go out in request order
+    (docs/fq-protocol.md §1.5). Only a confirm cannot be answered at once: :meth:`defer`
+    holds its place, with a token of the caller's, and every reply behind it waits until
+    :meth:`settle` fills it.
+
+    Time is passed in, never read: ``next_event(now)`` stamps the last read,
+    ``data_to_send(now)`` the last write, and ``heartbeat_due(now)`` says whether a
+    heartbeat goes out or the client has failed (3x the interval silent,
+    docs/fq-protocol.md §1.7) and when to look again.
+    """
 
     __slots__ = (
         "_beat_time",

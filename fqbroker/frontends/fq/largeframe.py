@@ -1,23 +1,11 @@
 """A large publisher frame, assembled in place as its bytes arrive (sans I/O).
 
 The receive buffer of :class:`~fqbroker.frontends.fq.msgdecoder.MessageDecoder` suits
-small frames: it grows with each read and whole frames are copied out of it. For a message
-of many megabytes that costs its size three times (the buffer, a copy of it, the stamped
-frame). A large frame instead gets one buffer of the exact size of the peer frame
-consumers receive, with the broker's sender and hops stamp in place; the bytes are written
-into it as they arrive, and the buffer becomes the frame without a copy
-(``BytesIO.getvalue`` hands over its own ``bytes`` when it is exactly full and no view of
-it is left).
-
-A reader that can read into a buffer of ours (asyncio's ``BufferedProtocol``) is given
-:meth:`LargeFrame.room`, the frame's own memory, so the kernel writes the payload where
-it stays. The buffer becomes the frame only once the event loop holds no view of it
-(uvloop lets go of a buffer after ``buffer_updated`` returns), so a frame from
-``LARGE_FRAME`` on is read into all but its last byte, which comes with the next ordinary
-read: no copy of a large message, for a read more. A smaller one (``spill`` > 0) is read
-whole, with a little room after it for the next frame's head (one read a message), into a
-warm buffer kept for the next one, and copied out once: a fresh ``BytesIO`` would cost a
-pass of zeroes and cold memory for the copy it saves. docs/memory.md says what that bounds.
+small frames; for a message of many megabytes it would cost the message's size three
+times. A large frame instead gets one buffer of the exact size of the stamped peer frame
+consumers receive, its bytes are written into it as they arrive, and the buffer becomes
+the frame without a copy (:class:`LargeFrame` says how). docs/memory.md, "How a large
+message is read and written", says what that bounds.
 """
 
 from __future__ import annotations
@@ -39,7 +27,21 @@ _kept: list[bytearray] = []
 
 
 class LargeFrame:
-    """One publisher-format frame being assembled into its stamped peer frame."""
+    """One publisher-format frame being assembled into its stamped peer frame.
+
+    The buffer has the broker's sender and hops stamp in place, and becomes the frame
+    without a copy (``BytesIO.getvalue`` hands over its own ``bytes`` when it is exactly
+    full and no view of it is left). A reader that can read into a buffer of ours
+    (asyncio's ``BufferedProtocol``) is given :meth:`room`, the frame's own memory, so the
+    kernel writes the payload where it stays. The buffer becomes the frame only once the
+    event loop holds no view of it (uvloop lets go of a buffer after ``buffer_updated``
+    returns), so a frame from ``LARGE_FRAME`` on is read into all but its last byte, which
+    comes with the next ordinary read: no copy of a large message, for a read more. A
+    smaller one (``spill`` > 0) is read whole, with a little room after it for the next
+    frame's head (one read a message), into a warm buffer kept for the next one, and
+    copied out once: a fresh ``BytesIO`` would cost a pass of zeroes and cold memory for
+    the copy it saves.
+    """
 
     __slots__ = ("_buffer", "_store", "_view", "filled", "left", "length", "run", "size", "spill")
 

@@ -1,14 +1,11 @@
 """Message frames on a data channel, sans I/O (fq.h, fqd_dss.c, docs/fq-protocol.md §1.10).
 
-After the data-channel hello (:class:`~fqbroker.frontends.fq.wire.DataHelloDecoder`) a
-connection carries message frames, in publisher format or peer format
-(:mod:`fqbroker.core.frames` has their layout and the loops that read them).
+After the data-channel hello a connection carries message frames, in publisher or peer
+format (:mod:`fqbroker.core.frames` has their layout and the loops that read them).
 :class:`MessageDecoder` reads them on the same terms as the command decoders of
-:mod:`fqbroker.frontends.fq.wire`, on the base of :mod:`fqbroker.frontends.decoding`: it
-buffers only what it is fed, any split of the input yields the same messages, bad input
-raises a :class:`~fqbroker.errors.ProtocolError` naming the field, and limits are checked
-on the length fields before the bytes arrive. Large publisher frames are assembled in place
-by :class:`~fqbroker.frontends.fq.largeframe.LargeFrame`.
+:mod:`fqbroker.frontends.fq.wire`: it buffers only what it is fed, any split of the input
+yields the same messages, and limits are checked on the length fields before the bytes
+arrive. Large publisher frames are assembled in place (:mod:`.largeframe`).
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """Peering's links: pull exchanges from upstream brokers into ours (fqd_peer.c,
-docs/fq-protocol.md §5). :class:`~fqbroker.frontends.fq.peering.Peering`, which every
-broker runs, imports this module only once a row wants a link.
+docs/fq-protocol.md §5; docs/peering.md).
 
-Theory of operation
--------------------
-The wanted peerings are the rows of the sqlite ``upstream`` table plus the
-``[[upstream]]`` tables of the TOML file. :class:`Peering` reads them again every
-``peer_poll_seconds`` and reconciles: each distinct (host, port, source, password) is one
-:class:`PeerLink`, an ordinary fq :class:`~fqbroker.clients.client.Client` in peer mode carrying
-one bind per (exchange, program, permanent) row. A row that appears is bound; a row that
-goes is unbound on the upstream; a link with no rows left is closed.
-
-Every message a link receives is handled as docs/fq-protocol.md §5.2 says: dropped when our
-node id is already among its hops (a loop), otherwise our node id goes first in its hops and
-it is published into our exchange of the same name, sender and message id kept. Publishing
-goes through the same router call as every other front end, so drop and block policies, disk
-queues and counters behave as for a local publisher; a blocked queue stops the link reading,
-and the upstream's queue takes the strain.
-
-In a full mesh each broker also receives a second copy of a message by the other path,
-as with fqd. ``peer_dedupe = N`` remembers the last N (sender, origin, message id)
-triples that arrived from any peer and drops repeats. It is off by default because fq
-does not require message ids to be unique; all-zero ids are never deduplicated.
+:class:`~fqbroker.frontends.fq.peering.Peering`, which every broker runs, imports this
+module only once a row wants a link. Each distinct (host, port, source, password) of the
+wanted rows is one :class:`PeerLink`, an fq client in peer mode carrying one bind per row;
+it publishes what it receives through the same door as every front end, after the loop
+check of docs/fq-protocol.md §5.2 and, with ``peer_dedupe``, the duplicate check.
 """
 
 from __future__ import annotations

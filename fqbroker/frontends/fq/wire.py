@@ -1,32 +1,11 @@
 """The fq wire protocol, sans I/O (fq.h, fq_utils.c, fqd_listener.c, fqd_ccs.c).
 
-Theory of operation
--------------------
-Every connection starts with 4 big-endian bytes that say what it is (:class:`Mode`; the
-table of front ends, :mod:`fqbroker.server.frontends`, hands it on by them):
-``0xcc50cafe`` command, ``0xcc50face`` data, ``0xcc50feed`` peer data (4-byte peer id
-follows), ``0xcc50fade`` old peer data (no peer id), or the first 4 bytes of an HTTP
-request. What follows the magic is decoded by one of the decoders here:
-
-* :class:`ServerCommandDecoder`: an ``AuthPlain`` first, then ``Heartbeat``,
-  ``HeartbeatRequest``, ``StatusRequest``, ``BindRequest`` and ``UnbindRequest``.
-* :class:`ClientCommandDecoder`: the replies a client reads on its command socket.
-* :class:`DataHelloDecoder`: the key (and peer id) that pairs a data socket.
-* :class:`~fqbroker.frontends.fq.msgdecoder.MessageDecoder`, in its own module: message
-  frames, whose layout (publisher and peer format) is :mod:`fqbroker.core.frames`.
-
-All of them read on the base of :mod:`fqbroker.frontends.decoding` and only buffer what they
-are fed. ``next_*()`` returns a whole frame, or ``None`` when more bytes are needed, and
-then consumes nothing: any split of the input yields the same frames. Bad input raises a
-:class:`~fqbroker.errors.ProtocolError` naming the field; on the auth frame it is an
-:class:`~fqbroker.errors.AuthError` whose text is fq's exact error text
-(docs/fq-protocol.md §1.8). Limits are checked on the length field, before the bytes arrive,
-so a hostile length never makes us buffer.
-
-Encoders are pure functions returning bytes. All integers are big-endian. The limits of
-message frames (``MAX_RK_LEN``, ``MAX_HOPS``, ``MAX_MESSAGE_SIZE``) and the bind flags
-(``BindFlags``, ``BIND_ILLEGAL``) belong to the routing core; they are named here too
-because the command channel speaks them.
+Every connection starts with a 4-byte :class:`Mode` (docs/fq-protocol.md §1.2); what follows
+is read by :class:`ServerCommandDecoder` (auth, then heartbeats, status, bind, unbind),
+:class:`ClientCommandDecoder` (a client's replies) or :class:`DataHelloDecoder` (the key,
+and peer id, that pair a data socket); message frames are :mod:`.msgdecoder`'s. Each buffers
+only what it is fed and returns a whole frame or ``None``; bad input raises a
+``ProtocolError`` naming the field, and limits are checked before the bytes arrive.
 """
 
 from __future__ import annotations
@@ -36,6 +15,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Final
 
+# The limits of message frames and the bind flags belong to the routing core; they are
+# named here too because the command channel speaks them.
 from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
 from fqbroker.core.frames import MAX_HOPS, MAX_MESSAGE_SIZE, MAX_RK_LEN
 from fqbroker.errors import AuthError, FrameTooLarge, ProtocolError

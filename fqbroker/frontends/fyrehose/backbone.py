@@ -1,35 +1,11 @@
-"""The fyrehose backbone, sans I/O: sequence, retained window, subscribers, requests.
+"""The fyrehose backbone, sans I/O: sequence, retained window, subscribers, requests
+(docs/fyrehose.md, "How it works").
 
 The asyncio shell (:mod:`.endpoint`) decodes datagrams and hands them here with the
 datagram's source and the time; every method returns the datagrams to send as
 ``(bytes, (addr, port))`` pairs, and the shell sends them. Nothing here owns a socket, a
-task or a clock of its own (the clock given is read only by :meth:`Backbone.subscribers`,
+task or a clock of its own (the time given is read only by :meth:`Backbone.subscribers`,
 for whoever shows them).
-
-Theory of operation
--------------------
-**Sequence.** :meth:`Backbone.sequence` gives every message on the backbone's exchange the
-next number (48 bits, the first is 1, continuous) and returns its DELIVER datagram, which
-goes to every live subscriber. Numbers survive a restart through a lease
-(:mod:`.sequence`): before number ``lease`` would be given, ``renew(n)`` is called with
-the number about to be given and returns the new lease. That is a synchronous file write
-once per 65536 messages, and it makes sure a crashed broker never gives a number twice.
-
-**Subscribers** are addresses: a KEEPALIVE without NOSUBSCRIBE makes its ADDR:PORT a
-subscriber for :data:`SUBSCRIBED_SECONDS`; one with NOSUBSCRIBE ends that. ADDR 0.0.0.0
-means the datagram's source address (and its source port when PORT is 0 too): a client
-behind a NAT cannot know its own address. Every KEEPALIVE is answered with its
-KEEPALIVE-ACK to the datagram's source. Past ``max_subscribers`` a new address is
-answered, not subscribed, and counted.
-
-**Window.** The last messages (at most ``window_messages`` of them and ``window_bytes`` of
-data) are kept as their DELIVER datagrams, so re-sending one costs no encoding. A REQUEST
-for [from, to] is cut to at most ``request_limit`` messages (from ``from`` on: a 19-byte
-datagram from a spoofed source must not buy unbounded traffic toward a victim) and to the
-current sequence (a client's probe past the end is normal); the part still in the window
-is re-sent as DELIVERs to the REQUEST's ADDR:PORT, the part older than the window becomes
-one FORWARD to a randomly chosen live subscriber without NOJOURNAL other than the
-requester, or is counted ``unserved`` when there is none.
 """
 
 from __future__ import annotations
@@ -82,7 +58,16 @@ def _no_lease(seq: int) -> int:
 
 
 class Backbone:
-    """One listener's sequence, window and subscribers, and what it counts."""
+    """One listener's sequence, window and subscribers, and what it counts.
+
+    :meth:`sequence` numbers a message and returns its DELIVER for every live subscriber.
+    Before number ``lease`` would be given, ``renew(n)`` is called with the number about
+    to be given and returns the new lease (:mod:`.sequence`): a synchronous file write
+    once per lease, which makes sure a crashed broker never gives a number twice. The
+    window keeps messages as their DELIVER datagrams, so re-sending one costs no
+    encoding. A REQUEST is cut to ``request_limit`` messages from its ``from`` on, since a
+    19-byte datagram from a spoofed source must not buy unbounded traffic toward a victim.
+    """
 
     def __init__(
         self,

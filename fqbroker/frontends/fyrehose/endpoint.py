@@ -1,28 +1,11 @@
 """The fyrehose listener's asyncio shell: one UDP endpoint and the router target behind it.
 
-The backbone's state and rules are :mod:`.backbone`'s (sans I/O); this module moves
-datagrams in and out:
-
-* **In.** Each datagram is decoded (:func:`.wire.decode`); one the codec refuses is
-  dropped and counted ``malformed``, never answered and never logged (a UDP flood must
-  not fill the log). A PUSH becomes one fq message on ``[fyrehose] exchange`` with
-  ``route``, sender ``fyrehose/ip:port`` and our node id as its hop, published through
-  the listener's :class:`~fqbroker.core.publisher.Publisher` like every front end's
-  messages. KEEPALIVE and REQUEST go to the backbone, whose answers are sent here.
-  DELIVER, FORWARD and KEEPALIVE-ACK are clients' datagrams: counted ``unexpected``.
-* **The stream.** :class:`FyrehoseSink`, bound with ``prefix:""`` on the exchange straight
-  on the router (never persisted), gets every message published there: PUSHes, fq
-  clients' publishes, peers'. It gives each the next sequence number and sends its
-  DELIVER to every live subscriber. A PUSH therefore reaches subscribers the same way an
-  fq publish does, and nothing the sink sends comes back in: no loop.
-* **Congestion.** UDP has no flow control. While the transport's send buffer is full
-  (``pause_writing``), DELIVERs are dropped and counted ``congested``: subscribers find
-  the gap by sequence and request it. While a block-policy queue on the exchange is full,
-  the publisher waits for room and PUSHes are dropped and counted ``busy`` meanwhile: a
-  publishing client sends again when its PUSH does not come back.
-* **Lifetime.** ``connection_made`` binds the sink; ``connection_lost`` (the broker
-  stopping) unbinds it and writes the exact next sequence (:mod:`.sequence`), so a clean
-  restart goes on without a gap.
+The backbone's state and rules are :mod:`.backbone`'s; this module moves datagrams. A PUSH
+becomes one fq message on ``[fyrehose] exchange`` (sender ``fyrehose/ip:port``), published
+through the listener's :class:`~fqbroker.core.publisher.Publisher`; :class:`FyrehoseSink`,
+bound with ``prefix:""`` on that exchange straight on the router (never persisted), numbers
+every message published there and sends its DELIVERs. Malformed datagrams are dropped and
+counted, never logged. docs/fyrehose.md says what is dropped under congestion and why.
 """
 
 from __future__ import annotations
@@ -118,7 +101,14 @@ class FyrehoseSink(Sink):
 
 
 class FyrehoseEndpoint(asyncio.DatagramProtocol):
-    """The listener's UDP endpoint: decode, publish, answer, deliver."""
+    """The listener's UDP endpoint: decode, publish, answer, deliver.
+
+    A PUSH is published with our node id as its hop; KEEPALIVE and REQUEST go to the
+    backbone, whose answers are sent here; DELIVER, FORWARD and KEEPALIVE-ACK are clients'
+    datagrams, counted ``unexpected``. While the send buffer is full, DELIVERs are dropped
+    (``congested``); while a block-policy queue on the exchange is full, PUSHes are
+    (``busy``): the client sends again when its PUSH does not come back.
+    """
 
     def __init__(
         self, host: FyrehoseHost, live: LiveFrontEnd, backbone: Backbone, file: SequenceFile
@@ -150,8 +140,8 @@ class FyrehoseEndpoint(asyncio.DatagramProtocol):
         if sock is not None:
             # UDP has no flow control: a burst of PUSHes past the kernel's default receive
             # buffer (~208 KiB) is lost before it is sequenced, where nobody can request it
-            # back (18% of 256 in flight in bench/fyrehoseload.py). The kernel caps what we
-            # ask at net.core.rmem_max / wmem_max.
+            # back (bench/RESULTS.md, the fyrehose backbone). The kernel caps what we ask at
+            # net.core.rmem_max / wmem_max.
             for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)

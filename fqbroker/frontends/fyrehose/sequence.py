@@ -1,21 +1,11 @@
 """The fyrehose sequence across restarts: ``<queue_dir>/fyrehose/sequence``.
 
-Subscribers hold the numbers they were sent; a broker that started again at 1 would
-have them drop every new message as a duplicate, or worse, take a new message for an old
-one. So the file holds one decimal number, the next sequence the broker may give, and
-is written durably (a temporary file, fsync, rename, fsync of the directory):
-
-* while running it holds a **lease**: the next number plus :data:`LEASE`, written before
-  the lease is used up. After a crash the broker starts at the lease, above every number
-  it ever sent, so no number is given twice (a gap of at most ``LEASE`` numbers, which
-  subscribers request and are told nobody has);
-* a clean stop writes the exact next number, so after it the sequence goes on without
-  a gap.
-
-A file that is there but cannot be read, or does not hold a number, is a startup error
-(:class:`SequenceFileError`, a ValueError, so fqd prints one line and exits): starting
-again at 1 would be exactly the silent reuse the file exists to prevent. The operator
-restores it, or writes a number above every sequence subscribers hold into it.
+Subscribers hold the numbers they were sent, and a broker that started again at 1 would
+have them drop new messages as duplicates, or take a new message for an old one. So the
+file holds the next sequence the broker may give, written durably (a temporary file,
+fsync, rename, fsync of the directory): a **lease** of :data:`LEASE` numbers ahead while
+running, the exact number at a clean stop. An unreadable file is a startup error
+(:class:`SequenceFileError`). docs/fyrehose.md, "The sequence across restarts".
 """
 
 from __future__ import annotations

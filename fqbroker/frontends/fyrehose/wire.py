@@ -1,52 +1,11 @@
 """The fyrehose datagram format (seed 000 and its later revisions), both directions, sans I/O.
 
-Every datagram is one UDP datagram, and its first byte is its type. Integers are big-endian;
-a sequence number is 48 bits; an address is an IPv4 address (4 bytes), a port 16 bits:
-
-============= ===== ===== ==============================================================
-type          value size  after the type byte
-============= ===== ===== ==============================================================
-DELIVER       0x01  9+L   u16 LENGTH L, u48 SEQUENCE, L bytes of DATA
-PUSH (final)  0x02  9+L   u16 LENGTH L, 6 unused bytes, L bytes of DATA
-PUSH (seed)   0x02  3+L   u16 LENGTH L, L bytes of DATA
-REQUEST       0x04  19    ADDR, PORT, u48 FROM_SEQ, u48 TO_SEQ
-FORWARD       0x08  19    the same as REQUEST
-KEEPALIVE     0x10  29    ADDR, PORT, u48 FLAGS, 16-byte TOKEN (final form)
-KEEPALIVE     0x10  7     ADDR, PORT (seed form)
-KEEPALIVE-ACK 0x20  17    the 16-byte TOKEN of the KEEPALIVE it answers
-============= ===== ===== ==============================================================
-
-The final PUSH has DELIVER's shape so the backbone can stamp the sequence into the unused
-bytes; those are written as zeros and ignored on read. FLAGS are :class:`Flags`
-(NOSUBSCRIBE, NOJOURNAL); bits no revision defines are dropped on read.
-
-Where the seed and its later revisions differ, and how this module settles it:
-
-* The seed's PUSH has a 3-byte header, the final one 9 bytes. Both are read; the datagram's
-  size tells them apart (``3+L`` or ``9+L``, never both for one L), and a PUSH whose size
-  is neither is malformed. :class:`Push` keeps which form it came in (``seed``).
-* The seed's KEEPALIVE has no FLAGS and no TOKEN (7 bytes), the final one has both
-  (29 bytes). Both are read; the seed form decodes as no flags and an all-zero token, so
-  its KEEPALIVE-ACK echoes zeros (:meth:`Keepalive.ack`). The seed's example prints the
-  KEEPALIVE type as 0x02; the heading's 0x10 is right (0x02 is PUSH).
-* KEEPALIVE-ACK is required by the seed but defined only by the later revisions.
-* LENGTH is the DATA length only. It is redundant with the datagram's size and must agree
-  with it.
-* A REQUEST's or FORWARD's range is inclusive. Sequences start at 1 and 0 means none, so
-  a sequence or a range bound of 0, or FROM_SEQ after TO_SEQ, is malformed.
-* The seed's CONFIRM flag for PUSH never had a value and was dropped; it does not exist.
-
-Sizes: a LENGTH field allows DATA of up to 65535 bytes and the revisions claim 65526, but
-an IPv4 UDP datagram carries at most 65507 bytes (65535 less the 20-byte IP and the 8-byte
-UDP header), so :data:`MAX_DATAGRAM` is 65507 and :data:`MAX_DATA`, the most a DELIVER
-can carry, is 65498. A PUSH with more (possible in the seed form) is refused too: it could
-never be delivered.
-
-:func:`decode` raises :class:`~fqbroker.errors.FyrehoseProtocolError` for an empty,
-truncated, oversized or unknown datagram, trailing bytes, or fields that break the rules
-above; the listener drops and counts such a datagram and never answers it. :func:`encode`
-raises ``ValueError`` for a field out of its range (a sequence over 48 bits, say): that
-is a bug of the caller, not something a peer sent.
+Every datagram is one UDP datagram over IPv4 whose first byte is its type;
+docs/fyrehose-protocol.md has the table of datagrams, and says where the seed and its
+revisions disagree and how this module settles it (both PUSH and KEEPALIVE forms are read,
+told apart by size). :func:`decode` raises :class:`~fqbroker.errors.FyrehoseProtocolError`
+for anything that breaks those rules, and the listener drops such a datagram unanswered;
+:func:`encode` raises ``ValueError`` for a field out of range, a bug of the caller.
 """
 
 from __future__ import annotations

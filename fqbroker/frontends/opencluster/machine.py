@@ -1,33 +1,11 @@
 """One OpenCluster connection's rules, sans I/O: bytes in, reply bytes out, the store
 called in between (docs/opencluster.md).
 
-Theory of operation
--------------------
 :meth:`Machine.receive` takes what a read brought and returns the bytes to write for it,
-in request order, as one object (the shell writes it at once). Each command is acted on
-when it is read, in order:
-
-* a set changes the store's memory at once and joins its open group-commit batch
-  (:class:`~fqbroker.storage.kvstore.Batch`); its ack may only be written once that
-  batch is committed, so its reply, and every reply behind it on this connection, waits
-  in ``queue``. The shell calls :meth:`committed` when :attr:`waiting` (the batch the
-  first waiting reply needs) is done, and writes what it returns;
-* a get reads the store when it is read: it sees every earlier set of this connection
-  (they are in memory already) and none of the later ones, which is what request order
-  means. Its reply waits its turn like the others. (After a commit that fails, a get
-  read behind one of its sets may have seen the value that was not stored.)
-* hello's ack and the serverlist and hashmasks pushes are one bytes object: the 2011
-  C client needs them in one read. Pushes carry this connection's own counter as user id,
-  from 0;
-* goodbye is answered, and :attr:`finished` says to close once that is written;
-* replies the client sends (its acks of our pushes, whatever their repcmd) are ignored;
-  any other command without an implementation is answered unknown (9).
-
-At most ``max_inflight`` commands are read and not answered: past it the machine takes no
-frame from its decoder until :meth:`committed` empties the queue (:attr:`full` tells the
-shell to stop reading meanwhile). A malformed frame (bad framing, fields that do not add
-up, a name or value over its limit) ends the connection: :attr:`error` says why, after the
-replies to the frames before it.
+in request order, as one object the shell writes at once. Each command is acted on when it
+is read; a set's ack, and every reply behind it, waits for the set's group commit, which
+the shell reports with :meth:`Machine.committed`. :class:`Machine` says how each command
+is answered, and what bounds a connection.
 """
 
 from __future__ import annotations
@@ -138,7 +116,30 @@ _Pending = bytes | _Acks | None
 
 
 class Machine:
-    """One connection's commands, answered in order (see the module's docstring)."""
+    """One connection's commands, answered in order.
+
+    * a set changes the store's memory at once and joins its open group-commit batch
+      (:class:`~fqbroker.storage.kvstore.Batch`); its ack may only be written once that
+      batch is committed, so its reply, and every reply behind it on this connection,
+      waits in ``queue``. The shell calls :meth:`committed` when :attr:`waiting` (the batch
+      the first waiting reply needs) is done, and writes what it returns;
+    * a get reads the store when it is read: it sees every earlier set of this connection
+      (they are in memory already) and none of the later ones, which is what request
+      order means. Its reply waits its turn like the others. (After a commit that fails, a
+      get read behind one of its sets may have seen the value that was not stored.)
+    * hello's ack and the serverlist and hashmasks pushes are one bytes object: the 2011
+      C client needs them in one read. Pushes carry this connection's own counter as user
+      id, from 0;
+    * goodbye is answered, and :attr:`finished` says to close once that is written;
+    * replies the client sends (its acks of our pushes, whatever their repcmd) are
+      ignored; any other command without an implementation is answered unknown (9).
+
+    At most ``max_inflight`` commands are read and not answered: past it the machine takes
+    no frame from its decoder until :meth:`committed` empties the queue (:attr:`full` tells
+    the shell to stop reading meanwhile). A malformed frame (bad framing, fields that do
+    not add up, a name or value over its limit) ends the connection: :attr:`error` says
+    why, after the replies to the frames before it.
+    """
 
     __slots__ = (
         "_bounds",

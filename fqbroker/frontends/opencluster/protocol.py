@@ -1,36 +1,11 @@
 """The OpenCluster binary protocol, Nov-2011 generation: its frames and commands
 (:mod:`~fqbroker.frontends.opencluster.wire` encodes and decodes them).
 
-Every frame is a 12-byte header (i16 command or reply id, i16 ``repcmd``: the command a
-reply answers, 0 for commands; i32 user id; i32 payload length, the header not counted)
-and a payload. All integers are signed big-endian; a string is an i32 length and its bytes
-(no NUL). A reply echoes the user id of the command it answers. The payloads the seed
-leaves out are those of the 2011 C server and client (docs/opencluster-protocol.md):
-
-================ ===== ==============================================================
-command          dir   payload
-================ ===== ==============================================================
-1 ack, 2 fail    reply none
-3 failinfo       reply i32 code, string text
-4 tryelsewhere   reply string "IP:port"
-9 unknown        reply none (the seed's i16 command is accepted too; never written)
-10 hello         C→S   none; answered ack, then serverlist and hashmasks pushes
-11 capabilities  C→S   i16 command
-15/20/30         C→S   none (shuttingdown, goodbye, ping)
-50 serverhello   S→S   string connect info
-100 serverlist   S→C   i32 count, count of string
-110 hashmasks    S→C   i32 mask, i32 n, n of (i32 bucket, i32 level)
-2000 set_int     C→S   i32 map_hash, i32 key_hash, i32 expires, i32 full_wait, string
-                       name, i32 value
-2020 set_string  C→S   as set_int with a string value
-2100 get_int     C→S   i32 map_hash, i32 key_hash; answered 2105 data_int (map_hash,
-                       key_hash, i32 value)
-2120 get_string  C→S   as get_int; answered 2125 data_str (map_hash, key_hash, string)
-================ ===== ==============================================================
-
+Every frame is a 12-byte header (i16 command or reply id, i16 ``repcmd``, i32 user id, i32
+payload length) and a payload; all integers are signed big-endian. docs/opencluster-protocol.md
+has every frame's payload, from the 2011 C server and client where the seed leaves it out.
 Hashes are the client's (FNV-1a, ``wire.fnv1a32``). The command ids are what the seed's
-table names them; :data:`NEVER_SPECIFIED` are those no version of the protocol gives a
-payload.
+table names them; :data:`NEVER_SPECIFIED` are those no version of the protocol gives a payload.
 """
 
 from __future__ import annotations

@@ -1,27 +1,11 @@
 """The OpenCluster binary protocol (:mod:`~fqbroker.frontends.opencluster.protocol`: its
 frames and commands), both directions, sans I/O: encoders, payload decoders, framing.
 
-Hashes are the client's (:func:`fnv1a32`) and are returned unsigned (0..2**32-1) by the
-decoders; the encoders take them signed or unsigned and write the 32 bits, which are the
-bytes the C client's ``int`` has. User ids, values, codes, expiry and counts are signed.
-
-A :class:`FrameDecoder` is fed bytes in any split and hands back whole frames. It checks
-the framing only: a negative payload length, or one over ``max_payload`` (checked on the
-header, before the payload is waited for), raises
-:class:`~fqbroker.errors.OpenClusterProtocolError`, and the error is final (every later call
-raises it again), since a peer that got one length wrong gets every later frame wrong too.
-Any command id is framed (an unknown one is answered ``unknown`` by the session). The
-payload decoders (``decode_*``) are strict: fields that do not add up to the payload
-exactly, or a string length that is negative or runs past it, raise the same error.
-
-The encoders check nothing beyond what ``struct`` refuses; tests and the fuzzer build bad
-frames with :func:`encode_frame` and raw bytes.
-
-Contract additions: ``FrameDecoder.take`` (frames as tuples, no object each),
-``FrameDecoder.window``, ``consumed`` and ``bad_header`` (the server's hot path walks the
-frames where they lie), ``FrameDecoder.buffered``, ``decode_tryelsewhere``, ``decode_string``,
-``encode_string``, ``set_fields`` (decode_set as a tuple, for the server's hot path),
-``tryelsewhere``, ``shuttingdown``, ``serverhello``, ``PROTOCOL_NAMES``.
+Hashes are returned unsigned by the decoders; the encoders take them signed or unsigned
+and write the 32 bits the C client's ``int`` has. A :class:`FrameDecoder` is fed bytes in
+any split and hands back whole frames, checking the framing only, with a final error; the
+payload decoders (``decode_*``) are strict: fields must add up to the payload exactly.
+The encoders check nothing beyond what ``struct`` refuses, so tests can build bad frames.
 """
 
 from __future__ import annotations
@@ -65,6 +49,15 @@ from fqbroker.frontends.opencluster.protocol import (
     SetValue,
 )
 
+# Framing: a negative payload length, or one over max_payload (checked on the header, before
+# the payload is waited for), raises OpenClusterProtocolError, and every later call raises it
+# again. Any command id is framed (an unknown one is answered ``unknown`` by the session).
+# A payload decoder raises the same error for a string length that is negative or runs past
+# the payload. Beyond the protocol's own frames this module offers, for the server's hot path
+# (which walks frames where they lie) and the tools: FrameDecoder.take (frames as tuples, no
+# object each), FrameDecoder.window, consumed, bad_header and buffered; decode_tryelsewhere,
+# decode_string, encode_string, set_fields (decode_set as a tuple); tryelsewhere,
+# shuttingdown, serverhello and PROTOCOL_NAMES.
 __all__ = [
     "ACK",
     "CAPABILITIES",
