@@ -3,10 +3,8 @@
     python -m bench [--runs N] [--scale F] [--no-peers] [--baseline TREE]
                     [--flame DIR [--native]] [SCENARIO ...]
 
-Scenarios: 1to1-100 1to1-4k 1to1-128k 1to1-routes fanout fanin disk latency memory idle
-lumberjack figg fyrehose opencluster (the table),
-and micro benchmarks outside it: routing, disk-inproc, file-reads, permissions (in-process),
-idle-floor (RSS of a do-nothing server with 10,000 idle connections).
+The scenarios of the table, and the micro benchmarks outside it (routing, disk-inproc,
+file-reads, permissions, idle-floor): docs/bench.md.
 """
 
 from __future__ import annotations

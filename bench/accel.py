@@ -1,21 +1,11 @@
 """What the compiled accelerator buys: CPU per message of the hot loops, compiled against
 pure Python (fqbroker/accel.py), A/B in child processes taking turns.
 
-* ``fq``: the fq data path in process: publisher-format frames (100-byte payloads) fed to
-  a ``MessageDecoder`` a read (64 KiB) at a time, decoded into stamped runs, routed by a
-  ``Router`` to one memory ``Queue`` and taken out again, as a consumer's batches are.
-* ``fq-routes``: the same with 1,000 routes on the exchange, no two messages in a row on
-  one route (each run is one message: the routing's worst case).
-* ``oc``: OpenCluster sets through ``Machine.receive`` and ``KVStore.set`` (journal
-  writes and commits included: the store is real), per set; of these only the framing
-  (``opencluster/wire.py``) is compiled today (docs/accel.md).
-
-Each child measures one implementation (``FQBROKER_PURE=1`` or not) and prints ns per
-message, the best of its repeats; the parent alternates children ``--rounds`` times and
-prints the medians and their ratio. Times are process CPU (``time.process_time_ns``), so
-a busy box slows both sides less than wall time would.
-
     python -m bench.accel [--rounds 5] [fq fq-routes oc]
+
+Each child measures one implementation and prints ns per message of process CPU; the
+parent alternates them and prints the medians and their ratio. docs/bench.md says what
+each scenario runs.
 """
 
 from __future__ import annotations

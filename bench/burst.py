@@ -1,15 +1,9 @@
 """The latency row's burst in one process: one read of ten 100-byte messages in, written out.
 
-``python -m bench.burst [--msgs N] [--bursts N] [--repeat N] [--hot]`` feeds a publisher's
-:class:`~fqbroker.frontends.fq.data.DataSession` the read the latency row's publisher
-sends each millisecond (``--msgs`` frames of 100 bytes in one ``sendall``), routes it
-through a real :class:`~fqbroker.core.router.Router` into a memory queue, and lets a
-consumer's DataSession write it to a real socket (uvloop when installed) that a forked
-child drains, as the broker does on the next loop turn. Between bursts the caches are
-thrashed (as a millisecond of the kernel and the other processes leave them) unless
-``--hot``. It reports the time from the read to the consumer's write, per burst: median
-and p99 of each run, best and median over ``--repeat`` runs, and this process's CPU per
-burst. Run it with ``PYTHONPATH`` at two trees for an A/B of the same load.
+``python -m bench.burst [--msgs N] [--bursts N] [--repeat N] [--hot]`` reports the time from
+a publisher's read to the consumer's write, per burst, and this process's CPU per burst,
+through real sessions, a real router and a real socket, with the caches thrashed between
+bursts unless ``--hot`` (docs/bench.md). Run it with ``PYTHONPATH`` at two trees for an A/B.
 """
 
 from __future__ import annotations

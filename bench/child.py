@@ -2,18 +2,10 @@
 
 The broker is ``python -m fqbroker`` on a fixed loopback port with its state under a
 directory of its own, so that a restart after ``kill -9`` finds the same queues on the same
-port. Its stderr goes to a file: nothing can fill a pipe while it is killed and restarted,
-and :meth:`Broker.tracebacks` reads every incarnation's log afterwards. RSS and open
-descriptors are read from ``/proc/PID``.
-
-``--broker-root`` (or ``FQ_BROKER_ROOT`` in the environment, which the tests follow too)
-runs the broker from another source tree (a merge, another branch) while the harness stays
-this one.
-
-Settings the runs do not know about yet (limits and budgets that other parts of the broker
-add) pass through: ``settings`` become lines of the ``[fqd]`` table of the TOML file the
-broker is started with, ``tables`` other tables of it, ``extra_args`` are appended to its
-command line.
+port. Its stderr goes to a file, which nothing can fill while it is killed and restarted
+and which :meth:`Broker.tracebacks` reads afterwards; RSS and open descriptors come from
+``/proc/PID``. Settings, tables and flags the runs do not know pass through to the broker,
+and ``--broker-root`` runs it from another tree (docs/reliability.md, "Common options").
 """
 
 from __future__ import annotations
@@ -183,8 +175,8 @@ def own_port_args() -> list[str]:
 # evicted ranges (FORWARDs) are fuzzed too.
 # The OpenCluster store keeps what is set, and a frame one byte past max_value is read
 # whole before it is refused: with the default 1 MiB values a short run's RSS is those
-# buffers' high water, not a leak (test_fuzz's short run went 41 -> 73 MiB, over its
-# limit). 64 KiB values fuzz the same limits (bench/ocfuzz.py reads these).
+# buffers' high water, not a leak, and over the short run's RSS limit (bench/RESULTS.md,
+# figures behind comments). 64 KiB values fuzz the same limits (bench/ocfuzz.py reads these).
 OC_MAX_NAME = 1024
 OC_MAX_VALUE = 64 << 10
 OC_MAX_PAYLOAD = OC_MAX_VALUE + OC_MAX_NAME + 64

@@ -1,19 +1,8 @@
 """Disk-queue throughput for each fsync policy, and the tail latency of a burst.
 
-A publisher sends a burst of 100-byte messages with a confirm at the end into a disk
-queue that a consumer is reading; each policy gets its own broker in this process on
-loopback. Reported per policy, as medians over the runs: messages per second from the
-first publish to the last receipt, the time the confirm took after the last publish,
-and the tail latency: from publishing the last message of the burst to receiving it
-(fqd 0.13.12 left such tails stuck for seconds in jlog's pre-commit buffer).
-
-Then the cost of one checkpoint update (``SegmentLog.set_checkpoint``, which a disk queue
-makes after every batch a consumer acknowledges), with few and with many named checkpoints,
-durable or not: the best of several rounds, in microseconds per call. (This is where that
-cost is watched; tests assert no timings.)
-
-Last, reading a backlog back from the file (``SegmentLog.read``, which checks every
-record's crc and seq as it goes): the best of several rounds, in nanoseconds per record.
+Then the cost of one checkpoint update and of reading a backlog back from the file, in
+process (docs/bench.md, "Disk queues"). This is where those costs are watched; tests
+assert no timings.
 """
 
 from __future__ import annotations

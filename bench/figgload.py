@@ -3,17 +3,9 @@
     python -m bench.figgload figgpub --figg-port P --topic T --count N --size 100 --window 256
     python -m bench.figgload figgsub --figg-port P --topic T --count N [--offset 0]
 
-``figgpub`` keeps up to ``--window`` PUBLISH frames unacknowledged, as the Figg client does
-(seqs from 0, cumulative ACKs), writing as many as the window has room for at once; a run
-ends at the ACK of the last seq. ``figgsub`` ATTACHes from the latest message before
-``READY``, or with ``--offset`` at ``go`` (a replay is timed from its ATTACH), and counts
-DATA frames until ``--count``, checking that offsets follow each other (``whole``). Frames
-are walked with struct over one buffer, no object per message, so the generator spends its
-time on the socket, not in Python.
-
-Like bench/loadgen.py it prints ``READY``, waits for ``go`` on stdin, and prints one JSON
-line: ``figgpub``: ``sent``, ``start_ns``, ``end_ns``; ``figgsub``: ``received``,
-``start_ns`` (the replay's ATTACH), ``first_ns``, ``last_ns``, ``whole``, ``attached``.
+Frames are walked with struct over one buffer, no object per message, so the generator
+spends its time on the socket. Like bench/loadgen.py it prints ``READY``, waits for ``go``
+on stdin, and prints one JSON line (docs/bench.md, "Figg rows").
 """
 
 from __future__ import annotations

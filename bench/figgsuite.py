@@ -1,14 +1,7 @@
 """The Figg rows of the suite: publish with acknowledgements, replay, live fan-out.
 
-Each run drives a broker with a Figg listener through bench/figgload.py processes:
-
-* publish: one connection (or four) keeps 256 PUBLISH frames unacknowledged (the Figg
-  client's window); msg/s is messages over the time from the first send to the last ACK,
-  and an ACK means appended and durable under the broker's fsync policy.
-* replay: a topic filled once with 1,000,000 100-byte messages (at scale 1) is read from
-  offset 0 by one subscriber; msg/s is messages over the time from its ATTACH to the last.
-* fan-out: 8 subscribers attached from the latest, one publisher as above; deliveries/s
-  is every delivery over the time from the first publish to the last receipt.
+Each run drives a broker with a Figg listener through bench/figgload.py processes;
+docs/bench.md, "Figg rows", says what each row counts.
 """
 
 from __future__ import annotations

@@ -1,30 +1,8 @@
 """File reads in the event loop against aiofiles (a worker thread), for the broker's reads.
 
-Three kinds of reads, warm (in the page cache) and cold (the file's pages dropped with
-``posix_fadvise(DONTNEED)`` before each read, so it comes from the disk), each done three
-ways: ``sync`` in the loop; ``aiofiles``, its file object (a hand-off to a worker thread
-for each of open, seek, read and close); ``aiofiles.wrap``, one call in a worker thread
-(``aiofiles.os.wrap``, which is what ``asyncio.to_thread`` does too):
-
-* a static file of the web root (4 KiB: open, read, close);
-* a range of a segment file (1 MiB at an offset; the sync way's file is open already),
-  and a large one (16 MiB), whose stall stands out of a shared machine's noise;
-* the segment-log read of a 1 MiB range (``SegmentLog.read``: the crc and seq of each
-  1 KiB record checked), what replay reads and consumers behind the memory run. It runs
-  only in the loop (the log is not thread-safe), so there is one way, and the row shows
-  how much of it the file read is.
-
-Then a consumer far behind: it reads a cold log front to back, 1 MiB a read, 2 ms between
-reads (the socket writes), without and with ``ReadAhead`` (fqbroker/storage/coldread.py);
-once with the kernel's readahead as the device has it (``/sys/block/*/queue/read_ahead_kb``)
-and once with it off for the log's files (``POSIX_FADV_RANDOM``), which stands in for a
-device with a small window (128 KiB is the common default) or readahead pages evicted
-under memory pressure.
-
-Per row: the median time per read (median of the runs' medians), and the event loop's
-worst stall while those reads ran (median over the runs): a 1 ms timer measures how late
-it wakes up. A read in a worker thread costs the loop only the hand-off; a read in the loop
-stalls it as long as the read takes. The loop is uvloop's when installed, as in ``fqd``.
+Static files, segment ranges and segment-log reads, warm and cold, in the loop and in a
+worker thread; then a consumer far behind, without and with ``ReadAhead``. Per row, the
+median time per read and the event loop's worst stall (docs/bench.md, "File reads").
 """
 
 from __future__ import annotations

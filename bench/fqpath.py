@@ -1,13 +1,9 @@
 """The fq data path in one process: a publisher's reads in, a consumer's socket out.
 
-``python -m bench.fqpath [--size N] [--count N] [--repeat N]`` feeds a publisher's
-:class:`~fqbroker.frontends.fq.data.DataSession` the reads uvloop would hand it (256,000
-bytes each, as the bench's publisher sends them), routes them through a real
-:class:`~fqbroker.core.router.Router` into a memory queue, and lets a consumer's
-DataSession write them to a real socket (uvloop when installed) that a forked child
-drains. It reports this process's CPU (user + sys) per message, best and median of
-``--repeat`` runs: decode, route, queue and write, without the bench's other processes.
-Run it with ``PYTHONPATH`` at two trees for an A/B of the same load.
+``python -m bench.fqpath [--size N] [--count N] [--repeat N]`` reports this process's CPU
+per message for decode, route, queue and write through real sessions, a real router and a
+real socket, without the bench's other processes (docs/bench.md). Run it with
+``PYTHONPATH`` at two trees for an A/B of the same load.
 """
 
 from __future__ import annotations

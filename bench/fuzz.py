@@ -3,34 +3,10 @@
 ``python -m bench.fuzz [--frames 1000000] [--seed N] [--workers 8] [--check-every 10000]
 [--setting KEY=VALUE] [--fqd-arg ARG] [--json FILE]``
 
-One broker child (bench/child.py) on loopback. ``--workers`` concurrent workers open
-sessions on the front ends of bench/frontends.py's table, each session with its own seed
-drawn from the run's seed: it opens (its opening bytes mutated in about 8% of sessions),
-then sends 1 to 1,000 frames in chunks, each frame valid or, with the session's mutation
-rate (0 to 30%), mutated. A chunk ends at a mutated frame, and a session ends when the
-broker closes it. Over UDP (fyrehose) every frame is a datagram of its own. A frame
-counts once its bytes were written to a socket the broker had not closed.
-
-Every ``--check-every`` frames, while the fuzzing goes on, each front end's normal round
-trip must succeed, and the broker's RSS and open descriptors are sampled from /proc. A
-checker that falls behind holds the workers until it catches up, so there is one round of
-round trips per ``--check-every`` frames. A watcher reads the broker's log as it grows.
-
-Checks (any failure: exit status 1):
-
-* every round trip succeeded;
-* the broker's log has no traceback, and the broker never died (if it did, it is counted,
-  restarted, and the run goes on);
-* RSS is flat: after the run, once every session is closed, RSS is within 25% or 32 MiB
-  (whichever is larger) of the sample taken at 10% of the frames;
-* descriptors are flat: once every session is closed, at most 4 more than before the
-  fuzzing started;
-* the target number of frames was sent within ``--max-seconds``.
-
-Findings are counted, not stopped at: each traceback signature (its exception line) is
-counted, and after the run the sessions that were open or had just ended when it first
-appeared are replayed one at a time, by seed, until one reproduces it; its front end, seed
-and bytes (var/fuzz-findings/) are reported.
+Concurrent workers open sessions on the front ends of bench/frontends.py's table, each
+with a seed of its own, while each front end's round trip must keep succeeding and the
+broker's log, RSS and descriptors are watched; findings are replayed by seed after the
+run. docs/reliability.md, "make fuzz", has the checks.
 """
 
 from __future__ import annotations

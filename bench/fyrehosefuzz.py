@@ -1,23 +1,10 @@
 """The fuzzer's fyrehose entry (bench/frontends.py): datagrams over UDP, and a round trip.
 
-Frames are single datagrams of fqbroker/frontends/fyrehose/wire.py, every kind: PUSH in
-both forms, KEEPALIVE in both forms (every flag, bits no revision defines, random
-tokens), REQUEST for plausible ranges (mostly narrow, a few past ``request_limit`` or up
-to the 48-bit end), and DELIVER, FORWARD and KEEPALIVE-ACK, which a broker never expects.
-Mutations truncate, extend, flip, retype, give a LENGTH that disagrees with the size, and
-grow datagrams to the most UDP carries (65,507 bytes, the largest PUSH that is still valid
-among them). Each frame is a datagram of its own (``Conn.send_frames``).
-
-The broker sends DELIVERs to whatever address a KEEPALIVE or REQUEST names, so the fuzzer
-never names one off this machine: an address in a KEEPALIVE, REQUEST or FORWARD, valid or
-mutated, is 0.0.0.0 (the datagram's source) or on 127.0.0.0/8, and its port is 0 or the
-sink's: a UDP socket of this process that is bound and never read, so whatever the broker
-sends there the kernel drops, and no other program on the box receives it.
-
-The round trip, from a fresh socket with a large receive buffer: a KEEPALIVE is answered
-by its KEEPALIVE-ACK, and a unique PUSH comes back as a DELIVER. UDP may drop on a loaded
-loopback, so each step is re-sent every half second until it is answered or the round
-trip's time is up.
+Frames are single datagrams of every kind of fqbroker/frontends/fyrehose/wire.py, valid
+and mutated (docs/reliability.md, "make fuzz", the fyrehose row). The broker sends
+DELIVERs to whatever address a KEEPALIVE or REQUEST names, so every address the fuzzer
+names is 0.0.0.0 or on 127.0.0.0/8, and its port 0 or the sink's: a UDP socket of this
+process that is bound and never read, so no other program on the box receives anything.
 """
 
 from __future__ import annotations

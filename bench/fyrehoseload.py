@@ -6,29 +6,7 @@ of its own (bench/fyrehosesuite.py runs them).
     python -m bench.fyrehoseload fhsub --fh-port P --count N --tag T --credit FILE \\
         --slot I [--loss 0.05] [--seed S]
 
-Every message is a final-form PUSH whose data starts with the run's ``--tag`` and its
-index (u64 each), so a subscriber counts its run's messages and no other's. ``fhpub``
-keeps at most ``--window`` messages ahead of the slowest subscriber (each writes the
-highest index it has seen to its slot of the ``--credit`` file, bench/loadgen.py's
-``Credit``): flat out, yet never more in flight than the receive buffers hold, so loss is
-what loopback does, not what the bench provokes.
-
-``fhsub`` subscribes with a KEEPALIVE every second (answered before ``READY``) on a socket
-with a 4 MiB receive buffer. With ``--loss`` it stands behind a lossy link: each datagram
-it receives and each it sends (KEEPALIVE, REQUEST) is dropped with that probability (a
-relay's loss without the relay's hop, so the bench measures the broker, not a relay). It
-then recovers what it lost, as a client would: a sequence past the next expected one
-shows a gap, which is REQUESTed at once and again every 0.2 s until filled; a silence of
-0.2 s while messages of the run are missing after the highest seen (the run's size is
-known here) shows a lost tail. For every message that went missing it records the time
-from the gap's detection to its fill.
-
-Like bench/figgload.py each prints ``READY``, waits for ``go`` on stdin, and prints one
-JSON line: ``fhpub``: ``sent``, ``start_ns``, ``end_ns``; ``fhsub``: ``received`` (the
-run's messages, each once), ``duplicates``, ``first_ns``, ``last_ns``, ``shifted``
-(sequences that do not follow the indexes: a PUSH lost on the way to the broker), and with
-``--loss``: ``missing`` (messages that went missing), ``recovered``, ``fill_us`` (each
-recovery's time), ``requests``, ``dropped_in``, ``dropped_out``.
+docs/bench.md, "fyrehose rows", says how each works and what its JSON line holds.
 """
 
 from __future__ import annotations

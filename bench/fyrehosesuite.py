@@ -1,17 +1,8 @@
 """The fyrehose rows of the suite: PUSH to DELIVER for 4 subscribers, without and with loss.
 
 Each run drives a broker with a fyrehose listener through bench/fyrehoseload.py processes:
-4 subscribers on raw UDP sockets (4 MiB receive buffers), one publisher PUSHing 100-byte
-messages flat out but never more than 256 ahead of the slowest subscriber.
-
-* lossless: deliveries/s is every delivery (the run's messages, each once per subscriber)
-  over the time from the first PUSH to the last receipt; what loopback lost anyway is
-  counted (the receive buffers hold the window, so it should be none).
-* 5% loss each way: each subscriber drops 5% of the datagrams it receives and of those it
-  sends, and REQUESTs its gaps (at once, then every 0.2 s) from the broker's retained
-  window: the share of the lost messages recovered, and the time from a gap's detection
-  to its fill (median and p99 of every recovered message of the run, over 4 subscribers).
-  bench/fyrehoseload.py says why the loss is simulated in the subscriber, not in a relay.
+4 subscribers, one publisher never more than 256 ahead of the slowest. With loss, each
+subscriber drops datagrams both ways and REQUESTs its gaps (docs/bench.md, "fyrehose rows").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Processes for the suite: the systems under test, load generators, /proc readings.
 
-A :class:`System` is a server process on a free loopback port: fqbroker (``python -m
-fqbroker``, uvloop when installed), the Python-hop relay, redis-server or nats-server.
-Load generators are ``python -m bench.loadgen`` processes (see there); :func:`run_clients`
-starts them, lines them up on ``READY``, says go to all at once and collects their JSON.
-CPU is the server process's run time (user + system, all threads), RSS is VmRSS.
-
-Every process is started by :func:`spawn`, in a process group of its own, and stopped by
-:func:`stop_process` (its whole group) however the run ends: the callers stop theirs in
-``finally``, :func:`stop_all` stops whatever is left when a run raises and at exit, and a
-child of the main thread gets SIGKILL from the kernel if the bench dies without cleaning up
-(SIGKILL, a crash). A run that failed midway used to leave its fqbroker running.
+A :class:`System` is a server process on a free loopback port (fqbroker, the Python-hop
+relay, redis-server or nats-server); :func:`run_clients` starts load generators, lines them
+up on ``READY``, says go to all at once and collects their JSON. Every process is started
+by :func:`spawn` in a process group of its own and stopped, whole group, however the run
+ends (docs/bench.md, "The suite").
 """
 
 from __future__ import annotations

@@ -2,12 +2,9 @@
 
     python -m bench idle-floor        (or python -m bench.idlefloor [CONNECTIONS])
 
-A server process that imports what any asyncio broker here imports (asyncio with ssl, uvloop,
-sqlite3) and accepts connections with a protocol that keeps its transport and does nothing
-else; a client process opens the connections. Printed: its RSS empty and with them, for
-uvloop and for asyncio's own loop. What fqbroker's idle row measures above these figures is
-fqbroker: its code and its state per connection (bench/memsuite.py's idle row; P16's target
-is 10,000 connections under 40 MB, 38.1 MiB).
+A server that imports what any asyncio broker here imports and keeps its connections'
+transports, doing nothing else, for uvloop and for asyncio's own loop. What the idle row
+measures above it is fqbroker: its code and its state per connection (docs/bench.md).
 """
 
 from __future__ import annotations

@@ -2,17 +2,10 @@
 
     python -m bench.ljload ljpub --port FQ_PORT --lj-port P --count N --size 300 --batch 2048
 
-It sends what Filebeat's Logstash output sends (go-lumber's client): per batch ``2W(n)`` then
-one ``2C`` frame (zlib) holding ``n`` ``2J`` frames, the sequence restarting at 1 in every
-batch; with ``--pipeline K`` up to K batches are in flight before their ACKs (Filebeat's
-``pipelining`` defaults to 2). A batch counts as done at the ACK of its last sequence number;
-keepalive ACK(0)s and partial ACKs are read and ignored. Every event is a JSON object of
-exactly ``--size`` bytes, as a Beats event would look, each with its own id (so the batches
-compress as logs do, not as repeated bytes). A few distinct batches are built and compressed
-before ``READY``, so the generator spends its time on the socket, not in zlib.
-
-Like bench/loadgen.py it prints ``READY``, waits for ``go`` on stdin, and prints one JSON
-line: ``sent``, ``start_ns``, ``end_ns`` (the last ACK), ``acks``, ``keepalives``.
+It sends what Filebeat's Logstash output sends (go-lumber's client), with ``--pipeline K``
+batches in flight, from batches built and compressed before ``READY``. Like
+bench/loadgen.py it prints ``READY``, waits for ``go`` on stdin, and prints one JSON line
+(docs/bench.md, "Lumberjack row").
 """
 
 from __future__ import annotations

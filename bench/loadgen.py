@@ -2,23 +2,9 @@
 
     python -m bench.loadgen ROLE --proto fq|redis|nats --port P [options]
 
-Roles:
-
-* ``pub``: sends ``--count`` messages of ``--size`` bytes as pre-encoded frames in big
-  ``sendall`` calls. With ``--credit FILE`` it keeps at most ``--window`` messages in
-  flight, reading the subscribers' counts from a shared memory file (the same flow control
-  for every system, so nothing is dropped and no server disconnects a slow consumer).
-* ``sub``: counts delivered messages from the byte stream: every frame of a run has the
-  same size, so it learns the size from the first frame and then only counts bytes. Its
-  count goes to slot ``--slot`` of the credit file.
-* ``latpub`` / ``latsub``: a steady ``--rate`` for ``--seconds``, the send time (CLOCK_MONOTONIC,
-  shared by all processes) in the first 8 payload bytes; the subscriber reports latencies.
-* ``hold``: an fq client with a queue and a binding but no data channel: messages pile up.
-* ``idle``: opens ``--clients`` fq clients (command + data connection each) asking for
-  heartbeats every ``--hb-ms``, answers each heartbeat, and reports how late they came.
-
-Each prints ``READY`` when set up (subscribers: bound and listening) and, at the end, one
-JSON line with its figures. Times are ``time.monotonic_ns()``.
+Roles ``pub``, ``sub``, ``latpub``/``latsub``, ``hold`` and ``idle`` (docs/bench.md, "The
+suite"). Each prints ``READY`` when set up (subscribers: bound and listening) and, at the
+end, one JSON line with its figures. Times are ``time.monotonic_ns()``.
 """
 
 from __future__ import annotations

@@ -14,9 +14,8 @@ import urllib.request
 
 from .harness import Client, FqBroker, System, cpu_seconds, finish_all, rss_bytes
 
-# P16's targets (issue 21): at most 150 B per queued 100-byte message; 10,000 idle
-# connections (the 5,000 clients of the row, each a command and a data connection) under
-# 40 MB.
+# The targets: at most 150 B per queued 100-byte message; 10,000 idle connections (the
+# 5,000 clients of the row, each a command and a data connection) under 40 MB.
 MEMORY_TARGET = "<=150 B/msg"
 IDLE_TARGET = "<40 MB, heartbeats on time"
 

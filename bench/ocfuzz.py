@@ -1,24 +1,10 @@
 """The fuzzer's OpenCluster entry (bench/frontends.py): Nov-2011 frames over TCP, and a round trip.
 
-Frames are those of fqbroker/frontends/opencluster/wire.py, every command with a wire
-format (hello, capabilities of implemented and unknown commands, shuttingdown, ping,
-serverhello, set_int and set_string with and without expiry, get_int and get_string of
-keys of either type or none), the commands that never had a format, unknown ids, the
-replies a client sends (the 2011 client's ack of hashmasks with repcmd 100 among them) and
-those only a server sends; goodbye, which ends the session, now and then.
-
-Mutations truncate, give the header's length negative, zero, short, long and past
-``max_payload`` values, do the same to the strings' lengths inside a set (name, value),
-pad a payload so its fields do not add up, put one command's id on another's body, and
-grow a set's name or value one byte past its limit.
-
-Names come from a small pool and most sets expire within seconds, so a long run does not
-grow the store without bound (the fuzzer checks that the broker's RSS stays flat); a
-mutated hash still makes a new key now and then, which the expiry reclaims too.
-
-The round trip, on a fresh connection: hello is answered by ack, serverlist (count 0) and
-hashmasks (mask 0x0F, 16 buckets at level 0); a set_string of a key no one else uses is
-acknowledged, and a get_string of it answers its value.
+Frames are those of fqbroker/frontends/opencluster/wire.py, every command valid and mutated
+(docs/reliability.md, "make fuzz", the opencluster row). Names come from a small pool and
+most sets expire within seconds, so a long run does not grow the store without bound (the
+fuzzer checks that the broker's RSS stays flat); a mutated hash still makes a new key now
+and then, which the expiry reclaims too.
 """
 
 from __future__ import annotations

@@ -2,25 +2,9 @@
 
     python -m bench.ocload ocload --oc-port P --conns 25 --depth 16 --count N --size 100
 
-Each of ``--conns`` connections says hello (and acks the pushes, as the 2011 client does)
-before ``READY``. At ``go`` the SET phase runs: every connection writes ``--depth``
-set_string frames in one write, waits for all their replies, and writes the same batch
-again, until the process has done ``--count`` sets; it prints one JSON line (``ops``,
-``start_ns``, ``end_ns``, ``bad``) and waits for the next ``go``, then the GET phase does
-the same with get_string of the same keys. That is redis-benchmark's pipelining (``-P``):
-a client sends P commands and waits for their P replies.
-
-The generator must not be what is measured, so a round costs it a send of pre-encoded
-bytes and a few ``recv_into`` of a pre-sized buffer: replies have fixed sizes (an ack, or
-a data_str of a 100-byte value), so a round ends when its bytes are in, and the buffer is
-then compared with the pre-encoded replies it must equal, which checks every reply for a
-memcmp. Keys are ``--depth`` per connection, each value names its key, so a reply from
-the wrong key is a mismatch too. A mismatch (``bad``) or 10 s of silence ends the phase
-with what was read in ``error``.
-
-``--proto redis`` speaks RESP to a redis-server the same way (SET and GET, ``+OK`` and
-``$100`` bulk replies): the same generator against Redis shows how far it is from being
-the limit (bench/ocsuite.py puts it beside redis-benchmark's figure).
+A round costs the generator a send of pre-encoded bytes and a few ``recv_into``, and every
+reply is checked against the pre-encoded replies it must equal. ``--proto redis`` speaks
+RESP to a redis-server the same way (docs/bench.md, "OpenCluster rows").
 """
 
 from __future__ import annotations

@@ -2,19 +2,9 @@
 
     python -m bench.ocmicro [--rounds 2000] [--conns 50] [--depth 16] [--repeats 5] [--sync normal]
 
-A :class:`~fqbroker.storage.kvstore.KVStore` in a temporary directory and ``--conns``
-machines (:class:`~fqbroker.frontends.opencluster.machine.Machine`), each fed ``--rounds``
-times one pre-encoded read of ``--depth`` set_string frames of 100-byte values (what
-bench/ocload.py writes); after each round the store commits (``_commit``, as the loop's
-callback would) and every machine writes its acks (``committed``). This is the loop's
-work of the SET row less the sockets: what the rules and the store cost a set. With
-``--sync full`` the commit's fdatasync runs in the journal thread and each round waits
-for it. Prints one JSON line: ns per set (wall and CPU of the process), best and median
-of the repeats. ``--profile`` runs one repeat under cProfile instead.
-
-For an A/B of two trees, run it with each tree first on ``PYTHONPATH``, interleaved,
-from a directory that holds no ``fqbroker`` (``-m`` puts the current directory before
-``PYTHONPATH``): ``cd /tmp && PYTHONPATH=TREE:WORKTREE python -m bench.ocmicro``.
+Real machines and a real store fed pre-encoded reads of set frames: the loop's work of the
+SET row less the sockets. Prints ns per set, best and median of the repeats; how to run an
+A/B of two trees is in docs/bench.md, "OpenCluster per set".
 """
 
 from __future__ import annotations

@@ -1,26 +1,8 @@
 """The OpenCluster rows of the suite: pipelined set then get of 100-byte values, beside Redis.
 
-Both sides get the same load: 50 connections, each writing 16 commands and waiting for
-their 16 replies before the next 16 (redis-benchmark's default ``-c 50`` with ``-P 16``),
-100-byte values; the SET phase first, then GET of the keys it set. ops/s is the phase's
-commands over the time from its first write to its last reply; us is the server's CPU
-(user + sys, all threads) per command.
-
-* fqbroker: an OpenCluster listener (``--opencluster``) driven by bench/ocload.py, in
-  :data:`PROCS` processes of 25 connections each, every reply checked byte for byte. An
-  ack of a set means it is written to the store's journal; with ``[opencluster]
-  sync = "full"`` (the default) also fsynced, with ``"normal"`` on disk once the OS writes
-  it (it survives kill -9 of fqd, not a power cut). The store journals sets and folds the
-  journals into sqlite in the background (docs/opencluster.md).
-* Redis: redis-server as bench/harness.py starts it (no persistence: ``--save ""``,
-  ``--appendonly no``), driven by ``redis-benchmark -c 50 -P 16 -d 100 -t set`` (then
-  ``get``), in the same interleaved runs. bench/ocload.py with ``--proto redis`` is run
-  against it too: the same generator's figure on a server three times faster or more than
-  ours says whether the generator could be what limits ours.
-* Redis with the promise of ours (redis-benchmark, SET only): ``appendonly yes`` with
-  ``appendfsync always`` (each reply after its write is fsynced, as ``sync = "full"``)
-  and ``everysec`` (written before the reply, fsynced each second: survives kill -9 of
-  the server, not a power cut, as ``"normal"``).
+Both sides get redis-benchmark's load (``-c 50 -P 16``): fqbroker's listener driven by
+bench/ocload.py, Redis without persistence and with the promise of ours (``appendfsync
+always`` and ``everysec``); docs/bench.md, "OpenCluster rows", says what each row counts.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """What permissions cost the data path: a publisher's ns per message with and without them.
 
-A data socket's reads, ``READ`` messages each in runs of ``RUN`` on one exchange, go
-through a :class:`~fqbroker.core.publisher.Publisher` into a router whose one binding
-takes everything (a sink, so storage is not measured). Four publishers:
-
-* ``none``: made without permissions, as under auth = "none" (the loop of before P12);
-* ``ALL``: holding ``Permissions.ALL`` (an admin user): the same loop;
-* ``allowed``: a user whose glob allows the exchange: one cached answer per run;
-* ``denied``: a user who may not publish there: every run dropped and counted.
-
-Prints the median over interleaved runs and the ratio to ``none``.
+Four publishers into a router whose one binding takes everything: ``none`` (no
+permissions), ``ALL``, ``allowed`` and ``denied`` (docs/bench.md, "Permissions"). Prints
+the median over interleaved runs and the ratio to ``none``.
 """
 
 from __future__ import annotations

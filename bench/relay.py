@@ -2,13 +2,8 @@
 
     python -m bench.relay --port P [--loop uvloop|asyncio]
 
-It speaks just enough fq for the load generators: auth (any queue, a random key), bind
-(the exchange is the whole rule: no programs, no prefixes), and data channels paired by
-key. Each publisher frame is parsed with one struct call, looked up by exchange in a
-dict, stamped with sender and hops and appended to every bound subscriber's list; a
-subscriber gets one write per read. No queues, no counters, no drops: when a subscriber's
-transport is over its high-water mark every publisher stops reading until it drains.
-That is as little as a Python hop can do per message, so its rate bounds fqbroker's.
+It speaks just enough fq for the load generators, with no queues, counters or drops: as
+little as a Python hop can do per message, so its rate bounds fqbroker's (docs/bench.md).
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Routing cost per message against the number of bindings on one exchange.
 
-Each binding has its own prefix (all distinct, as the issue asks) and its own queue; each
-message matches exactly one binding, so the work per message is the lookup, one program
-and one offer. Two prefix shapes are measured: same-length prefixes (one probe) and
-prefixes of many lengths (one probe per distinct length, at most 128).
-Prints the median over several runs and the ratio to the 1-binding figure.
-
-Each shape is measured twice: one message at a time through ``Router.publish`` (what a
-caller with a single message does), and as the data path does, reads of ``READ``
-messages decoded into runs and published with ``Router.publish_runs`` (no two messages
-in a row share a route here, so each run is one message: the data path's worst case).
-
-``--many-routes``: reads in which no two messages in a row share a route, all into the
-same queues (what routes that reach the same bindings being joined is for), beside the
-same reads on one route.
-
-``--sampling`` measures what the routing-time histogram (``RouteTimes``, /metrics'
-``fq_route_eval_seconds``) costs: one message per batch through ``Router.publish`` (a batch
-per message: the worst case), with no batch timed (what a batch pays between samples: one
-attribute test) and with every batch timed (what a sampled batch pays), best of many runs.
+Each binding has its own prefix and queue, and each message matches exactly one binding,
+for prefixes of one length and of many, one message at a time and as the data path
+publishes runs. ``--many-routes`` and ``--sampling`` measure route joining and the
+routing-time histogram (docs/bench.md, "Routing").
 """
 
 from __future__ import annotations

@@ -2,31 +2,10 @@
 
 ``python -m bench.soak [--minutes 30] [--seed N] [--setting KEY=VALUE] [--fqd-arg ARG]``
 
-One broker child (bench/child.py) on a fixed port with its state on disk. For the whole
-run:
-
-* durable publishers confirm every batch (docs/confirms.md) into a permanent disk queue:
-  ``fq0`` and ``fq1`` on plain data channels, ``peer0`` on a peer-mode data channel;
-* ``http0`` POSTs /submit, whose 200 is as durable as a confirm (docs/http.md), into the
-  same disk queue through another exchange;
-* ``mem0`` publishes without confirms into a memory queue read by its own consumer;
-* a poller reads /stats.json.
-
-Every few minutes (``--kill-min``..``--kill-max`` seconds, default 2 to 4 minutes) the
-broker is killed with SIGKILL and started again on the same state. A publisher whose
-confirm (or /submit) fails sends every unconfirmed message again on a new connection, so
-duplicates are expected there; so are the redeliveries of a disk queue's in-flight batch
-after a crash. What must hold, and is checked at the end after the consumers drained:
-
-* durable: every confirmed or 200-acknowledged message arrived (``lost`` is 0), and the
-  first arrival of each message comes in publishing order per publisher;
-* memory: no duplicate and no reordering (what a memory queue can lose in a crash is only
-  counted);
-* the broker's RSS is flat within each incarnation (see :func:`flat`), its log has no
-  traceback, and it stops cleanly at the end.
-
-A confirm refused with a reason (``ClientError``) is counted by its text and reported as a
-finding; the publisher then sends the batch again, as docs/confirms.md tells it to.
+Durable publishers (fq, peer mode, /submit) confirm into a permanent disk queue, a memory
+queue has its own publisher and consumer, and the broker gets SIGKILL every few minutes.
+At the end nothing confirmed may be lost or reordered, and the broker's RSS must be flat
+in each incarnation (:func:`flat`). docs/reliability.md, "make soak", has the checks.
 """
 
 from __future__ import annotations

@@ -3,27 +3,10 @@
 ``python -m bench.storm [--connections 10000] [--clients 500] [--seconds 60]
 [--setting KEY=VALUE] [--fqd-arg ARG] [--json FILE]``
 
-One broker child (bench/child.py; it and this process raise their descriptor limit to the
-hard limit). Two phases:
-
-1. **Hold**: ``--connections`` TCP connections open at once, as fq clients with a memory
-   queue each (fq allows few clients per queue), each a command socket (authenticated)
-   and its paired data socket, so ``--connections / 2`` clients. While all are held,
-   every front end's normal round trip (bench/frontends.py) must succeed; then all are
-   closed.
-2. **Reconnect**: ``--clients`` clients, each for ``--seconds``: connect (auth, data
-   socket), bind, publish, disconnect, and again. Every 5 s, and once the storm is over,
-   every front end's round trip must succeed.
-
-Checks (any failure: exit status 1): every connection of phase 1 opened and stayed open
-until it was closed; every round trip succeeded; no connection of phase 2 was refused or
-timed out; the broker is alive at the end with no traceback in its log; descriptors came
-back to within 4 of the baseline; RSS came back near the baseline: within 32 MiB or a
-third of the way from the baseline to the peak, whichever is larger (a Python process keeps
-some of the memory it once used).
-
-Limits on connections (per source address, in total) that the broker may enforce must be
-raised for this run: ``--setting NAME=VALUE`` passes them to the broker.
+One broker child holds ``--connections`` connections while every front end's round trip
+must succeed, then ``--clients`` clients connect, bind, publish and disconnect for
+``--seconds``. docs/reliability.md, "make storm", has the checks; a broker's connection
+limits must be raised for the run with ``--setting``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The scenario suite: fqbroker against the Python-hop ceiling, Redis and NATS, one table.
 
-Every throughput figure is the median of ``--runs`` runs, interleaved: run 1 of every
-system, then run 2 of every system, and so on, each system a fresh server per scenario.
-Load generators are separate processes (bench/loadgen.py); flow control is the same for
-every system (a shared window of messages in flight), so nothing is dropped. msg/s is
-messages delivered over the time from the first publish to the last receipt, summed over
-subscribers (fan-out counts every delivery); ``us/msg`` is the server's CPU (user + system,
-all threads: the kernel's CPU clock of the process) over the run divided by the deliveries.
+Every throughput figure is the median of ``--runs`` interleaved runs, each system a fresh
+server per scenario, driven by load generators in processes of their own under the same
+flow control (docs/bench.md says what msg/s and us/msg count).
 """
 
 from __future__ import annotations
