@@ -10,7 +10,7 @@ import dataclasses
 from pathlib import Path
 
 from fqbroker.config import OpenCluster, Settings
-from fqbroker.frontends.http.topicstats import RATE_WINDOW
+from fqbroker.server.frontend import RATE_WINDOW
 from fqbroker.frontends.opencluster import wire
 from fqbroker.frontends.opencluster.wire import Frame
 from fqbroker.server.broker import Broker
