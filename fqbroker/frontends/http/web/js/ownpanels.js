@@ -102,9 +102,15 @@ function layout(p) {
   ]);
 }
 
+function placeholder(id) {
+  const section = h("section", { class: "own-panel", id: id + "-panel" });
+  section.dataset.panel = id;
+  return section;
+}
+
 function build(p) {
-  const section = h("section", { class: "own-panel", id: p.id + "-panel", "aria-labelledby": p.id + "-title" });
-  section.dataset.panel = p.id;
+  const section = placeholder(p.id);
+  section.setAttribute("aria-labelledby", p.id + "-title");
   const f = { section, layout: layout(p), tiles: [] };
   f.count = h("span", { class: "count" });
   if (p.count && p.count.id) f.count.id = p.count.id;
@@ -117,7 +123,8 @@ function build(p) {
     for (const t of p.tiles) {
       const value = h("div", { class: "value" });
       const sub = t.sub ? h("div", { class: "sub" }) : null;
-      tiles.append(h("div", { class: "tile" + (t.warn ? " warn" : "") }, h("div", { class: "label", text: t.label }), value, ...(sub ? [sub] : [])));
+      const label = h("div", { class: "label", text: t.label });
+      tiles.append(h("div", { class: "tile" + (t.warn ? " warn" : "") }, label, value, ...(sub ? [sub] : [])));
       f.tiles.push([value, sub]);
     }
     section.append(tiles);
@@ -128,8 +135,9 @@ function build(p) {
   }
   if (p.table) {
     f.rows = h("tbody");
-    const head = h("tr", {}, ...p.table.head.map((c) => h("th", c.n ? { class: "n", text: c.text } : { text: c.text })));
-    section.append(h("div", { class: "card own-table-card" }, h("table", { class: "own-table" }, h("thead", {}, head), f.rows)));
+    const head = h("tr", {}, ...p.table.head.map((c) => h("th", { class: c.n ? "n" : "", text: c.text })));
+    const table = h("table", { class: "own-table" }, h("thead", {}, head), f.rows);
+    section.append(h("div", { class: "card own-table-card" }, table));
   }
   return f;
 }
@@ -183,13 +191,14 @@ export function renderPanels(frontends, r) {
       f = undefined;
     }
     if (!f) {
-      f = wanted === null ? { section: h("section", { class: "own-panel", id: p.id + "-panel" }), layout: null } : build(p);
-      f.section.dataset.panel = p.id;
+      f = wanted === null ? { section: placeholder(p.id), layout: null } : build(p);
       panels.set(p.id, f);
     }
     f.section.hidden = !!p.hidden;
     if (!p.hidden) update(f, p, r);
-    if (container.children[at] !== f.section) container.insertBefore(f.section, container.children[at] || null);
+    if (container.children[at] !== f.section) {
+      container.insertBefore(f.section, container.children[at] || null);
+    }
     at += 1;
   }
   for (const [id, f] of panels) {
