@@ -3,11 +3,12 @@
 An entry says how to reach the front end (TCP or UDP, and which port), how to open a
 session whose opening bytes may themselves be mutated, how to generate one valid frame, how
 to mutate one, and a normal round trip that must succeed however hard the front end is
-being fuzzed. A new front end (Lumberjack, Figg, fyrehose, OpenCluster) adds one entry to
-:data:`FRONT_ENDS`, named as in the broker's table (fqbroker/server/frontends.py;
-tests/test_frontends.py fails while a front end there has no entry here); one on a port of
-its own finds it in ``Target.ports[name]``, read from the broker's /frontends.json.
-Nothing else in the fuzzer changes.
+being fuzzed. :data:`FRONT_ENDS` is made from the broker's table of front ends
+(fqbroker/server/frontends.py): each front end names its entries (``FrontEnd.fuzz``) and
+says how it is reached, TCP or UDP, on the fq port or on a port of its own, found in
+``Target.ports[name]`` from the broker's /frontends.json; :data:`SCENARIOS` holds what
+each named entry does (tests/test_frontends.py fails while a front end of the table names
+none, or one missing here). Nothing else in the fuzzer changes.
 
 Every random choice of a session comes from the ``random.Random`` it is given, so a
 session replayed with the same seed sends the same bytes (apart from the key a data socket
@@ -47,14 +48,18 @@ import contextlib
 import json
 import random
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from fqbroker.clients.client import Client, ClientError
 from fqbroker.core.message import Message
 from fqbroker.frontends.figg import wire as figg
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.lumberjack import encoder as lumberjack
+from fqbroker.server.frontend import Datagrams, Sniffed
+from fqbroker.server.frontend import FrontEnd as TableEntry
+from fqbroker.server.frontends import FRONT_ENDS as BROKER_FRONT_ENDS
 
 from .child import http_reply
 from .fuzzconn import NOTES, SEND_SECONDS, Conn, Target, connect_tcp, mutate_bytes
@@ -69,11 +74,14 @@ from .ocfuzz import (
 __all__ = [
     "FRONT_ENDS",
     "NOTES",
+    "SCENARIOS",
     "Conn",
     "FrontEnd",
+    "Scenario",
     "Target",
     "auth_key",
     "connect_tcp",
+    "entries",
     "mutate_bytes",
 ]
 
@@ -489,23 +497,43 @@ async def round_trip_figg(t: Target) -> None:
             await writer.wait_closed()
 
 
-# --- fyrehose (bench/fyrehosefuzz.py) -----------------------------------------------------
-
-
-def _fyrehose_port(t: Target) -> int:
-    return t.ports["fyrehose"]
-
-
-def _opencluster_port(t: Target) -> int:
-    return t.ports["opencluster"]
-
-
 # --- the table ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
+class Scenario:
+    """What the fuzzer does with one entry: open a session, make frames, mutate them, and
+    the round trip that must succeed meanwhile."""
+
+    open: Callable[[Target, random.Random, bool], Awaitable[Conn]]
+    frame: Callable[[random.Random], bytes]
+    mutate: Callable[[random.Random, bytes], bytes]
+    round_trip: Callable[[Target], Awaitable[None]]
+    weight: float = 1.0  # share of the fuzzing sessions
+
+
+# By the names the broker's front ends give their fuzz entries (``FrontEnd.fuzz``).
+# fmt: off
+SCENARIOS: dict[str, Scenario] = {
+    "fq-command": Scenario(open_command, command_frame, mutate_command, round_trip_command),
+    "fq-data": Scenario(open_data, data_frame, mutate_bytes, round_trip_data),
+    "fq-peer": Scenario(open_peer, peer_frame, mutate_bytes, round_trip_peer),
+    "http": Scenario(open_http, http_frame, mutate_http, round_trip_http),
+    "lumberjack": Scenario(
+        open_lumberjack, lumberjack_frame, mutate_lumberjack, round_trip_lumberjack
+    ),
+    "figg": Scenario(open_figg, figg_frame, mutate_figg, round_trip_figg),
+    "fyrehose": Scenario(open_fyrehose, fyrehose_frame, mutate_fyrehose, round_trip_fyrehose),
+    "opencluster": Scenario(
+        open_opencluster, opencluster_frame, mutate_opencluster, round_trip_opencluster
+    ),
+}
+# fmt: on
+
+
+@dataclass(frozen=True)
 class FrontEnd:
-    """One front end: how to reach it, its frames, their mutations, its round trip."""
+    """One entry: how to reach it, its frames, their mutations, its round trip."""
 
     name: str
     transport: str  # "tcp" or "udp"
@@ -517,29 +545,27 @@ class FrontEnd:
     weight: float = 1.0  # share of the fuzzing sessions
 
 
-def _fq_port(t: Target) -> int:
-    return t.fq_port
+def _port_of(spec: TableEntry[Any]) -> Callable[[Target], int]:
+    if isinstance(spec.reach, Sniffed):
+        return lambda t: t.fq_port
+    return lambda t: t.ports[spec.name]  # read from the broker's /frontends.json
 
 
-FRONT_ENDS: list[FrontEnd] = [
-    FrontEnd(
-        "fq-command", "tcp", _fq_port, open_command, command_frame, mutate_command,
-        round_trip_command,
-    ),
-    FrontEnd("fq-data", "tcp", _fq_port, open_data, data_frame, mutate_bytes, round_trip_data),
-    FrontEnd("fq-peer", "tcp", _fq_port, open_peer, peer_frame, mutate_bytes, round_trip_peer),
-    FrontEnd("http", "tcp", _fq_port, open_http, http_frame, mutate_http, round_trip_http),
-    FrontEnd(
-        "lumberjack", "tcp", _lumberjack_port, open_lumberjack, lumberjack_frame,
-        mutate_lumberjack, round_trip_lumberjack,
-    ),
-    FrontEnd("figg", "tcp", _figg_port, open_figg, figg_frame, mutate_figg, round_trip_figg),
-    FrontEnd(
-        "fyrehose", "udp", _fyrehose_port, open_fyrehose, fyrehose_frame, mutate_fyrehose,
-        round_trip_fyrehose,
-    ),
-    FrontEnd(
-        "opencluster", "tcp", _opencluster_port, open_opencluster, opencluster_frame,
-        mutate_opencluster, round_trip_opencluster,
-    ),
-]  # fmt: skip
+def entries(front_ends: Iterable[TableEntry[Any]] = BROKER_FRONT_ENDS) -> list[FrontEnd]:
+    """The fuzzer's entries for each front end of the broker's table, in its order, as the
+    front end names them; KeyError for a name with no scenario here."""
+    out = []
+    for spec in front_ends:
+        transport = "udp" if isinstance(spec.reach, Datagrams) else "tcp"
+        for name in spec.fuzz:
+            s = SCENARIOS[name]
+            out.append(
+                FrontEnd(
+                    name, transport, _port_of(spec), s.open, s.frame, s.mutate, s.round_trip,
+                    s.weight,
+                )
+            )  # fmt: skip
+    return out
+
+
+FRONT_ENDS: list[FrontEnd] = entries()

@@ -10,10 +10,10 @@ import dataclasses
 from pathlib import Path
 
 from fqbroker.config import OpenCluster, Settings
-from fqbroker.frontends.http.topicstats import RATE_WINDOW
 from fqbroker.frontends.opencluster import wire
 from fqbroker.frontends.opencluster.wire import Frame
 from fqbroker.server.broker import Broker
+from fqbroker.server.frontend import RATE_WINDOW
 
 from .conftest import TIMEOUT, running, wait_for
 from .test_http import metrics, stats

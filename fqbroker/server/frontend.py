@@ -20,33 +20,41 @@ transport is given, as a session of fq's takes it). That protocol tells the brok
 the connection ends, through ``closed(transport)`` on its host, as fq's sessions do.
 
 Counters are per read or per connection, never per message: the hot path stays where
-each front end's sessions keep it.
+each front end's sessions keep it. Beyond the connection counters every front end has
+(:class:`FrontEndCounters`), a front end may declare its own (:class:`Counters`): its
+/stats.json section, its metric families and its web UI panel, which the HTTP front end
+renders without knowing the protocol (:mod:`fqbroker.frontends.http.stats`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, TypeVar
 
 from fqbroker.config import Settings
 from fqbroker.server.connections import peer_address
 
 __all__ = [
+    "RATE_WINDOW",
     "ConnectionView",
+    "Counters",
     "Datagrams",
     "FrontEnd",
     "FrontEndCounters",
     "LiveFrontEnd",
+    "Metric",
     "OwnPort",
+    "Rate",
     "Sniffed",
     "StreamOpener",
     "preambles",
 ]
 
 H = TypeVar("H")
+S = TypeVar("S")
 
 Address = tuple[str, int]
 
@@ -189,6 +197,83 @@ class FrontEnd(Generic[H]):
     state: Callable[[H, Settings], object] | None = None
     # Shown in /frontends.json and the web UI: which protocol this is, in a few words.
     summary: str = ""
+    # What it counts beyond FrontEndCounters (its /stats.json key, metrics and panel). A
+    # function returning them, so that the code reading them is imported by the first
+    # stats request rather than by every broker (tests/test_idle_imports.py).
+    counters: Callable[[], Counters[H, Any]] | None = None
+    # The names of its entries in the fuzzer (bench/frontends.py): the bench sits above
+    # the package and keeps the sockets and clients each entry needs.
+    fuzz: tuple[str, ...] = ()
+
+
+# --- a front end's own counters -------------------------------------------------------------
+
+Number = int | float
+Series = Iterable[tuple[tuple[str, ...], Number]]  # (label values, value) of each series
+
+
+@dataclass(frozen=True, slots=True)
+class Metric(Generic[S]):
+    """One metric family a front end adds to /metrics, read from its reading ``S``.
+
+    ``name`` follows Prometheus naming, without the ``_total`` a counter gets on the wire.
+    ``read`` gives the value of a family without ``labels``, or the series of one with
+    them: ``(label values, value)`` each, in the order of ``labels``.
+    """
+
+    name: str
+    kind: Literal["counter", "gauge"]
+    help: str
+    read: Callable[[S], Number | Series]
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Counters(Generic[H, S]):
+    """What a front end counts of its own, and how every reader shows it.
+
+    ``read`` takes one reading (a snapshot ``S``) from the host and the front end's live
+    state, or None while there is nothing to show (its listener off): then it has no
+    /stats.json key and no metric families. Each reader renders the same reading, so
+    /stats.json, /metrics, /frontends.json and the web UI agree:
+
+    * ``key`` and ``json``: its /stats.json key (default: the front end's name) and section;
+    * ``metrics``: its families, in the order /metrics lists them;
+    * ``title`` and ``panel``: its web UI panel, drawn by the UI from the JSON ``panel``
+      returns (the vocabulary is in web/js/ownpanels.js), or None to hide it for now;
+      without ``panel``, one tile per metric without labels.
+    """
+
+    read: Callable[[H, LiveFrontEnd], S | None]
+    metrics: tuple[Metric[S], ...] = ()
+    key: str = ""
+    json: Callable[[S], object] | None = None
+    title: str = ""
+    panel: Callable[[S], Mapping[str, object] | None] | None = None
+
+
+# Samples of a counter closer than this keep the previous rate, so every reader of one
+# broker (/stats.json, /metrics, the web UI) shares one rate per stats interval.
+RATE_WINDOW: Final = 1.0
+
+
+@dataclass(slots=True)
+class Rate:
+    """A counter's rate per second between samples at least :data:`RATE_WINDOW` apart;
+    0 until it has been sampled twice, and again when the counter goes down (its source
+    was made anew)."""
+
+    at: float
+    count: int
+    rate: float = 0.0
+
+    def sample(self, count: int, now: float) -> float:
+        if count < self.count:
+            self.at, self.count, self.rate = now, count, 0.0
+        elif now - self.at >= RATE_WINDOW:
+            self.rate = (count - self.count) / (now - self.at)
+            self.at, self.count = now, count
+        return self.rate
 
 
 def preambles(front_ends: Iterable[FrontEnd[Any]]) -> dict[bytes, FrontEnd[Any]]:

@@ -12,7 +12,8 @@ from it. Adding a front end:
    on its host when it ends (see :mod:`fqbroker.frontends.http.frontend`, and
    tests/test_frontends.py for TCP, TLS and UDP ones);
 2. one line below;
-3. a fuzz entry of the same name in bench/frontends.py (tests/test_frontends.py asks).
+3. the names of its fuzz entries (``fuzz``), each a scenario in bench/frontends.py
+   (tests/test_frontends.py asks).
 
 The settings a port of its own needs (port, TLS files) go to :mod:`fqbroker.config`.
 """

@@ -10,7 +10,7 @@ import ssl
 from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import Figg, Settings
-from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.server.frontend import Counters, FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.server.tls import server_context
 
 # The session and its wire are imported when the listener opens or a connection is told
@@ -65,9 +65,17 @@ def _describe(protocol: asyncio.BaseProtocol) -> Facts:
     )
 
 
+def _counters() -> Counters[Any, Any]:
+    from fqbroker.frontends.figg.stats import COUNTERS
+
+    return COUNTERS
+
+
 FIGG: FrontEnd[Any] = FrontEnd(
     name="figg",
     reach=OwnPort(_address, _open, tls=_tls),
     describe=_describe,
     summary="Figg (seed 004): retained topics, publish with ACK, subscribe from an offset",
+    counters=_counters,
+    fuzz=("figg",),
 )

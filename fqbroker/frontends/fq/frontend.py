@@ -68,6 +68,7 @@ COMMAND: FrontEnd[Any] = FrontEnd(
     describe=_describe_command,
     stop=_close_clients,
     summary="fq command channel: auth, bindings, heartbeats, status",
+    fuzz=("fq-command",),
 )
 
 DATA: FrontEnd[Any] = FrontEnd(
@@ -78,4 +79,5 @@ DATA: FrontEnd[Any] = FrontEnd(
     ),
     describe=_describe_data,
     summary="fq data channel: messages in and out, publisher or peer mode",
+    fuzz=("fq-data", "fq-peer"),
 )

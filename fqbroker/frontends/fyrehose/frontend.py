@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import Settings
-from fqbroker.server.frontend import Datagrams, FrontEnd, LiveFrontEnd
+from fqbroker.server.frontend import Counters, Datagrams, FrontEnd, LiveFrontEnd
 
 # The endpoint and its backbone are imported when the listener opens, not by every
 # broker: an idle one keeps its memory (bench/RESULTS.md, the idle row).
@@ -49,8 +49,16 @@ def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
     return FyrehoseEndpoint(host, live, backbone, file)
 
 
+def _counters() -> Counters[Any, Any]:
+    from fqbroker.frontends.fyrehose.stats import COUNTERS
+
+    return COUNTERS
+
+
 FYREHOSE: FrontEnd[Any] = FrontEnd(
     name="fyrehose",
     reach=Datagrams(_address, _open),
     summary="fyrehose (seed 000): sequenced UDP pub/sub with gap recovery, bridged to an exchange",
+    counters=_counters,
+    fuzz=("fyrehose",),
 )

@@ -37,8 +37,9 @@ import h11
 from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.http import admin, auth, node, replay, topics
+from fqbroker.frontends.http.frontendstats import render_front_ends_json
 from fqbroker.frontends.http.host import HttpHost
-from fqbroker.frontends.http.stats import http_counters, render_front_ends_json, render_stats_json
+from fqbroker.frontends.http.stats import http_counters, render_stats_json
 from fqbroker.storage import checkpoints
 
 __all__ = ["serve"]

@@ -90,4 +90,5 @@ HTTP: FrontEnd[HttpHost] = FrontEnd(
     reach=Sniffed(HTTP_METHODS, _open),
     refusal=_refusal,
     summary="HTTP/1.1: stats, metrics, submit, checkpoints, replay, the web UI",
+    fuzz=("http",),
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from fqbroker.config import Settings
 from fqbroker.core.budget import MemoryBudget
@@ -28,10 +28,7 @@ __all__ = [
     "AdminPeeringView",
     "DataChannelView",
     "FqClientView",
-    "FyrehoseSubscriberView",
-    "FyrehoseView",
     "HttpHost",
-    "KVStoreView",
     "PeerLinkView",
     "PeeringView",
     "QueueSource",
@@ -41,7 +38,6 @@ __all__ = [
     "TopicView",
     "TopicsView",
     "UsersAdminView",
-    "front_end_state",
 ]
 
 
@@ -93,87 +89,6 @@ class TopicSource(Protocol):
 
     @property
     def topics(self) -> TopicsView | None: ...
-
-
-class FyrehoseSubscriberView(Protocol):
-    """A live fyrehose subscriber (fqbroker.frontends.fyrehose.backbone.Subscriber)."""
-
-    @property
-    def addr(self) -> str: ...
-    @property
-    def port(self) -> int: ...
-    @property
-    def journaling(self) -> bool: ...  # without NOJOURNAL: may be sent a FORWARD
-    @property
-    def expires_in(self) -> float: ...  # seconds until it stops being one without a KEEPALIVE
-
-
-@runtime_checkable
-class FyrehoseView(Protocol):
-    """The fyrehose backbone (fqbroker.frontends.fyrehose.backbone.Backbone) as stats see it.
-
-    The fyrehose front end's ``LiveFrontEnd.state`` holds it while the listener runs; that
-    attribute is typed ``object`` (the table knows no front end's state), so the stats
-    check it against this Protocol at run time.
-    """
-
-    @property
-    def sequence(self) -> int: ...  # the last sequence given, 0 before the first
-    @property
-    def first_retained(self) -> int: ...  # the oldest sequence in the window, 0 if empty
-    @property
-    def retained_messages(self) -> int: ...
-    @property
-    def retained_bytes(self) -> int: ...
-    @property
-    def pushed(self) -> int: ...
-    @property
-    def sequenced(self) -> int: ...
-    @property
-    def delivered(self) -> int: ...
-    @property
-    def keepalives(self) -> int: ...
-    @property
-    def requests(self) -> int: ...
-    @property
-    def served(self) -> int: ...
-    @property
-    def forwarded(self) -> int: ...
-    @property
-    def unserved(self) -> int: ...
-    @property
-    def dropped(self) -> Mapping[str, int]: ...
-
-    def subscribers(self) -> Iterable[FyrehoseSubscriberView]: ...
-
-
-@runtime_checkable
-class KVStoreView(Protocol):
-    """The OpenCluster key/value store (fqbroker.storage.kvstore.KVStore) as stats see it.
-
-    The opencluster front end's ``LiveFrontEnd.state`` holds it while the listener runs;
-    as with :class:`FyrehoseView`, that attribute is ``object``, so the stats check it
-    against this Protocol at run time. Every counter counts since the store opened.
-    """
-
-    @property
-    def keys(self) -> int: ...  # keys held
-    @property
-    def bytes(self) -> int: ...  # names + values held
-    @property
-    def sets(self) -> int: ...
-    @property
-    def gets(self) -> int: ...
-    @property
-    def hits(self) -> int: ...
-    @property
-    def misses(self) -> int: ...
-    @property
-    def expired(self) -> int: ...
-    @property
-    def commits(self) -> int: ...  # group commits: sets / commits is the batch size
-    @property
-    def failed_commits(self) -> int: ...
 
 
 class DataChannelView(Protocol):
@@ -258,7 +173,7 @@ class UsersAdminView(UsersView, Protocol):
     def deny(self, name: str, kind: str, pattern: str) -> None: ...
 
 
-class StatsSource(QueueSource, TopicSource, Protocol):
+class StatsSource(QueueSource, Protocol):
     """Everything a snapshot (/stats.json, /metrics, /frontends.json) reads."""
 
     @property
@@ -277,14 +192,7 @@ class StatsSource(QueueSource, TopicSource, Protocol):
     def front_ends(self) -> Mapping[str, LiveFrontEnd]: ...
 
 
-def front_end_state(broker: StatsSource, name: str) -> object | None:
-    """The running state of front end ``name`` (``LiveFrontEnd.state``): what its stats
-    read, checked by the caller against its runtime-checkable view; None while it is off."""
-    live = broker.front_ends.get(name)
-    return None if live is None else live.state
-
-
-class HttpHost(StatsSource, Protocol):
+class HttpHost(StatsSource, TopicSource, Protocol):
     """What an HTTP connection uses of the broker."""
 
     @property

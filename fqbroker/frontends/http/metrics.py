@@ -44,7 +44,6 @@ from fqbroker.config import Settings
 from fqbroker.core.message import hop_addresses
 from fqbroker.core.router import RouteTimes
 from fqbroker.frontends.http.host import StatsSource
-from fqbroker.frontends.http.listenermetrics import fyrehose_families, opencluster_families
 from fqbroker.frontends.http.stats import ClientSnapshot, Snapshot, take_snapshot
 from fqbroker.version import __version__
 
@@ -113,50 +112,24 @@ def _families(snap: Snapshot, *, per_client: bool = True) -> Iterator[Metric]:
     yield from _peers(snap)
     yield from _limits(snap)
     yield from _memory(snap)
-    yield from _topics(snap)
-    yield from fyrehose_families(snap.fyrehose)
-    yield from opencluster_families(snap.opencluster)
+    yield from _own(snap)
 
 
-def _topics(snap: Snapshot) -> Iterator[Metric]:
-    if snap.topics is None:
-        return  # no Figg listener: no topic families at all
-    labels = ["topic"]
-    size = GaugeMetricFamily("fq_topic_bytes", "Bytes the topic keeps on disk.", labels=labels)
-    first = GaugeMetricFamily(
-        "fq_topic_first_offset",
-        "Offset before the oldest retained message (retention moves it up).",
-        labels=labels,
-    )
-    last = GaugeMetricFamily(
-        "fq_topic_last_offset", "Offset after the newest durable message.", labels=labels
-    )
-    # The last offset counts every message ever appended, across restarts: a counter.
-    total = CounterMetricFamily(
-        "fq_topic_messages", "Messages appended to the topic (durable).", labels=labels
-    )
-    retained = GaugeMetricFamily(
-        "fq_topic_retained_messages", "Messages retention keeps.", labels=labels
-    )
-    subscribers = GaugeMetricFamily(
-        "fq_topic_subscribers", "Figg subscribers attached.", labels=labels
-    )
-    # One series per topic, not per subscriber: subscriber addresses come and go.
-    lag = GaugeMetricFamily(
-        "fq_topic_subscriber_lag_messages",
-        "Durable messages the furthest-behind subscriber has not been sent (0: none).",
-        labels=labels,
-    )
-    for t in snap.topics:
-        value = [_label(t.name)]
-        size.add_metric(value, t.size_bytes)
-        first.add_metric(value, t.first_offset)
-        last.add_metric(value, t.last_offset)
-        total.add_metric(value, t.last_offset)
-        retained.add_metric(value, t.messages)
-        subscribers.add_metric(value, len(t.subscribers))
-        lag.add_metric(value, t.max_behind)
-    yield from (size, first, last, total, retained, subscribers, lag)
+def _own(snap: Snapshot) -> Iterator[Metric]:
+    """The families each front end declares of its own, while it has a reading."""
+    for r in snap.readings:
+        if r.value is None:
+            continue  # its listener is off: none of its families at all
+        for spec in r.counters.metrics:
+            family_of = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = family_of(spec.name, spec.help, labels=list(spec.labels))
+            value = spec.read(r.value)
+            if isinstance(value, int | float):
+                family.add_metric([], value)
+            else:
+                for labels, series in value:
+                    family.add_metric(list(labels), series)
+            yield family
 
 
 def _memory(snap: Snapshot) -> Iterator[Metric]:

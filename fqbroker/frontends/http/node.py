@@ -26,8 +26,8 @@ from typing import Any
 
 from fqbroker.core.message import hop_addresses
 from fqbroker.frontends.http import auth
+from fqbroker.frontends.http.frontendstats import front_end_snapshots
 from fqbroker.frontends.http.host import HttpHost
-from fqbroker.frontends.http.stats import front_end_snapshots
 from fqbroker.version import FQ_COMPAT_VERSION, __version__
 
 __all__ = ["PATH", "node_json", "node_status", "render_node_json"]

@@ -7,9 +7,12 @@ so the JSON and the Prometheus metrics (:mod:`fqbroker.frontends.http.metrics`) 
 * :func:`stats_json` builds fqd's ``/stats.json`` object with its exact key names and
   order (docs/fq-protocol.md §4.2);
 * :class:`fqbroker.frontends.http.metrics.BrokerCollector` turns it into metric families;
-* :func:`front_ends_json` builds ``/frontends.json``, an fqbroker extension that lists
-  the front ends of the table, their counters and connections, whatever protocol each
-  speaks (fq's keys in /stats.json never see it).
+* :mod:`fqbroker.frontends.http.frontendstats` builds ``/frontends.json`` from the
+  front ends of the table.
+
+A front end that counts more than its connections declares it (``FrontEnd.counters``):
+the snapshot holds one reading of each (:class:`~fqbroker.frontends.http.frontendstats.Reading`),
+shown here under the key it names, so nothing here names a protocol.
 
 Names stay ``bytes`` in the snapshot; each renderer decides how to show them as text.
 The hot path never touches this module: routing bumps plain ints, and a snapshot is
@@ -28,26 +31,25 @@ from typing import Any
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import UNLIMITED_BYTES
 from fqbroker.core.router import AggregateStats, ClientStats
-from fqbroker.frontends.http.fyrehosestats import FyrehoseSnapshot, fyrehose_json, take_fyrehose
+from fqbroker.frontends.http.frontendstats import (
+    FrontEndSnapshot,
+    Reading,
+    front_end_snapshots,
+    readings,
+)
 from fqbroker.frontends.http.host import FqClientView, PeerLinkView, StatsSource
-from fqbroker.frontends.http.kvstats import KVSnapshot, kv_json, take_kv
-from fqbroker.frontends.http.topicstats import TopicSnapshot, take_topics, topics_json
-from fqbroker.server.frontend import ConnectionView, FrontEndCounters, LiveFrontEnd
 from fqbroker.version import FQ_COMPAT_VERSION
 
 __all__ = [
     "ClientSnapshot",
     "ExchangeSnapshot",
-    "FrontEndSnapshot",
     "HttpCounters",
     "MemorySnapshot",
     "PeerSnapshot",
     "QueueSnapshot",
     "RouteSnapshot",
     "Snapshot",
-    "front_ends_json",
     "http_counters",
-    "render_front_ends_json",
     "render_stats_json",
     "stats_json",
     "take_snapshot",
@@ -137,22 +139,6 @@ class PeerSnapshot:
     stats: ClientStats
 
 
-@dataclass(frozen=True, slots=True)
-class FrontEndSnapshot:
-    """A front end of the table: how it is reached, where, and what it counted.
-
-    ``connections`` is filled only for /frontends.json: a scrape needs the counts only.
-    """
-
-    name: str
-    transport: str  # "main" (the shared port), "tcp", "tls" or "udp"
-    host: str | None
-    port: int | None
-    summary: str
-    counters: FrontEndCounters
-    connections: tuple[ConnectionView, ...] | None = None
-
-
 @dataclass(slots=True)
 class HttpCounters:
     """What the HTTP front end counts for one broker (it owns no state of its own)."""
@@ -179,9 +165,7 @@ class Snapshot:
     refused: tuple[tuple[str, int], ...] = ()
     memory: MemorySnapshot | None = None  # the broker-wide budget (docs/memory.md)
     front_ends: tuple[FrontEndSnapshot, ...] = ()
-    topics: tuple[TopicSnapshot, ...] | None = None  # None: the broker keeps no topics
-    fyrehose: FyrehoseSnapshot | None = None  # None: no fyrehose listener
-    opencluster: KVSnapshot | None = None  # None: no OpenCluster listener
+    readings: tuple[Reading, ...] = ()  # the front ends' own counters, in the table's order
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,28 +238,7 @@ def take_snapshot(broker: StatsSource) -> Snapshot:
             broker.budget.used, broker.budget.limit, broker.budget.paused, broker.budget.waiting
         ),
         front_ends=front_end_snapshots(broker),
-        topics=take_topics(broker),
-        fyrehose=take_fyrehose(broker),
-        opencluster=take_kv(broker),
-    )
-
-
-def front_end_snapshots(
-    broker: StatsSource, *, connections: bool = False
-) -> tuple[FrontEndSnapshot, ...]:
-    return tuple(_front_end_snapshot(live, connections) for live in broker.front_ends.values())
-
-
-def _front_end_snapshot(live: LiveFrontEnd, connections: bool) -> FrontEndSnapshot:
-    host, port = live.address if live.address is not None else (None, None)
-    return FrontEndSnapshot(
-        name=live.name,
-        transport=live.transport,
-        host=host,
-        port=port,
-        summary=live.spec.summary,
-        counters=dataclasses.replace(live.counters),
-        connections=tuple(live.views()) if connections else None,
+        readings=readings(broker),
     )
 
 
@@ -419,15 +382,11 @@ def stats_json(snap: Snapshot) -> dict[str, Any]:
         # Not in fqd, which shows its upstreams nowhere; only present when there are some,
         # so a broker without peers answers exactly fqd's shape.
         out["peers"] = [_peer_json(p) for p in snap.peers]
-    if snap.topics is not None:
-        # An extension too (topicstats.py), present only on a broker that keeps topics.
-        out["topics"] = topics_json(snap.topics)
-    if snap.fyrehose is not None:
-        # Likewise (fyrehosestats.py), present only while the fyrehose listener runs.
-        out["fyrehose"] = fyrehose_json(snap.fyrehose)
-    if snap.opencluster is not None:
-        # And the key/value store (kvstats.py), only while the OpenCluster listener runs.
-        out["opencluster"] = kv_json(snap.opencluster)
+    for r in snap.readings:
+        # Extensions too, each present only while its front end has something to show
+        # (its listener runs), so fq's shape is unchanged otherwise.
+        if r.value is not None and r.counters.json is not None:
+            out[r.key] = r.counters.json(r.value)
     return out
 
 
@@ -473,40 +432,4 @@ def _client_json(c: ClientSnapshot) -> dict[str, str]:
 def render_stats_json(broker: StatsSource) -> bytes:
     """The /stats.json body: UTF-8 JSON, non-ASCII kept as is (fqd writes raw bytes)."""
     body = json.dumps(stats_json(take_snapshot(broker)), ensure_ascii=False)
-    return body.encode("utf-8") + b"\n"
-
-
-# --- /frontends.json -------------------------------------------------------------------------
-
-_FRONT_END_COUNTERS = tuple(f.name for f in dataclasses.fields(FrontEndCounters))
-
-
-def front_ends_json(front_ends: tuple[FrontEndSnapshot, ...]) -> dict[str, Any]:
-    """``{"frontends": [...]}``: each front end of the table, in the table's order.
-
-    Counters a front end does not keep (None) are left out rather than shown as 0.
-    """
-    out = []
-    for fe in front_ends:
-        entry: dict[str, Any] = {
-            "name": fe.name,
-            "transport": fe.transport,
-            "host": fe.host,
-            "port": fe.port,
-            "summary": fe.summary,
-        }
-        for key in _FRONT_END_COUNTERS:
-            value = getattr(fe.counters, key)
-            if value is not None:
-                entry[key] = value
-        entry["connections"] = [
-            {"remote_addr": c.remote_addr, "remote_port": c.remote_port, **dict(c.facts)}
-            for c in fe.connections or ()
-        ]
-        out.append(entry)
-    return {"frontends": out}
-
-
-def render_front_ends_json(broker: StatsSource) -> bytes:
-    body = json.dumps(front_ends_json(front_end_snapshots(broker, connections=True)))
     return body.encode("utf-8") + b"\n"

@@ -90,4 +90,5 @@ LUMBERJACK: FrontEnd[Any] = FrontEnd(
     reach=OwnPort(_address, _open, tls=_tls),
     describe=_describe,
     summary="Lumberjack v1/v2 (Elastic Beats, logstash-forwarder): log shippers publish",
+    fuzz=("lumberjack",),
 )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import OpenCluster, Settings
-from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.server.frontend import Counters, FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.server.tls import server_context
 
 # The session, its machine and wire and the store are imported when the listener opens
@@ -78,10 +78,18 @@ def _describe(protocol: asyncio.BaseProtocol) -> Facts:
     return (("inflight", protocol.machine.inflight),)
 
 
+def _counters() -> Counters[Any, Any]:
+    from fqbroker.frontends.opencluster.stats import COUNTERS
+
+    return COUNTERS
+
+
 OPENCLUSTER: FrontEnd[Any] = FrontEnd(
     name="opencluster",
     reach=OwnPort(_address, _open, tls=_tls),
     describe=_describe,
     state=_state,
     summary="OpenCluster (seed 001): a durable key/value store, int and string values with expiry",
+    counters=_counters,
+    fuzz=("opencluster",),
 )

@@ -15,18 +15,17 @@
 // data-transport=<main|tcp|tls|udp>; rates are elements with data-field="rate"
 // (exchanges, upstreams), "rate-in"/"rate-out" (queues), each with the raw number in
 // data-value; a front end's counters are elements with data-field=<counter> and the raw
-// number in data-value, its connections the rows of its table; the fyrehose panel's
-// numbers are elements with data-field=<name> (data-value: the raw number), its
-// subscribers chips with data-remote and data-journaling; the OpenCluster panel's likewise
-// (data-field="keys", "sets-rate", "gets-rate", "hit-ratio", "expired", ...). The list
-// tools are described in lists.js, the charts in charts.js, the node panel in node.js
-// and the admin actions in admin.js.
+// number in data-value, its connections the rows of its table. The panels of what front
+// ends count of their own (topics, fyrehose, OpenCluster, ...) and their hooks are
+// described in ownpanels.js, the list tools in lists.js, the charts in charts.js, the
+// node panel in node.js and the admin actions in admin.js.
 
 import * as admin from "./admin.js";
 import { drawSpark, spark } from "./charts.js";
 import { ListView } from "./lists.js";
 import { onNode, pollNode, tickUptime } from "./node.js";
-import { peerKey, renderFrontends, renderFyrehose, renderOpenCluster, renderPeers, renderTopics } from "./panels.js";
+import { panelCounters, renderPanels } from "./ownpanels.js";
+import { peerKey, renderFrontends, renderPeers } from "./panels.js";
 import { history, rates, resetRates } from "./rates.js";
 import { fmtBytes, fmtInt, fmtNs, fmtRate, h, num, rateEl, setRate, setText, stat, syncCards } from "./util.js";
 
@@ -341,8 +340,6 @@ function counters(stats) {
     values.set("qi:" + name, out + q.backlog + q.dropped_to);
   }
   for (const p of stats.peers || []) values.set("p:" + peerKey(p), num(p.msgs_in));
-  for (const [name, t] of Object.entries(stats.topics || {})) values.set("t:" + name, t.last_offset);
-  if (stats.fyrehose) values.set("f:sequence", stats.fyrehose.sequence);
   return values;
 }
 
@@ -376,9 +373,6 @@ function render(stats, r) {
   setText(document.getElementById("agg-queues"), fmtInt(queues.length) + (queues.length === 1 ? " queue" : " queues"));
 
   renderPeers(stats.peers || [], r);
-  renderTopics(stats.topics, r);
-  renderFyrehose(stats.fyrehose, r);
-  renderOpenCluster(stats.opencluster);
   tickUptime();
 
   document.title = `fq · ${fmtRate(r.get("a:messages"))} msg/s`;
@@ -402,8 +396,13 @@ async function poll() {
     ]);
     if (!response.ok) throw new Error("HTTP " + response.status);
     const stats = await response.json();
-    render(stats, rates(counters(stats), performance.now()));
-    renderFrontends(frontends && Array.isArray(frontends.frontends) ? frontends.frontends : null);
+    const list = frontends && Array.isArray(frontends.frontends) ? frontends.frontends : null;
+    const values = counters(stats);
+    panelCounters(list, values);
+    const r = rates(values, performance.now());
+    render(stats, r);
+    renderFrontends(list);
+    renderPanels(list, r);
     setStatus("live", "live · " + new Date().toLocaleTimeString());
   } catch (err) {
     // Keep the last picture; the next poll may find the broker back.
