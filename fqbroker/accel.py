@@ -38,10 +38,10 @@ MANIFEST: Final = "_compiled.json"
 # The hot loops the profiles name: the fq data path (decode, queue, publish). Each must
 # compile with mypyc as it is. A compiled class cannot be subclassed by an interpreted
 # one, so the subclasses of decoding.py's decoders are compiled too (fq's, Figg's and
-# OpenCluster's wire.py); the router, with the counters and prefix index it calls per
-# batch; OpenCluster's store and machine (a read's run of sets: KVStore.put_frames, a
-# get). Not targets.py (Sink has interpreted subclasses) nor program.py: see
-# docs/accel.md.
+# OpenCluster's wire.py); the router, with the exchanges, counters and prefix index it
+# calls per batch; OpenCluster's store and machine (a read's run of sets:
+# KVStore.put_frames, a get). Not targets.py (Sink has interpreted subclasses) nor
+# program.py: see docs/accel.md.
 MODULES: Final[tuple[str, ...]] = (
     "fqbroker.frontends.decoding",
     "fqbroker.frontends.fq.wire",
@@ -55,6 +55,7 @@ MODULES: Final[tuple[str, ...]] = (
     "fqbroker.core.queue",
     "fqbroker.core.publisher",
     "fqbroker.core.router",
+    "fqbroker.core.exchange",
     "fqbroker.core.routestats",
     "fqbroker.core.prefixes",
     "fqbroker.frontends.opencluster.wire",

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fqbroker.core import router as router_module
+from fqbroker.core import exchange as exchange_module
 from fqbroker.core.message import Message, Run, runs_of
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import Policy, QueueSpec
@@ -286,14 +286,14 @@ def test_unbind_and_queue_removal_forget_cached_routes() -> None:
 
 
 def test_too_many_routes_start_the_cache_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(router_module, "MAX_ROUTES_KEPT", 4)
+    monkeypatch.setattr(exchange_module, "MAX_ROUTES_KEPT", 4)
     router = Router()
     sink = Counting()
     router.bind(b"ex", b"prefix:", sink)
     runs = one_read(10, 40)
     router.publish_runs(runs, 0, ClientStats())
     assert sink.frames == [f for run in runs for f in run[2]]
-    assert len(router.exchanges[b"ex"]._hits) <= 4
+    assert len(router.exchanges[b"ex"].reach_by_route) <= 4
 
 
 def test_a_sampled_batch_of_joined_runs_is_timed() -> None:
