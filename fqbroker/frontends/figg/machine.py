@@ -73,6 +73,7 @@ class Machine(AckingMachine[int]):
     __slots__ = (
         "_bad",
         "_decoder",
+        "_drained",
         "_exchange",
         "_hops",
         "_idle",
@@ -105,6 +106,9 @@ class Machine(AckingMachine[int]):
         self._mapped = 0  # messages made so far
         self._publishes: list[tuple[bytes, int, bytes]] = []  # (topic, seq, data)
         self._bad: BadInput | None = None  # final: answered to every later call
+        # Every whole frame received is acted on: the call that ends a read's events
+        # needs no decoding.
+        self._drained = True
         self.acked = -1  # the last seq acknowledged (-1: none yet)
 
     @property
@@ -119,10 +123,13 @@ class Machine(AckingMachine[int]):
 
     def receive_data(self, data: bytes, now: float) -> None:
         self._last_read = now
+        self._drained = False
         self._decoder.receive_data(data)
 
     def next_event(self) -> Event | None:
         """What the shell acts on next (see the module docstring); None: more input."""
+        if self._drained:
+            return None
         if self._bad is not None:
             return self._bad
         decoder = self._decoder
@@ -148,6 +155,7 @@ class Machine(AckingMachine[int]):
                     return self._fail(f"it sent {name}, a server's frame")
         except FiggProtocolError as exc:
             return self._fail(str(exc))
+        self._drained = True
         if publishes:
             return self._batch(publishes)
         return None

@@ -68,6 +68,7 @@ class Machine(AckingMachine[tuple[int, int]]):
 
     __slots__ = (
         "_ack_idle",
+        "_drained",
         "_eof",
         "_exchange",
         "_hops",
@@ -109,6 +110,9 @@ class Machine(AckingMachine[tuple[int, int]]):
         self._last_read = 0.0
         self._eof = False
         self._violation: BadInput | None = None
+        # Every event received is handed on: the call that ends a read's events needs
+        # no decoding.
+        self._drained = True
         self.acked = 0  # the last seq acknowledged
 
     @property
@@ -124,6 +128,7 @@ class Machine(AckingMachine[tuple[int, int]]):
     def receive_data(self, data: bytes, now: float) -> None:
         self._receiver.receive_data(data)
         self._last_read = now
+        self._drained = False
 
     def receive_eof(self) -> None:
         """Nothing more is coming: what is unmarked is marked, now and from now on."""
@@ -135,6 +140,8 @@ class Machine(AckingMachine[tuple[int, int]]):
         then None until more input."""
         if self._violation is not None:
             return self._violation
+        if self._drained:
+            return None
         receiver = self._receiver
         runs: list[Run] = []
         octets = 0
@@ -147,6 +154,8 @@ class Machine(AckingMachine[tuple[int, int]]):
             else:
                 self._violation = BadInput(event.reason)
                 break
+        else:
+            self._drained = True
         if self._eof:
             self._mark()
         if runs:
