@@ -17,10 +17,13 @@ from pathlib import Path
 # configured, an HTTP request, a password checked, a read behind a disk queue's memory.
 LAZY = (
     "fqbroker.frontends.lumberjack.session",
+    "fqbroker.frontends.lumberjack.machine",
     "fqbroker.frontends.lumberjack.protocol",
     "fqbroker.frontends.lumberjack.mapping",
     "fqbroker.frontends.figg.session",
+    "fqbroker.frontends.figg.machine",
     "fqbroker.frontends.figg.wire",
+    "fqbroker.frontends.publishing",
     "fqbroker.frontends.fyrehose.endpoint",
     "fqbroker.frontends.fyrehose.backbone",
     "fqbroker.frontends.fyrehose.wire",

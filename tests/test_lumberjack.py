@@ -619,6 +619,6 @@ async def test_an_idle_connection_holds_no_task_or_timer(lj: Broker) -> None:
     session = transport.get_protocol()
     assert isinstance(session, LumberjackSession)
     await wait_for(lambda: session._idle is None)
-    assert (session._room, session._acks.waiting, session._keepalive) == (None, False, None)
+    assert (session._room, session._durable, session._keepalive) == (None, None, None)
     assert session.held == "" and lj.budget.used == 0
     await shipper.close()
