@@ -15,7 +15,7 @@ past it, and offset 0 is the start of a topic. Readers see durable messages only
 (seq <= ``durable_seq``, Kafka's high watermark), so an offset a reader saw is never given
 to another message after a crash.
 
-Topics and the fq exchange ``settings.figg.exchange`` are one space: the
+Topics and their fq exchange (``TopicConfig.exchange``) are one space: the
 :class:`TopicSink`, bound there with ``prefix:""`` straight on the router (never persisted),
 appends each message to the topic named by its route, creating it on first use, up to
 ``max_topics``.
@@ -29,20 +29,18 @@ import logging
 import time
 from collections.abc import Iterator
 from itertools import repeat
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fqbroker.core.router import Sink
 from fqbroker.errors import LogFormatError
-from fqbroker.storage.topic import Topic, TopicReader
+from fqbroker.storage.topic import Topic, TopicConfig, TopicReader
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.router import Router
     from fqbroker.storage.store import DiskStore
 
-__all__ = ["TOPIC_PROGRAM", "Topic", "TopicReader", "TopicSink", "Topics"]
+__all__ = ["TOPIC_PROGRAM", "Topic", "TopicConfig", "TopicReader", "TopicSink", "Topics"]
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +101,16 @@ class Topics:
 
     def __init__(
         self,
-        settings: Settings,
+        config: TopicConfig,
         router: Router,
         dirty: set[DiskStore] | None = None,
         budget: MemoryBudget | None = None,
     ) -> None:
-        self.settings = settings
+        self.config = config
         self.router = router
-        self.directory = Path(settings.queue_dir) / "topics"
-        self.exchange = settings.figg.exchange.encode()
-        self.max_topics = settings.figg.max_topics
+        self.directory = config.directory
+        self.exchange = config.exchange
+        self.max_topics = config.max_topics
         self._dirty = dirty
         self._budget = budget
         self._topics: dict[bytes, Topic] = {}
@@ -142,9 +140,7 @@ class Topics:
 
     def _make(self, name: bytes) -> Topic | None:
         try:
-            topic = Topic(
-                name, self.directory / name.hex(), self.settings, self._dirty, self._budget
-            )
+            topic = Topic(name, self.directory / name.hex(), self.config, self._dirty, self._budget)
         except (OSError, LogFormatError) as exc:
             if name not in self._unusable:
                 log.error("topic %r cannot be opened, its messages are dropped: %s", name, exc)

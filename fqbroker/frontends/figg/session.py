@@ -31,9 +31,10 @@ reading pauses while the budget is spent, as the Lumberjack session does.
 
 **Ending.** Bad input (:class:`~fqbroker.errors.FiggProtocolError`: a bad frame, a topic
 name empty or over 127 bytes) is logged, counted as bad input and closes the connection;
-so does a topic the broker cannot create (past ``max_topics``), and ``idle_seconds``
-without a byte from the client. Publishes decoded before bad input in the same read are
-not published: unacknowledged, the client sends them again anyway.
+so does a topic the broker cannot create (past ``max_topics``). Publishes decoded before
+bad input in the same read are not published: unacknowledged, the client sends them again
+anyway. ``idle_seconds`` without a byte from the client closes it too: the listeners'
+idle limit, told by ``last_input``.
 """
 
 from __future__ import annotations
@@ -94,7 +95,6 @@ class Config:
 
     exchange: bytes
     max_frame: int
-    idle: float  # seconds without input before a connection is closed
 
 
 def sender_for(remote_addr: str, remote_port: int) -> bytes:
@@ -110,7 +110,6 @@ class FiggSession(HeldReading, RemotePeer, asyncio.Protocol):
         "_acks",
         "_eof",
         "_holds",
-        "_idle",
         "_last_read",
         "_mapped",
         "_reserved",
@@ -156,9 +155,7 @@ class FiggSession(HeldReading, RemotePeer, asyncio.Protocol):
         self._holds = 0  # _ROOM, _BUDGET, _WRITE: why reading is paused
         self._room: asyncio.Task[None] | None = None  # waiting for room or budget
         self._reserved = 0  # bytes of the memory budget the decoder's buffer holds
-        loop = asyncio.get_running_loop()
-        self._last_read = loop.time()
-        self._idle = loop.call_later(config.idle, self._on_idle)
+        self._last_read = asyncio.get_running_loop().time()
         self._eof = False
         self.closing = False
         counters = live.counters
@@ -220,7 +217,6 @@ class FiggSession(HeldReading, RemotePeer, asyncio.Protocol):
             return
         self.closing = True
         self.publisher.close()
-        self._idle.cancel()
         if self._room is not None:
             self._room.cancel()
             self._room = None
@@ -235,18 +231,10 @@ class FiggSession(HeldReading, RemotePeer, asyncio.Protocol):
     def _name(self) -> str:
         return "{}:{}".format(*peer_address(self.transport))
 
-    def _on_idle(self) -> None:
-        loop = asyncio.get_running_loop()
-        wait = self._last_read + self.config.idle - loop.time()
-        if wait > 0.001 or self._holds:
-            # Input arrived meanwhile, or we are the ones not reading it.
-            self._idle = loop.call_later(max(wait, self.config.idle / 4), self._on_idle)
-            return
-        self.broker.limits.log.log(
-            logging.INFO, "figg", "closing Figg connection from %s: nothing received for %gs",
-            self._name(), self.config.idle,
-        )  # fmt: skip
-        self.close()
+    def last_input(self) -> float | None:
+        """When input last came (loop time), or None while we are the ones not reading it:
+        what the listeners' idle limit reads (server.frontend.Watched)."""
+        return None if self._holds else self._last_read
 
     # --- in -------------------------------------------------------------------------------
 
