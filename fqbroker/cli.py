@@ -1,8 +1,12 @@
 """``fqd``: run the broker (fqd.c). Flags follow fqd's where they mean the same thing.
 
-Bad input (a flag, a setting, a settings file, a config database fqd cannot open) is one
-line on stderr and exit 2; a failure to run (a port in use) one line and exit 1;
-``FQBROKER_DEBUG=1`` adds the traceback (fqbroker/console.py).
+Bad input (a flag, a setting, a settings file, a config database fqd cannot open, two
+front ends on one address) is one line on stderr and exit 2; a failure to run (a port in
+use) one line and exit 1; ``FQBROKER_DEBUG=1`` adds the traceback (fqbroker/console.py).
+
+The front ends' part of fqd (their flags, their tables in ``--print-config``, their
+"listening on port" lines, the files and addresses checked at start) comes from the
+table of front ends (:mod:`fqbroker.server.frontends`, or the one a test passes).
 """
 
 from __future__ import annotations
@@ -21,13 +25,19 @@ import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from fqbroker.config import DEFAULT_PORT, Settings, debug_flags
 from fqbroker.console import Parser, port_type, run_script
 from fqbroker.datadir import sample_config
 from fqbroker.errors import ConfigError
+from fqbroker.section import reference, sample
+from fqbroker.server.frontend import FrontEnd, Sniffed
+from fqbroker.server.frontends import FRONT_ENDS
 
-__all__ = ["fqd", "settings_from_args"]
+__all__ = ["fqd", "printed_config", "settings_from_args", "settings_reference"]
+
+Table = Sequence[FrontEnd[Any]]
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +74,7 @@ def _threads(text: str) -> int:
     return value
 
 
-def _fqd_parser() -> argparse.ArgumentParser:
+def _fqd_parser(front_ends: Table = FRONT_ENDS) -> argparse.ArgumentParser:
     p = Parser("fqd", description="fq-compatible message broker (fqd's flags).", epilog=EPILOG)
     p.add_argument(
         "--config",
@@ -140,15 +150,11 @@ def _fqd_parser() -> argparse.ArgumentParser:
         help="debug flags: comma-separated " + ",".join(DEBUG_FLAGS) + ", or their bits as a"
         " number; overrides $FQ_DEBUG (default: warnings only)",
     )
-    for name, what in (
-        ("lumberjack", "serve Lumberjack/Beats log shippers here"),
-        ("figg", "serve retained topics to Figg clients here"),
-        ("fyrehose", "serve the fyrehose backbone over UDP here"),
-        ("opencluster", "serve the OpenCluster key/value store here"),
-    ):
-        p.add_argument(
-            f"--{name}", metavar="ADDR:PORT", help=f"{what} (off by default; port 0 picks one)"
-        )
+    for spec in front_ends:
+        for flag in spec.flags:
+            p.add_argument(
+                flag.option, dest=_dest(spec, flag.setting), metavar=flag.metavar, help=flag.help
+            )
     p.add_argument(
         "--tls-cert", type=Path, metavar="FILE", help="PEM certificate chain: TLS on the main port"
     )
@@ -169,14 +175,20 @@ def _fqd_parser() -> argparse.ArgumentParser:
     return p
 
 
-def settings_from_args(argv: Sequence[str] | None = None) -> Settings:
+def _dest(spec: FrontEnd[Any], setting: str) -> str:
+    return f"{spec.name}.{setting}"  # no flag of fqd's own has a dot in its name
+
+
+def settings_from_args(
+    argv: Sequence[str] | None = None, front_ends: Table = FRONT_ENDS
+) -> Settings:
     """The settings of fqd's command line (and its --config file); ValueError (exit 2
     with fqd) for any that fqd cannot work with."""
-    return _settings(_fqd_parser().parse_args(argv))
+    return _settings(_fqd_parser(front_ends).parse_args(argv), front_ends)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings.from_toml(args.config) if args.config else Settings()
+def _settings(args: argparse.Namespace, front_ends: Table) -> Settings:
+    settings = Settings.from_toml(args.config, front_ends) if args.config else Settings()
     debug = args.debug
     if debug is None and os.environ.get("FQ_DEBUG"):
         # fqd reads FQ_DEBUG when -v is not given.
@@ -199,18 +211,51 @@ def _settings(args: argparse.Namespace) -> Settings:
         "tls_required": args.tls_required,
         "auth": args.auth,
     }
-    settings = settings.updated(overrides)
-    if args.lumberjack is not None:
-        settings.lumberjack = settings.lumberjack.updated({"listen": args.lumberjack})
-    if args.figg is not None:
-        settings.figg = settings.figg.updated({"listen": args.figg})
-    if args.fyrehose is not None:
-        settings.fyrehose = settings.fyrehose.updated({"listen": args.fyrehose})
-    if args.opencluster is not None:
-        settings.opencluster = settings.opencluster.updated({"listen": args.opencluster})
+    settings = settings.updated(overrides, front_ends)
+    for spec in front_ends:
+        # A flag overrides its setting and keeps the rest of the front end's table.
+        for flag in spec.flags:
+            value = getattr(args, _dest(spec, flag.setting))
+            if value is not None and spec.settings is not None:
+                table = settings.section(spec.settings).updated({flag.setting: value})
+                settings = settings.with_sections(table)
     if args.modules:
         settings.modules = [*settings.modules, *args.modules]
+    settings.check(front_ends)  # the flags' addresses against the others'
     return settings
+
+
+_TABLES_HEADING = """\
+# === The front ends' own tables ==============================================================
+# Each front end on a port of its own reads a table of its own below, off until its listen
+# is set. Each declares its table beside its code (fqbroker/frontends/NAME/settings.py),
+# and fqd --print-config writes them from there.
+"""
+
+
+def printed_config(front_ends: Table = FRONT_ENDS) -> str:
+    """What ``fqd --print-config`` writes: the packaged sample's ``[fqd]`` part, then the
+    table of each front end that has one, from its declaration."""
+    text = sample_config()
+    head = text[: text.index(_TABLES_HEADING)] + _TABLES_HEADING
+    tables = [sample(spec.settings) for spec in front_ends if spec.settings is not None]
+    return "\n".join([head, *tables])
+
+
+def settings_reference(front_ends: Table = FRONT_ENDS) -> str:
+    """docs/cli.md's reference of the front ends' tables and flags, from their declarations
+    (tests/test_component.py keeps the page and this the same)."""
+    out = []
+    for spec in front_ends:
+        if spec.settings is None:
+            continue
+        table = spec.settings
+        flags = "".join(
+            f" `fqd {flag.option} {flag.metavar}` sets `{flag.setting}`." for flag in spec.flags
+        )
+        out.append(f"#### `[{table.NAME}]`: {table.TITLE}\n\n{flags.strip()}\n\n")
+        out.append(reference(table) + "\n")
+    return "".join(out)
 
 
 # The broker logs these for whoever embeds it; fqd prints them itself, bare, as fqd.c does
@@ -243,11 +288,11 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-async def _run(settings: Settings) -> None:
+async def _run(settings: Settings, front_ends: Table = FRONT_ENDS) -> None:
     from fqbroker.server.broker import Broker
 
     try:
-        broker = Broker(settings)
+        broker = Broker(settings, front_ends)
     except sqlite3.Error as exc:
         raise ConfigError(f"config database {settings.config_db}: {exc}") from None
     stop = broker.shutdown_requested
@@ -267,15 +312,9 @@ async def _run(settings: Settings) -> None:
         _say(f"Authenticating {count} users{hint}")
     # Front ends on ports of their own say where they listen too, beside fq's line (port
     # 0 picks one, and whoever started fqd reads it here).
-    for name, label in (
-        ("lumberjack", "Lumberjack"),
-        ("figg", "Figg"),
-        ("fyrehose", "fyrehose"),
-        ("opencluster", "OpenCluster"),
-    ):
-        front_end = broker.front_ends.get(name)
-        if front_end is not None and front_end.address is not None:
-            _say(f"{label} listening on port: {front_end.address[1]}")
+    for live in broker.front_ends.values():
+        if not isinstance(live.spec.reach, Sniffed) and live.address is not None:
+            _say(f"{live.spec.title or live.name} listening on port: {live.address[1]}")
     _trim_malloc()
     try:
         await stop.wait()
@@ -284,33 +323,33 @@ async def _run(settings: Settings) -> None:
         gc.unfreeze()  # fqd run again in one process: what this one made may go
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    args = _fqd_parser().parse_args(argv)
+def _main(argv: Sequence[str] | None, front_ends: Table = FRONT_ENDS) -> int:
+    args = _fqd_parser(front_ends).parse_args(argv)
     if args.print_config:
         try:
-            sys.stdout.write(sample_config())
+            sys.stdout.write(printed_config(front_ends))
             sys.stdout.flush()
         except BrokenPipeError:  # `fqd --print-config | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    settings = _settings(args)
+    settings = _settings(args, front_ends)
     _configure_logging(settings.debug)
     _accept_fqd_flags(args)
     _make_directories(settings)
-    _check_settings(settings)
+    _check_settings(settings, front_ends)
     _raise_descriptor_limit()
     _fix_malloc_thresholds()
     runner = _event_loop_runner()
     with runner:
-        runner.run(_run(settings))
+        runner.run(_run(settings, front_ends))
     return 0
 
 
-def fqd(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``fqd``."""
+def fqd(argv: Sequence[str] | None = None, front_ends: Table = FRONT_ENDS) -> int:
+    """Entry point of ``fqd``; ``front_ends``: the table to serve (a test's own)."""
     return run_script(
         "fqd",
-        _main,
+        lambda args: _main(args, front_ends),
         argv,
         usage_errors=(ValueError, ImportError),
         failures=(OSError, sqlite3.Error),
@@ -345,32 +384,32 @@ def _make_directories(settings: Settings) -> None:
             raise ConfigError(f"{what}: cannot create {directory}: {exc.strerror or exc}") from None
 
 
-def _check_settings(settings: Settings) -> None:
+def _check_settings(settings: Settings, front_ends: Table) -> None:
     """The listen addresses resolve, the web root is there, the certificates and keys
     load; else a ConfigError names the setting and its value (what the resolver and ssl
     say names neither)."""
     from fqbroker.server.tls import server_context
 
-    for what, address in (
-        ("bind", (settings.bind, settings.port)),
-        ("lumberjack listen", settings.lumberjack.address(settings.bind)),
-        ("figg listen", settings.figg.address(settings.bind)),
-        ("fyrehose listen", settings.fyrehose.address(settings.bind)),
-        ("opencluster listen", settings.opencluster.address(settings.bind)),
-    ):
-        if address is not None and address[0]:
+    addresses = [("bind", settings.bind, settings.port)]
+    addresses += [
+        (f"{claim.owner} listen", claim.host, claim.port)
+        for claim in settings.claims(front_ends)
+        if not claim.shared
+    ]
+    for what, host, port in addresses:
+        if host:
             try:
-                socket.getaddrinfo(address[0], address[1], type=socket.SOCK_STREAM)
+                socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except socket.gaierror as exc:
-                raise ConfigError(f"{what} {address[0]!r}: {exc.strerror}") from None
+                raise ConfigError(f"{what} {host!r}: {exc.strerror}") from None
     if settings.web_root is not None and not settings.web_root.is_dir():
         raise ConfigError(f"web_root {settings.web_root}: no such directory")
-    for what, table in (
-        ("", settings),
-        ("lumberjack ", settings.lumberjack),
-        ("figg ", settings.figg),
-        ("opencluster ", settings.opencluster),
-    ):
+    # The main port's files, then those of each front end's table that has them.
+    tables: list[tuple[str, Any]] = [("", settings)]
+    for spec in front_ends:
+        if spec.settings is not None and hasattr(spec.settings, "tls_cert"):
+            tables.append((f"{spec.settings.NAME} ", settings.section(spec.settings)))
+    for what, table in tables:
         cert, key = table.tls_cert, table.tls_key
         for name, path in ((f"{what}tls_cert", cert), (f"{what}tls_key", key)):
             if path is not None and not path.is_file():

@@ -4,6 +4,12 @@ The defaults mirror fqd's, except that the broker listens on 127.0.0.1 unless to
 otherwise, and keeps its state under ``data_dir`` (fqbroker/datadir.py says where that is
 by default) rather than ``/usr/local/var/lib/fq``. A setting fqd cannot work with is a
 ValueError that names it; one read from a file is a ConfigError that names the file too.
+
+The ``[fqd]`` table is :class:`Settings`' own fields. Each front end with settings of its
+own declares its table (a :class:`~fqbroker.section.Section`), and :class:`Settings` holds
+them by name (:meth:`Settings.section` reads one). Front ends sit above the settings, so
+parsing is handed the table of front ends it knows (:class:`Component`): by default the
+one :mod:`fqbroker.server.frontends` registers (:func:`register`), or a test's own.
 """
 
 from __future__ import annotations
@@ -11,32 +17,23 @@ from __future__ import annotations
 import ipaddress
 import socket
 import tomllib
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from fqbroker.datadir import CONFIG_DB_NAME, QUEUE_DIR_NAME, default_data_dir
 from fqbroker.errors import ConfigError
-
-# The front ends' own tables live beside; imported from here by most of the package.
-from fqbroker.frontendsettings import (
-    Figg,
-    Fyrehose,
-    Lumberjack,
-    OpenCluster,
-    TopicRetention,
-)
+from fqbroker.section import Claim, Section, default_of, refuse_shared
 
 __all__ = [
     "DEFAULT_PORT",
-    "Figg",
-    "Fyrehose",
-    "Lumberjack",
-    "OpenCluster",
+    "Component",
     "Settings",
-    "TopicRetention",
     "Upstream",
     "debug_flags",
+    "register",
+    "registered",
     "resolve_node_id",
 ]
 
@@ -46,7 +43,39 @@ AUTH_MODES = ("none", "password")
 DEBUG_BITS = {"mem": 1, "msg": 2, "route": 4, "io": 8, "conn": 16, "config": 32, "peer": 64,
               "http": 128}  # fmt: skip
 PANIC_BIT = 0x40000000
-TABLES = ("upstream", "lumberjack", "figg", "fyrehose", "opencluster")
+S = TypeVar("S", bound=Section)
+
+
+class Component(Protocol):
+    """A front end as the settings see it: its name, its settings table (None: it has
+    none) and the addresses it claims. :class:`fqbroker.server.frontend.FrontEnd` is one."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def settings(self) -> type[Section] | None: ...
+
+    def claims(self, settings: Settings) -> Iterable[Claim]: ...
+
+
+_REGISTERED: list[Component] = []
+
+
+def register(front_ends: Iterable[Component]) -> None:
+    """Make ``front_ends`` the table settings are read with when none is given: the
+    broker's own table registers itself when imported (fqbroker/server/frontends.py)."""
+    _REGISTERED[:] = front_ends
+
+
+def registered() -> tuple[Component, ...]:
+    return tuple(_REGISTERED)
+
+
+def _sections(front_ends: Iterable[Component] | None) -> dict[str, type[Section]]:
+    """The settings tables of ``front_ends`` (None: the registered ones), by table name."""
+    table = registered() if front_ends is None else front_ends
+    return {fe.settings.NAME: fe.settings for fe in table if fe.settings is not None}
 
 
 def debug_flags(text: str) -> tuple[str, ...]:
@@ -158,14 +187,6 @@ class Settings:
     backlog_bytes: int = 64 << 20  # a memory queue's backlog in bytes, unless it says; 0: none
     memory_budget: int = 1 << 30  # bytes held by memory queues and reads in flight, broker-wide
     http_max_body: int = 16 << 20  # largest HTTP request body (/submit); larger gets 413
-    # --- P10 front ends of their own ports ---
-    lumberjack: Lumberjack = field(default_factory=Lumberjack)  # off until ``listen`` is set
-    # --- P11 retained topics and the Figg listener (docs/topics.md) ---
-    figg: Figg = field(default_factory=Figg)  # off until ``listen`` is set
-    # --- P13 the fyrehose backbone (docs/fyrehose.md) ---
-    fyrehose: Fyrehose = field(default_factory=Fyrehose)  # off until ``listen`` is set
-    # --- P14 the OpenCluster key/value store (docs/opencluster.md) ---
-    opencluster: OpenCluster = field(default_factory=OpenCluster)  # off until ``listen``
     # --- P12 security (docs/security.md) ---
     auth: str = "none"  # "none": fq's behaviour, no password checked; "password": users
     allow_open_network: bool = False  # listen beyond loopback with auth = "none" anyway
@@ -176,10 +197,37 @@ class Settings:
     # --- P15 /metrics (docs/http.md) ---
     metrics_client_series_max: int = 1000  # fq_client_* series while at most this many clients
 
+    # The front ends' own tables ([lumberjack], [figg], ...) by name, each only when it
+    # differs from its defaults: not a setting of [fqd], see section().
+    sections: dict[str, Section] = field(default_factory=dict)
+
+    # --- the front ends' tables -----------------------------------------------------------
+
+    def section(self, kind: type[S]) -> S:
+        """The front end's table of kind ``kind``: as the file or the flags set it, else its
+        defaults."""
+        held = self.sections.get(kind.NAME)
+        return held if isinstance(held, kind) else default_of(kind)
+
+    def set_section(self, table: Section) -> None:
+        """Hold ``table`` in place of the table of its name (unchecked)."""
+        self.sections = _trimmed({**self.sections, table.NAME: table})
+
+    def with_sections(self, *sections: Section) -> Settings:
+        """A copy holding ``sections`` in place of the tables of the same names (unchecked,
+        as ``dataclasses.replace``)."""
+        held = dict(self.sections)
+        for table in sections:
+            held[table.NAME] = table
+        return replace(self, sections=_trimmed(held))
+
+    # --- reading --------------------------------------------------------------------------
+
     @classmethod
-    def from_toml(cls, path: Path | str) -> Settings:
+    def from_toml(cls, path: Path | str, front_ends: Iterable[Component] | None = None) -> Settings:
         """The settings of a TOML file; a ConfigError naming the file if it cannot be read
-        or holds a setting fqd cannot work with."""
+        or holds a setting fqd cannot work with. ``front_ends``: whose tables it may hold
+        (None: the registered table's)."""
         try:
             with open(path, "rb") as fh:
                 data = tomllib.load(fh)
@@ -189,27 +237,42 @@ class Settings:
             raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: not valid TOML: {exc}") from None
+        front_ends = registered() if front_ends is None else tuple(front_ends)
         values = dict(data.get("fqd", data))
         if "fqd" in data:
             # Tables of their own beside [fqd]; any other is a typo fqd would silently skip.
-            if unknown := set(data) - {"fqd", *TABLES}:
+            tables = {"upstream", *_sections(front_ends)}
+            if unknown := set(data) - {"fqd", *tables}:
                 names = ", ".join(f"[{name}]" for name in sorted(unknown))
                 raise ConfigError(f"config file {path}: unknown table(s) {names}")
-            for table in TABLES:
+            for table in tables:
                 if table in data:
                     values[table] = data[table]
         try:
-            return cls().updated(values)
+            return cls().updated(values, front_ends)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
 
-    def updated(self, values: dict[str, Any]) -> Settings:
-        """A copy with ``values`` applied; unknown keys are an error, not silently ignored."""
-        known = {f.name: f for f in fields(self)}
-        out = Settings(**{name: getattr(self, name) for name in known})
+    def updated(
+        self, values: Mapping[str, Any], front_ends: Iterable[Component] | None = None
+    ) -> Settings:
+        """A copy with ``values`` applied; unknown keys are an error, not silently ignored.
+        A front end's table (of ``front_ends``; None: the registered ones) is given under
+        its name, as a TOML table or as its section."""
+        front_ends = registered() if front_ends is None else tuple(front_ends)
+        known = {f.name: f for f in fields(self) if f.name != "sections"}
+        tables = _sections(front_ends)
+        out = replace(self, sections=dict(self.sections))
         given = set()
         for key, value in values.items():
             name = key.replace("-", "_")
+            if name in tables:
+                kind = tables[name]
+                if value is not None:
+                    out.sections[name] = (
+                        value if isinstance(value, kind) else kind.from_table(value)
+                    )
+                continue
             if name not in known:
                 raise ValueError(f"unknown setting {key!r}")
             if value is None:
@@ -219,33 +282,23 @@ class Settings:
                 if not isinstance(value, str | Path):
                     raise ValueError(f"{key} must be a path, not {value!r}")
                 value = Path(value)
-            elif name in TABLES[1:] and isinstance(value, str | int | float):  # bool is an int
-                raise ValueError(f"{name} must be a table, not {value!r}")
             elif name == "upstream":
                 if not isinstance(value, list):
                     raise ValueError("upstream must be an array of tables ([[upstream]])")
                 value = [v if isinstance(v, Upstream) else Upstream.from_table(v) for v in value]
-            elif name == "lumberjack" and not isinstance(value, Lumberjack):
-                value = Lumberjack.from_table(value)
-            elif name == "figg" and not isinstance(value, Figg):
-                if not isinstance(value, dict):
-                    raise ValueError("figg must be a table")
-                value = Figg.from_table(value)
-            elif name == "fyrehose" and not isinstance(value, Fyrehose):
-                value = Fyrehose.from_table(value)
-            elif name == "opencluster" and not isinstance(value, OpenCluster):
-                value = OpenCluster.from_table(value)
             setattr(out, name, value)
         if "data_dir" in given:
             # What still sits at its default place under the old data_dir moves along.
             for name, leaf in (("config_db", CONFIG_DB_NAME), ("queue_dir", QUEUE_DIR_NAME)):
                 if name not in given and getattr(out, name) == self.data_dir / leaf:
                     setattr(out, name, out.data_dir / leaf)
-        out.check()
+        out.sections = _trimmed(out.sections)
+        out.check(front_ends)
         return out
 
-    def check(self) -> None:
-        """Raise ValueError for a setting the broker cannot work with."""
+    def check(self, front_ends: Iterable[Component] | None = None) -> None:
+        """Raise ValueError for a setting the broker cannot work with, or for two front
+        ends (of ``front_ends``; None: the registered ones) claiming one address."""
         for f in fields(self):
             value = getattr(self, f.name)
             kinds = _SCALARS.get(str(f.type))
@@ -283,22 +336,27 @@ class Settings:
             raise ValueError("tls_key needs tls_cert")
         if self.tls_required and self.tls_cert is None:
             raise ValueError("tls_required needs tls_cert")
+        refuse_shared(self.claims(front_ends))
 
-    def open_to_anyone(self) -> list[str]:
+    def claims(self, front_ends: Iterable[Component] | None = None) -> list[Claim]:
+        """The addresses ``front_ends`` (None: the registered ones) listen on."""
+        table = registered() if front_ends is None else front_ends
+        return [claim for fe in table for claim in fe.claims(self)]
+
+    def open_to_anyone(self, front_ends: Iterable[Component] | None = None) -> list[str]:
         """The listen addresses anyone on the network may use without a password: those
-        beyond loopback while auth is "none" (empty under "password")."""
+        beyond loopback while auth is "none" (empty under "password"); ``front_ends``
+        (None: the registered ones) say where they listen."""
         if self.auth != "none":
             return []
-        wanted = [self.bind]
-        for address in (
-            self.lumberjack.address(self.bind),
-            self.figg.address(self.bind),
-            self.fyrehose.address(self.bind),
-            self.opencluster.address(self.bind),
-        ):
-            if address is not None:
-                wanted.append(address[0])
+        wanted = [self.bind, *(claim.host for claim in self.claims(front_ends))]
         return [host for host in dict.fromkeys(wanted) if not is_loopback(host)]
+
+
+def _trimmed(sections: dict[str, Section]) -> dict[str, Section]:
+    """Only the tables that differ from their defaults: settings equal whatever the file
+    left at its default."""
+    return {name: t for name, t in sections.items() if t != default_of(type(t))}
 
 
 # The scalar settings' types as the dataclass spells them (annotations are strings here).

@@ -400,11 +400,10 @@ async def test_users_managed_over_http_under_auth_none(broker: Broker, admin: Ad
 
 
 async def test_topics_listed(settings: Settings) -> None:
-    from dataclasses import replace
 
-    from fqbroker.config import Figg
+    from fqbroker.frontends.figg.settings import Figg
 
-    async with running(replace(settings, figg=Figg(listen="127.0.0.1:0"))) as broker:
+    async with running(settings.with_sections(Figg(listen="127.0.0.1:0"))) as broker:
         admin = client(broker)
         await call(admin, "publish", "figg", "t1", "retained")
         answer = await call(admin, "topics")

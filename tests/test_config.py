@@ -9,6 +9,8 @@ import pytest
 
 from fqbroker.cli import settings_from_args
 from fqbroker.config import Settings, Upstream, resolve_node_id
+from fqbroker.frontends.figg.settings import Figg, topic_config
+from fqbroker.server.frontends import FRONT_ENDS
 
 CONF = Path(__file__).resolve().parent.parent / "conf" / "fqd.toml"
 
@@ -16,7 +18,16 @@ CONF = Path(__file__).resolve().parent.parent / "conf" / "fqd.toml"
 def test_shipped_config_lists_every_setting_with_its_default() -> None:
     text = CONF.read_text()
     for f in fields(Settings):
+        if f.name == "sections":  # not a setting: the front ends' tables, each checked below
+            continue
         assert f"{f.name} = " in text or f"# {f.name} = " in text, f.name
+    for spec in FRONT_ENDS:
+        if spec.settings is None:
+            continue
+        table = text[text.index(f"\n[{spec.settings.NAME}]\n") :]
+        for f in fields(spec.settings):  # type: ignore[arg-type]
+            listed = (f"\n{f.name} = ", f"\n# {f.name} = ", f"[{spec.settings.NAME}.{f.name}.")
+            assert any(line in table for line in listed), (spec.name, f.name)
     assert Settings.from_toml(CONF) == Settings()
 
 
@@ -83,21 +94,22 @@ def test_figg_table_and_flag(tmp_path: Path) -> None:
         '[figg.topics."big"]\nretention_bytes = 1099511627776\n'
     )
     s = Settings.from_toml(conf)
-    figg = s.figg
+    figg = s.section(Figg)
     assert (figg.listen, figg.retention_bytes, figg.idle_seconds) == ("0.0.0.0:9000", 4096, 5)
     assert figg.address("127.0.0.1") == ("0.0.0.0", 9000)
     assert figg.retention(b"audit") == (4096, 60.5)
     assert figg.retention(b"big") == (1 << 40, figg.retention_seconds)
     assert figg.retention(b"other") == (4096, 7 * 86400)
-    assert Settings().figg.listen is None and Settings().figg.address("h") is None
-    assert settings_from_args(["--figg", "7000"]).figg.address("10.0.0.1") == ("10.0.0.1", 7000)
-    assert settings_from_args(["--figg", "[::1]:0"]).figg.address("x") == ("::1", 0)
+    assert Settings().section(Figg).listen is None and Settings().section(Figg).address("h") is None
+    flagged = settings_from_args(["--figg", "7000"]).section(Figg)
+    assert flagged.address("10.0.0.1") == ("10.0.0.1", 7000)
+    assert settings_from_args(["--figg", "[::1]:0"]).section(Figg).address("x") == ("::1", 0)
     # The flag overrides the file's listen and keeps the rest of its table.
     s = settings_from_args(["--config", str(conf), "--figg", "127.0.0.1:0"])
-    assert (s.figg.listen, s.figg.retention_bytes) == ("127.0.0.1:0", 4096)
+    assert (s.section(Figg).listen, s.section(Figg).retention_bytes) == ("127.0.0.1:0", 4096)
     empty = tmp_path / "empty.toml"
     empty.write_text('[fqd]\n[figg]\nlisten = ""\n')
-    assert Settings.from_toml(empty).figg.listen is None  # empty: off
+    assert Settings.from_toml(empty).section(Figg).listen is None  # empty: off
 
 
 def test_topics_fsync_policy_is_their_own(tmp_path: Path) -> None:
@@ -106,16 +118,16 @@ def test_topics_fsync_policy_is_their_own(tmp_path: Path) -> None:
     from fqbroker.storage.store import FsyncPolicy
     from fqbroker.storage.topic import Topic
 
-    assert (Settings().fsync, Settings().figg.fsync) == ("interval", "always")
+    assert (Settings().fsync, Settings().section(Figg).fsync) == ("interval", "always")
     conf = tmp_path / "fqd.toml"
     conf.write_text('[fqd]\nfsync = "never"\n[figg]\nfsync = "interval"\n')
     settings = Settings.from_toml(conf)
-    topic = Topic(b"t", tmp_path / "t", settings)
+    topic = Topic(b"t", tmp_path / "t", topic_config(settings))
     try:
         assert topic.store.policy is FsyncPolicy.INTERVAL
     finally:
         topic.close()
-    topic = Topic(b"u", tmp_path / "u", Settings())
+    topic = Topic(b"u", tmp_path / "u", topic_config(Settings()))
     try:
         assert topic.store.policy is FsyncPolicy.ALWAYS
     finally:

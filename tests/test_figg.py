@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from fqbroker.clients.client import Client
-from fqbroker.config import Figg, Settings
+from fqbroker.config import Settings
 from fqbroker.frontends.figg import wire
 from fqbroker.frontends.figg.session import FiggSession
+from fqbroker.frontends.figg.settings import Figg
 from fqbroker.frontends.figg.subscription import BATCH_BYTES
 from fqbroker.frontends.figg.wire import (
     Ack,
@@ -47,7 +48,7 @@ EXCHANGE = b"figg"
 
 
 def with_figg(settings: Settings, **values: Any) -> Settings:
-    settings.figg = dataclasses.replace(Figg(), listen="127.0.0.1:0", **values)
+    settings.set_section(dataclasses.replace(Figg(), listen="127.0.0.1:0", **values))
     return settings
 
 

@@ -18,8 +18,9 @@ import pytest
 
 from fqbroker.clients.figg import READ_SIZE, FiggClient, Message, Subscription
 from fqbroker.clients.figgmachine import Backoff
-from fqbroker.config import Figg, Settings
+from fqbroker.config import Settings
 from fqbroker.frontends.figg import wire
+from fqbroker.frontends.figg.settings import Figg
 from fqbroker.server.broker import Broker
 
 from .conftest import TIMEOUT, running, wait_for
@@ -29,7 +30,7 @@ FAST = Backoff(0.01, 0.1)
 
 
 def with_figg(settings: Settings, **values: Any) -> Settings:
-    settings.figg = Figg().updated({"listen": "127.0.0.1:0", **values})
+    settings.set_section(Figg().updated({"listen": "127.0.0.1:0", **values}))
     return settings
 
 

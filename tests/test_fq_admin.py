@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from fqbroker.admintool import main as fq_admin
-from fqbroker.config import Figg, Settings
+from fqbroker.config import Settings
+from fqbroker.frontends.figg.settings import Figg
 from fqbroker.server.broker import Broker
 from fqbroker.storage.users import Users
 
@@ -242,7 +243,7 @@ async def test_topic_command(settings: Settings, capsys: Any) -> None:
     async with running(settings) as broker:
         out = await Admin(broker, capsys).table("topics")
         assert out == "no topics: the Figg listener is not configured\n"
-    settings.figg = Figg(listen="127.0.0.1:0")
+    settings.set_section(Figg(listen="127.0.0.1:0"))
     async with running(settings) as broker:
         admin = Admin(broker, capsys)
         await admin.table("publish", "figg", "t1", "kept")

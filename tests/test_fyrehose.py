@@ -26,11 +26,12 @@ from typing import Any
 import pytest
 
 from fqbroker.clients.client import Client
-from fqbroker.config import Fyrehose, Settings
+from fqbroker.config import Settings
 from fqbroker.frontends.fyrehose import wire
 from fqbroker.frontends.fyrehose.backbone import Backbone
 from fqbroker.frontends.fyrehose.endpoint import FyrehoseEndpoint
 from fqbroker.frontends.fyrehose.sequence import LEASE, SequenceFile, SequenceFileError
+from fqbroker.frontends.fyrehose.settings import Fyrehose
 from fqbroker.frontends.fyrehose.wire import (
     Deliver,
     Flags,
@@ -51,7 +52,7 @@ Address = tuple[str, int]
 
 
 def with_fyrehose(settings: Settings, **values: Any) -> Settings:
-    settings.fyrehose = dataclasses.replace(Fyrehose(), listen="127.0.0.1:0", **values)
+    settings.set_section(dataclasses.replace(Fyrehose(), listen="127.0.0.1:0", **values))
     return settings
 
 
@@ -446,7 +447,7 @@ async def test_the_sequence_goes_on_after_an_in_process_restart(settings: Settin
 async def test_a_start_that_fails_skips_no_number(settings: Settings) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
         taken.bind(("127.0.0.1", 0))
-        settings.fyrehose = Fyrehose(listen=f"127.0.0.1:{taken.getsockname()[1]}")
+        settings.set_section(Fyrehose(listen=f"127.0.0.1:{taken.getsockname()[1]}"))
         broker = Broker(settings)
         with pytest.raises(OSError):
             await broker.start()
@@ -520,8 +521,9 @@ def test_the_fyrehose_table_and_flag(tmp_path: Path) -> None:
     toml = tmp_path / "fqd.toml"
     toml.write_text('[fqd]\nport = 0\n[fyrehose]\nlisten = "127.0.0.1:0"\nwindow_messages = 8\n')
     s = Settings.from_toml(toml)
-    assert s.fyrehose.window_messages == 8 and s.fyrehose.address("x") == ("127.0.0.1", 0)
-    assert Settings().fyrehose.address("127.0.0.1") is None
+    fyrehose = s.section(Fyrehose)
+    assert fyrehose.window_messages == 8 and fyrehose.address("x") == ("127.0.0.1", 0)
+    assert Settings().section(Fyrehose).address("127.0.0.1") is None
     assert Fyrehose(listen="9").address("127.0.0.5") == ("127.0.0.5", 9)
     for table, error in (
         ({"window": 1}, "unknown fyrehose setting"),
@@ -534,8 +536,9 @@ def test_the_fyrehose_table_and_flag(tmp_path: Path) -> None:
             Fyrehose.from_table(table)
     from fqbroker.cli import settings_from_args
 
-    assert settings_from_args(["--fyrehose", "0.0.0.0:0"]).fyrehose.listen == "0.0.0.0:0"
-    opened = Settings(fyrehose=Fyrehose(listen="0.0.0.0:7"))
+    flagged = settings_from_args(["--fyrehose", "0.0.0.0:0"])
+    assert flagged.section(Fyrehose).listen == "0.0.0.0:0"
+    opened = Settings().with_sections(Fyrehose(listen="0.0.0.0:7"))
     assert opened.open_to_anyone() == ["0.0.0.0"]
 
 

@@ -6,14 +6,14 @@ examples of docs/fyrehose-protocol.md, byte for byte."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import re
 import socket
 from pathlib import Path
 from typing import Any, cast
 
-from fqbroker.config import Fyrehose, Settings
+from fqbroker.config import Settings
 from fqbroker.frontends.fyrehose import wire
+from fqbroker.frontends.fyrehose.settings import Fyrehose
 from fqbroker.frontends.fyrehose.wire import Deliver, Flags, Forward, Keepalive, Push, Request
 from fqbroker.server.broker import Broker
 
@@ -79,7 +79,7 @@ class Udp(asyncio.DatagramProtocol):
 
 
 def fyrehose_settings(settings: Settings, **options: Any) -> Settings:
-    return dataclasses.replace(settings, fyrehose=Fyrehose(listen="127.0.0.1:0", **options))
+    return settings.with_sections(Fyrehose(listen="127.0.0.1:0", **options))
 
 
 def fyrehose_port(broker: Broker) -> int:

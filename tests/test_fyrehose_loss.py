@@ -26,8 +26,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fqbroker.clients.fyrehose import Delivered, FyrehoseClient
-from fqbroker.config import Fyrehose, Settings
+from fqbroker.config import Settings
 from fqbroker.frontends.fyrehose.backbone import Backbone
+from fqbroker.frontends.fyrehose.settings import Fyrehose
 from fqbroker.server.broker import Broker
 
 from .conftest import running
@@ -127,7 +128,7 @@ class LossyRelay:
 
 @contextlib.asynccontextmanager
 async def backbone(settings: Settings, **values: Any) -> AsyncIterator[tuple[Broker, Backbone]]:
-    settings.fyrehose = dataclasses.replace(Fyrehose(), listen="127.0.0.1:0", **values)
+    settings.set_section(dataclasses.replace(Fyrehose(), listen="127.0.0.1:0", **values))
     async with running(settings) as broker:
         state = broker.front_ends["fyrehose"].state
         assert isinstance(state, Backbone)

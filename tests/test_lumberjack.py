@@ -24,11 +24,12 @@ import pytest
 
 from fqbroker.cli import settings_from_args
 from fqbroker.clients.client import Client
-from fqbroker.config import Lumberjack, Settings
+from fqbroker.config import Settings
 from fqbroker.core.message import Message, hop_addresses
 from fqbroker.frontends.lumberjack import encoder
 from fqbroker.frontends.lumberjack.encoder import AckReader
 from fqbroker.frontends.lumberjack.session import LumberjackSession
+from fqbroker.frontends.lumberjack.settings import Lumberjack
 from fqbroker.server.broker import Broker
 from fqbroker.storage import segmentlog
 
@@ -42,7 +43,7 @@ EXCHANGE = b"logging"
 
 def with_lumberjack(settings: Settings, **values: Any) -> Settings:
     values = {"listen": "127.0.0.1:0", "ack_idle_ms": 50.0, **values}
-    settings.lumberjack = Lumberjack().updated(values)
+    settings.set_section(Lumberjack().updated(values))
     return settings
 
 
@@ -478,21 +479,22 @@ async def test_a_zip_bomb_stops_at_the_limit(settings: Settings) -> None:
 
 
 def test_off_by_default_and_on_by_flag_or_table(tmp_path: Path) -> None:
-    assert Settings().lumberjack.address("127.0.0.1") is None
+    assert Settings().section(Lumberjack).address("127.0.0.1") is None
     s = settings_from_args(["--lumberjack", "0.0.0.0:5044"])
-    assert s.lumberjack.address(s.bind) == ("0.0.0.0", 5044)
+    assert s.section(Lumberjack).address(s.bind) == ("0.0.0.0", 5044)
     conf = tmp_path / "fqd.toml"
     conf.write_text(
         '[fqd]\nport = 1\n\n[lumberjack]\nlisten = "5055"\nexchange = "beats"\n'
         'route = "{type}"\nmax_window = 10\ntls_cert = "c.pem"\n'
     )
     s = Settings.from_toml(conf)
-    assert s.lumberjack == Lumberjack(listen="5055", exchange="beats", route="{type}",
+    assert s.section(Lumberjack) == Lumberjack(listen="5055", exchange="beats", route="{type}",
                                       max_window=10, tls_cert=Path("c.pem"))  # fmt: skip
-    assert s.lumberjack.address("10.0.0.1") == ("10.0.0.1", 5055)
+    assert s.section(Lumberjack).address("10.0.0.1") == ("10.0.0.1", 5055)
     # The flag overrides the table's address and keeps the rest.
     s = settings_from_args(["--config", str(conf), "--lumberjack", "[::1]:0"])
-    assert s.lumberjack.address(s.bind) == ("::1", 0) and s.lumberjack.exchange == "beats"
+    lumberjack = s.section(Lumberjack)
+    assert lumberjack.address(s.bind) == ("::1", 0) and lumberjack.exchange == "beats"
 
 
 @pytest.mark.parametrize(
@@ -528,7 +530,7 @@ async def test_off_means_no_port(broker: Broker) -> None:
     fe = (await front_ends_json(broker))["lumberjack"]
     assert fe["host"] is None and fe["port"] is None and fe["connections"] == []
     assert fe["transport"] == "tcp"  # off: listed as a plain port
-    assert broker.settings.lumberjack.listen == ""
+    assert broker.settings.section(Lumberjack).listen == ""
 
 
 async def test_a_plain_listener_says_tcp(lj: Broker) -> None:

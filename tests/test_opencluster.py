@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from fqbroker.config import OpenCluster, Settings
+from fqbroker.config import Settings
 from fqbroker.frontends.opencluster import wire
+from fqbroker.frontends.opencluster.settings import OpenCluster
 from fqbroker.server.broker import Broker
 from fqbroker.storage.kvjournal import journal_path
 from fqbroker.storage.kvstore import KVStore
@@ -29,7 +30,7 @@ from .procs import Proc
 
 
 def with_opencluster(settings: Settings, **values: Any) -> Settings:
-    settings.opencluster = dataclasses.replace(OpenCluster(), listen="127.0.0.1:0", **values)
+    settings.set_section(dataclasses.replace(OpenCluster(), listen="127.0.0.1:0", **values))
     return settings
 
 
@@ -550,14 +551,14 @@ def test_opencluster_table_and_flag(tmp_path: Path) -> None:
 
     conf = tmp_path / "fqd.toml"
     conf.write_text('[fqd]\n[opencluster]\nlisten = "0.0.0.0:"\nsync = "normal"\nmax_keys = 5\n')
-    table = Settings.from_toml(conf).opencluster
+    table = Settings.from_toml(conf).section(OpenCluster)
     assert (table.sync, table.max_keys) == ("normal", 5)
     assert table.address("127.0.0.1") == ("0.0.0.0", 13600)  # the protocol's port
     assert Settings.from_toml(conf).open_to_anyone() == ["0.0.0.0"]
     flagged = settings_from_args(["--config", str(conf), "--opencluster", "127.0.0.2:9"])
-    assert flagged.opencluster.address("x") == ("127.0.0.2", 9)
-    assert flagged.opencluster.max_keys == 5
-    assert Settings().opencluster.address("127.0.0.1") is None  # off by default
+    assert flagged.section(OpenCluster).address("x") == ("127.0.0.2", 9)
+    assert flagged.section(OpenCluster).max_keys == 5
+    assert Settings().section(OpenCluster).address("127.0.0.1") is None  # off by default
 
 
 async def test_a_store_that_cannot_be_opened_stops_fqd_in_one_line(tmp_path: Path) -> None:
@@ -580,8 +581,10 @@ async def test_opencluster_listener_over_tls(settings: Settings, tmp_path: Path)
     from .pki import make_pki
 
     pki = make_pki(trustme.CA(), tmp_path)
-    settings.opencluster = OpenCluster().updated(
-        {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+    settings.set_section(
+        OpenCluster().updated(
+            {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+        )
     )
     async with running(settings) as broker:
         live = broker.front_ends["opencluster"]

@@ -17,6 +17,7 @@ from fqbroker.clients.opencluster import OpenClusterClient
 from fqbroker.config import Settings
 from fqbroker.errors import ClientClosed, ClientError, OpenClusterProtocolError
 from fqbroker.frontends.opencluster import wire
+from fqbroker.frontends.opencluster.settings import OpenCluster
 
 from .conftest import TIMEOUT, running
 from .pki import make_pki
@@ -189,7 +190,7 @@ def test_values_and_expiry_are_checked_before_anything_is_sent() -> None:
 @pytest.fixture
 async def oc_port(settings: Settings) -> AsyncIterator[int]:
     """A broker with its OpenCluster listener on a free loopback port."""
-    settings.opencluster = settings.opencluster.updated({"listen": "127.0.0.1:0"})
+    settings.set_section(settings.section(OpenCluster).updated({"listen": "127.0.0.1:0"}))
     async with running(settings) as broker:
         address = broker.front_ends["opencluster"].address
         assert address is not None
@@ -310,8 +311,10 @@ async def test_the_console_script(oc_port: int, tmp_path: Path) -> None:
 async def test_the_client_and_the_tool_over_tls(settings: Settings, tmp_path: Path) -> None:
     (tmp_path / "pki").mkdir()
     pki = make_pki(trustme.CA(), tmp_path / "pki")
-    settings.opencluster = settings.opencluster.updated(
-        {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+    settings.set_section(
+        settings.section(OpenCluster).updated(
+            {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+        )
     )
     async with running(settings) as broker, asyncio.timeout(TIMEOUT * 3):
         live = broker.front_ends["opencluster"]

@@ -6,11 +6,11 @@ loopback."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from pathlib import Path
 
-from fqbroker.config import OpenCluster, Settings
+from fqbroker.config import Settings
 from fqbroker.frontends.opencluster import wire
+from fqbroker.frontends.opencluster.settings import OpenCluster
 from fqbroker.frontends.opencluster.wire import Frame
 from fqbroker.server.broker import Broker
 from fqbroker.server.frontend import RATE_WINDOW
@@ -85,7 +85,7 @@ class Conn:
 
 
 def opencluster_settings(settings: Settings) -> Settings:
-    return dataclasses.replace(settings, opencluster=OpenCluster(listen="127.0.0.1:0"))
+    return settings.with_sections(OpenCluster(listen="127.0.0.1:0"))
 
 
 def opencluster_port(broker: Broker) -> int:

@@ -21,8 +21,9 @@ import trustme
 
 from fqbroker.clients.client import Client
 from fqbroker.clients.figg import FiggClient
-from fqbroker.config import Figg, Settings, Upstream
+from fqbroker.config import Settings, Upstream
 from fqbroker.errors import ClientError
+from fqbroker.frontends.figg.settings import Figg
 from fqbroker.server.broker import Broker
 from fqbroker.server.frontend import preambles
 from fqbroker.server.frontends import FRONT_ENDS
@@ -295,8 +296,10 @@ async def test_peering_over_tls_with_passwords(settings: Settings, pki: dict[str
 
 async def test_figg_listener_over_tls(settings: Settings, pki: dict[str, Path]) -> None:
     """[figg] tls_cert/tls_key make the Figg port TLS, as Lumberjack's; the client follows."""
-    settings.figg = Figg().updated(
-        {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+    settings.set_section(
+        Figg().updated(
+            {"listen": "127.0.0.1:0", "tls_cert": str(pki["cert"]), "tls_key": str(pki["key"])}
+        )
     )
     async with running(settings) as broker, asyncio.timeout(TIMEOUT):
         live = broker.front_ends["figg"]

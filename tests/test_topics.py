@@ -18,6 +18,7 @@ from fqbroker.config import Settings
 from fqbroker.core.budget import MemoryBudget
 from fqbroker.core.frames import encode_peer, peer_fields
 from fqbroker.core.router import Router
+from fqbroker.frontends.figg.settings import Figg, topic_config
 from fqbroker.frontends.http.stats import take_snapshot
 from fqbroker.storage import topics as topics_module
 from fqbroker.storage.store import DiskStore
@@ -41,7 +42,7 @@ def figg_settings(tmp_path: Path, **figg: object) -> Settings:
         config_db=tmp_path / "fqd.sqlite",
         queue_dir=tmp_path / "queues",
     )
-    settings.figg = settings.figg.updated({"listen": "127.0.0.1:0", **figg})
+    settings.set_section(settings.section(Figg).updated({"listen": "127.0.0.1:0", **figg}))
     return settings
 
 
@@ -53,7 +54,7 @@ class Harness:
         self.router = Router()
         self.dirty: set[DiskStore] = set()
         self.budget = MemoryBudget(1 << 30)
-        self.topics = Topics(settings, self.router, self.dirty, self.budget)
+        self.topics = Topics(topic_config(settings), self.router, self.dirty, self.budget)
 
     def publish(self, route: bytes, payloads: list[bytes]) -> None:
         """Offer and write, as a publisher's flush would: durable comes later."""
@@ -272,7 +273,7 @@ async def test_per_topic_retention_overrides(tmp_path: Path) -> None:
         big = await h.publish_durably(b"big", [b"b" * 300] * 100)
         young = await h.publish_durably(b"young", [b"y" * 300] * 100)
         assert (small.retention_bytes, young.retention_seconds) == (2 * SEGMENT, 1)
-        assert big.retention_bytes == settings.figg.retention_bytes
+        assert big.retention_bytes == settings.section(Figg).retention_bytes
         h.topics.enforce_retention(time.time() + 30)
         assert small.first_offset > 0 and small.size_bytes <= 2 * SEGMENT
         assert big.first_offset == 0
@@ -392,7 +393,7 @@ async def test_fq_consumer_and_topic_both_get_figg_messages(tmp_path: Path) -> N
 
 async def test_no_topics_without_figg(tmp_path: Path) -> None:
     settings = figg_settings(tmp_path)
-    settings.figg = settings.figg.updated({"listen": ""})
+    settings.set_section(settings.section(Figg).updated({"listen": ""}))
     async with running(settings) as broker:
         assert broker.topics is None
         assert b"figg" not in broker.router.exchanges

@@ -20,6 +20,7 @@ from fqbroker.config import Settings
 from fqbroker.core.frames import peer_fields
 from fqbroker.core.router import Router
 from fqbroker.frontends.figg import wire
+from fqbroker.frontends.figg.settings import topic_config
 from fqbroker.storage.topics import Topics
 
 from .procs import Proc
@@ -92,7 +93,7 @@ async def publish(port: int, point: KillPoint, confirmed: Progress) -> None:
 def read_topics(state: Path) -> dict[bytes, list[tuple[int, int]]]:
     """Every topic's (offset, message number), read from the files as a restart finds them."""
     settings = Settings(queue_dir=state / "queues")
-    topics = Topics(settings, Router())
+    topics = Topics(topic_config(settings), Router())
     found: dict[bytes, list[tuple[int, int]]] = {}
     try:
         for topic in topics:

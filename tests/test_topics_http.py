@@ -9,7 +9,7 @@ import asyncio
 import http.client
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fqbroker.clients.client import Client
 from fqbroker.clients.replayclient import BrokerError, DataLost, ReplayClient
-from fqbroker.config import Figg, Settings
+from fqbroker.config import Settings
 from fqbroker.core.message import hop_addresses
+from fqbroker.frontends.figg.settings import Figg
 from fqbroker.frontends.figg.wire import Attach, Attached, Data
 from fqbroker.frontends.http import topics as topics_http
 from fqbroker.server.broker import Broker
@@ -28,7 +29,7 @@ from .test_figg import conn
 
 
 def figg_settings(settings: Settings, **figg: object) -> Settings:
-    return replace(settings, figg=Figg(listen="127.0.0.1:0", **figg))  # type: ignore[arg-type]
+    return settings.with_sections(Figg(listen="127.0.0.1:0", **figg))  # type: ignore[arg-type]
 
 
 @pytest.fixture

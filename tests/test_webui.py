@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -24,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fqbroker.config import Figg, Settings, Upstream
+from fqbroker.config import Settings, Upstream
+from fqbroker.frontends.figg.settings import Figg
 from fqbroker.frontends.figg.wire import Attach, Attached
 from fqbroker.server.broker import Broker
 
@@ -587,7 +587,7 @@ class Reader:
 
 async def test_web_ui_shows_topics(settings: Settings, tmp_path: Path) -> None:
     chromium = require_chromium()
-    figg = dataclasses.replace(settings, figg=Figg(listen="127.0.0.1:0"))
+    figg = settings.with_sections(Figg(listen="127.0.0.1:0"))
     async with running(figg) as broker:
         publisher = await open_session(broker.port, b"topic-writer", b"topic-writer-q")
         browser = await Chromium.launch(chromium, tmp_path / "profile", tmp_path / "chromium.log")

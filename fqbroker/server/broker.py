@@ -27,6 +27,7 @@ from fqbroker.core.program import RuleRegistry, default_registry
 from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.router import ClientStats, Router, RouteTimes
+from fqbroker.frontends.figg.settings import Figg, topic_config
 from fqbroker.frontends.fq.peering import Peering
 from fqbroker.frontends.fq.registry import ClientRegistry
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd
@@ -48,15 +49,10 @@ __all__ = ["Broker"]
 
 log = logging.getLogger(__name__)
 
-# Front ends whose protocol has no login: under auth = "password" too, whoever reaches
-# their port may publish (lumberjack, fyrehose) or read topics (figg) and the stream
-# (fyrehose), or read and write keys (opencluster); a firewall or loopback keeps them
-# private (docs/security.md).
-UNAUTHENTICATED = frozenset({"lumberjack", "figg", "fyrehose", "opencluster"})
-
 
 class Broker:
-    """One fq broker: router, queues, clients, and the front ends of the table."""
+    """One fq broker: router, queues, clients, and the front ends of the table
+    (``front_ends``: the registered one, :mod:`fqbroker.server.frontends`, or a test's)."""
 
     def __init__(
         self,
@@ -75,13 +71,12 @@ class Broker:
         # appends share the catalog's dirty set and budget, so publishers' flush and
         # durable() cover them as they cover disk queues.
         self.topics: Topics | None = None
-        if self.settings.figg.listen is not None:
+        if self.settings.section(Figg).listen is not None:
             # Imported here: the topic logs' code is no broker's without a Figg listener.
             from fqbroker.storage.topics import Topics
 
-            self.topics = Topics(
-                self.settings, self.router, self.catalog.dirty, self.catalog.budget
-            )
+            config = topic_config(self.settings)
+            self.topics = Topics(config, self.router, self.catalog.dirty, self.catalog.budget)
         self.limits = Limits(self.settings, self.queues)
         # Users and their permissions under auth = "password" (docs/security.md); their
         # tables live in the config database beside fqd's.
@@ -123,7 +118,8 @@ class Broker:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        open_hosts = self.settings.open_to_anyone()
+        self.listeners.check()  # two front ends on one address: refused before anything binds
+        open_hosts = self.settings.open_to_anyone(self.listeners.specs)
         if open_hosts and not self.settings.allow_open_network:
             raise ValueError(
                 f'refusing to listen on {", ".join(open_hosts)} with auth = "none": anyone'
@@ -183,7 +179,7 @@ class Broker:
                 continue
             if self.settings.auth == "none":
                 why = 'auth = "none": no password is checked'
-            elif live.name in UNAUTHENTICATED:
+            elif not live.spec.auth.credentials:
                 why = "this protocol carries no password"
             else:
                 continue

@@ -1,10 +1,14 @@
-"""What a front end is: a name, how connections reach it, and what it counts.
+"""What a front end is: one component that declares what the rest of the broker needs of it.
 
 A front end is one protocol that publishes into the routing core (fq's command and data
-channels, HTTP, and later Lumberjack, Figg, fyrehose, OpenCluster). Its module declares
-one :class:`FrontEnd`, and :mod:`fqbroker.server.frontends` lists it; the broker starts,
-counts, limits and stops every front end from that table (:mod:`fqbroker.server.listeners`),
-so adding one touches no server code.
+channels, HTTP, Lumberjack, Figg, fyrehose, OpenCluster). Its module declares one
+:class:`FrontEnd`, and :mod:`fqbroker.server.frontends` lists it. The declaration carries
+its plugs, as a Vector component does: how connections reach it, its settings table
+(:mod:`fqbroker.section`), its fqd flags, the addresses it claims (two front ends on one
+are refused before anything binds), its connection limits (:class:`ConnectionLimits`) and
+whether and how its clients authenticate (:class:`Auth`). The settings, fqd and the
+broker loop over the table (:mod:`fqbroker.server.listeners` starts, counts, limits and
+stops every front end from it), so adding one touches no other module.
 
 Three ways in, one per kind of :attr:`FrontEnd.reach`:
 
@@ -32,13 +36,17 @@ import asyncio
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 from fqbroker.config import Settings
+from fqbroker.section import Claim, Flag, Section
 from fqbroker.server.connections import peer_address
 
 __all__ = [
+    "NO_CREDENTIALS",
     "RATE_WINDOW",
+    "Auth",
+    "ConnectionLimits",
     "ConnectionView",
     "Counters",
     "Datagrams",
@@ -50,6 +58,8 @@ __all__ = [
     "Rate",
     "Sniffed",
     "StreamOpener",
+    "Watched",
+    "default_limits",
     "preambles",
 ]
 
@@ -84,6 +94,59 @@ class ConnectionView:
     facts: tuple[tuple[str, str | int], ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one front end's connections may take, applied by the listeners (docs/limits.md)
+    on top of the broker-wide ``max_connections`` and ``max_connections_per_address``.
+
+    None is no such limit. A connection over ``connections`` is refused as one over the
+    broker's limits is (counted as ``frontend_connections``); one past a deadline is
+    closed. ``handshake_seconds`` bounds the TLS handshake on a port of its own (None:
+    asyncio's 60 s; the main port's connections have ``idle_sniff_timeout`` to say what
+    they are, whoever they are for); ``login_seconds`` the time to log in, for a front
+    end whose :class:`Auth` can tell (``logged_in``); ``idle_seconds`` the time without
+    input, for a front end whose sessions say when input last came (:class:`Watched`).
+    """
+
+    connections: int | None = None
+    handshake_seconds: float | None = None
+    login_seconds: float | None = None
+    idle_seconds: float | None = None
+
+
+def default_limits(settings: Settings) -> ConnectionLimits:
+    """Every front end's unless it says otherwise: the broker-wide limits only, and a TLS
+    handshake as long as a main-port connection may take to say what it is."""
+    return ConnectionLimits(handshake_seconds=settings.idle_sniff_timeout)
+
+
+class Watched(Protocol):
+    """A session whose connection an idle limit applies to: it says when input last came."""
+
+    def last_input(self) -> float | None:
+        """The loop time of its last read, or None while it holds reading itself (then it
+        is not idle: the broker is the one not reading)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Auth:
+    """Whether and how a front end's clients say who they are (docs/security.md).
+
+    ``credentials``: its protocol carries them, and they are checked under auth =
+    "password"; a front end without them is open to whoever reaches its port, and said so
+    at start when that is beyond loopback. ``logged_in``: whether one of its connections
+    (the protocol serving it) has logged in, for a login deadline.
+    """
+
+    how: str
+    credentials: bool
+    logged_in: Callable[[asyncio.BaseProtocol], bool] | None = None
+
+
+NO_CREDENTIALS = Auth("none: the protocol carries no credentials", credentials=False)
+
+
 class LiveFrontEnd:
     """A front end running in one broker: its counters, connections and address.
 
@@ -93,10 +156,11 @@ class LiveFrontEnd:
     broker's one map cost before.
     """
 
-    __slots__ = ("address", "connections", "counters", "spec", "state", "tasks", "tls")
+    __slots__ = ("address", "connections", "counters", "limits", "spec", "state", "tasks", "tls")
 
     def __init__(self, spec: FrontEnd[Any]) -> None:
         self.spec = spec
+        self.limits = ConnectionLimits()  # the spec's for the broker's settings, once started
         self.counters = FrontEndCounters()
         if isinstance(spec.reach, Datagrams):
             self.counters.datagrams = 0
@@ -179,6 +243,13 @@ class Datagrams(Generic[H]):
 class FrontEnd(Generic[H]):
     """One protocol the broker serves, as the table lists it.
 
+    Beyond how it is reached: ``settings``, its table of the settings file (None: it has
+    none); ``flags``, fqd's flags that set settings of that table; ``limits``, its
+    connections' limits for the broker's settings; ``auth``, whether and how its clients
+    authenticate; ``title``, its name as people write it ("Figg"), in fqd's "TITLE
+    listening on port:" line. The addresses it claims follow from its reach
+    (:meth:`claims`).
+
     ``refusal``: what a connection over a limit is told before it is closed (HTTP's
     503), or None to close it without a word. ``describe``: what to show of one of its
     connections, given the protocol serving it. ``stop``: called when the broker stops,
@@ -197,6 +268,11 @@ class FrontEnd(Generic[H]):
     state: Callable[[H, Settings], object] | None = None
     # Shown in /frontends.json and the web UI: which protocol this is, in a few words.
     summary: str = ""
+    settings: type[Section] | None = None
+    flags: tuple[Flag, ...] = ()
+    limits: Callable[[Settings], ConnectionLimits] = default_limits
+    auth: Auth = NO_CREDENTIALS
+    title: str = ""
     # What it counts beyond FrontEndCounters (its /stats.json key, metrics and panel). A
     # function returning them, so that the code reading them is imported by the first
     # stats request rather than by every broker (tests/test_idle_imports.py).
@@ -204,6 +280,18 @@ class FrontEnd(Generic[H]):
     # The names of its entries in the fuzzer (bench/frontends.py): the bench sits above
     # the package and keeps the sockets and clients each entry needs.
     fuzz: tuple[str, ...] = ()
+
+    def claims(self, settings: Settings) -> list[Claim]:
+        """The addresses it listens on with ``settings``: the main port's, shared with the
+        others sniffed there, or its own port's (none while it is off)."""
+        reach = self.reach
+        if isinstance(reach, Sniffed):
+            return [Claim("tcp", settings.bind, settings.port, self.name, shared=True)]
+        address = reach.address(settings)
+        if address is None:
+            return []
+        transport = "udp" if isinstance(reach, Datagrams) else "tcp"
+        return [Claim(transport, address[0], address[1], self.name)]
 
 
 # --- a front end's own counters -------------------------------------------------------------
@@ -279,15 +367,20 @@ class Rate:
 def preambles(front_ends: Iterable[FrontEnd[Any]]) -> dict[bytes, FrontEnd[Any]]:
     """Which front end each 4-byte preamble of the main port claims a connection for.
 
-    Raises ValueError when two front ends share a name or a preamble, or a preamble is
-    not 4 bytes: the table must say one thing for each.
+    Raises ValueError when two front ends share a name, a settings table or a preamble, or
+    a preamble is not 4 bytes: the table must say one thing for each.
     """
     names: set[str] = set()
+    tables: set[str] = set()
     claims: dict[bytes, FrontEnd[Any]] = {}
     for spec in front_ends:
         if spec.name in names:
             raise ValueError(f"two front ends are named {spec.name!r}")
         names.add(spec.name)
+        if spec.settings is not None:
+            if spec.settings.NAME in tables:
+                raise ValueError(f"two front ends read the table [{spec.settings.NAME}]")
+            tables.add(spec.settings.NAME)
         if isinstance(spec.reach, Sniffed):
             for preamble in spec.reach.preambles:
                 if len(preamble) != 4 or preamble in claims:

@@ -1,27 +1,28 @@
 """The table of front ends: every protocol the broker serves, registered here once.
 
 The broker opens, counts, limits and stops each of them from this tuple
-(:mod:`fqbroker.server.listeners`); /frontends.json, /metrics and the web UI list them
-from it. Adding a front end:
+(:mod:`fqbroker.server.listeners`); the settings read their tables, and fqd its flags,
+from it (it registers itself with :func:`fqbroker.config.register`); /frontends.json,
+/metrics and the web UI list them from it. Adding a front end:
 
 1. a package under ``fqbroker/frontends/`` whose ``frontend.py`` declares one
    :class:`~fqbroker.server.frontend.FrontEnd`: its name, how it is reached
    (``Sniffed`` preambles on the main port, or ``OwnPort``/``Datagrams`` with the
-   address read from the settings, None while not configured), and ``open``, which
+   address read from the settings, None while not configured), ``open``, which
    returns the protocol that takes the connection over and calls ``closed(transport)``
-   on its host when it ends (see :mod:`fqbroker.frontends.http.frontend`, and
-   tests/test_frontends.py for TCP, TLS and UDP ones);
+   on its host when it ends, and its settings table (a ``settings.py`` beside it), flags,
+   limits and auth (see :mod:`fqbroker.frontends.figg.frontend`, and
+   tests/test_component.py for a toy one registered in a test alone);
 2. one line below;
 3. the names of its fuzz entries (``fuzz``), each a scenario in bench/frontends.py
    (tests/test_frontends.py asks).
-
-The settings a port of its own needs (port, TLS files) go to :mod:`fqbroker.config`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from fqbroker.config import register
 from fqbroker.frontends.figg import frontend as figg
 from fqbroker.frontends.fq import frontend as fq
 from fqbroker.frontends.fyrehose import frontend as fyrehose
@@ -43,6 +44,7 @@ FRONT_ENDS: tuple[FrontEnd[Any], ...] = (
 )
 
 _CLAIMS = preambles(FRONT_ENDS)
+register(FRONT_ENDS)  # the settings' default table: theirs is read without naming one
 
 
 def sniff(first4: bytes) -> FrontEnd[Any] | None:

@@ -10,7 +10,11 @@ On the main port a connection says what it is in its first 4 bytes
 ``idle_sniff_timeout``), then hands the transport to the front end whose preambles hold
 them, or closes it. On a port of its own the front end gets the connection as soon as the
 limits let it in. Either way the front end's protocol replaces ours on the transport: no
-task per connection, and nothing of ours in the path of its reads.
+task per connection, and nothing of ours in the path of its reads. Each front end's own
+:class:`~fqbroker.server.frontend.ConnectionLimits` are applied here too: its connection
+count when it takes one, its TLS handshake deadline on its port, and its login and idle
+deadlines (:mod:`fqbroker.server.deadlines`). Before anything binds, two front ends
+claiming one address are refused (:func:`fqbroker.section.refuse_shared`).
 
 With ``tls_cert`` set, each main-port connection is looked at before anything is read
 (:meth:`Listeners.take_over`): one opening with a TLS ClientHello is served over TLS and
@@ -30,7 +34,9 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from fqbroker.config import Settings
+from fqbroker.section import refuse_shared
 from fqbroker.server.connections import peer_address
+from fqbroker.server.deadlines import Deadlines
 from fqbroker.server.frontend import (
     Datagrams,
     FrontEnd,
@@ -66,6 +72,7 @@ class Listeners:
         self.limits = limits
         front_ends = tuple(front_ends)
         claims = preambles(front_ends)  # checks the table first
+        self.specs = front_ends
         self.front_ends = {spec.name: LiveFrontEnd(spec) for spec in front_ends}
         self._claims = {first4: self.front_ends[spec.name] for first4, spec in claims.items()}
         # Connections no front end owns yet (sniffing, or refused), with their address.
@@ -79,10 +86,21 @@ class Listeners:
         # Connections between their first transport and the one they are served on.
         self._handshakes: set[asyncio.Task[None]] = set()
         self._pending = 0
+        self.deadlines = Deadlines(limits)
 
     # --- lifecycle ------------------------------------------------------------------------
 
+    def check(self) -> None:
+        """ValueError, before anything binds, for two front ends claiming one address or
+        limits a front end cannot keep; each front end's limits for these settings."""
+        refuse_shared(self.settings.claims(self.specs))
+        for live in self.front_ends.values():
+            live.limits = live.spec.limits(self.settings)
+            if live.limits.login_seconds is not None and live.spec.auth.logged_in is None:
+                raise ValueError(f"{live.name}: a login deadline needs its auth's logged_in")
+
     async def start(self) -> None:
+        self.check()
         try:
             if self._claims:
                 self.tls = main_port_context(self.settings)
@@ -122,7 +140,11 @@ class Listeners:
         context = reach.tls(self.settings) if reach.tls is not None else None
         live.tls = context is not None  # a front end may serve TLS only when configured so
         server = await self._listen(
-            address[0], address[1], lambda: _Accept(self, live), ssl_context=context
+            address[0],
+            address[1],
+            lambda: _Accept(self, live),
+            ssl_context=context,
+            handshake=live.limits.handshake_seconds,
         )
         self._servers.append(server)
         live.address = cast(tuple[str, int], server.sockets[0].getsockname()[:2])
@@ -134,6 +156,7 @@ class Listeners:
         port: int,
         factory: Callable[[], asyncio.BaseProtocol],
         ssl_context: ssl.SSLContext | None = None,
+        handshake: float | None = None,
     ) -> asyncio.Server:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
@@ -144,8 +167,9 @@ class Listeners:
             backlog=128,
             ssl=ssl_context,
             # A TLS client that never finishes its handshake holds a descriptor the
-            # limits do not see yet: as long as a silent connection on the main port.
-            ssl_handshake_timeout=self.settings.idle_sniff_timeout if ssl_context else None,
+            # limits do not see yet: no longer than the front end allows (by default as
+            # long as a silent connection on the main port).
+            ssl_handshake_timeout=handshake if ssl_context else None,
         )
         for sock in server.sockets:
             # Accepted sockets inherit these (Linux): no per-connection call, and none of
@@ -175,6 +199,7 @@ class Listeners:
         if tasks:
             await asyncio.wait(tasks, timeout=STOP_SECONDS)
         await self._close_connections()
+        self.deadlines.close()
         await self._close_states()
         for server in self.servers():
             await server.wait_closed()
@@ -222,6 +247,8 @@ class Listeners:
         over (docs/limits.md), or None."""
         address = peer_address(transport)[0] if self.limits.max_per_address > 0 else ""
         reason = self.limits.connection_opened(address)
+        if owner is not None and not reason:
+            reason = self.full(owner)
         if owner is None or reason:
             self.unclaimed[transport] = address
         else:
@@ -230,6 +257,14 @@ class Listeners:
             owner.counters.open += 1
         return reason
 
+    def full(self, owner: LiveFrontEnd) -> str | None:
+        """Why ``owner`` may not take one more connection (it holds as many as its limits
+        allow: "frontend_connections"), or None."""
+        most = owner.limits.connections
+        if most is not None and owner.counters.open >= most:
+            return "frontend_connections"
+        return None
+
     def claim(self, transport: asyncio.Transport, owner: LiveFrontEnd) -> None:
         """The front end ``owner`` takes over a connection that was not yet claimed."""
         owner.connections[transport] = self.unclaimed.pop(transport)
@@ -237,6 +272,7 @@ class Listeners:
         owner.counters.open += 1
 
     def closed(self, transport: asyncio.Transport) -> None:
+        self.deadlines.forget(transport)
         address = self.unclaimed.pop(transport, None)
         if address is None:
             for live in self.front_ends.values():
@@ -274,17 +310,23 @@ class Listeners:
 
     # --- handing over ---------------------------------------------------------------------
 
-    def hand_over(self, transport: asyncio.Transport, first4: bytes, rest: bytes) -> None:
-        """Give a main-port connection to the front end its first 4 bytes name."""
+    def hand_over(
+        self, transport: asyncio.Transport, first4: bytes, rest: bytes
+    ) -> asyncio.TimerHandle | None:
+        """Give a main-port connection to the front end its first 4 bytes name; when that
+        one holds all the connections it may, refuse it instead (the refusal's timer)."""
         owner = self._claims.get(first4)
         if owner is None:
             self.limits.bad("preamble", "closing connection with unknown preamble %s", first4.hex())
             transport.close()
-            return
+            return None
+        if reason := self.full(owner):
+            return self.refuse(transport, owner, reason)
         self.claim(transport, owner)
         reach = cast(Sniffed[Any], owner.spec.reach)
         protocol = reach.open(self.host, owner, transport, first4)
         transport.set_protocol(protocol)
+        self.deadlines.watch(owner, transport, protocol)
         if isinstance(protocol, asyncio.BufferedProtocol):
             # uvloop keeps reading the way it started (data_received) until reading
             # starts again; asyncio's transports switch at set_protocol already.
@@ -292,6 +334,7 @@ class Listeners:
             transport.resume_reading()
         if rest:
             cast(asyncio.Protocol, protocol).data_received(rest)
+        return None
 
     def refuse(
         self, transport: asyncio.Transport, owner: LiveFrontEnd | None, reason: str
@@ -436,7 +479,9 @@ class _Sniffer(asyncio.Protocol):
             owner = self.listeners.claimant(first4)
             self.timer = self.listeners.refuse(self.transport, owner, self.refused)
             return
-        self.listeners.hand_over(self.transport, first4, rest)
+        self.timer = self.listeners.hand_over(self.transport, first4, rest)
+        if self.timer is not None:
+            self.buffer = None  # refused: what follows is thrown away
 
     def eof_received(self) -> bool:
         return False  # closed before saying what it is
@@ -471,7 +516,9 @@ class _Accept(asyncio.Protocol):
             self.timer = listeners.refuse(transport, owner, refused)
             return
         reach = cast(OwnPort[Any], owner.spec.reach)
-        transport.set_protocol(reach.open(listeners.host, owner, transport, b""))
+        protocol = reach.open(listeners.host, owner, transport, b"")
+        transport.set_protocol(protocol)
+        listeners.deadlines.watch(owner, transport, protocol)
 
     def data_received(self, data: bytes) -> None:
         pass  # refused: read and thrown away until the close

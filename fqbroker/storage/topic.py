@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import accumulate, islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -21,10 +23,9 @@ from fqbroker.storage.segmentlog import SegmentLog
 from fqbroker.storage.store import DiskStore, FsyncPolicy
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
 
-__all__ = ["RECENT_BYTES", "Topic", "TopicReader"]
+__all__ = ["RECENT_BYTES", "Topic", "TopicConfig", "TopicReader"]
 
 # Per topic: live readers a little behind read from here. Less than a queue's cache, since
 # nothing drains it: it holds memory (counted in the budget) until the topic goes idle.
@@ -42,6 +43,20 @@ class TopicReader(Protocol):
     def remote(self) -> str: ...
 
 
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """What topics need of the settings, handed in by whoever reads them (the Figg front
+    end's section): storage reads no settings table of its own."""
+
+    directory: Path  # one directory per topic under it
+    exchange: bytes  # the fq exchange topics share (route = topic name)
+    max_topics: int
+    segment_bytes: int
+    fsync: str  # an FsyncPolicy's value
+    fsync_interval_ms: float
+    retention: Callable[[bytes], tuple[int, float]]  # a topic's (bytes, seconds)
+
+
 class Topic:
     """One retained topic."""
 
@@ -49,21 +64,20 @@ class Topic:
         self,
         name: bytes,
         directory: Path,
-        settings: Settings,
+        config: TopicConfig,
         dirty: set[DiskStore] | None = None,
         budget: MemoryBudget | None = None,
     ) -> None:
         self.name = name
-        figg = settings.figg
         self.store = DiskStore(
-            SegmentLog(directory, segment_bytes=figg.segment_bytes),
-            policy=FsyncPolicy(figg.fsync),
-            interval_ms=settings.fsync_interval_ms,
+            SegmentLog(directory, segment_bytes=config.segment_bytes),
+            policy=FsyncPolicy(config.fsync),
+            interval_ms=config.fsync_interval_ms,
             dirty=dirty,
             budget=budget,
         )
         self.store.recent_limit = RECENT_BYTES
-        self.retention_bytes, self.retention_seconds = figg.retention(name)
+        self.retention_bytes, self.retention_seconds = config.retention(name)
         self.messages_in = 0  # appended since open
         self.segments_deleted = 0  # by retention, since open
         self.subscribers: set[TopicReader] = set()

@@ -4,8 +4,8 @@ A topic (:class:`~fqbroker.storage.topic.Topic`, re-exported here) is a
 :class:`~fqbroker.storage.store.DiskStore` of its own under ``<queue_dir>/topics/``, whose
 appends go through the catalog's dirty set and memory budget, so publishers' flushes and
 confirms cover them as they cover disk queues. :class:`Topics` keeps them; the
-:class:`TopicSink`, bound with ``prefix:""`` on ``settings.figg.exchange`` straight on the
-router (never persisted), appends each message to the topic named by its route.
+:class:`TopicSink`, bound with ``prefix:""`` on the topics' exchange (``TopicConfig.exchange``)
+straight on the router (never persisted), appends each message to the topic named by its route.
 """
 
 from __future__ import annotations
@@ -16,20 +16,18 @@ import logging
 import time
 from collections.abc import Iterator
 from itertools import repeat
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fqbroker.core.router import Sink
 from fqbroker.errors import LogFormatError
-from fqbroker.storage.topic import Topic, TopicReader
+from fqbroker.storage.topic import Topic, TopicConfig, TopicReader
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.router import Router
     from fqbroker.storage.store import DiskStore
 
-__all__ = ["TOPIC_PROGRAM", "Topic", "TopicReader", "TopicSink", "Topics"]
+__all__ = ["TOPIC_PROGRAM", "Topic", "TopicConfig", "TopicReader", "TopicSink", "Topics"]
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +88,16 @@ class Topics:
 
     def __init__(
         self,
-        settings: Settings,
+        config: TopicConfig,
         router: Router,
         dirty: set[DiskStore] | None = None,
         budget: MemoryBudget | None = None,
     ) -> None:
-        self.settings = settings
+        self.config = config
         self.router = router
-        self.directory = Path(settings.queue_dir) / "topics"
-        self.exchange = settings.figg.exchange.encode()
-        self.max_topics = settings.figg.max_topics
+        self.directory = config.directory
+        self.exchange = config.exchange
+        self.max_topics = config.max_topics
         self._dirty = dirty
         self._budget = budget
         self._topics: dict[bytes, Topic] = {}
@@ -129,9 +127,7 @@ class Topics:
 
     def _make(self, name: bytes) -> Topic | None:
         try:
-            topic = Topic(
-                name, self.directory / name.hex(), self.settings, self._dirty, self._budget
-            )
+            topic = Topic(name, self.directory / name.hex(), self.config, self._dirty, self._budget)
         except (OSError, LogFormatError) as exc:
             if name not in self._unusable:
                 log.error("topic %r cannot be opened, its messages are dropped: %s", name, exc)

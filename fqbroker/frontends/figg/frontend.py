@@ -1,6 +1,7 @@
 """The Figg listener as a front end of the table: a port of its own, off until ``[figg]
 listen`` (or ``fqd --figg``) names an address; TLS when ``tls_cert`` is set, as the
-Lumberjack listener's (our Figg client connects with ``tls``/``cafile``)."""
+Lumberjack listener's (our Figg client connects with ``tls``/``cafile``). A connection
+that sends nothing for ``idle_seconds`` is closed by the listeners (its idle limit)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import functools
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import Figg, Settings
-from fqbroker.server.frontend import Counters, FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.config import Settings
+from fqbroker.frontends.figg.settings import Figg
+from fqbroker.section import Flag
+from fqbroker.server.frontend import ConnectionLimits, Counters, FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.server.tls import server_context
 
 # The session and its wire are imported when the listener opens or a connection is told
@@ -25,23 +28,31 @@ Facts = tuple[tuple[str, str | int], ...]
 
 def config_of(settings: Figg) -> Config:
     """What the listener's connections share."""
-    return _config(settings.exchange, settings.max_frame, settings.idle_seconds)
+    return _config(settings.exchange, settings.max_frame)
 
 
 @functools.lru_cache(maxsize=8)
-def _config(exchange: str, max_frame: int, idle: float) -> Config:
+def _config(exchange: str, max_frame: int) -> Config:
     # Keyed by the values: Figg itself is not hashable (its per-topic table is a dict).
     from fqbroker.frontends.figg.session import Config
 
-    return Config(exchange.encode(), max_frame, idle)
+    return Config(exchange.encode(), max_frame)
 
 
 def _address(settings: Settings) -> tuple[str, int] | None:
-    return settings.figg.address(settings.bind)
+    return settings.section(Figg).address(settings.bind)
 
 
 def _tls(settings: Settings) -> ssl.SSLContext | None:
-    return server_context(settings.figg.tls_cert, settings.figg.tls_key)
+    figg = settings.section(Figg)
+    return server_context(figg.tls_cert, figg.tls_key)
+
+
+def _limits(settings: Settings) -> ConnectionLimits:
+    return ConnectionLimits(
+        handshake_seconds=settings.idle_sniff_timeout,
+        idle_seconds=settings.section(Figg).idle_seconds,
+    )
 
 
 def _open(
@@ -49,7 +60,7 @@ def _open(
 ) -> asyncio.BaseProtocol:
     from fqbroker.frontends.figg.session import FiggSession
 
-    return FiggSession(host, live, transport, config_of(host.settings.figg))
+    return FiggSession(host, live, transport, config_of(host.settings.section(Figg)))
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:
@@ -76,6 +87,17 @@ FIGG: FrontEnd[Any] = FrontEnd(
     reach=OwnPort(_address, _open, tls=_tls),
     describe=_describe,
     summary="Figg (seed 004): retained topics, publish with ACK, subscribe from an offset",
+    settings=Figg,
+    flags=(
+        Flag(
+            "--figg",
+            "listen",
+            "ADDR:PORT",
+            "serve retained topics to Figg clients here (off by default; port 0 picks one)",
+        ),
+    ),
+    limits=_limits,
+    title="Figg",
     counters=_counters,
     fuzz=("figg",),
 )

@@ -24,9 +24,8 @@ and None once the buffer holds no whole frame:
 the shell's publishing tail calls :meth:`acknowledge` with how many messages are routed
 and durable, and the ACKs due become one ACK (the client's is cumulative).
 
-**Idle.** The machine knows when input last came: :attr:`deadline` is when the connection
-has been idle for ``idle`` seconds, and :meth:`timed_out` says whether it has. The shell
-owns the timer, and does not ask while it is the one not reading.
+**Idle.** The machine knows when input last came (:attr:`last_input`); the listeners'
+idle limit reads it through the shell, which owns no timer of its own.
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ class Config:
 
     exchange: bytes
     max_frame: int
-    idle: float  # seconds without input before a connection is closed
 
 
 def sender_for(remote_addr: str, remote_port: int) -> bytes:
@@ -76,13 +74,12 @@ class Machine(AckingMachine[int]):
         "_drained",
         "_exchange",
         "_hops",
-        "_idle",
-        "_last_read",
         "_mapped",
         "_next_id",
         "_publishes",
         "_sender",
         "acked",
+        "last_input",
     )
 
     def __init__(
@@ -98,11 +95,10 @@ class Machine(AckingMachine[int]):
         super().__init__()
         self._decoder = wire.FrameDecoder(config.max_frame)
         self._exchange = config.exchange
-        self._idle = config.idle
         self._sender = sender
         self._hops = hops
         self._next_id = next_id
-        self._last_read = now
+        self.last_input = now  # loop time input last came
         self._mapped = 0  # messages made so far
         self._publishes: list[tuple[bytes, int, bytes]] = []  # (topic, seq, data)
         self._bad: BadInput | None = None  # final: answered to every later call
@@ -122,7 +118,7 @@ class Machine(AckingMachine[int]):
         return self._mapped
 
     def receive_data(self, data: bytes, now: float) -> None:
-        self._last_read = now
+        self.last_input = now
         self._drained = False
         self._decoder.receive_data(data)
 
@@ -201,14 +197,3 @@ class Machine(AckingMachine[int]):
         """One ACK for the batches now due: the client's is cumulative."""
         self.acked = due[-1]
         return wire.encode_ack(self.acked)
-
-    # --- idle -----------------------------------------------------------------------------
-
-    @property
-    def deadline(self) -> float:
-        """When the connection has been idle for ``idle`` seconds."""
-        return self._last_read + self._idle
-
-    def timed_out(self, now: float) -> bool:
-        """Whether nothing came for ``idle`` seconds (a millisecond early counts)."""
-        return self._last_read + self._idle - now <= 0.001

@@ -3,9 +3,10 @@
 The rules are :class:`~.machine.Machine`'s; this module moves bytes into it, publishes
 the batches it makes and acknowledges them through the shared tail
 (:class:`~fqbroker.frontends.publishing.PublishingSession`), serves subscriptions
-(:mod:`.subscription`) and owns the idle timer. It owns no task while a connection only
-publishes and pings: a task exists per subscription, while the session waits for room in
-a full queue or for the memory budget, and while it waits for an fsync before an ACK.
+(:mod:`.subscription`); the listeners' idle limit reads :meth:`last_input`. It owns no
+task while a connection only publishes and pings: a task exists per subscription, while
+the session waits for room in a full queue or for the memory budget, and while it waits
+for an fsync before an ACK.
 
 Theory of operation
 -------------------
@@ -28,8 +29,8 @@ buffers (up to a frame of ``max_frame``) is held against the broker's memory bud
 
 **Ending.** Bad input (a bad frame, a topic name empty or over 127 bytes, a server's
 frame) is logged, counted as bad input and closes the connection; so does a topic the
-broker cannot create (past ``max_topics``), and ``idle_seconds`` without a byte from the
-client while we read.
+broker cannot create (past ``max_topics``). ``idle_seconds`` without a byte from the
+client while we read closes it too: the listeners' idle limit, told by ``last_input``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class FiggHost(Protocol):
 class FiggSession(PublishingSession, asyncio.Protocol):
     """One Figg client's connection: decode, publish and acknowledge, deliver, answer."""
 
-    __slots__ = ("_idle", "config", "delivered", "subscriptions", "writable")
+    __slots__ = ("config", "delivered", "subscriptions", "writable")
 
     FRONTEND = "figg"
     TITLE = "Figg"
@@ -97,7 +98,6 @@ class FiggSession(PublishingSession, asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.delivered = 0  # DATA frames sent, for /frontends.json
-        self._idle = loop.call_later(config.idle, self._on_idle)
 
     # --- what /frontends.json shows -------------------------------------------------------
 
@@ -110,6 +110,11 @@ class FiggSession(PublishingSession, asyncio.Protocol):
     def acked(self) -> int:
         """The last seq acknowledged (-1: none yet)."""
         return self.machine.acked
+
+    def last_input(self) -> float | None:
+        """When input last came (loop time), or None while we are the ones not reading it:
+        what the listeners' idle limit reads (server.frontend.Watched)."""
+        return None if self._holds else self.machine.last_input
 
     # --- protocol -------------------------------------------------------------------------
 
@@ -136,7 +141,6 @@ class FiggSession(PublishingSession, asyncio.Protocol):
     def _end(self) -> bool:
         if not super()._end():
             return False
-        self._idle.cancel()
         self._stop_subscriptions()
         return True
 
@@ -144,21 +148,6 @@ class FiggSession(PublishingSession, asyncio.Protocol):
         for sub in self.subscriptions.values():
             sub.stop()
         self.subscriptions.clear()
-
-    def _on_idle(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        machine = self.machine
-        if self._holds or not machine.timed_out(now):
-            # Input arrived meanwhile, or we are the ones not reading it.
-            wait = max(machine.deadline - now, self.config.idle / 4)
-            self._idle = loop.call_later(wait, self._on_idle)
-            return
-        self.broker.limits.log.log(
-            logging.INFO, "figg", "closing Figg connection from %s: nothing received for %gs",
-            self._name(), self.config.idle,
-        )  # fmt: skip
-        self.close()
 
     # --- the machine's own events ---------------------------------------------------------
 

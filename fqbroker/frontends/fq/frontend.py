@@ -14,7 +14,7 @@ from typing import Any
 from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import CommandSession
 from fqbroker.frontends.fq.data import DataSession
-from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, Sniffed
+from fqbroker.server.frontend import Auth, FrontEnd, LiveFrontEnd, Sniffed
 
 __all__ = ["COMMAND", "DATA"]
 
@@ -55,6 +55,10 @@ def _describe_data(protocol: asyncio.BaseProtocol) -> Facts:
     return (("mode", mode), ("user", user))
 
 
+def _logged_in(protocol: asyncio.BaseProtocol) -> bool:
+    return isinstance(protocol, CommandSession) and bool(protocol.key)
+
+
 def _close_clients(host: Any) -> None:
     # Each command session ends its data channel and leaves its queue as a client's
     # close would, before the broker closes what is left.
@@ -68,6 +72,11 @@ COMMAND: FrontEnd[Any] = FrontEnd(
     describe=_describe_command,
     stop=_close_clients,
     summary="fq command channel: auth, bindings, heartbeats, status",
+    auth=Auth(
+        'fq\'s auth request: under auth = "password", a user of fq-admin and its password',
+        credentials=True,
+        logged_in=_logged_in,
+    ),
     fuzz=("fq-command",),
 )
 
@@ -79,5 +88,6 @@ DATA: FrontEnd[Any] = FrontEnd(
     ),
     describe=_describe_data,
     summary="fq data channel: messages in and out, publisher or peer mode",
+    auth=Auth("the key its command channel was given when it logged in", credentials=True),
     fuzz=("fq-data", "fq-peer"),
 )

@@ -23,6 +23,7 @@ from fqbroker.errors import FyrehoseProtocolError
 from fqbroker.frontends.fyrehose import wire
 from fqbroker.frontends.fyrehose.backbone import Address, Backbone, Out
 from fqbroker.frontends.fyrehose.sequence import LEASE, SequenceFile
+from fqbroker.frontends.fyrehose.settings import Fyrehose
 
 if TYPE_CHECKING:
     from fqbroker.config import Settings
@@ -117,7 +118,7 @@ class FyrehoseEndpoint(asyncio.DatagramProtocol):
         self.live = live
         self.backbone = backbone
         self.file = file
-        settings = host.settings.fyrehose
+        settings = host.settings.section(Fyrehose)
         self.exchange = settings.exchange.encode()
         self.route = settings.route.encode()
         self.publisher = host.make_publisher()

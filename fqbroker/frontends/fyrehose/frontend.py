@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fqbroker.config import Settings
+from fqbroker.frontends.fyrehose.settings import Fyrehose
+from fqbroker.section import Flag
 from fqbroker.server.frontend import Counters, Datagrams, FrontEnd, LiveFrontEnd
 
 # The endpoint and its backbone are imported when the listener opens, not by every
@@ -17,7 +19,7 @@ __all__ = ["FYREHOSE"]
 
 
 def _address(settings: Settings) -> tuple[str, int] | None:
-    return settings.fyrehose.address(settings.bind)
+    return settings.section(Fyrehose).address(settings.bind)
 
 
 def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
@@ -25,7 +27,7 @@ def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
     from fqbroker.frontends.fyrehose.endpoint import FyrehoseEndpoint, renewer
     from fqbroker.frontends.fyrehose.sequence import SequenceFile, SequenceFileError
 
-    settings = host.settings.fyrehose
+    settings = host.settings.section(Fyrehose)
     file = SequenceFile.under(host.settings.queue_dir)
     first = file.read()  # SequenceFileError: fqd says why in one line and exits
     try:
@@ -59,6 +61,16 @@ FYREHOSE: FrontEnd[Any] = FrontEnd(
     name="fyrehose",
     reach=Datagrams(_address, _open),
     summary="fyrehose (seed 000): sequenced UDP pub/sub with gap recovery, bridged to an exchange",
+    settings=Fyrehose,
+    flags=(
+        Flag(
+            "--fyrehose",
+            "listen",
+            "ADDR:PORT",
+            "serve the fyrehose backbone over UDP here (off by default; port 0 picks one)",
+        ),
+    ),
+    title="fyrehose",
     counters=_counters,
     fuzz=("fyrehose",),
 )

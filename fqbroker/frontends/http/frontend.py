@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Final, cast
 
-from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, Sniffed
+from fqbroker.server.frontend import Auth, FrontEnd, LiveFrontEnd, Sniffed
 
 # The host's Protocol and what it imports (auth) come with the first request too.
 if TYPE_CHECKING:
@@ -90,5 +90,9 @@ HTTP: FrontEnd[HttpHost] = FrontEnd(
     reach=Sniffed(HTTP_METHODS, _open),
     refusal=_refusal,
     summary="HTTP/1.1: stats, metrics, submit, checkpoints, replay, the web UI",
+    auth=Auth(
+        "admin_token or read_token as a bearer token, or a user's HTTP Basic credentials",
+        credentials=True,
+    ),
     fuzz=("http",),
 )

@@ -13,7 +13,9 @@ import functools
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import Lumberjack, Settings
+from fqbroker.config import Settings
+from fqbroker.frontends.lumberjack.settings import Lumberjack
+from fqbroker.section import Flag
 from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
 
 # The session, its protocol and mapping are imported when the listener opens or a
@@ -49,14 +51,15 @@ def config_of(settings: Lumberjack) -> Config:
 
 
 def _address(settings: Settings) -> tuple[str, int] | None:
-    address = settings.lumberjack.address(settings.bind)
+    table = settings.section(Lumberjack)
+    address = table.address(settings.bind)
     if address is not None:
-        config_of(settings.lumberjack)  # the template is checked before the port opens
+        config_of(table)  # the template is checked before the port opens
     return address
 
 
 def _tls(settings: Settings) -> ssl.SSLContext | None:
-    lumberjack = settings.lumberjack
+    lumberjack = settings.section(Lumberjack)
     if lumberjack.tls_cert is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -69,7 +72,7 @@ def _open(
 ) -> asyncio.BaseProtocol:
     from fqbroker.frontends.lumberjack.session import LumberjackSession
 
-    return LumberjackSession(host, live, transport, config_of(host.settings.lumberjack))
+    return LumberjackSession(host, live, transport, config_of(host.settings.section(Lumberjack)))
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:
@@ -90,5 +93,15 @@ LUMBERJACK: FrontEnd[Any] = FrontEnd(
     reach=OwnPort(_address, _open, tls=_tls),
     describe=_describe,
     summary="Lumberjack v1/v2 (Elastic Beats, logstash-forwarder): log shippers publish",
+    settings=Lumberjack,
+    flags=(
+        Flag(
+            "--lumberjack",
+            "listen",
+            "ADDR:PORT",
+            "serve Lumberjack/Beats log shippers here (off by default; port 0 picks one)",
+        ),
+    ),
+    title="Lumberjack",
     fuzz=("lumberjack",),
 )

@@ -12,7 +12,9 @@ import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import OpenCluster, Settings
+from fqbroker.config import Settings
+from fqbroker.frontends.opencluster.settings import OpenCluster
+from fqbroker.section import Flag
 from fqbroker.server.frontend import Counters, FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.server.tls import server_context
 
@@ -45,17 +47,18 @@ def store_path(settings: Settings) -> Path:
 
 
 def _address(settings: Settings) -> tuple[str, int] | None:
-    return settings.opencluster.address(settings.bind)
+    return settings.section(OpenCluster).address(settings.bind)
 
 
 def _tls(settings: Settings) -> ssl.SSLContext | None:
-    return server_context(settings.opencluster.tls_cert, settings.opencluster.tls_key)
+    table = settings.section(OpenCluster)
+    return server_context(table.tls_cert, table.tls_key)
 
 
 def _state(host: OpenClusterHost, settings: Settings) -> KVStore:
     from fqbroker.storage.kvstore import KVStore
 
-    table = settings.opencluster
+    table = settings.section(OpenCluster)
     return KVStore(store_path(settings), sync=table.sync, max_keys=table.max_keys)
 
 
@@ -66,7 +69,7 @@ def _open(
     from fqbroker.storage.kvstore import KVStore
 
     assert isinstance(live.state, KVStore)  # made before the port opened
-    limits = limits_of(host.settings.opencluster)
+    limits = limits_of(host.settings.section(OpenCluster))
     return OpenClusterSession(host, live, transport, live.state, limits)
 
 
@@ -90,6 +93,16 @@ OPENCLUSTER: FrontEnd[Any] = FrontEnd(
     describe=_describe,
     state=_state,
     summary="OpenCluster (seed 001): a durable key/value store, int and string values with expiry",
+    settings=OpenCluster,
+    flags=(
+        Flag(
+            "--opencluster",
+            "listen",
+            "ADDR:PORT",
+            "serve the OpenCluster key/value store here (off by default; port 0 picks one)",
+        ),
+    ),
+    title="OpenCluster",
     counters=_counters,
     fuzz=("opencluster",),
 )

@@ -1,0 +1,92 @@
+"""The ``[opencluster]`` table: the OpenCluster key/value store's settings
+(docs/opencluster.md).
+
+Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.section`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fqbroker.section import Section, setting
+
+__all__ = ["OpenCluster"]
+
+_LISTEN = """\
+Where OpenCluster clients connect: "HOST:PORT", "[IPV6]:PORT", or "PORT" on the address of
+`bind` (13600 is the protocol's customary port); 0 picks a free port. Empty: off.
+`fqd --opencluster ADDR:PORT` sets it too. The protocol has no authentication: bind it to
+loopback or a private network."""
+_SYNC = """\
+Values are kept in memory and in <queue_dir>/opencluster/ (a journal, folded into
+kv.sqlite3 in the background); a set is acknowledged once its batch is in the journal.
+"full": the batch is fsynced, an ack survives a power cut. "normal": an ack survives
+kill -9 of fqd, not a power cut (faster)."""
+_LIMITS = """\
+Limits. A frame whose name, value or payload (the header's length) is over these closes
+that connection (counted as bad input); the others carry on."""
+_MAX_KEYS = 'Keys held: a set of a new key past it is answered failinfo (code 3, "store full").'
+_MAX_INFLIGHT = """\
+Commands one connection may have read and not yet answered; past it the broker stops
+reading that connection until its replies go out (flow control, not an error)."""
+_TLS = "TLS: a PEM certificate chain, and its key (unset: the key is in the certificate's file)."
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCluster(Section):
+    """The ``[opencluster]`` table: the OpenCluster key/value listener (docs/opencluster.md).
+
+    Off while ``listen`` is None (or empty in the TOML file). Values live in memory, and
+    in a journal folded into sqlite under ``queue_dir``; a set is acknowledged once its
+    batch is written to the journal, fsynced (``sync = "full"``) or not (``"normal"``:
+    survives kill -9, not a power cut). A frame over a limit closes that connection;
+    ``max_keys`` refuses new keys (failinfo); ``max_inflight`` stops reading a connection
+    until its replies go out.
+    """
+
+    NAME = "opencluster"
+    TITLE = "The OpenCluster key/value store (docs/opencluster.md)"
+    PORT = 13600  # the protocol's customary port, for a ``listen`` naming a host only
+
+    listen: str | None = setting(
+        None, "HOST:PORT, [V6]:PORT or PORT (on `bind`); empty: off", comment=_LISTEN
+    )
+    sync: str = setting(
+        "full", '"full": an ack survives a power cut; "normal": kill -9 only', comment=_SYNC,
+        choices=("full", "normal"),
+    )  # fmt: skip
+    max_name: int = setting(1024, "bytes of a key's name", comment=_LIMITS, positive=True)
+    max_value: int = setting(1 << 20, "bytes of a string value", comment="", positive=True)
+    max_payload: int = setting(
+        (1 << 20) + 1024 + 64, "a frame's payload length (its header's)", comment="",
+        positive=True,
+    )  # fmt: skip
+    max_keys: int = setting(
+        1_000_000, "keys held; a set of a new key past it is refused", comment=_MAX_KEYS,
+        positive=True,
+    )  # fmt: skip
+    max_inflight: int = setting(
+        1024, "commands read and not yet answered, per connection", comment=_MAX_INFLIGHT,
+        positive=True,
+    )  # fmt: skip
+    tls_cert: Path | None = setting(  # noqa: RUF009 (a field, as dataclasses.field)
+        None, "PEM certificate chain: TLS when set", comment=_TLS,
+        example="/etc/fqd/opencluster.crt",
+    )  # fmt: skip
+    tls_key: Path | None = setting(  # noqa: RUF009 (a field, as dataclasses.field)
+        None, "PEM private key; unset: in tls_cert's file", comment="",
+        example="/etc/fqd/opencluster.key",
+    )  # fmt: skip
+
+    def check(self) -> None:
+        # A frame of the largest name and value must fit: 16 bytes of hashes, expiry and
+        # full_wait, two 4-byte lengths.
+        if self.max_payload > (1 << 31) - 1:
+            raise ValueError("opencluster max_payload must fit the header's i32 length")
+        if self.max_payload < 24 + self.max_name + 4:
+            raise ValueError(
+                "opencluster max_payload must hold a set of a max_name name "
+                f"(at least {24 + self.max_name + 4})"
+            )
+        Section.check(self)

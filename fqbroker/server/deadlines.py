@@ -1,0 +1,122 @@
+"""The deadlines a front end declares for its connections: to log in, and without input.
+
+A front end's :class:`~fqbroker.server.frontend.ConnectionLimits` may give
+``login_seconds`` (its :class:`~fqbroker.server.frontend.Auth` says when a connection
+logged in) and ``idle_seconds`` (its sessions say when input last came,
+:class:`~fqbroker.server.frontend.Watched`). The listeners keep them here, for every
+front end alike, so no session keeps a timer of its own for them; a connection of a
+front end without deadlines costs nothing here.
+
+An idle check that finds input came meanwhile waits for the rest of the period (at least
+a quarter of it): one timer per connection, moved on only when it fires, never per read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import cast
+
+from fqbroker.server.connections import peer_address
+from fqbroker.server.frontend import LiveFrontEnd, Watched
+from fqbroker.server.limits import Limits
+
+__all__ = ["Deadlines"]
+
+
+class Deadlines:
+    """One broker's per-connection deadlines, by transport."""
+
+    __slots__ = ("_watches", "limits")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._watches: dict[asyncio.Transport, _Watch] = {}
+
+    def watch(
+        self, live: LiveFrontEnd, transport: asyncio.Transport, protocol: asyncio.BaseProtocol
+    ) -> None:
+        """Start the deadlines ``live`` declares for a connection it has just taken over."""
+        limits = live.limits
+        if limits.login_seconds is None and limits.idle_seconds is None:
+            return
+        self._watches[transport] = _Watch(self, live, transport, protocol)
+
+    def forget(self, transport: asyncio.Transport) -> None:
+        """A connection ended: its timers go with it."""
+        if self._watches:
+            watch = self._watches.pop(transport, None)
+            if watch is not None:
+                watch.cancel()
+
+    def close(self) -> None:
+        for watch in self._watches.values():
+            watch.cancel()
+        self._watches.clear()
+
+
+class _Watch:
+    """One connection's deadlines."""
+
+    __slots__ = ("deadlines", "idle", "live", "login", "protocol", "transport")
+
+    def __init__(
+        self,
+        deadlines: Deadlines,
+        live: LiveFrontEnd,
+        transport: asyncio.Transport,
+        protocol: asyncio.BaseProtocol,
+    ) -> None:
+        self.deadlines = deadlines
+        self.live = live
+        self.transport = transport
+        self.protocol = protocol
+        loop = asyncio.get_running_loop()
+        limits = live.limits
+        self.login: asyncio.TimerHandle | None = None
+        self.idle: asyncio.TimerHandle | None = None
+        if limits.login_seconds is not None:
+            self.login = loop.call_later(limits.login_seconds, self._on_login)
+        if limits.idle_seconds is not None:
+            self.idle = loop.call_later(limits.idle_seconds, self._on_idle)
+
+    def cancel(self) -> None:
+        for handle in (self.login, self.idle):
+            if handle is not None:
+                handle.cancel()
+        self.login = self.idle = None
+
+    def _on_login(self) -> None:
+        self.login = None
+        logged_in = self.live.spec.auth.logged_in
+        if logged_in is None or logged_in(self.protocol):
+            return
+        self._close("not logged in after %gs", self.live.limits.login_seconds)
+
+    def _on_idle(self) -> None:
+        self.idle = None
+        idle = cast(float, self.live.limits.idle_seconds)
+        loop = asyncio.get_running_loop()
+        last = cast(Watched, self.protocol).last_input()
+        if last is None:
+            # The session holds reading: we are the ones not reading its input.
+            self.idle = loop.call_later(idle / 4, self._on_idle)
+            return
+        wait = last + idle - loop.time()
+        if wait > 0.001:
+            self.idle = loop.call_later(max(wait, idle / 4), self._on_idle)
+            return
+        self._close("nothing received for %gs", idle)
+
+    def _close(self, why: str, seconds: float | None) -> None:
+        live = self.live
+        self.deadlines.limits.log.log(
+            logging.INFO,
+            live.name,
+            "closing %s connection from %s: " + why,
+            live.spec.title or live.name,
+            "{}:{}".format(*peer_address(self.transport)),
+            seconds,
+        )
+        self.deadlines.forget(self.transport)
+        self.transport.close()
