@@ -61,7 +61,7 @@ $(NODE_STAMP): tests/interop/package.json
 	cd tests/interop && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
-# Headless Chromium for tests/test_webui.py (needs root for apt-get). Without it the test
+# Headless Chromium for tests/e2e/webui/test_webui.py (needs root for apt-get). Without it the test
 # skips and says why, except with CI set, where it fails (tests/prereqs.py).
 chromium:
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
@@ -76,11 +76,11 @@ test: install spark node
 
 # The tests of the compiled modules again, in pure Python (`make test` runs them compiled
 # where the accelerator is built; tests/test_accel.py compares the two).
-ACCEL_TESTS := tests/test_frames.py tests/test_runs.py tests/test_datachannel.py \
-  tests/test_wire.py tests/test_figg_wire.py tests/test_router.py tests/test_router_cache.py \
-  tests/test_publisher.py \
-  tests/test_fairness.py tests/test_confirm_race.py tests/test_kvstore.py \
-  tests/test_opencluster.py tests/test_opencluster_wire.py tests/test_accel.py
+ACCEL_TESTS := tests/core/test_frames.py tests/core/test_router_runs.py tests/frontends/fq/test_datachannel.py \
+  tests/protocols/fq/test_wire.py tests/protocols/figg/test_wire.py tests/core/test_router.py tests/core/test_router_cache.py \
+  tests/core/test_publisher.py \
+  tests/core/test_queue_fairness.py tests/core/test_publisher_confirms.py tests/storage/kv/test_store.py \
+  tests/e2e/opencluster/test_opencluster.py tests/protocols/opencluster/test_wire.py tests/test_accel.py
 test-pure: install
 	FQBROKER_PURE=1 $(PY) -m pytest -q $(ACCEL_TESTS)
 

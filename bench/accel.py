@@ -30,7 +30,7 @@ def _fq(routes: int, messages: int = 100_000, repeats: int = 5) -> float:
     from fqbroker.core.queue import Queue
     from fqbroker.core.queuespec import QueueSpec
     from fqbroker.core.router import ClientStats, Router
-    from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+    from fqbroker.protocols.fq.msgdecoder import MessageDecoder
 
     router = Router()
     queue = Queue(QueueSpec(b"q", backlog=1 << 30), default_bytes=1 << 40)
@@ -65,9 +65,9 @@ def _fq(routes: int, messages: int = 100_000, repeats: int = 5) -> float:
 
 
 def _oc(sets: int = 50_000, repeats: int = 5) -> float:
-    from fqbroker.frontends.opencluster import wire
     from fqbroker.frontends.opencluster.machine import Limits, Machine
-    from fqbroker.storage.kvstore import KVStore
+    from fqbroker.protocols.opencluster import wire
+    from fqbroker.storage.kv.store import KVStore
 
     async def run(path: Path) -> float:
         store = KVStore(path / "kv.sqlite3", sync="normal")

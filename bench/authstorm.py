@@ -19,9 +19,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from fqbroker.clients.client import Client
-from fqbroker.frontends.fq import wire
-from fqbroker.storage.users import Users
+from fqbroker.clients.fq.client import Client
+from fqbroker.protocols.fq import wire
+from fqbroker.storage.configdb.users import Users
 
 from .child import Broker, add_run_options, print_verdict, raise_nofile, run_main, run_parser
 

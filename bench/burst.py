@@ -20,8 +20,8 @@ from bench.fqpath import EXCHANGE, ROUTE, _consumer, _Host, _owner, _Transport
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
 from fqbroker.core.router import Router
-from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.data import DataSession
+from fqbroker.protocols.fq import wire
 
 # What a millisecond of the kernel and the other processes leave in the caches: the
 # per-core L2 (1 MiB here) and more is overwritten between bursts, the L3 kept.

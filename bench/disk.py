@@ -13,10 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from fqbroker.clients.client import Client
-from fqbroker.config import Settings
+from fqbroker.clients.fq.client import Client
 from fqbroker.server.broker import Broker
-from fqbroker.storage.segmentlog import SegmentLog
+from fqbroker.settings.broker import Settings
+from fqbroker.storage.segments.log import SegmentLog
 
 BURST = 20_000
 RUNS = 5

@@ -17,7 +17,7 @@ import struct
 import sys
 import time
 
-from fqbroker.frontends.figg import wire
+from fqbroker.protocols.figg import wire
 
 _HEADER = struct.Struct(">HHI")
 _U32 = struct.Struct(">I")

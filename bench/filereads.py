@@ -19,9 +19,9 @@ from pathlib import Path
 import aiofiles
 import aiofiles.os
 
-from fqbroker.storage.coldread import ReadAhead
-from fqbroker.storage.segmentlog import SegmentLog
-from fqbroker.storage.segrecords import Segment
+from fqbroker.storage.segments.coldread import ReadAhead
+from fqbroker.storage.segments.log import SegmentLog
+from fqbroker.storage.segments.records import Segment
 
 RUNS = 5
 READS = {"static 4 KiB": 200, "range 1 MiB": 40, "large range 16 MiB": 4, "log read 1 MiB": 20}

@@ -23,8 +23,8 @@ from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
 from fqbroker.core.router import ClientStats, Router
-from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.data import DataSession
+from fqbroker.protocols.fq import wire
 
 READ = 256_000  # what uvloop reads at most at a time
 EXCHANGE, ROUTE = b"bench", b"r.k"

@@ -7,14 +7,14 @@ being fuzzed. :data:`FRONT_ENDS` is made from the broker's table of front ends
 (fqbroker/server/frontends.py): each front end names its entries (``FrontEnd.fuzz``) and
 says how it is reached, TCP or UDP, on the fq port or on a port of its own, found in
 ``Target.ports[name]`` from the broker's /frontends.json; :data:`SCENARIOS` holds what
-each named entry does (tests/test_frontends.py fails while a front end of the table names
+each named entry does (tests/server/test_frontends.py fails while a front end of the table names
 none, or one missing here). Nothing else in the fuzzer changes.
 
 Every random choice of a session comes from the ``random.Random`` it is given, so a
 session replayed with the same seed sends the same bytes (apart from the key a data socket
 gets from the broker): that is how findings are reproduced (bench/fuzz.py).
 
-Today's entries, all on the fq port (frame formats: fqbroker/frontends/fq/wire.py,
+Today's entries, all on the fq port (frame formats: fqbroker/protocols/fq/wire.py,
 docs/confirms.md):
 
 * ``fq-command``: the command socket, auth then commands;
@@ -26,17 +26,17 @@ And on a port of its own, which every broker child turns on (bench/child.py
 ``own_port_args``):
 
 * ``lumberjack``: Lumberjack v1 and v2 streams (windows, plain and zlib-compressed data
-  frames; fqbroker/frontends/lumberjack/encoder.py ``sample_frames``), published into the
+  frames; fqbroker/protocols/lumberjack/encoder.py ``sample_frames``), published into the
   ``logging`` exchange;
 * ``figg``: Figg frames (ATTACH with and without an offset, PUBLISH runs, PING, DETACH;
-  fqbroker/frontends/figg/wire.py), publishing into retained topics of the ``figg``
+  fqbroker/protocols/figg/wire.py), publishing into retained topics of the ``figg``
   exchange and replaying them;
 * ``fyrehose``: over UDP, one datagram per frame, every datagram of
-  fqbroker/frontends/fyrehose/wire.py (PUSH and KEEPALIVE in both forms, REQUEST, and the
+  fqbroker/protocols/fyrehose/wire.py (PUSH and KEEPALIVE in both forms, REQUEST, and the
   DELIVER, FORWARD and KEEPALIVE-ACK a broker never expects), mutated up to the largest
   datagram; every address the fuzzer names stays on this machine (bench/fyrehosefuzz.py);
 * ``opencluster``: Nov-2011 OpenCluster frames, every command of
-  fqbroker/frontends/opencluster/wire.py and those that never had a format, with lengths
+  fqbroker/protocols/opencluster/wire.py and those that never had a format, with lengths
   mutated past every limit; the round trip is hello, then a set_string and get_string of
   a unique key (bench/ocfuzz.py).
 """
@@ -52,13 +52,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fqbroker.clients.client import Client, ClientError
+from fqbroker.clients.fq.client import Client, ClientError
 from fqbroker.core.message import Message
-from fqbroker.frontends.figg import wire as figg
-from fqbroker.frontends.fq import wire
-from fqbroker.frontends.lumberjack import encoder as lumberjack
-from fqbroker.server.frontend import Datagrams, Sniffed
-from fqbroker.server.frontend import FrontEnd as TableEntry
+from fqbroker.frontends.kit.component import Datagrams, Sniffed
+from fqbroker.frontends.kit.component import FrontEnd as TableEntry
+from fqbroker.protocols.figg import wire as figg
+from fqbroker.protocols.fq import wire
+from fqbroker.protocols.lumberjack import encoder as lumberjack
 from fqbroker.server.frontends import FRONT_ENDS as BROKER_FRONT_ENDS
 
 from .child import http_reply

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fqbroker.config import Settings
+from fqbroker.settings.broker import Settings
 
 from .child import (
     Broker,

@@ -1,6 +1,6 @@
 """The fuzzer's fyrehose entry (bench/frontends.py): datagrams over UDP, and a round trip.
 
-Frames are single datagrams of every kind of fqbroker/frontends/fyrehose/wire.py, valid
+Frames are single datagrams of every kind of fqbroker/protocols/fyrehose/wire.py, valid
 and mutated (docs/reliability.md, "make fuzz", the fyrehose row). The broker sends
 DELIVERs to whatever address a KEEPALIVE or REQUEST names, so every address the fuzzer
 names is 0.0.0.0 or on 127.0.0.0/8, and its port 0 or the sink's: a UDP socket of this
@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from fqbroker.errors import FyrehoseProtocolError
-from fqbroker.frontends.fyrehose import wire as fh
+from fqbroker.protocols.fyrehose import wire as fh
 
 from .fuzzconn import ROUND_TRIP_SECONDS, Conn, Target, connect_udp, mutate_bytes
 

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from fqbroker.frontends.fyrehose import wire as fh
+from fqbroker.protocols.fyrehose import wire as fh
 
 from .loadgen import Credit
 

@@ -18,7 +18,7 @@ import sys
 import time
 from collections import deque
 
-from fqbroker.frontends.lumberjack.encoder import AckReader, batch
+from fqbroker.protocols.lumberjack.encoder import AckReader, batch
 
 DISTINCT_BATCHES = 4
 

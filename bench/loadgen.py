@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from fqbroker.frontends.fq import wire
+from fqbroker.protocols.fq import wire
 
 CHUNK = 256 * 1024
 _U32 = struct.Struct(">I")

@@ -1,6 +1,6 @@
 """The fuzzer's OpenCluster entry (bench/frontends.py): Nov-2011 frames over TCP, and a round trip.
 
-Frames are those of fqbroker/frontends/opencluster/wire.py, every command valid and mutated
+Frames are those of fqbroker/protocols/opencluster/wire.py, every command valid and mutated
 (docs/reliability.md, "make fuzz", the opencluster row). Names come from a small pool and
 most sets expire within seconds, so a long run does not grow the store without bound (the
 fuzzer checks that the broker's RSS stays flat); a mutated hash still makes a new key now
@@ -15,7 +15,7 @@ import random
 import struct
 
 from fqbroker.errors import OpenClusterProtocolError
-from fqbroker.frontends.opencluster import wire as oc
+from fqbroker.protocols.opencluster import wire as oc
 
 from .child import OC_MAX_NAME, OC_MAX_PAYLOAD, OC_MAX_VALUE
 from .fuzzconn import ROUND_TRIP_SECONDS, Conn, Target, connect_tcp, mutate_bytes

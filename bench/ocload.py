@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from fqbroker.frontends.opencluster import wire as oc
+from fqbroker.protocols.opencluster import wire as oc
 
 STALL_SECONDS = 10.0
 

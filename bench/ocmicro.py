@@ -19,9 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from fqbroker.frontends.opencluster import wire
 from fqbroker.frontends.opencluster.machine import Limits, Machine
-from fqbroker.storage.kvstore import KVStore
+from fqbroker.protocols.opencluster import wire
+from fqbroker.storage.kv.store import KVStore
 
 LIMITS = Limits(1024, 1 << 20, (1 << 20) + 1088, 1024)
 

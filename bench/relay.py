@@ -14,7 +14,7 @@ import os
 import struct
 import sys
 
-from fqbroker.frontends.fq import wire
+from fqbroker.protocols.fq import wire
 
 _U32 = struct.Struct(">I")
 NODE = bytes((10, 0, 0, 1))

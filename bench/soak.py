@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fqbroker.clients.client import Client, ClientClosed, ClientError
+from fqbroker.clients.fq.client import Client, ClientClosed, ClientError
 
 from .child import (
     Broker,

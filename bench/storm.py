@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fqbroker.clients.client import Client
-from fqbroker.frontends.fq import wire
+from fqbroker.clients.fq.client import Client
+from fqbroker.protocols.fq import wire
 
 from .child import (
     Broker,

@@ -10,7 +10,7 @@ from fqbroker.accel import ACCELERATED
 from fqbroker.version import FQ_COMPAT_VERSION, __version__
 
 if TYPE_CHECKING:
-    from fqbroker.clients.client import Client
+    from fqbroker.clients.fq.client import Client
     from fqbroker.core.message import Message
     from fqbroker.server.broker import Broker
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from fqbroker.cli import fqd
+from fqbroker.cli.fqd import fqd
 
 sys.exit(fqd())

@@ -43,13 +43,13 @@ MANIFEST: Final = "_compiled.json"
 # KVStore.put_frames, a get). Not targets.py (Sink has interpreted subclasses) nor
 # program.py: see docs/accel.md.
 MODULES: Final[tuple[str, ...]] = (
-    "fqbroker.frontends.decoding",
-    "fqbroker.frontends.fq.wire",
-    "fqbroker.frontends.figg.wire",
+    "fqbroker.protocols.decoding",
+    "fqbroker.protocols.fq.wire",
+    "fqbroker.protocols.figg.wire",
     "fqbroker.core.frames",
     "fqbroker.core.message",
-    "fqbroker.frontends.fq.largeframe",
-    "fqbroker.frontends.fq.msgdecoder",
+    "fqbroker.protocols.fq.largeframe",
+    "fqbroker.protocols.fq.msgdecoder",
     "fqbroker.frontends.fq.datachannel",
     "fqbroker.core.memstore",
     "fqbroker.core.queue",
@@ -58,8 +58,8 @@ MODULES: Final[tuple[str, ...]] = (
     "fqbroker.core.exchange",
     "fqbroker.core.routestats",
     "fqbroker.core.prefixes",
-    "fqbroker.frontends.opencluster.wire",
-    "fqbroker.storage.kvstore",
+    "fqbroker.protocols.opencluster.wire",
+    "fqbroker.storage.kv.store",
     "fqbroker.frontends.opencluster.machine",
 )
 

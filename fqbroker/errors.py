@@ -28,9 +28,9 @@
     └── DataLossError        Spark: offsets a query needs are gone (also a RuntimeError)
 
 Five internal signals stay outside the tree, since none reaches a user as itself:
-``frontends.http.replay.Refused``, ``frontends.http.adminbase.Refused``,
-``frontends.decoding.NeedData``, ``storage.segrecords.Damaged`` and
-``storage.segcheckpoints.Unreadable``. The comments below say why, and how each shell maps
+``frontends.http.reads.queues.Refused``, ``frontends.http.admin.base.Refused``,
+``protocols.decoding.NeedData``, ``storage.segments.records.Damaged`` and
+``storage.segments.checkpoints.Unreadable``. The comments below say why, and how each shell maps
 the tree's exceptions to the wire.
 """
 
@@ -40,20 +40,20 @@ from __future__ import annotations
 # the bytes maps them to the wire. On fq's command channel an AuthError or QueueError
 # becomes an error frame carrying its .text, then a close; any other ProtocolError (there,
 # or on a data channel) closes the connection and is counted as bad input
-# (fqbroker.server.limits). A ProgramError answers a bind with BIND_ILLEGAL; the HTTP
+# (fqbroker.frontends.kit.limits). A ProgramError answers a bind with BIND_ILLEGAL; the HTTP
 # endpoints answer CheckpointError and bad requests with fqd's JSON error. Whatever escapes
 # a session reaches the event loop's exception handler (limits.install_exception_handler),
 # which counts an FqError as bad input and logs anything else as a bug. Traffic outcomes
 # (no exchange, no route, dropped) are counters, never exceptions.
 #
 # The client-side ones are defined here and importable from where their users meet them
-# (fqbroker.clients.client, fqbroker.clients.replayclient, fqbroker.spark). The internal
-# signals outside the tree: frontends.http.replay.Refused (a replay or topic read answered with an HTTP error; its
-# endpoint turns it into the answer), frontends.http.adminbase.Refused (the same for the
-# admin API), frontends.decoding.NeedData (a decode step ran out of bytes; its decoder
-# catches it), storage.segrecords.Damaged (bytes that are no valid record: an OSError with
+# (fqbroker.clients.fq.client, fqbroker.clients.http.replay, fqbroker.spark). The internal
+# signals outside the tree: frontends.http.reads.queues.Refused (a replay or topic read answered with an HTTP error; its
+# endpoint turns it into the answer), frontends.http.admin.base.Refused (the same for the
+# admin API), protocols.decoding.NeedData (a decode step ran out of bytes; its decoder
+# catches it), storage.segments.records.Damaged (bytes that are no valid record: an OSError with
 # EIO, which is what reads and repair() raise, and which the exception handler must keep
-# counting as an OS failure rather than bad input) and storage.segcheckpoints.Unreadable
+# counting as an OS failure rather than bad input) and storage.segments.checkpoints.Unreadable
 # (caught where checkpoints are opened).
 
 __all__ = [
@@ -125,7 +125,7 @@ class FyrehoseProtocolError(ProtocolError):
 class OpenClusterProtocolError(ProtocolError):
     """An OpenCluster peer sent a frame that breaks the wire format (a bad length, fields
     that do not add up to the payload, a name or value over its limit); the server closes
-    that connection, the client gives the connection up (frontends/opencluster/wire.py)."""
+    that connection, the client gives the connection up (protocols/opencluster/wire.py)."""
 
 
 class ProgramError(FqError):
@@ -165,7 +165,7 @@ class SequenceFileError(FqError, ValueError):
 
 class KVStoreError(FqError, ValueError):
     """The OpenCluster store's database cannot be opened or read; the listener does not
-    start (storage/kvstore.py)."""
+    start (storage/kv/store.py)."""
 
 
 class ConfigError(FqError, ValueError):
@@ -213,7 +213,7 @@ class DataLost(BrokerError):
 
 
 class AdminError(BrokerError):
-    """The admin API answered with an error (clients/admin.py); ``text`` is its one line,
+    """The admin API answered with an error (clients/http/admin.py); ``text`` is its one line,
     ``status`` the HTTP status (400, 401, 403, 404, 409, ...)."""
 
     def __init__(self, text: str, status: int) -> None:

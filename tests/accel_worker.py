@@ -20,10 +20,10 @@ import fqbroker
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import Policy, QueueSpec
 from fqbroker.core.router import ClientStats, Router
-from fqbroker.frontends.fq.msgdecoder import MessageDecoder
-from fqbroker.frontends.opencluster import wire as ocwire
 from fqbroker.frontends.opencluster.machine import Limits, Machine
-from fqbroker.storage.kvstore import KVStore
+from fqbroker.protocols.fq.msgdecoder import MessageDecoder
+from fqbroker.protocols.opencluster import wire as ocwire
+from fqbroker.storage.kv.store import KVStore
 
 SENDER = b"user"
 HOPS = bytes([10, 0, 0, 1])

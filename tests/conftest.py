@@ -13,17 +13,16 @@ from typing import Any
 
 import pytest
 
-from fqbroker.config import Settings
 from fqbroker.core.router import Router
-from fqbroker.frontends.fq import wire
-from fqbroker.frontends.fq.msgdecoder import MessageDecoder
+from fqbroker.frontends.kit.component import FrontEnd
+from fqbroker.protocols.fq import wire
+from fqbroker.protocols.fq.msgdecoder import MessageDecoder
 from fqbroker.server.broker import Broker
-from fqbroker.server.frontend import FrontEnd
 from fqbroker.server.frontends import FRONT_ENDS
-from fqbroker.storage.catalog import Catalog
-from fqbroker.storage.state import ConfigStore
-
-from .procs import Proc
+from fqbroker.settings.broker import Settings
+from fqbroker.storage.configdb.catalog import Catalog
+from fqbroker.storage.configdb.state import ConfigStore
+from tests.procs import Proc
 
 NODE_ID = "10.254.254.1"
 TIMEOUT = 10.0
@@ -54,7 +53,7 @@ async def running(settings: Settings, *extra: FrontEnd[Any]) -> AsyncIterator[Br
 
 def root_and_bob(settings: Settings) -> Settings:
     """Users on: "root" (password rootpw) may administer, "bob" (bobpw) only publish."""
-    from fqbroker.storage.users import Users
+    from fqbroker.storage.configdb.users import Users
 
     users = Users(settings.config_db)
     users.add("root", "rootpw")
@@ -231,7 +230,7 @@ async def wait_for(predicate, timeout: float = TIMEOUT) -> None:  # type: ignore
 
 
 class FailingFsync:
-    """Stands in for the os module in fqbroker.storage.segmentlog (monkeypatch its ``os``): fsync
+    """Stands in for the os module in fqbroker.storage.segments.log (monkeypatch its ``os``): fsync
     fails with EIO while ``failing`` is set. The fault is injected at the OS boundary and
     nowhere else; ``synced`` lists what the fsyncs that went through were for."""
 

@@ -230,7 +230,7 @@ def main(argv: list[str]) -> int:
     flags = {"--lie", "--slow"}
     root, shadow = (Path(a) for a in options if a not in flags)
     install(root, shadow, lie="--lie" in options, slow=0.02 if "--slow" in options else 0.0)
-    from fqbroker.cli import fqd
+    from fqbroker.cli.fqd import fqd
 
     return fqd(fqd_args)
 

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 import fqbroker
 from fqbroker import accel
 from fqbroker.core.frames import encode_peer, encode_publish
-from fqbroker.frontends.opencluster import wire as ocwire
+from fqbroker.protocols.opencluster import wire as ocwire
 from tests.prereqs import missing
 from tests.procs import ENV, ROOT
 
@@ -109,12 +109,12 @@ def test_fqbroker_pure_forces_the_sources_and_version_says_so() -> None:
     flag, files = _run(code, FQBROKER_PURE="1").splitlines()
     assert flag == "False FQBROKER_PURE is set"
     assert all(f.endswith(".py") for f in files.split())
-    version = _run("from fqbroker.console import version_text; print(version_text('fqd'))")
+    version = _run("from fqbroker.cli.console import version_text; print(version_text('fqd'))")
     if fqbroker.ACCELERATED or os.environ.get(accel.ENV, "") in ("", "0"):
         # This process's choice is the child's when FQBROKER_PURE is not set.
         assert version.rstrip().endswith(f", {accel.describe()})")
     pure_version = _run(
-        "from fqbroker.console import version_text; print(version_text('fqd'))",
+        "from fqbroker.cli.console import version_text; print(version_text('fqd'))",
         FQBROKER_PURE="1",
     )
     assert pure_version.rstrip().endswith(", pure Python: FQBROKER_PURE is set)")
@@ -152,7 +152,7 @@ def test_an_extension_not_to_run_is_passed_over_for_its_source() -> None:
     assert spec is not None and spec.origin == accel.source_path(module)
     assert accel._SourceFirst(frozenset(accel.MODULES)).find_spec(module, None) is None
     # Nothing beside it: the usual finders find it.
-    assert accel._SourceFirst(frozenset()).find_spec("fqbroker.config", None) is None
+    assert accel._SourceFirst(frozenset()).find_spec("fqbroker.settings.broker", None) is None
     assert accel._SourceFirst(frozenset()).find_spec("json", None) is None
 
 

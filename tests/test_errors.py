@@ -22,11 +22,11 @@ from fqbroker.errors import FqError
 # Signals that never reach a user as themselves, each caught inside the package (errors.py
 # says why each stays outside the tree). Listed by where they are defined.
 INTERNAL = {
-    "fqbroker.frontends.decoding.NeedData",
-    "fqbroker.frontends.http.replay.Refused",
-    "fqbroker.frontends.http.adminbase.Refused",
-    "fqbroker.storage.segrecords.Damaged",
-    "fqbroker.storage.segcheckpoints.Unreadable",
+    "fqbroker.protocols.decoding.NeedData",
+    "fqbroker.frontends.http.reads.queues.Refused",
+    "fqbroker.frontends.http.admin.base.Refused",
+    "fqbroker.storage.segments.records.Damaged",
+    "fqbroker.storage.segments.checkpoints.Unreadable",
 }
 # ``python -m fqbroker`` runs the broker when imported; it defines nothing.
 NOT_IMPORTED = {"fqbroker.__main__"}
@@ -59,7 +59,7 @@ def _exceptions() -> dict[str, type[BaseException]]:
 
 def test_the_walk_finds_the_package_and_its_exceptions() -> None:
     names = {module.__name__ for module in _modules()}
-    assert {"fqbroker.core.frames", "fqbroker.storage.segmentlog", "fqbroker.errors"} <= names
+    assert {"fqbroker.core.frames", "fqbroker.storage.segments.log", "fqbroker.errors"} <= names
     assert "fqbroker.errors.ClientClosed" in _exceptions()  # so the next test is not vacuous
 
 
@@ -91,14 +91,14 @@ def test_every_exception_of_the_tree_is_in_errors_py_and_its_drawing() -> None:
 @pytest.mark.parametrize(
     ("module", "names"),
     [
-        ("fqbroker.clients.client", ["ClientError", "ClientClosed"]),
-        ("fqbroker.clients.replayclient", ["BrokerError", "DataLost"]),
-        ("fqbroker.storage.checkpoints", ["CheckpointError"]),
-        ("fqbroker.storage.segmentlog", ["LogFormatError"]),
+        ("fqbroker.clients.fq.client", ["ClientError", "ClientClosed"]),
+        ("fqbroker.clients.http.replay", ["BrokerError", "DataLost"]),
+        ("fqbroker.storage.configdb.checkpoints", ["CheckpointError"]),
+        ("fqbroker.storage.segments.log", ["LogFormatError"]),
         ("fqbroker.spark", ["DataLossError"]),
-        ("fqbroker.frontends.figg.wire", ["FiggProtocolError"]),
-        ("fqbroker.frontends.fyrehose.wire", ["FyrehoseProtocolError"]),
-        ("fqbroker.frontends.opencluster.wire", ["OpenClusterProtocolError"]),
+        ("fqbroker.protocols.figg.wire", ["FiggProtocolError"]),
+        ("fqbroker.protocols.fyrehose.wire", ["FyrehoseProtocolError"]),
+        ("fqbroker.protocols.opencluster.wire", ["OpenClusterProtocolError"]),
     ],
 )
 def test_exceptions_stay_importable_where_users_import_them(module: str, names: list[str]) -> None:

@@ -3,7 +3,7 @@ password needs (bench/RESULTS.md, the idle row: every module is RSS of every bro
 
 fqd runs in a child process as it does from the command line; once it listens it writes
 its sys.modules and stops. The modules made lazy then load when first used: the front
-ends' own tests, tests/test_http*.py and tests/test_users.py run those paths.
+ends' own tests, tests/test_http*.py and tests/storage/configdb/test_users.py run those paths.
 """
 
 from __future__ import annotations
@@ -18,32 +18,32 @@ from pathlib import Path
 LAZY = (
     "fqbroker.frontends.lumberjack.session",
     "fqbroker.frontends.lumberjack.machine",
-    "fqbroker.frontends.lumberjack.protocol",
+    "fqbroker.protocols.lumberjack.wire",
     "fqbroker.frontends.lumberjack.mapping",
     "fqbroker.frontends.figg.session",
     "fqbroker.frontends.figg.machine",
-    "fqbroker.frontends.figg.wire",
-    "fqbroker.frontends.publishing",
+    "fqbroker.protocols.figg.wire",
+    "fqbroker.frontends.kit.publishing",
     "fqbroker.frontends.fyrehose.endpoint",
     "fqbroker.frontends.fyrehose.backbone",
-    "fqbroker.frontends.fyrehose.wire",
+    "fqbroker.protocols.fyrehose.wire",
     "fqbroker.frontends.opencluster.session",
     "fqbroker.frontends.opencluster.machine",
-    "fqbroker.storage.kvstore",
-    "fqbroker.storage.topics",
-    "fqbroker.storage.topic",
-    "fqbroker.storage.retention",
-    "fqbroker.frontends.fq.peerlink",
+    "fqbroker.storage.kv.store",
+    "fqbroker.storage.topics.retained",
+    "fqbroker.storage.topics.topic",
+    "fqbroker.storage.topics.retention",
+    "fqbroker.peering.link",
     "fqbroker.frontends.http.host",
     "fqbroker.frontends.http.auth",
     "fqbroker.frontends.http.endpoints",
-    "fqbroker.frontends.http.stats",
-    "fqbroker.frontends.http.metrics",
-    "fqbroker.frontends.http.frontendstats",
+    "fqbroker.frontends.http.stats.snapshot",
+    "fqbroker.frontends.http.stats.metrics",
+    "fqbroker.frontends.http.stats.frontends",
     "fqbroker.frontends.figg.stats",
     "fqbroker.frontends.fyrehose.stats",
     "fqbroker.frontends.opencluster.stats",
-    "fqbroker.server.panel",
+    "fqbroker.frontends.kit.panel",
     "h11",
     "prometheus_client",
     "aiofiles",
@@ -58,7 +58,7 @@ LAZY = (
 # modules go to stdout and the broker is asked to stop as SIGTERM would.
 _CHILD = """
 import json, os, signal, sys
-from fqbroker import cli
+from fqbroker.cli import fqd as cli
 trim = cli._trim_malloc
 def listening():
     trim()
@@ -97,4 +97,4 @@ def test_a_configured_listener_imports_its_front_end(tmp_path: Path) -> None:
 
 def test_a_figg_listener_imports_the_topic_logs(tmp_path: Path) -> None:
     modules = _modules_of_idle_broker(tmp_path, "--figg", "127.0.0.1:0")
-    assert "fqbroker.storage.topics" in modules
+    assert "fqbroker.storage.topics.retained" in modules

@@ -7,7 +7,7 @@ group fields as the reference's tables do.
 from __future__ import annotations
 
 from fqbroker.core.message import Message
-from fqbroker.frontends.fq import wire
+from fqbroker.protocols.fq import wire
 
 KEY = bytes(range(127))
 

@@ -26,7 +26,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from fqbroker.clients.replayclient import ReplayClient
+from fqbroker.clients.http.replay import ReplayClient
 from fqbroker.errors import BrokerError
 from fqbroker.spark import FqDataSource
 

@@ -20,7 +20,6 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import Settings, is_loopback, resolve_node_id
 from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.permissions import Permissions
 from fqbroker.core.program import RuleRegistry, default_registry
@@ -28,22 +27,23 @@ from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.router import ClientStats, Router, RouteTimes
 from fqbroker.frontends.figg.settings import Figg, topic_config
-from fqbroker.frontends.fq.peering import Peering
 from fqbroker.frontends.fq.registry import ClientRegistry
-from fqbroker.server.frontend import FrontEnd, LiveFrontEnd
+from fqbroker.frontends.kit.component import FrontEnd, LiveFrontEnd
+from fqbroker.frontends.kit.heartbeats import HeartbeatClock
+from fqbroker.frontends.kit.limits import Limits, install_exception_handler, raised_in_package
+from fqbroker.peering.rows import Peering
 from fqbroker.server.frontends import FRONT_ENDS
-from fqbroker.server.heartbeats import HeartbeatClock
-from fqbroker.server.limits import Limits, install_exception_handler, raised_in_package
 from fqbroker.server.listeners import Listeners
-from fqbroker.storage.catalog import Catalog
-from fqbroker.storage.state import ConfigStore
-from fqbroker.storage.users import Users
+from fqbroker.settings.broker import Settings, is_loopback, resolve_node_id
+from fqbroker.storage.configdb.catalog import Catalog
+from fqbroker.storage.configdb.state import ConfigStore
+from fqbroker.storage.configdb.users import Users
 
 if TYPE_CHECKING:
     from fqbroker.frontends.fyrehose.endpoint import FyrehoseHost
     from fqbroker.frontends.http.host import HttpHost
     from fqbroker.frontends.lumberjack.session import LumberjackHost
-    from fqbroker.storage.topics import Topics
+    from fqbroker.storage.topics.retained import Topics
 
 __all__ = ["Broker"]
 
@@ -73,7 +73,7 @@ class Broker:
         self.topics: Topics | None = None
         if self.settings.section(Figg).listen is not None:
             # Imported here: the topic logs' code is no broker's without a Figg listener.
-            from fqbroker.storage.topics import Topics
+            from fqbroker.storage.topics.retained import Topics
 
             config = topic_config(self.settings)
             self.topics = Topics(config, self.router, self.catalog.dirty, self.catalog.budget)

@@ -1,9 +1,9 @@
 """The deadlines a front end declares for its connections: to log in, and without input.
 
-A front end's :class:`~fqbroker.server.frontend.ConnectionLimits` may give
-``login_seconds`` (its :class:`~fqbroker.server.frontend.Auth` says when a connection
+A front end's :class:`~fqbroker.frontends.kit.component.ConnectionLimits` may give
+``login_seconds`` (its :class:`~fqbroker.frontends.kit.component.Auth` says when a connection
 logged in) and ``idle_seconds`` (its sessions say when input last came,
-:class:`~fqbroker.server.frontend.Watched`). The listeners keep them here, for every
+:class:`~fqbroker.frontends.kit.component.Watched`). The listeners keep them here, for every
 front end alike, so no session keeps a timer of its own for them; a connection of a
 front end without deadlines costs nothing here.
 
@@ -17,9 +17,9 @@ import asyncio
 import logging
 from typing import cast
 
-from fqbroker.server.connections import peer_address
-from fqbroker.server.frontend import LiveFrontEnd, Watched
-from fqbroker.server.limits import Limits
+from fqbroker.frontends.kit.component import LiveFrontEnd, Watched
+from fqbroker.frontends.kit.connections import peer_address
+from fqbroker.frontends.kit.limits import Limits
 
 __all__ = ["Deadlines"]
 

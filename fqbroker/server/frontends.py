@@ -2,34 +2,34 @@
 
 The broker opens, counts, limits and stops each of them from this tuple
 (:mod:`fqbroker.server.listeners`); the settings read their tables, and fqd its flags,
-from it (it registers itself with :func:`fqbroker.config.register`); /frontends.json,
+from it (it registers itself with :func:`fqbroker.settings.broker.register`); /frontends.json,
 /metrics and the web UI list them from it. Adding a front end:
 
 1. a package under ``fqbroker/frontends/`` whose ``frontend.py`` declares one
-   :class:`~fqbroker.server.frontend.FrontEnd`: its name, how it is reached
+   :class:`~fqbroker.frontends.kit.component.FrontEnd`: its name, how it is reached
    (``Sniffed`` preambles on the main port, or ``OwnPort``/``Datagrams`` with the
    address read from the settings, None while not configured), ``open``, which
    returns the protocol that takes the connection over and calls ``closed(transport)``
    on its host when it ends, and its settings table (a ``settings.py`` beside it), flags,
    limits and auth (see :mod:`fqbroker.frontends.figg.frontend`, and
-   tests/test_component.py for a toy one registered in a test alone);
+   tests/frontends/kit/test_component.py for a toy one registered in a test alone);
 2. one line below;
 3. the names of its fuzz entries (``fuzz``), each a scenario in bench/frontends.py
-   (tests/test_frontends.py asks).
+   (tests/server/test_frontends.py asks).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fqbroker.config import register
 from fqbroker.frontends.figg import frontend as figg
 from fqbroker.frontends.fq import frontend as fq
 from fqbroker.frontends.fyrehose import frontend as fyrehose
 from fqbroker.frontends.http import frontend as http
+from fqbroker.frontends.kit.component import FrontEnd, preambles
 from fqbroker.frontends.lumberjack import frontend as lumberjack
 from fqbroker.frontends.opencluster import frontend as opencluster
-from fqbroker.server.frontend import FrontEnd, preambles
+from fqbroker.settings.broker import register
 
 __all__ = ["FRONT_ENDS", "sniff"]
 

@@ -1,7 +1,7 @@
 """The broker's ports: the shared main port and the ports front ends have of their own.
 
 This is fqd_listener.c made a table: :class:`Listeners` opens what each
-:class:`~fqbroker.server.frontend.FrontEnd` of the table asks for, counts every
+:class:`~fqbroker.frontends.kit.component.FrontEnd` of the table asks for, counts every
 connection against the limits (docs/limits.md) the same way whatever front end it is
 for, and closes everything at stop.
 
@@ -11,15 +11,15 @@ On the main port a connection says what it is in its first 4 bytes
 them, or closes it. On a port of its own the front end gets the connection as soon as the
 limits let it in. Either way the front end's protocol replaces ours on the transport: no
 task per connection, and nothing of ours in the path of its reads. Each front end's own
-:class:`~fqbroker.server.frontend.ConnectionLimits` are applied here too: its connection
+:class:`~fqbroker.frontends.kit.component.ConnectionLimits` are applied here too: its connection
 count when it takes one, its TLS handshake deadline on its port, and its login and idle
 deadlines (:mod:`fqbroker.server.deadlines`). Before anything binds, two front ends
-claiming one address are refused (:func:`fqbroker.section.refuse_shared`).
+claiming one address are refused (:func:`fqbroker.settings.section.refuse_shared`).
 
 With ``tls_cert`` set, each main-port connection is looked at before anything is read
 (:meth:`Listeners.take_over`): one opening with a TLS ClientHello is served over TLS and
 sniffed inside, so fq's channels and HTTPS share the port with plain clients
-(:mod:`fqbroker.server.tls`); ``tls_required`` closes the plain ones.
+(:mod:`fqbroker.frontends.kit.tls`); ``tls_required`` closes the plain ones.
 """
 
 from __future__ import annotations
@@ -33,11 +33,7 @@ import ssl
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
-from fqbroker.config import Settings
-from fqbroker.section import refuse_shared
-from fqbroker.server.connections import peer_address
-from fqbroker.server.deadlines import Deadlines
-from fqbroker.server.frontend import (
+from fqbroker.frontends.kit.component import (
     Datagrams,
     FrontEnd,
     LiveFrontEnd,
@@ -45,8 +41,12 @@ from fqbroker.server.frontend import (
     Sniffed,
     preambles,
 )
-from fqbroker.server.limits import Limits
-from fqbroker.server.tls import first_bytes, looks_like_tls, main_port_context
+from fqbroker.frontends.kit.connections import peer_address
+from fqbroker.frontends.kit.limits import Limits
+from fqbroker.frontends.kit.tls import first_bytes, looks_like_tls, main_port_context
+from fqbroker.server.deadlines import Deadlines
+from fqbroker.settings.broker import Settings
+from fqbroker.settings.section import refuse_shared
 
 __all__ = ["LINGER_SECONDS", "STOP_SECONDS", "Listeners"]
 
@@ -364,7 +364,7 @@ class Listeners:
 
     def take_over(self, transport: asyncio.Transport) -> None:
         """With TLS configured: serve a new main-port connection on a transport of our
-        making (:mod:`fqbroker.server.tls`), TLS or not as its first byte says. The one
+        making (:mod:`fqbroker.frontends.kit.tls`), TLS or not as its first byte says. The one
         the server made is dropped before it reads anything; the connection stays
         counted, as pending, until its new transport is (or it is gone)."""
         address = self.unclaimed.pop(transport)

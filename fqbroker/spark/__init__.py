@@ -5,7 +5,7 @@ Register it per session (``spark.dataSource.register(FqDataSource)``), or let Sp
 it through the ``pyspark_fqbroker`` shim installed alongside. Options, schema and
 guarantees are in the README's Spark section; the HTTP reads the source makes are in
 docs/http.md. Modules: ``options``, ``schema``, ``source``, ``sink``, ``datasource``; the
-broker calls go through :mod:`fqbroker.clients.replayclient` and :mod:`~fqbroker.clients.client`.
+broker calls go through :mod:`fqbroker.clients.http.replay` and :mod:`~fqbroker.clients.fq.client`.
 """
 
 from __future__ import annotations

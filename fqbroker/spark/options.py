@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fqbroker.clients.replayclient import ReplayClient
+from fqbroker.clients.http.replay import ReplayClient
 
 __all__ = ["EARLIEST", "LATEST", "BrokerOptions", "Offsets", "SinkOptions", "SourceOptions"]
 

@@ -21,9 +21,9 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from fqbroker.clients.client import Client
+from fqbroker.clients.fq.client import Client
 from fqbroker.errors import FqError
-from fqbroker.frontends.fq.wire import MAX_RK_LEN
+from fqbroker.protocols.fq.wire import MAX_RK_LEN
 
 from .options import SinkOptions
 

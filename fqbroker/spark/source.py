@@ -18,7 +18,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from fqbroker.clients.replayclient import QueueInfo, ReplayClient
+from fqbroker.clients.http.replay import QueueInfo, ReplayClient
 from fqbroker.errors import BrokerError, DataLossError, DataLost
 
 from .options import SourceOptions

@@ -1,7 +1,7 @@
 """Disk-queue storage: a segment log under asyncio, with group commit (fqd_queue_jlog.c).
 
 A :class:`DiskStore` is the core's ``Store`` protocol over a
-:class:`~fqbroker.storage.segmentlog.SegmentLog`: appends are written with one ``write()``
+:class:`~fqbroker.storage.segments.log.SegmentLog`: appends are written with one ``write()``
 per store when the publisher that made them flushes, and made durable by a background
 fsync task under the store's fsync policy; consumers read from a cursor, and the read
 checkpoint ``fq`` moves only when they ack. docs/confirms.md says what each policy keeps
@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fqbroker.core.frames import frame_length, frame_seq, place_seq
-from fqbroker.storage.coldread import ReadAhead
-from fqbroker.storage.segmentlog import SegmentLog
+from fqbroker.storage.segments.coldread import ReadAhead
+from fqbroker.storage.segments.log import SegmentLog
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.queue import Queue
+    from fqbroker.settings.broker import Settings
 
 __all__ = [
     "DiskStore",

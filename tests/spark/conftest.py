@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 
-from fqbroker.clients.client import Client, ClientClosed
-from fqbroker.clients.replayclient import ReplayClient
+from fqbroker.clients.fq.client import Client, ClientClosed
+from fqbroker.clients.http.replay import ReplayClient
 from fqbroker.core.message import Message
-
-from ..prereqs import missing, require_module
-from ..procs import ENV, ROOT
+from tests.prereqs import missing, require_module
+from tests.procs import ENV, ROOT
 
 TIMEOUT = 10.0
 QUERY_TIMEOUT = 180.0  # one streaming query, the session's first included

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from ..prereqs import missing, require_module
-from ..procs import ENV, ROOT
-from .conftest import java_problem, publish
+from tests.prereqs import missing, require_module
+from tests.procs import ENV, ROOT
+from tests.spark.conftest import java_problem, publish
 
 pytestmark = pytest.mark.spark
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ..procs import ROOT
-from .conftest import QUERY_TIMEOUT, FqBroker, publish
+from tests.procs import ROOT
+from tests.spark.conftest import QUERY_TIMEOUT, FqBroker, publish
 
 pytestmark = pytest.mark.spark
 

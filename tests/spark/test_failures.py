@@ -16,10 +16,9 @@ from typing import Any
 
 import pytest
 
-from fqbroker.clients.replayclient import ReplayClient
-
-from .conftest import Consumer, FqBroker, publish, stop_fqd
-from .test_source import Capture, messages
+from fqbroker.clients.http.replay import ReplayClient
+from tests.spark.conftest import Consumer, FqBroker, publish, stop_fqd
+from tests.spark.test_source import Capture, messages
 
 pytestmark = pytest.mark.spark
 
@@ -27,7 +26,7 @@ FILE_LIMIT = 1 << 20  # bytes any one file of a starved broker may grow to
 
 
 def small_disk() -> None:
-    # As tests/test_disk_full.py: writes past the limit fail in the kernel (EFBIG, as
+    # As tests/e2e/reliability/test_disk_full.py: writes past the limit fail in the kernel (EFBIG, as
     # ENOSPC would), with SIGXFSZ ignored as a server would.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..prereqs import require_module
+from tests.prereqs import require_module
 
 require_module("pyspark", "the spark extra is not installed (`make spark`)")
 require_module("pyarrow", "the spark extra is not installed (`make spark`)")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Consumer, FqBroker, run_query
+from tests.spark.conftest import Consumer, FqBroker, run_query
 
 pytestmark = pytest.mark.spark
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import FqBroker, publish, run_query
+from tests.spark.conftest import FqBroker, publish, run_query
 
 pytestmark = pytest.mark.spark
 

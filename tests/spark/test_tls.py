@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 import trustme
 
-from fqbroker.config import Settings
-
-from ..conftest import TIMEOUT, running
-from ..pki import make_pki
-from ..prereqs import require_module
+from fqbroker.settings.broker import Settings
+from tests.conftest import TIMEOUT, running
+from tests.pki import make_pki
+from tests.prereqs import require_module
 
 require_module("pyspark", "the spark extra is not installed (`make spark`)")
 require_module("pyarrow", "the spark extra is not installed (`make spark`)")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import QUERY_TIMEOUT, FqBroker, publish, run_query, start_fqd, stop_fqd
+from tests.spark.conftest import QUERY_TIMEOUT, FqBroker, publish, run_query, start_fqd, stop_fqd
 
 pytestmark = pytest.mark.spark
 

@@ -10,11 +10,17 @@ import functools
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import Settings
 from fqbroker.frontends.figg.settings import Figg
-from fqbroker.section import Flag
-from fqbroker.server.frontend import ConnectionLimits, Counters, FrontEnd, LiveFrontEnd, OwnPort
-from fqbroker.server.tls import server_context
+from fqbroker.frontends.kit.component import (
+    ConnectionLimits,
+    Counters,
+    FrontEnd,
+    LiveFrontEnd,
+    OwnPort,
+)
+from fqbroker.frontends.kit.tls import server_context
+from fqbroker.settings.broker import Settings
+from fqbroker.settings.section import Flag
 
 # The session and its wire are imported when the listener opens or a connection is told
 # of, not by every broker: an idle one keeps its memory (bench/RESULTS.md, the idle row).

@@ -13,11 +13,11 @@ and None once the buffer holds no whole frame:
   (:meth:`attached`, which answers ATTACHED);
 * DETACH is answered DETACHED and handed on as the :class:`~.wire.Detach` frame, for the
   shell to stop the subscription;
-* the PUBLISH frames of the read become one :class:`~fqbroker.frontends.acks.Batch`, last:
+* the PUBLISH frames of the read become one :class:`~fqbroker.frontends.kit.acks.Batch`, last:
   each one fq message on the Figg exchange with route = topic, sender ``figg/ip:port``
   and our node id as its one hop, made into runs as they come (a run per topic in a row);
 * a malformed frame, or a frame only a server sends, is a
-  :class:`~fqbroker.frontends.acks.BadInput`, answered to every later call; the PUBLISH
+  :class:`~fqbroker.frontends.kit.acks.BadInput`, answered to every later call; the PUBLISH
   frames of that read are dropped (unacknowledged, the client sends them again).
 
 **ACK.** Each batch is owed one ACK (its highest seq), due once its messages are handled:
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 from fqbroker.core.frames import encode_peer
 from fqbroker.errors import FiggProtocolError
-from fqbroker.frontends.acks import AckingMachine, BadInput, Batch
-from fqbroker.frontends.figg import wire
+from fqbroker.frontends.kit.acks import AckingMachine, BadInput, Batch
+from fqbroker.protocols.figg import wire
 
 if TYPE_CHECKING:
     from fqbroker.core.message import Run

@@ -2,7 +2,7 @@
 
 The rules are :class:`~.machine.Machine`'s; this module moves bytes into it, publishes
 the batches it makes and acknowledges them through the shared tail
-(:class:`~fqbroker.frontends.publishing.PublishingSession`), serves subscriptions
+(:class:`~fqbroker.frontends.kit.publishing.PublishingSession`), serves subscriptions
 (:mod:`.subscription`); the listeners' idle limit reads :meth:`last_input`. It owns no
 task while a connection only publishes and pings: a task exists per subscription, while
 the session waits for room in a full queue or for the memory budget, and while it waits
@@ -39,21 +39,21 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Protocol
 
-from fqbroker.frontends.figg import wire
 from fqbroker.frontends.figg.machine import Config, Machine, sender_for
 from fqbroker.frontends.figg.subscription import Subscription
-from fqbroker.frontends.publishing import PublishingSession
-from fqbroker.server.connections import WRITE, peer_address
+from fqbroker.frontends.kit.connections import WRITE, peer_address
+from fqbroker.frontends.kit.publishing import PublishingSession
+from fqbroker.protocols.figg import wire
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.message import MsgIdCounter
     from fqbroker.core.publisher import Publisher
     from fqbroker.core.router import ClientStats
-    from fqbroker.server.frontend import LiveFrontEnd
-    from fqbroker.server.limits import Limits as BrokerLimits
-    from fqbroker.storage.topics import Topics
+    from fqbroker.frontends.kit.component import LiveFrontEnd
+    from fqbroker.frontends.kit.limits import Limits as BrokerLimits
+    from fqbroker.settings.broker import Settings
+    from fqbroker.storage.topics.retained import Topics
 
 __all__ = ["Config", "FiggHost", "FiggSession", "sender_for"]
 

@@ -1,7 +1,7 @@
 """The ``[figg]`` table: retained topics and the Figg listener's settings (docs/topics.md).
 
-Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.section`).
-Topics (:mod:`fqbroker.storage.topics`) do not read it: :func:`topic_config` hands them
+Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.settings.section`).
+Topics (:mod:`fqbroker.storage.topics.retained`) do not read it: :func:`topic_config` hands them
 what they need.
 """
 
@@ -12,11 +12,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.section import Section, check_positive, setting
+from fqbroker.settings.section import Section, check_positive, setting
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
-    from fqbroker.storage.topic import TopicConfig
+    from fqbroker.settings.broker import Settings
+    from fqbroker.storage.topics.topic import TopicConfig
 
 __all__ = ["Figg", "TopicRetention", "topic_config"]
 
@@ -168,7 +168,7 @@ def topic_config(settings: Settings) -> TopicConfig:
     """What the broker's topics need of the settings: they read no section themselves."""
     figg = settings.section(Figg)
     # Imported here: the topic logs' code is no broker's without a Figg listener.
-    from fqbroker.storage.topic import TopicConfig
+    from fqbroker.storage.topics.topic import TopicConfig
 
     return TopicConfig(
         directory=Path(settings.queue_dir) / "topics",

@@ -23,8 +23,8 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fqbroker.server import panel as ui
-from fqbroker.server.frontend import Counters, LiveFrontEnd, Metric, Rate, Series
+from fqbroker.frontends.kit import panel as ui
+from fqbroker.frontends.kit.component import Counters, LiveFrontEnd, Metric, Rate, Series
 
 __all__ = ["COUNTERS", "TopicSnapshot", "TopicSubscriberSnapshot"]
 
@@ -39,7 +39,7 @@ class _Reader(Protocol):
 
 
 class _Topic(Protocol):
-    """A retained topic (fqbroker.storage.topic.Topic) as its stats see it."""
+    """A retained topic (fqbroker.storage.topics.topic.Topic) as its stats see it."""
 
     @property
     def name(self) -> bytes: ...

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from fqbroker.core.frames import ID_SIZE
-from fqbroker.frontends.figg.wire import DATA, VERSION
+from fqbroker.protocols.figg.wire import DATA, VERSION
 
 if TYPE_CHECKING:
-    from fqbroker.storage.topics import Topic
+    from fqbroker.storage.topics.retained import Topic
 
 __all__ = ["BATCH_BYTES", "BATCH_RECORDS", "Subscription", "Writer"]
 

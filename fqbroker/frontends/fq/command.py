@@ -5,7 +5,7 @@ The protocol is the sans-I/O :class:`~fqbroker.frontends.fq.commandmachine.Comma
 an error frame) and turns the machine's events into calls on its :class:`CommandHost`, never
 the Broker. It is a protocol, not a task: only a confirm waits, in a task of its own, and
 heartbeats, once asked for (docs/fq-protocol.md §1.7), come from the broker's one
-:class:`~fqbroker.server.heartbeats.HeartbeatClock`: an idle session costs no task or timer.
+:class:`~fqbroker.frontends.kit.heartbeats.HeartbeatClock`: an idle session costs no task or timer.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from fqbroker.core.bindflags import BIND_ILLEGAL
 from fqbroker.core.permissions import Permissions
 from fqbroker.core.router import ClientStats
 from fqbroker.errors import AuthError, ProtocolError, QueueError
-from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.commandmachine import (
     Authenticate,
     Broken,
@@ -29,14 +28,15 @@ from fqbroker.frontends.fq.commandmachine import (
     Phase,
     Refused,
 )
-from fqbroker.server.connections import RemotePeer
+from fqbroker.frontends.kit.connections import RemotePeer
+from fqbroker.protocols.fq import wire
 
 if TYPE_CHECKING:
     from fqbroker.core.queue import Queue
     from fqbroker.core.queuespec import QueueSpec
-    from fqbroker.server.heartbeats import Entry, HeartbeatClock
-    from fqbroker.server.logins import FailedLogins
-    from fqbroker.storage.users import Users
+    from fqbroker.frontends.kit.heartbeats import Entry, HeartbeatClock
+    from fqbroker.frontends.kit.logins import FailedLogins
+    from fqbroker.storage.configdb.users import Users
 
 __all__ = ["BadInputLog", "CommandHost", "CommandSession", "DataChannel", "Phase"]
 

@@ -5,7 +5,7 @@
 READY -> CLOSED. Requests that need the broker come out as events, and the caller answers
 each; replies go out in request order however many a client pipelines. Time is passed in,
 never read, and scheduling the next heartbeat check is the caller's: one clock serves
-every session (:mod:`fqbroker.server.heartbeats`).
+every session (:mod:`fqbroker.frontends.kit.heartbeats`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 from fqbroker.core.queuespec import QueueSpec, parse_queue_field
 from fqbroker.errors import AuthError, ProtocolError, QueueError
-from fqbroker.frontends.fq import wire
+from fqbroker.protocols.fq import wire
 
 if TYPE_CHECKING:
     from fqbroker.core.router import ClientStats

@@ -38,7 +38,6 @@ import logging
 import mmap
 from typing import TYPE_CHECKING, Protocol
 
-from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.datachannel import (
     PEER_COPIES,
     BadInput,
@@ -48,19 +47,20 @@ from fqbroker.frontends.fq.datachannel import (
     Oversized,
     Phase,
 )
-from fqbroker.frontends.fq.largeframe import LARGE_FRAME
-from fqbroker.frontends.fq.msgdecoder import BIG_READ, SMALL_READ
-from fqbroker.server.connections import RemotePeer
+from fqbroker.frontends.kit.connections import RemotePeer
+from fqbroker.protocols.fq import wire
+from fqbroker.protocols.fq.largeframe import LARGE_FRAME
+from fqbroker.protocols.fq.msgdecoder import BIG_READ, SMALL_READ
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.permissions import Permissions
     from fqbroker.core.publisher import Publisher
     from fqbroker.core.queue import Buffer, Notify
     from fqbroker.core.router import ClientStats
     from fqbroker.frontends.fq.command import CommandSession
-    from fqbroker.server.limits import Limits
+    from fqbroker.frontends.kit.limits import Limits
+    from fqbroker.settings.broker import Settings
 
 __all__ = ["DataHost", "DataSession", "Phase"]
 

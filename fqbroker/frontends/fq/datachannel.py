@@ -2,7 +2,7 @@
 docs/fq-protocol.md §1.4, §1.10).
 
 :class:`DataChannel` is the broker's side of one fq data socket, in the shape of the
-client's :class:`~fqbroker.clients.channel.CommandChannel` (and of h11 and websockets). It
+client's :class:`~fqbroker.clients.fq.channel.CommandChannel` (and of h11 and websockets). It
 knows the phases (AWAIT_KEY, STREAMING, CLOSED), the hello, the message format and the
 stamp; it owns no socket, task, timer or budget, and publishes nothing itself: the shell in
 :mod:`fqbroker.frontends.fq.data` does that.
@@ -15,17 +15,10 @@ from dataclasses import dataclass
 from enum import Enum
 
 from fqbroker.core.frames import frame_hops
-from fqbroker.core.message import (
-    Message,
-    Run,
-    accept_from_peer,
-    has_hop,
-    ipv4_bytes,
-    runs_of,
-)
+from fqbroker.core.message import Message, Run, accept_from_peer, has_hop, ipv4_bytes, runs_of
 from fqbroker.errors import ProtocolError
-from fqbroker.frontends.fq import wire
-from fqbroker.frontends.fq.msgdecoder import BIG_READ, MessageDecoder
+from fqbroker.protocols.fq import wire
+from fqbroker.protocols.fq.msgdecoder import BIG_READ, MessageDecoder
 
 __all__ = ["PEER_COPIES", "BadInput", "Batch", "DataChannel", "Hello", "Oversized", "Phase"]
 

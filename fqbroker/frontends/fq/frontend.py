@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import CommandSession
 from fqbroker.frontends.fq.data import DataSession
-from fqbroker.server.frontend import Auth, FrontEnd, LiveFrontEnd, Sniffed
+from fqbroker.frontends.kit.component import Auth, FrontEnd, LiveFrontEnd, Sniffed
+from fqbroker.protocols.fq import wire
 
 __all__ = ["COMMAND", "DATA"]
 

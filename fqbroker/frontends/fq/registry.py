@@ -15,18 +15,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fqbroker.errors import AuthError
-from fqbroker.frontends.fq import wire
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
-from fqbroker.server.logins import FailedLogins
+from fqbroker.frontends.kit.logins import FailedLogins
+from fqbroker.protocols.fq import wire
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.queue import Queue
     from fqbroker.core.queuespec import QueueSpec
-    from fqbroker.server.heartbeats import HeartbeatClock
-    from fqbroker.server.limits import Limits
-    from fqbroker.storage.catalog import Catalog
-    from fqbroker.storage.users import Users
+    from fqbroker.frontends.kit.heartbeats import HeartbeatClock
+    from fqbroker.frontends.kit.limits import Limits
+    from fqbroker.settings.broker import Settings
+    from fqbroker.storage.configdb.catalog import Catalog
+    from fqbroker.storage.configdb.users import Users
 
 __all__ = ["ClientRegistry"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from fqbroker.frontends.fyrehose import wire
+from fqbroker.protocols.fyrehose import wire
 
 __all__ = ["DROP_REASONS", "SUBSCRIBED_SECONDS", "Address", "Backbone", "Out", "Subscriber"]
 

@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Protocol, cast
 from fqbroker.core.frames import ID_SIZE, encode_peer
 from fqbroker.core.router import Sink
 from fqbroker.errors import FyrehoseProtocolError
-from fqbroker.frontends.fyrehose import wire
 from fqbroker.frontends.fyrehose.backbone import Address, Backbone, Out
 from fqbroker.frontends.fyrehose.sequence import LEASE, SequenceFile
 from fqbroker.frontends.fyrehose.settings import Fyrehose
+from fqbroker.protocols.fyrehose import wire
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.message import MsgIdCounter, Run
     from fqbroker.core.publisher import Publisher
     from fqbroker.core.router import ClientStats, Router
-    from fqbroker.server.frontend import LiveFrontEnd
+    from fqbroker.frontends.kit.component import LiveFrontEnd
+    from fqbroker.settings.broker import Settings
 
 __all__ = ["SINK_PROGRAM", "FyrehoseEndpoint", "FyrehoseHost", "FyrehoseSink", "payload_of"]
 

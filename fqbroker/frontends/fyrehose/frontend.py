@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import Settings
 from fqbroker.frontends.fyrehose.settings import Fyrehose
-from fqbroker.section import Flag
-from fqbroker.server.frontend import Counters, Datagrams, FrontEnd, LiveFrontEnd
+from fqbroker.frontends.kit.component import Counters, Datagrams, FrontEnd, LiveFrontEnd
+from fqbroker.settings.broker import Settings
+from fqbroker.settings.section import Flag
 
 # The endpoint and its backbone are imported when the listener opens, not by every
 # broker: an idle one keeps its memory (bench/RESULTS.md, the idle row).

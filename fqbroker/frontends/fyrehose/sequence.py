@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Final
 
 from fqbroker.errors import SequenceFileError
-from fqbroker.frontends.fyrehose import wire
+from fqbroker.protocols.fyrehose import wire
 
 __all__ = ["LEASE", "SequenceFile", "SequenceFileError"]
 

@@ -1,13 +1,13 @@
 """The ``[fyrehose]`` table: the fyrehose backbone's settings (docs/fyrehose.md).
 
-Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.section`).
+Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.settings.section`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fqbroker.section import Section, setting
+from fqbroker.settings.section import Section, setting
 
 __all__ = ["Fyrehose"]
 

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from fqbroker.server import panel as ui
-from fqbroker.server.frontend import Counters, LiveFrontEnd, Metric, Series
+from fqbroker.frontends.kit import panel as ui
+from fqbroker.frontends.kit.component import Counters, LiveFrontEnd, Metric, Series
 
 __all__ = ["COUNTERS", "FyrehoseSnapshot", "FyrehoseSubscriberSnapshot", "FyrehoseView"]
 

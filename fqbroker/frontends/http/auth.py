@@ -18,7 +18,7 @@ a login. No credentials, or credentials that do not check out, get 401 with
 The deciding is plain functions over the headers; the only wait is the password check,
 whose PBKDF2 runs in a thread unless ``Users`` has the user and password cached, so a UI
 polling with Basic costs a dict lookup per request. Wrong credentials are answered late,
-later with every failure from the same address (fqbroker.server.logins, as the fq port
+later with every failure from the same address (fqbroker.frontends.kit.logins, as the fq port
 does with its own count), so guessing over HTTP is as slow as over fq.
 """
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from fqbroker.config import Settings
-from fqbroker.server.logins import FailedLogins
+from fqbroker.frontends.kit.logins import FailedLogins
+from fqbroker.settings.broker import Settings
 
 __all__ = [
     "ADMIN",
@@ -60,7 +60,7 @@ class PermissionsView(Protocol):
 
 
 class UsersView(Protocol):
-    """The user table (fqbroker.storage.users.Users) as HTTP uses it."""
+    """The user table (fqbroker.storage.configdb.users.Users) as HTTP uses it."""
 
     async def verify_async(self, name: str, password: bytes) -> PermissionsView | None: ...
 

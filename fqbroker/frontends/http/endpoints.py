@@ -35,12 +35,16 @@ import aiofiles.os
 import h11
 
 from fqbroker.core.message import Message, runs_of
-from fqbroker.frontends.fq import wire
-from fqbroker.frontends.http import admin, auth, node, replay, topics
-from fqbroker.frontends.http.frontendstats import render_front_ends_json
+from fqbroker.frontends.http import auth
+from fqbroker.frontends.http.admin import routes as admin
 from fqbroker.frontends.http.host import HttpHost
-from fqbroker.frontends.http.stats import http_counters, render_stats_json
-from fqbroker.storage import checkpoints
+from fqbroker.frontends.http.reads import queues as replay
+from fqbroker.frontends.http.reads import topics
+from fqbroker.frontends.http.stats import node
+from fqbroker.frontends.http.stats.frontends import render_front_ends_json
+from fqbroker.frontends.http.stats.snapshot import http_counters, render_stats_json
+from fqbroker.protocols.fq import wire
+from fqbroker.storage.configdb import checkpoints
 
 __all__ = ["serve"]
 
@@ -278,7 +282,7 @@ class _Connection:
                 reply = Reply(200, await node.render_node_json(self.broker))
             elif path == "/metrics":
                 # prometheus_client is 2 MB of a broker's memory: loaded when scraped.
-                from fqbroker.frontends.http.metrics import render_metrics
+                from fqbroker.frontends.http.stats.metrics import render_metrics
 
                 body, content_type = render_metrics(
                     self.broker, headers.get(b"accept", b"").decode("latin-1")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Final, cast
 
-from fqbroker.server.frontend import Auth, FrontEnd, LiveFrontEnd, Sniffed
+from fqbroker.frontends.kit.component import Auth, FrontEnd, LiveFrontEnd, Sniffed
 
 # The host's Protocol and what it imports (auth) come with the first request too.
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ async def _serve(
 
 
 def _refusal(host: HttpHost) -> bytes:
-    from fqbroker.frontends.http.stats import http_counters
+    from fqbroker.frontends.http.stats.snapshot import http_counters
 
     http_counters(host).responses[503] += 1
     return SERVICE_UNAVAILABLE

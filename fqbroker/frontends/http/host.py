@@ -12,16 +12,16 @@ import asyncio
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
-from fqbroker.config import Settings
 from fqbroker.core.budget import MemoryBudget
 from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.publisher import Publisher
 from fqbroker.core.queue import Queue
 from fqbroker.core.router import ClientStats, Router
 from fqbroker.frontends.http.auth import UsersView
-from fqbroker.server.frontend import LiveFrontEnd
-from fqbroker.server.limits import Limits
-from fqbroker.storage.catalog import Catalog
+from fqbroker.frontends.kit.component import LiveFrontEnd
+from fqbroker.frontends.kit.limits import Limits
+from fqbroker.settings.broker import Settings
+from fqbroker.storage.configdb.catalog import Catalog
 from fqbroker.storage.store import DiskStore
 
 __all__ = [
@@ -58,7 +58,7 @@ class TopicReaderView(Protocol):
 
 
 class TopicView(Protocol):
-    """A retained topic (fqbroker.storage.topics.Topic) as reads and stats see it."""
+    """A retained topic (fqbroker.storage.topics.retained.Topic) as reads and stats see it."""
 
     @property
     def name(self) -> bytes: ...
@@ -163,7 +163,7 @@ class AdminPeeringView(PeeringView, Protocol):
 
 
 class UsersAdminView(UsersView, Protocol):
-    """The user table (fqbroker.storage.users.Users) as the admin API changes it."""
+    """The user table (fqbroker.storage.configdb.users.Users) as the admin API changes it."""
 
     def add(self, name: str, password: str, iterations: int = ...) -> None: ...
     def remove(self, name: str) -> bool: ...

@@ -13,10 +13,10 @@ import functools
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import Settings
+from fqbroker.frontends.kit.component import FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.frontends.lumberjack.settings import Lumberjack
-from fqbroker.section import Flag
-from fqbroker.server.frontend import FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.settings.broker import Settings
+from fqbroker.settings.section import Flag
 
 # The session, its protocol and mapping are imported when the listener opens or a
 # connection is told of, not by every broker: an idle one keeps its memory
@@ -33,8 +33,8 @@ Facts = tuple[tuple[str, str | int], ...]
 def config_of(settings: Lumberjack) -> Config:
     """What the listener's connections share; ValueError for a template that will not do."""
     from fqbroker.frontends.lumberjack.mapping import DEFAULT_ROUTE_TEMPLATE, RouteTemplate
-    from fqbroker.frontends.lumberjack.protocol import Limits
     from fqbroker.frontends.lumberjack.session import Config
+    from fqbroker.protocols.lumberjack.wire import Limits
 
     return Config(
         exchange=settings.exchange.encode(),

@@ -4,12 +4,12 @@
 Theory of operation
 -------------------
 :meth:`Machine.receive_data` feeds what a read brought to the
-:class:`~fqbroker.frontends.lumberjack.protocol.Receiver`, with the time it came;
+:class:`~fqbroker.protocols.lumberjack.wire.Receiver`, with the time it came;
 :meth:`Machine.next_event` hands back every event decoded since as one
-:class:`~fqbroker.frontends.acks.Batch` of fq messages (the configured exchange, the route
+:class:`~fqbroker.frontends.kit.acks.Batch` of fq messages (the configured exchange, the route
 the template picks, the event's JSON bytes, sender ``lumberjack/ip:port`` and our node
 id as the only hop, as HTTP ``/submit`` stamps them), then a
-:class:`~fqbroker.frontends.acks.BadInput` if the input broke the protocol or a limit
+:class:`~fqbroker.frontends.kit.acks.BadInput` if the input broke the protocol or a limit
 (events decoded before it are still published, never acknowledged), then None.
 
 **ACK points.** An ACK names the last sequence number received (not a count; pylogbeat's
@@ -35,16 +35,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fqbroker.core.frames import encode_peer
-from fqbroker.frontends.acks import AckingMachine, BadInput, Batch
+from fqbroker.frontends.kit.acks import AckingMachine, BadInput, Batch
 from fqbroker.frontends.lumberjack.mapping import RouteTemplate
-from fqbroker.frontends.lumberjack.protocol import (
-    Event,
-    Events,
-    Limits,
-    Receiver,
-    Window,
-    encode_ack,
-)
+from fqbroker.protocols.lumberjack.wire import Event, Events, Limits, Receiver, Window, encode_ack
 
 if TYPE_CHECKING:
     from fqbroker.core.message import Run

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from fqbroker.core.frames import MAX_RK_LEN
-from fqbroker.frontends.lumberjack.protocol import Event
+from fqbroker.protocols.lumberjack.wire import Event
 
 __all__ = ["DEFAULT_ROUTE_TEMPLATE", "RouteTemplate", "cut_utf8", "sender_for"]
 

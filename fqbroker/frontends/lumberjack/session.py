@@ -2,7 +2,7 @@
 
 The rules (decoding, messages, ACK points) are :class:`~.machine.Machine`'s; this module
 moves bytes into it, publishes the batches it makes and acknowledges them through the
-shared tail (:class:`~fqbroker.frontends.publishing.PublishingSession`), and owns the
+shared tail (:class:`~fqbroker.frontends.kit.publishing.PublishingSession`), and owns the
 timers the machine asks for. It has no task of its own while a connection is idle: the
 idle-ACK and keepalive timers are loop timers, and a task exists only while the session
 waits for room in a queue, for the memory budget, or for a disk queue's fsync.
@@ -22,7 +22,7 @@ machine holds is reserved against the broker's memory budget, and reading also p
 while the budget is spent or the shipper does not read its ACKs (the transport asks us
 to pause writing).
 
-**Bad input.** A :class:`~fqbroker.frontends.lumberjack.protocol.Violation` (a limit
+**Bad input.** A :class:`~fqbroker.protocols.lumberjack.wire.Violation` (a limit
 exceeded, a malformed frame) closes this connection with one rate-limited log line and
 ``fq_bad_input_total{frontend="lumberjack"}``. Events decoded before it are still routed
 but never acknowledged, so the shipper sends them again.
@@ -38,19 +38,19 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Protocol
 
+from fqbroker.frontends.kit.connections import WRITE, peer_address
+from fqbroker.frontends.kit.publishing import BUDGET, ROOM, PublishingSession
 from fqbroker.frontends.lumberjack.machine import Config, Machine
 from fqbroker.frontends.lumberjack.mapping import sender_for
-from fqbroker.frontends.publishing import BUDGET, ROOM, PublishingSession
-from fqbroker.server.connections import WRITE, peer_address
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.message import MsgIdCounter
     from fqbroker.core.publisher import Publisher
     from fqbroker.core.router import ClientStats
-    from fqbroker.server.frontend import LiveFrontEnd
-    from fqbroker.server.limits import Limits as BrokerLimits
+    from fqbroker.frontends.kit.component import LiveFrontEnd
+    from fqbroker.frontends.kit.limits import Limits as BrokerLimits
+    from fqbroker.settings.broker import Settings
 
 __all__ = ["Config", "LumberjackHost", "LumberjackSession"]
 

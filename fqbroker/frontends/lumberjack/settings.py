@@ -1,6 +1,6 @@
 """The ``[lumberjack]`` table: the Lumberjack/Beats listener's settings (docs/lumberjack.md).
 
-Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.section`):
+Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.settings.section`):
 the front end (:mod:`.frontend`) names this class as its section.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fqbroker.section import Section, setting
+from fqbroker.settings.section import Section, setting
 
 __all__ = ["Lumberjack"]
 
@@ -39,7 +39,7 @@ class Lumberjack(Section):
     """The ``[lumberjack]`` table: the Lumberjack/Beats listener (docs/lumberjack.md).
 
     Off while ``listen`` is empty. The limits bear the names of the protocol's ``Limits``
-    (fqbroker/frontends/lumberjack/protocol.py) and its defaults; exceeding one closes that
+    (fqbroker/protocols/lumberjack/wire.py) and its defaults; exceeding one closes that
     connection only.
     """
 

@@ -12,11 +12,11 @@ import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.config import Settings
+from fqbroker.frontends.kit.component import Counters, FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.frontends.kit.tls import server_context
 from fqbroker.frontends.opencluster.settings import OpenCluster
-from fqbroker.section import Flag
-from fqbroker.server.frontend import Counters, FrontEnd, LiveFrontEnd, OwnPort
-from fqbroker.server.tls import server_context
+from fqbroker.settings.broker import Settings
+from fqbroker.settings.section import Flag
 
 # The session, its machine and wire and the store are imported when the listener opens
 # or a connection is told of, not by every broker: an idle one keeps its memory
@@ -24,7 +24,7 @@ from fqbroker.server.tls import server_context
 if TYPE_CHECKING:
     from fqbroker.frontends.opencluster.machine import Limits
     from fqbroker.frontends.opencluster.session import OpenClusterHost
-    from fqbroker.storage.kvstore import KVStore
+    from fqbroker.storage.kv.store import KVStore
 
 __all__ = ["OPENCLUSTER", "limits_of", "store_path"]
 
@@ -56,7 +56,7 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
 
 
 def _state(host: OpenClusterHost, settings: Settings) -> KVStore:
-    from fqbroker.storage.kvstore import KVStore
+    from fqbroker.storage.kv.store import KVStore
 
     table = settings.section(OpenCluster)
     return KVStore(store_path(settings), sync=table.sync, max_keys=table.max_keys)
@@ -66,7 +66,7 @@ def _open(
     host: OpenClusterHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
 ) -> asyncio.BaseProtocol:
     from fqbroker.frontends.opencluster.session import OpenClusterSession
-    from fqbroker.storage.kvstore import KVStore
+    from fqbroker.storage.kv.store import KVStore
 
     assert isinstance(live.state, KVStore)  # made before the port opened
     limits = limits_of(host.settings.section(OpenCluster))

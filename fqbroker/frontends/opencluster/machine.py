@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fqbroker.errors import OpenClusterProtocolError
-from fqbroker.frontends.opencluster import wire
-from fqbroker.storage.kvstore import INT, STRING
+from fqbroker.protocols.opencluster import wire
+from fqbroker.storage.kv.store import INT, STRING
 
 if TYPE_CHECKING:
-    from fqbroker.storage.kvstore import Batch, KVStore
+    from fqbroker.storage.kv.store import Batch, KVStore
 
 __all__ = ["IMPLEMENTED", "Limits", "Machine"]
 
@@ -119,7 +119,7 @@ class Machine:
     """One connection's commands, answered in order.
 
     * a set changes the store's memory at once and joins its open group-commit batch
-      (:class:`~fqbroker.storage.kvstore.Batch`); its ack may only be written once that
+      (:class:`~fqbroker.storage.kv.store.Batch`); its ack may only be written once that
       batch is committed, so its reply, and every reply behind it on this connection,
       waits in ``queue``. The shell calls :meth:`committed` when :attr:`waiting` (the batch
       the first waiting reply needs) is done, and writes what it returns;
@@ -225,7 +225,7 @@ class Machine:
         """Act on up to ``room`` frames of ``buf`` from ``pos``, in order, walked where
         they lie (the hot path: no object per frame); a reply goes to ``out``, or to the
         queue behind a set. A run of sets goes to the store in one call
-        (:meth:`~fqbroker.storage.kvstore.KVStore.put_frames`), its acks to one queue
+        (:meth:`~fqbroker.storage.kv.store.KVStore.put_frames`), its acks to one queue
         entry. How many frames were taken."""
         decoder = self.decoder
         max_payload = decoder.max_payload

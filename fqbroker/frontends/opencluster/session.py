@@ -17,14 +17,14 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Protocol
 
+from fqbroker.frontends.kit.connections import WRITE, HeldReading, peer_address
 from fqbroker.frontends.opencluster.machine import Limits, Machine
-from fqbroker.server.connections import WRITE, HeldReading, peer_address
 
 if TYPE_CHECKING:
-    from fqbroker.config import Settings
-    from fqbroker.server.frontend import LiveFrontEnd
-    from fqbroker.server.limits import Limits as BrokerLimits
-    from fqbroker.storage.kvstore import Batch, KVStore
+    from fqbroker.frontends.kit.component import LiveFrontEnd
+    from fqbroker.frontends.kit.limits import Limits as BrokerLimits
+    from fqbroker.settings.broker import Settings
+    from fqbroker.storage.kv.store import Batch, KVStore
 
 __all__ = ["OpenClusterHost", "OpenClusterSession"]
 

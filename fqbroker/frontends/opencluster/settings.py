@@ -1,7 +1,7 @@
 """The ``[opencluster]`` table: the OpenCluster key/value store's settings
 (docs/opencluster.md).
 
-Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.section`).
+Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.settings.section`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fqbroker.section import Section, setting
+from fqbroker.settings.section import Section, setting
 
 __all__ = ["OpenCluster"]
 

@@ -22,15 +22,15 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from fqbroker.server import panel as ui
-from fqbroker.server.frontend import Counters, LiveFrontEnd, Metric, Rate
+from fqbroker.frontends.kit import panel as ui
+from fqbroker.frontends.kit.component import Counters, LiveFrontEnd, Metric, Rate
 
 __all__ = ["COUNTERS", "KVSnapshot", "KVStoreView"]
 
 
 @runtime_checkable
 class KVStoreView(Protocol):
-    """The store (fqbroker.storage.kvstore.KVStore) as its stats see it.
+    """The store (fqbroker.storage.kv.store.KVStore) as its stats see it.
 
     ``LiveFrontEnd.state`` holds it while the listener runs; that attribute is ``object``,
     so it is checked against this Protocol at run time. Every counter counts since the

@@ -2,7 +2,7 @@
 // backbone, the OpenCluster key/value store, or any front end added later). Each
 // /frontends.json entry of a front end that declares counters carries its "panel", and
 // this draws any of them alike from that JSON, so a new front end needs no edit here.
-// fqbroker/server/panel.py describes the JSON:
+// fqbroker/frontends/kit/panel.py describes the JSON:
 //
 //   panel  {id, title, hidden, count: {id, text}, summary: {text, state},
 //           tiles: [tile], chips: chips, table: table}

@@ -1,0 +1,1 @@
+"""The command-line tools: fqd, fq-send, fq-recv, fq-admin, figg, fyrehose, opencluster."""

@@ -1,0 +1,1 @@
+"""Blocking clients of the broker's HTTP side: the admin API and replay reads."""

@@ -1,0 +1,1 @@
+"""The OpenCluster client: a sans-I/O machine and the asyncio client (docs/opencluster-client.md)."""

@@ -1,0 +1,1 @@
+"""The admin API under /admin/ (docs/admin.md)."""

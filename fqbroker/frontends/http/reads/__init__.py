@@ -1,0 +1,1 @@
+"""Replay reads: /queue/info, /queue/read, /topic/info, /topic/read."""

@@ -1,0 +1,1 @@
+"""/stats.json, /metrics and /node.json: one snapshot of every counter, rendered."""

@@ -1,0 +1,307 @@
+"""The asyncio tail every publishing session shares: room, budget, ACKs once durable.
+
+A Lumberjack or Figg connection hands what it reads to its sans-IO machine and publishes
+the :class:`~fqbroker.frontends.kit.acks.Batch` events it makes through its own
+:class:`~fqbroker.core.publisher.Publisher`. :class:`PublishingSession` is the part of
+their asyncio shells that is the same for both, written once:
+
+* **Room.** A block-policy queue that is full stops the publisher: reading pauses
+  (:data:`ROOM`) and a task waits for room, publishes the rest of the batch, and goes on
+  with what was read meanwhile. Earlier batches are acknowledged while a later one waits.
+* **Budget.** What the machine buffers (a partial frame) is reserved against the broker's
+  memory budget; while the budget cannot take it, reading pauses (:data:`BUDGET`) and a
+  task waits for it.
+* **ACKs.** The machine's ACKs are sent strictly in order, each once the messages it
+  covers are handled by the publisher and, where disk stores took them, durable under
+  the broker's fsync policy (``Publisher.durable``: a task waits for the fsync).
+* **Disk failure.** A failed write or fsync closes the connection without the ACK: the
+  client sends those messages again.
+
+It owns no task while nothing waits. The front end's session adds its own events
+(:meth:`PublishingSession._control`), timers and what /frontends.json shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+from fqbroker.frontends.kit.acks import BadInput, Batch
+from fqbroker.frontends.kit.connections import HeldReading, RemotePeer, peer_address
+
+if TYPE_CHECKING:
+    from fqbroker.core.budget import MemoryBudget
+    from fqbroker.core.publisher import Publisher
+    from fqbroker.core.router import ClientStats
+    from fqbroker.frontends.kit.component import LiveFrontEnd
+    from fqbroker.frontends.kit.limits import Limits as BrokerLimits
+
+__all__ = ["BUDGET", "ROOM", "PublishingHost", "PublishingMachine", "PublishingSession"]
+
+# Why reading is paused (bits of HeldReading._holds, beside WRITE).
+ROOM = 1  # a block-policy queue is full
+BUDGET = 2  # the memory budget is spent
+
+
+class PublishingHost(Protocol):
+    """What a publishing session needs of the broker that accepted it."""
+
+    budget: MemoryBudget
+    limits: BrokerLimits
+
+    def closed(self, transport: asyncio.Transport) -> None: ...
+
+    def make_publisher(self, stats: ClientStats | None = None) -> Publisher: ...
+
+
+class PublishingMachine(Protocol):
+    """What the tail needs of a front end's sans-IO machine."""
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet decoded."""
+        ...
+
+    @property
+    def ack_due(self) -> int | None:
+        """How many messages the oldest ACK owed waits for; None when none is owed."""
+        ...
+
+    def receive_data(self, data: bytes, now: float) -> None: ...
+
+    def next_event(self) -> object | None: ...
+
+    def acknowledge(self, handled: int) -> None:
+        """The first ``handled`` messages are routed and durable: owe their ACKs no more."""
+        ...
+
+    def data_to_send(self) -> bytes: ...
+
+
+class PublishingSession(HeldReading, RemotePeer):
+    """The shared tail of a session that publishes what it reads and acknowledges it."""
+
+    __slots__ = (
+        "_durable",
+        "_eof",
+        "_holds",
+        "_reserved",
+        "_room",
+        "_waiting_bytes",
+        "broker",
+        "closing",
+        "live",
+        "machine",
+        "publisher",
+        "transport",
+    )
+
+    # The front end's name (its bad-input counter and log kind), its name in log lines,
+    # and why a disk failure closes a connection.
+    FRONTEND: ClassVar[str]
+    TITLE: ClassVar[str]
+    DISK_FAILED: ClassVar[str]
+    # Whether a batch that waits for room counts against the memory budget meanwhile.
+    HOLD_WAITING: ClassVar[bool] = False
+
+    broker: PublishingHost
+    machine: PublishingMachine
+
+    def __init__(
+        self,
+        host: PublishingHost,
+        live: LiveFrontEnd,
+        transport: asyncio.Transport,
+        machine: PublishingMachine,
+    ) -> None:
+        # Named so because the loop's exception handler asks a protocol for its broker.
+        self.broker = host
+        self.live = live
+        self.transport = transport
+        self.machine = machine
+        self.publisher = host.make_publisher()
+        self._holds = 0  # ROOM, BUDGET, WRITE and the session's own: why reading is paused
+        self._room: asyncio.Task[None] | None = None  # waiting for room or budget
+        self._durable: asyncio.Task[None] | None = None  # waiting for an fsync to ACK
+        self._reserved = 0  # bytes of the memory budget the machine's buffer holds
+        # Bytes of a batch held while a full queue makes it wait, counted against the
+        # budget (in memory and in no queue yet) until it is published (HOLD_WAITING).
+        self._waiting_bytes = 0
+        self._eof = False
+        self.closing = False
+        counters = live.counters
+        if counters.bytes_in is None:
+            counters.bytes_in = counters.bytes_out = 0
+
+    # --- protocol -------------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # set in __init__
+        self.machine.receive_data(data, asyncio.get_running_loop().time())
+        if self._room is None:
+            self._pump()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+        self.broker.closed(self.transport)
+
+    def close(self) -> None:
+        if not self.closing:
+            self._flush()  # replies to the frames before the one that ends it
+        self._end()
+        self.transport.close()
+
+    def write(self, data: bytes) -> None:
+        self.live.counters.bytes_out += len(data)  # type: ignore[operator]  # set in __init__
+        self.transport.write(data)
+
+    def _end(self) -> bool:
+        """Let go of everything the connection holds; False if it was let go already."""
+        if self.closing:
+            return False
+        self.closing = True
+        self.publisher.close()
+        for task in (self._room, self._durable):
+            if task is not None:
+                task.cancel()
+        self._room = self._durable = None
+        if self._reserved or self._waiting_bytes:
+            self.broker.budget.release(self._reserved + self._waiting_bytes)
+            self._reserved = self._waiting_bytes = 0
+        return True
+
+    def _name(self) -> str:
+        return "{}:{}".format(*peer_address(self.transport))
+
+    def _flush(self) -> None:
+        data = self.machine.data_to_send()
+        if data:
+            self.write(data)
+
+    # --- in: the machine's events ---------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Act on every event the machine has: publish its batches, close on bad input,
+        hand the others to :meth:`_control`; then acknowledge and reserve."""
+        machine = self.machine
+        while (event := machine.next_event()) is not None:
+            if isinstance(event, Batch):
+                self._publish(event)
+            elif isinstance(event, BadInput):
+                self.broker.limits.bad(
+                    self.FRONTEND, f"closing {self.TITLE} connection from %s: %s",
+                    self._name(), event.reason,
+                )  # fmt: skip
+                self.close()
+                return
+            else:
+                self._control(event)
+                if self.closing:
+                    return
+        self._pumped()
+        # Earlier batches are acknowledged even while a later one waits for room.
+        self._ack_ready()
+        if self._room is None and not self.closing:
+            self._reserve()
+
+    def _control(self, event: object) -> None:
+        """An event of the front end's own (Figg's ATTACH and DETACH)."""
+        raise TypeError(f"{type(self).__name__} has no events like {event!r}")
+
+    def _pumped(self) -> None:
+        """After the machine's events of a read: the session's timers."""
+
+    def _publish(self, batch: Batch) -> None:
+        if self.publisher.publish(batch.runs, batch.octets):
+            return
+        # Block policy: stop reading until every full queue has room, then go on.
+        self._hold(ROOM)
+        if self.HOLD_WAITING:
+            # Already in memory, so taken from the budget without waiting (the batch's
+            # whole size: what was published of it is in queues, which count it too).
+            self._waiting_bytes = batch.octets
+            self.broker.budget.used += batch.octets
+        self._room = asyncio.ensure_future(self._room_then_carry_on())
+
+    async def _room_then_carry_on(self) -> None:
+        await self.publisher.finish()
+        self._room = None
+        if self._waiting_bytes:
+            self.broker.budget.release(self._waiting_bytes)
+            self._waiting_bytes = 0
+        self._release(ROOM)
+        self._send_acks()  # the batches published, before what was read meanwhile
+        self._pump()
+
+    def _reserve(self) -> None:
+        """Hold budget for what the machine buffers; pause reading while it cannot."""
+        self._reserved, grow = self.broker.budget.resize(self._reserved, self.machine.buffered)
+        if grow is None:
+            return
+        self._hold(BUDGET)
+        self._room = asyncio.ensure_future(self._wait_for_budget(grow))
+
+    async def _wait_for_budget(self, grow: int) -> None:
+        await self.broker.budget.acquire(grow)
+        self._room = None
+        if self.closing:
+            self.broker.budget.release(grow)  # closed between its wake-up and now
+            return
+        self._reserved += grow
+        self._release(BUDGET)
+        self._pump()  # whatever arrived while reading was paused
+
+    # --- out: acknowledge -----------------------------------------------------------------
+
+    def _ack_ready(self) -> None:
+        """Send the ACKs whose messages are handled and durable; after EOF, close once
+        nothing is left to publish or acknowledge."""
+        if self.closing:
+            return
+        self._send_acks()
+        self._finish()
+
+    def _finish(self) -> None:
+        """After EOF: close once nothing is left to publish or acknowledge."""
+        if self._eof and not self.closing and self._room is None and self.machine.ack_due is None:
+            self.close()
+
+    def _send_acks(self) -> None:
+        """ACK what is handled, or start waiting until it is durable, or fail; and write
+        what the machine has to send."""
+        machine = self.machine
+        due = machine.ack_due
+        if self._durable is None and due is not None:
+            publisher = self.publisher
+            handled = publisher.handled
+            if due <= handled:
+                failed = publisher.failed_from
+                if failed is not None and failed <= due:
+                    self._disk_failed()
+                    return
+                if publisher.written:
+                    self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
+                else:
+                    machine.acknowledge(handled)
+        self._flush()
+
+    async def _durable_then_ack(self, handled: int) -> None:
+        ok = await self.publisher.durable()
+        self._durable = None
+        if self.closing:
+            return
+        if not ok:
+            self._disk_failed()
+            return
+        self.machine.acknowledge(handled)
+        self._ack_ready()  # more may have been handled meanwhile
+
+    def _disk_failed(self) -> None:
+        self.broker.limits.log.log(
+            logging.WARNING, self.FRONTEND,
+            f"closing {self.TITLE} connection from %s: {self.DISK_FAILED}", self._name(),
+        )  # fmt: skip
+        self.close()

@@ -1,0 +1,1 @@
+"""Figg's wire format (docs/figg-protocol.md)."""

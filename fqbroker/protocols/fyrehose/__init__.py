@@ -1,0 +1,1 @@
+"""fyrehose's datagrams (docs/fyrehose-protocol.md)."""

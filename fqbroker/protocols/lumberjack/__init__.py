@@ -1,0 +1,1 @@
+"""The Lumberjack wire format, v1 and v2 (docs/lumberjack.md)."""

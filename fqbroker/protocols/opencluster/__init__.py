@@ -1,0 +1,1 @@
+"""OpenCluster's frames and command ids (docs/opencluster-protocol.md)."""

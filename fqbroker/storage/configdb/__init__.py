@@ -1,0 +1,1 @@
+"""The sqlite config DB: queues, bindings, upstreams, checkpoints, users (fqd's schema and ours)."""

@@ -1,0 +1,1 @@
+"""The OpenCluster key/value store: memory, a journal, sqlite (docs/opencluster.md)."""

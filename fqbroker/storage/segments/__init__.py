@@ -1,0 +1,1 @@
+"""The segment log of disk queues and topics (docs/disk-format.md)."""

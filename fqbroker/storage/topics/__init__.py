@@ -1,0 +1,1 @@
+"""Retained topics: disk stores read by offset, with retention (docs/topics.md)."""
