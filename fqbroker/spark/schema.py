@@ -23,7 +23,7 @@ from pyspark.sql.types import (
 )
 
 from fqbroker.core.message import hop_addresses
-from fqbroker.frontends.http.reads.queues import Entry
+from fqbroker.protocols.replay import Entry
 
 __all__ = ["SCHEMA", "record_batch"]
 

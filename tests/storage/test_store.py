@@ -568,7 +568,7 @@ async def test_a_replay_read_of_a_range_ends_at_its_end_past_a_skipped_record(
     (segment,) = sorted(queue_directory(settings.queue_dir, b"diskq").glob("*.seg"))
     _flip(segment, _record_offsets(segment)[4] + 30)  # seq 5
     async with Broker(settings) as broker:
-        from fqbroker.frontends.http.reads.queues import decode_entries
+        from fqbroker.protocols.replay import decode_entries
         from tests.e2e.http.test_replay import get
 
         for start, stop, seqs in (

@@ -24,13 +24,13 @@ from urllib.parse import urlencode
 from fqbroker.clients.fq.channel import Authenticated, CommandChannel, Refused, Reply
 from fqbroker.clients.tls import shared_client_ssl
 from fqbroker.errors import BrokerError, DataLost, ProtocolError
-from fqbroker.frontends.http.reads.queues import (
+from fqbroker.protocols.fq import wire
+from fqbroker.protocols.replay import (
     CONTENT_TYPE,
     DEFAULT_READ_BYTES,
     Entry,
     decode_entries,
 )
-from fqbroker.protocols.fq import wire
 from fqbroker.storage.configdb.checkpoints import format_position
 
 __all__ = ["BrokerError", "DataLost", "QueueInfo", "ReplayClient", "TopicInfo"]

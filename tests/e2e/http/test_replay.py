@@ -13,7 +13,7 @@ import pytest
 from fqbroker.clients.fq.client import Client
 from fqbroker.clients.http.replay import BrokerError, DataLost, ReplayClient
 from fqbroker.core.message import Message, hop_addresses
-from fqbroker.frontends.http.reads import queues as replay
+from fqbroker.protocols import replay
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from fqbroker.storage.segments.log import SegmentLog

@@ -17,52 +17,35 @@ policy): a sequence number a reader has seen is never given out again for anothe
 
 An entry is ``u64 seq, u64 arrival time in microseconds (0: not recorded), u32 length``
 and then the message as the data socket delivers it: fq's peer-format frame, with bytes
-8-15 of the message id holding the seq. :func:`decode_entries` is the reader's side.
+8-15 of the message id holding the seq. The entry format: :mod:`fqbroker.protocols.replay`.
 """
 
 from __future__ import annotations
 
 import json
-import struct
-from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from fqbroker.core.frames import place_seq
-from fqbroker.core.message import Message
 from fqbroker.core.queuespec import QueueKind
 from fqbroker.frontends.http.host import QueueSource
-from fqbroker.protocols.fq.msgdecoder import MessageDecoder
+from fqbroker.protocols.replay import CONTENT_TYPE, DEFAULT_READ_BYTES, encode_entry
 from fqbroker.storage.store import DiskStore, split_record
 
 __all__ = [
-    "CONTENT_TYPE",
     "PATHS",
     "Answer",
-    "Entry",
     "Refused",
-    "decode_entries",
-    "encode_entry",
     "number_param",
     "refused_answer",
     "respond",
 ]
 
 PATHS = frozenset({"/queue/info", "/queue/read"})
-CONTENT_TYPE = "application/x-fq-entries"
-ENTRY = struct.Struct(">QQI")
-DEFAULT_READ_BYTES = 4 << 20
 MAX_READ_BYTES = 64 << 20
 _READ_BATCH = 4096  # records per segment-log read; bounds the time one call holds the loop
 
 # (status, body, content type, extra headers): what http.py turns into its reply.
 Answer = tuple[int, bytes, str, list[tuple[bytes, bytes]]]
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    seq: int
-    arrival_us: int | None
-    message: Message
 
 
 class Refused(Exception):
@@ -148,28 +131,3 @@ def _read(store: DiskStore, start: int, stop: int, limit: int) -> bytes:
         seq = records[-1][0] + 1
     store.replay_ahead.after_read(store.log.position(seq))
     return b"".join(parts)
-
-
-def encode_entry(seq: int, arrival_us: int | None, frame: bytes) -> bytes:
-    return ENTRY.pack(seq, arrival_us or 0, len(frame)) + frame
-
-
-def decode_entries(body: bytes) -> list[Entry]:
-    """The entries of a ``/queue/read`` body; ``ValueError`` if it is cut short or bad."""
-    out: list[Entry] = []
-    pos, end = 0, len(body)
-    while pos < end:
-        if end - pos < ENTRY.size:
-            raise ValueError(f"entry header cut short at byte {pos}")
-        seq, arrival, n = ENTRY.unpack_from(body, pos)
-        pos += ENTRY.size
-        if end - pos < n:
-            raise ValueError(f"entry {seq} cut short")
-        decoder = MessageDecoder(peer_format=True)
-        decoder.feed(body[pos : pos + n])
-        msg = decoder.next_message()
-        if msg is None:
-            raise ValueError(f"entry {seq} does not hold a message")
-        pos += n
-        out.append(Entry(seq, arrival or None, msg))
-    return out

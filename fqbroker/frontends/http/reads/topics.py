@@ -29,15 +29,13 @@ from urllib.parse import parse_qs
 
 from fqbroker.frontends.http.host import TopicSource, TopicView
 from fqbroker.frontends.http.reads.queues import (
-    CONTENT_TYPE,
-    DEFAULT_READ_BYTES,
     MAX_READ_BYTES,
     Answer,
     Refused,
-    encode_entry,
     number_param,
     refused_answer,
 )
+from fqbroker.protocols.replay import CONTENT_TYPE, DEFAULT_READ_BYTES, encode_entry
 from fqbroker.storage.store import split_record
 
 __all__ = ["CONTENT_TYPE", "PATHS", "respond"]
