@@ -47,14 +47,14 @@ from __future__ import annotations
 # (no exchange, no route, dropped) are counters, never exceptions.
 #
 # The client-side ones are defined here and importable from where their users meet them
-# (fqbroker.clients.fq.client, fqbroker.clients.http.replay, fqbroker.spark). The internal
-# signals outside the tree: frontends.http.reads.queues.Refused (a replay or topic read answered with an HTTP error; its
-# endpoint turns it into the answer), frontends.http.admin.base.Refused (the same for the
-# admin API), protocols.decoding.NeedData (a decode step ran out of bytes; its decoder
+# (fqbroker.clients.fq.client, fqbroker.clients.http.replay, fqbroker.spark). The internal signals
+# outside the tree: frontends.http.reads.queues.Refused (a replay or topic read answered with an
+# HTTP error; its endpoint turns it into the answer), frontends.http.admin.base.Refused (the same
+# for the admin API), protocols.decoding.NeedData (a decode step ran out of bytes; its decoder
 # catches it), storage.segments.records.Damaged (bytes that are no valid record: an OSError with
-# EIO, which is what reads and repair() raise, and which the exception handler must keep
-# counting as an OS failure rather than bad input) and storage.segments.checkpoints.Unreadable
-# (caught where checkpoints are opened).
+# EIO, which is what reads and repair() raise, and which the exception handler must keep counting as
+# an OS failure rather than bad input) and storage.segments.checkpoints.Unreadable (caught where
+# checkpoints are opened).
 
 __all__ = [
     "AdminError",

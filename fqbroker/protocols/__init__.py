@@ -1,1 +1,2 @@
-"""The wire formats servers and clients share: sans-I/O encoders and decoders, one package a protocol."""
+"""The wire formats servers and clients share: sans-I/O encoders and decoders, one package a
+protocol."""

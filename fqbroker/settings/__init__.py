@@ -1,1 +1,2 @@
-"""The broker's settings: the TOML file, the front ends' sections, the data directory (docs/cli.md)."""
+"""The broker's settings: the TOML file, the front ends' sections, the data directory
+(docs/cli.md)."""

@@ -1,7 +1,7 @@
 """The data-frame format (fqbroker.core.frames): every reader agrees with the builders.
 
-tests/protocols/fq/test_wire.py checks the frames' exact bytes against fq and the decoders on any split
-of their input; here each function of the format is checked against the others on
+tests/protocols/fq/test_wire.py checks the frames' exact bytes against fq and the decoders on any
+split of their input; here each function of the format is checked against the others on
 generated messages, so a change to one that the others do not follow fails.
 """
 

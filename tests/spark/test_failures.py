@@ -26,8 +26,8 @@ FILE_LIMIT = 1 << 20  # bytes any one file of a starved broker may grow to
 
 
 def small_disk() -> None:
-    # As tests/e2e/reliability/test_disk_full.py: writes past the limit fail in the kernel (EFBIG, as
-    # ENOSPC would), with SIGXFSZ ignored as a server would.
+    # As tests/e2e/reliability/test_disk_full.py: writes past the limit fail in the kernel (EFBIG,
+    # as ENOSPC would), with SIGXFSZ ignored as a server would.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
 

@@ -2,7 +2,8 @@
 
 Spark runs the fq source's code in plain Python processes with no event loop, one call at
 a time, so this client is synchronous: ``http.client`` for the replay, topic and checkpoint
-endpoints (:mod:`fqbroker.frontends.http.reads.queues`, :mod:`~fqbroker.frontends.http.reads.topics`),
+endpoints (:mod:`fqbroker.frontends.http.reads.queues`,
+:mod:`~fqbroker.frontends.http.reads.topics`),
 and the sans-IO :class:`~fqbroker.clients.fq.channel.CommandChannel` over a blocking socket to
 create a queue and bind it. It keeps no connection between calls, so objects holding it
 stay picklable. A topic is read by 0-based message index, which an entry's ``seq`` is then.

@@ -1,1 +1,2 @@
-"""The OpenCluster client: a sans-I/O machine and the asyncio client (docs/opencluster-client.md)."""
+"""The OpenCluster client: a sans-I/O machine and the asyncio client
+(docs/opencluster-client.md)."""

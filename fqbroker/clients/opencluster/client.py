@@ -1,6 +1,7 @@
 """An asyncio OpenCluster client (docs/opencluster-client.md).
 
-:class:`OpenClusterClient` is the shell around :class:`~fqbroker.clients.opencluster.machine.OCMachine`:
+:class:`OpenClusterClient` is the shell around
+:class:`~fqbroker.clients.opencluster.machine.OCMachine`:
 one socket and one reader task. Every call writes its request at once and waits for its
 own answer, so many calls may be outstanding on the connection. There is no reconnect: a
 lost connection or a reply out of step fails every outstanding and later call, and the

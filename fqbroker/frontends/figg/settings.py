@@ -1,6 +1,7 @@
 """The ``[figg]`` table: retained topics and the Figg listener's settings (docs/topics.md).
 
-Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.settings.section`).
+Declared here, beside the listener, and read by the shared parser
+(:mod:`fqbroker.settings.section`).
 Topics (:mod:`fqbroker.storage.topics.retained`) do not read it: :func:`topic_config` hands them
 what they need.
 """

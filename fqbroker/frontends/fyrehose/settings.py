@@ -1,6 +1,7 @@
 """The ``[fyrehose]`` table: the fyrehose backbone's settings (docs/fyrehose.md).
 
-Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.settings.section`).
+Declared here, beside the listener, and read by the shared parser
+(:mod:`fqbroker.settings.section`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The ``[lumberjack]`` table: the Lumberjack/Beats listener's settings (docs/lumberjack.md).
 
-Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.settings.section`):
+Declared here, beside the listener, and read by the shared parser
+(:mod:`fqbroker.settings.section`):
 the front end (:mod:`.frontend`) names this class as its section.
 """
 

@@ -1,7 +1,8 @@
 """The ``[opencluster]`` table: the OpenCluster key/value store's settings
 (docs/opencluster.md).
 
-Declared here, beside the listener, and read by the shared parser (:mod:`fqbroker.settings.section`).
+Declared here, beside the listener, and read by the shared parser
+(:mod:`fqbroker.settings.section`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 One :class:`BrokerCollector` per broker, on a private ``CollectorRegistry``: brokers in
 one process (tests start many) never share or collide, and nothing lands in
-prometheus-client's global registry. The collector reads a :mod:`fqbroker.frontends.http.stats.snapshot`
+prometheus-client's global registry. The collector reads a
+:mod:`fqbroker.frontends.http.stats.snapshot`
 snapshot at scrape time, so routing keeps bumping plain ints and pays nothing for
 metrics, and /metrics always agrees with /stats.json.
 

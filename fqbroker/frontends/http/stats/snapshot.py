@@ -2,7 +2,8 @@
 
 :func:`take_snapshot` walks the broker's exchanges, bindings, queues and clients once and
 copies every number into plain frozen dataclasses. Two renderers read the same snapshot,
-so the JSON and the Prometheus metrics (:mod:`fqbroker.frontends.http.stats.metrics`) can never disagree:
+so the JSON and the Prometheus metrics (:mod:`fqbroker.frontends.http.stats.metrics`) can never
+disagree:
 
 * :func:`stats_json` builds fqd's ``/stats.json`` object with its exact key names and
   order (docs/fq-protocol.md §4.2);
