@@ -51,6 +51,33 @@ async def running(settings: Settings, *extra: FrontEnd[Any]) -> AsyncIterator[Br
             await broker.stop()
 
 
+def on(settings: Settings, name: str, **values: Any) -> Settings:
+    """``settings`` with the table's front end ``name`` on, listening on a loopback port the
+    kernel picks, and ``values`` set in its settings table."""
+    (spec,) = [s for s in FRONT_ENDS if s.name == name]
+    assert spec.settings is not None, f"{name} has no settings table"
+    table = settings.section(spec.settings)
+    settings.set_section(table.updated({"listen": "127.0.0.1:0", **values}))
+    return settings
+
+
+def port_of(broker: Broker, name: str) -> int:
+    """The port the front end ``name`` listens on."""
+    address = broker.front_ends[name].address
+    assert address is not None, f"{name} is not listening"
+    return address[1]
+
+
+@pytest.fixture
+async def broker_on(request: pytest.FixtureRequest, settings: Settings) -> AsyncIterator[Broker]:
+    """A broker with the front ends the test's ``on`` marks name turned on (:func:`on`):
+    ``@pytest.mark.on("figg", max_topics=5)``, or ``pytestmark`` for a whole file."""
+    for mark in request.node.iter_markers("on"):
+        on(settings, *mark.args, **mark.kwargs)
+    async with running(settings) as broker:
+        yield broker
+
+
 def root_and_bob(settings: Settings) -> Settings:
     """Users on: "root" (password rootpw) may administer, "bob" (bobpw) only publish."""
     from fqbroker.storage.configdb.users import Users

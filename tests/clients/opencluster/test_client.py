@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,9 @@ from fqbroker.clients.opencluster.machine import Answer, OCMachine, as_value
 from fqbroker.errors import ClientClosed, ClientError, OpenClusterProtocolError
 from fqbroker.frontends.opencluster.settings import OpenCluster
 from fqbroker.protocols.opencluster import wire
+from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
-from tests.conftest import TIMEOUT, running
+from tests.conftest import TIMEOUT, port_of, running
 from tests.pki import make_pki
 from tests.procs import Proc
 from tests.protocols.opencluster.test_wire import (
@@ -36,6 +36,8 @@ from tests.protocols.opencluster.test_wire import (
 # What the 2011 C client answered the two pushes: an ack with repcmd 100 for both.
 ACK_SERVERLIST_UID0 = h("0001 0064 00000000 00000000")
 ACK_HASHMASKS_AS_2011_UID1 = h("0001 0064 00000001 00000000")
+
+pytestmark = pytest.mark.on("opencluster")
 
 
 def feed(m: OCMachine, data: bytes, one_byte_at_a_time: bool = False) -> list[Answer]:
@@ -187,13 +189,9 @@ def test_values_and_expiry_are_checked_before_anything_is_sent() -> None:
 
 
 @pytest.fixture
-async def oc_port(settings: Settings) -> AsyncIterator[int]:
+def oc_port(broker_on: Broker) -> int:
     """A broker with its OpenCluster listener on a free loopback port."""
-    settings.set_section(settings.section(OpenCluster).updated({"listen": "127.0.0.1:0"}))
-    async with running(settings) as broker:
-        address = broker.front_ends["opencluster"].address
-        assert address is not None
-        yield address[1]
+    return port_of(broker_on, "opencluster")
 
 
 async def test_set_and_get_ints_and_strings(oc_port: int) -> None:

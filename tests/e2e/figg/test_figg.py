@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,7 +21,6 @@ import pytest
 
 from fqbroker.clients.fq.client import Client
 from fqbroker.frontends.figg.session import FiggSession
-from fqbroker.frontends.figg.settings import Figg
 from fqbroker.frontends.figg.subscription import BATCH_BYTES
 from fqbroker.protocols.figg import wire
 from fqbroker.protocols.figg.wire import (
@@ -40,27 +38,26 @@ from fqbroker.protocols.figg.wire import (
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from fqbroker.storage.segments import log as segmentlog
-from tests.conftest import TIMEOUT, FailingFsync, running, wait_for
+from tests.conftest import TIMEOUT, FailingFsync, on, port_of, running, wait_for
 from tests.server.test_frontends import front_ends_json
 
 EXCHANGE = b"figg"
 
 
+pytestmark = pytest.mark.on("figg")
+
+
 def with_figg(settings: Settings, **values: Any) -> Settings:
-    settings.set_section(dataclasses.replace(Figg(), listen="127.0.0.1:0", **values))
-    return settings
+    return on(settings, "figg", **values)
 
 
 @pytest.fixture
-async def fg(settings: Settings) -> AsyncIterator[Broker]:
-    async with running(with_figg(settings)) as broker:
-        yield broker
+def fg(broker_on: Broker) -> Broker:
+    return broker_on
 
 
 def figg_port(broker: Broker) -> int:
-    address = broker.front_ends["figg"].address
-    assert address is not None
-    return address[1]
+    return port_of(broker, "figg")
 
 
 class Conn:

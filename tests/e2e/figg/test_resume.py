@@ -18,31 +18,29 @@ import pytest
 
 from fqbroker.clients.figg.client import READ_SIZE, FiggClient, Message, Subscription
 from fqbroker.clients.figg.machine import Backoff
-from fqbroker.frontends.figg.settings import Figg
 from fqbroker.protocols.figg import wire
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
-from tests.conftest import TIMEOUT, running, wait_for
+from tests.conftest import TIMEOUT, on, port_of, running, wait_for
 from tests.procs import Proc
 
 FAST = Backoff(0.01, 0.1)
 
 
+pytestmark = pytest.mark.on("figg")
+
+
 def with_figg(settings: Settings, **values: Any) -> Settings:
-    settings.set_section(Figg().updated({"listen": "127.0.0.1:0", **values}))
-    return settings
+    return on(settings, "figg", **values)
 
 
 @pytest.fixture
-async def figg(settings: Settings) -> AsyncIterator[Broker]:
-    async with running(with_figg(settings)) as broker:
-        yield broker
+def figg(broker_on: Broker) -> Broker:
+    return broker_on
 
 
 def figg_port(broker: Broker) -> int:
-    address = broker.front_ends["figg"].address
-    assert address is not None
-    return address[1]
+    return port_of(broker, "figg")
 
 
 @contextlib.asynccontextmanager

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import random
 import signal
 import socket
@@ -42,7 +41,7 @@ from fqbroker.protocols.fyrehose.wire import (
 )
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
-from tests.conftest import TIMEOUT, running, wait_for
+from tests.conftest import TIMEOUT, on, running, wait_for
 from tests.procs import Proc
 
 EXCHANGE = b"fyrehose"
@@ -50,15 +49,16 @@ TOKEN = bytes(range(16))
 Address = tuple[str, int]
 
 
+pytestmark = pytest.mark.on("fyrehose")
+
+
 def with_fyrehose(settings: Settings, **values: Any) -> Settings:
-    settings.set_section(dataclasses.replace(Fyrehose(), listen="127.0.0.1:0", **values))
-    return settings
+    return on(settings, "fyrehose", **values)
 
 
 @pytest.fixture
-async def fh(settings: Settings) -> AsyncIterator[Broker]:
-    async with running(with_fyrehose(settings)) as broker:
-        yield broker
+def fh(broker_on: Broker) -> Broker:
+    return broker_on
 
 
 def backbone_of(broker: Broker) -> Backbone:

@@ -15,7 +15,6 @@ import contextlib
 import json
 import ssl
 import zlib
-from collections.abc import AsyncIterator
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from fqbroker.protocols.lumberjack.encoder import AckReader
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from fqbroker.storage.segments import log as segmentlog
-from tests.conftest import NODE_ID, TIMEOUT, FailingFsync, running, wait_for
+from tests.conftest import NODE_ID, TIMEOUT, FailingFsync, on, port_of, running, wait_for
 from tests.e2e.http.test_http import get
 from tests.procs import Proc
 from tests.server.test_frontends import front_ends_json, self_signed
@@ -40,22 +39,20 @@ from tests.server.test_frontends import front_ends_json, self_signed
 EXCHANGE = b"logging"
 
 
+pytestmark = pytest.mark.on("lumberjack", ack_idle_ms=50.0)
+
+
 def with_lumberjack(settings: Settings, **values: Any) -> Settings:
-    values = {"listen": "127.0.0.1:0", "ack_idle_ms": 50.0, **values}
-    settings.set_section(Lumberjack().updated(values))
-    return settings
+    return on(settings, "lumberjack", **{"ack_idle_ms": 50.0, **values})
 
 
 @pytest.fixture
-async def lj(settings: Settings) -> AsyncIterator[Broker]:
-    async with running(with_lumberjack(settings)) as broker:
-        yield broker
+def lj(broker_on: Broker) -> Broker:
+    return broker_on
 
 
 def lj_port(broker: Broker) -> int:
-    address = broker.front_ends["lumberjack"].address
-    assert address is not None
-    return address[1]
+    return port_of(broker, "lumberjack")
 
 
 class Shipper:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -24,25 +23,23 @@ from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from fqbroker.storage.kv.journal import journal_path
 from fqbroker.storage.kv.store import KVStore
-from tests.conftest import TIMEOUT, running, wait_for
+from tests.conftest import TIMEOUT, on, port_of, running, wait_for
 from tests.procs import Proc
+
+pytestmark = pytest.mark.on("opencluster")
 
 
 def with_opencluster(settings: Settings, **values: Any) -> Settings:
-    settings.set_section(dataclasses.replace(OpenCluster(), listen="127.0.0.1:0", **values))
-    return settings
+    return on(settings, "opencluster", **values)
 
 
 @pytest.fixture
-async def oc(settings: Settings) -> AsyncIterator[Broker]:
-    async with running(with_opencluster(settings)) as broker:
-        yield broker
+def oc(broker_on: Broker) -> Broker:
+    return broker_on
 
 
 def oc_port(broker: Broker) -> int:
-    address = broker.front_ends["opencluster"].address
-    assert address is not None
-    return address[1]
+    return port_of(broker, "opencluster")
 
 
 def store_of(broker: Broker) -> KVStore:

@@ -1,12 +1,8 @@
-"""A front end is one component: a toy one, declared in this file and registered here alone
-(the table of front ends plus it, handed to what takes a table), shows up everywhere the
-broker's own do, and no other module names it.
-
-The toy is a line echo on a port of its own: it greets, echoes every line, and counts a
-connection as logged in once its first line was ``HELLO NAME``. It declares a settings
-table (``[toy]``), a flag (``--toy``), limits read from its table, and a login its auth
-can tell; its claim is its ``listen`` address.
-"""
+"""A front end is one component: the toy (tests/frontends/kit/toy.py), registered by these
+tests alone (the table of front ends plus it, handed to what takes a table), shows up in
+the settings, fqd's flags and --print-config, the claims check, and its limits, and serves
+a connection; no other module names it. test_component_counters.py shows the same toy in
+/stats.json, /metrics, /frontends.json and the web UI."""
 
 from __future__ import annotations
 
@@ -15,130 +11,21 @@ import socket
 import subprocess
 import sys
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
 import pytest
 
 from fqbroker.cli import fqd as cli
 from fqbroker.errors import ConfigError
 from fqbroker.frontends.figg.settings import Figg
-from fqbroker.frontends.kit.component import Auth, ConnectionLimits, FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.frontends.lumberjack.settings import Lumberjack
 from fqbroker.server.broker import Broker
-from fqbroker.server.frontends import FRONT_ENDS
 from fqbroker.settings.broker import Settings
-from fqbroker.settings.section import Flag, Section, setting
 from tests.conftest import TIMEOUT, running, wait_for
+from tests.frontends.kit.toy import TABLE, TOY, Toy, toy_port, with_toy
 from tests.procs import ENV
 
 ROOT = Path(__file__).resolve().parents[3]
-
-# --- the toy front end ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Toy(Section):
-    """The ``[toy]`` table."""
-
-    NAME = "toy"
-    TITLE = "A line echo (tests/frontends/kit/test_component.py)"
-    PORT = 7007
-
-    listen: str | None = setting(None, "HOST:PORT or PORT (on `bind`); empty: off")
-    greeting: str = setting("hello", "the line each connection is greeted with")
-    max_connections: int = setting(0, "connections at once; 0: the broker's limits only")
-    idle_seconds: float = setting(30.0, "a connection silent this long is closed", positive=True)
-    login_seconds: float | None = setting(None, "to say HELLO; empty: no deadline")
-
-    def check(self) -> None:
-        if "\n" in self.greeting:
-            raise ValueError("toy greeting must be one line")
-        Section.check(self)
-
-
-class ToyHost(Protocol):
-    """What the toy needs of its host (the broker): its settings, and ``closed``."""
-
-    settings: Settings
-
-    def closed(self, transport: asyncio.Transport) -> None: ...
-
-
-class LineEcho(asyncio.Protocol):
-    """Greets, then echoes each line; ``HELLO NAME`` first logs in."""
-
-    def __init__(self, host: ToyHost, transport: asyncio.Transport, greeting: str) -> None:
-        self.host, self.transport = host, transport
-        self.buffer = b""
-        self.user: bytes | None = None
-        self.lines = 0
-        self.last = asyncio.get_running_loop().time()
-        transport.write(greeting.encode() + b"\n")
-
-    def data_received(self, data: bytes) -> None:
-        self.last = asyncio.get_running_loop().time()
-        *lines, self.buffer = (self.buffer + data).split(b"\n")
-        for line in lines:
-            if self.lines == 0 and line.startswith(b"HELLO "):
-                self.user = line[6:]
-            self.lines += 1
-            self.transport.write(line + b"\n")
-
-    def last_input(self) -> float | None:  # what the idle limit reads
-        return self.last
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.host.closed(self.transport)
-
-
-def _address(settings: Settings) -> tuple[str, int] | None:
-    return settings.section(Toy).address(settings.bind)
-
-
-def _open(
-    host: ToyHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
-) -> asyncio.BaseProtocol:
-    return LineEcho(host, transport, host.settings.section(Toy).greeting)
-
-
-def _limits(settings: Settings) -> ConnectionLimits:
-    toy = settings.section(Toy)
-    return ConnectionLimits(
-        connections=toy.max_connections or None,
-        handshake_seconds=settings.idle_sniff_timeout,
-        login_seconds=toy.login_seconds,
-        idle_seconds=toy.idle_seconds,
-    )
-
-
-def _logged_in(protocol: asyncio.BaseProtocol) -> bool:
-    return isinstance(protocol, LineEcho) and protocol.user is not None
-
-
-TOY: FrontEnd[ToyHost] = FrontEnd(
-    name="toy",
-    reach=OwnPort(_address, _open),
-    summary="a line echo",
-    settings=Toy,
-    flags=(Flag("--toy", "listen", "ADDR:PORT", "serve the line echo here (off by default)"),),
-    limits=_limits,
-    auth=Auth("HELLO NAME, believed", credentials=False, logged_in=_logged_in),
-    title="Toy",
-)
-
-TABLE = (*FRONT_ENDS, TOY)
-
-
-def with_toy(settings: Settings, **values: Any) -> Settings:
-    return settings.with_sections(Toy().updated({"listen": "127.0.0.1:0", **values}))
-
-
-def toy_port(broker: Broker) -> int:
-    address = broker.front_ends["toy"].address
-    assert address is not None
-    return address[1]
 
 
 async def connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -1,89 +1,24 @@
-"""A front end's counters are its own: a toy front end, defined and registered here alone,
-shows its counter and gauge in /stats.json, /metrics, /frontends.json and the web UI, and
-serves connections, with no other module edited. The fuzzer's table is the broker's."""
+"""A front end's counters are its own: the toy (tests/frontends/kit/toy.py), registered by
+these tests alone, shows its counter and gauge in /stats.json, /metrics, /frontends.json and
+the web UI, and serves connections, with no other module edited. The fuzzer's table is the
+broker's."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 
-from fqbroker.frontends.kit.component import Counters, FrontEnd, LiveFrontEnd, Metric, OwnPort
 from fqbroker.server.broker import Broker
 from fqbroker.server.frontends import FRONT_ENDS
 from fqbroker.settings.broker import Settings
 from tests.conftest import TIMEOUT, running, wait_for
 from tests.e2e.http.test_http import metrics, stats
 from tests.e2e.webui.test_webui import Chromium, Page, require_chromium, until
+from tests.frontends.kit.toy import TOY, toy_port, with_toy
 from tests.server.test_frontends import front_ends_json
-
-# --- the toy: an echo protocol on a port of its own -------------------------------------------
-
-
-class ToyHost(Protocol):
-    def closed(self, transport: asyncio.Transport) -> None: ...
-
-
-class ToyState:
-    """What the toy's connections share: the reads echoed, the sessions open."""
-
-    def __init__(self) -> None:
-        self.echoes = 0
-        self.sessions = 0
-
-
-class ToySession(asyncio.Protocol):
-    def __init__(self, host: ToyHost, state: ToyState, transport: asyncio.Transport) -> None:
-        self.host, self.state, self.transport = host, state, transport
-        state.sessions += 1
-
-    def data_received(self, data: bytes) -> None:
-        self.state.echoes += 1
-        self.transport.write(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.state.sessions -= 1
-        self.host.closed(self.transport)
-
-
-def _open(
-    host: ToyHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
-) -> asyncio.BaseProtocol:
-    assert isinstance(live.state, ToyState)
-    return ToySession(host, live.state, transport)
-
-
-@dataclass(frozen=True)
-class ToyReading:
-    echoes: int
-    sessions: int
-
-
-def _read(host: ToyHost, live: LiveFrontEnd) -> ToyReading | None:
-    state = live.state
-    return ToyReading(state.echoes, state.sessions) if isinstance(state, ToyState) else None
-
-
-TOY_COUNTERS: Counters[ToyHost, ToyReading] = Counters(
-    read=_read,
-    metrics=(
-        Metric("fq_toy_echoes", "counter", "Reads the toy echoed.", lambda r: r.echoes),
-        Metric("fq_toy_sessions", "gauge", "Toy connections open.", lambda r: r.sessions),
-    ),
-    json=lambda r: {"echoes": r.echoes, "sessions": r.sessions},
-)
-
-TOY: FrontEnd[ToyHost] = FrontEnd(
-    name="toy",
-    reach=OwnPort(lambda settings: ("127.0.0.1", 0), _open),
-    state=lambda host, settings: ToyState(),
-    summary="a toy echo protocol",
-    counters=lambda: TOY_COUNTERS,
-)
 
 
 class Conn:
@@ -92,14 +27,15 @@ class Conn:
 
     @classmethod
     async def open(cls, broker: Broker) -> Conn:
-        address = broker.front_ends["toy"].address
-        assert address is not None
-        return cls(*await asyncio.open_connection(*address))
-
-    async def echo(self, data: bytes) -> None:
-        self.writer.write(data)
+        conn = cls(*await asyncio.open_connection("127.0.0.1", toy_port(broker)))
         async with asyncio.timeout(TIMEOUT):
-            assert await self.reader.readexactly(len(data)) == data
+            assert await conn.reader.readline() == b"hello\n"  # the greeting
+        return conn
+
+    async def echo(self, line: bytes) -> None:
+        self.writer.write(line + b"\n")
+        async with asyncio.timeout(TIMEOUT):
+            assert await self.reader.readline() == line + b"\n"
 
     def close(self) -> None:
         self.writer.close()
@@ -109,7 +45,7 @@ class Conn:
 
 
 async def test_a_toy_front_end_shows_its_counters_everywhere(settings: Settings) -> None:
-    async with running(settings, TOY) as broker:
+    async with running(with_toy(settings), TOY) as broker:
         conn = await Conn.open(broker)
         try:
             await conn.echo(b"hello")
@@ -125,14 +61,14 @@ async def test_a_toy_front_end_shows_its_counters_everywhere(settings: Settings)
             toy = (await front_ends_json(broker))["toy"]
             assert (toy["transport"], toy["summary"], toy["open"]) == (
                 "tcp",
-                "a toy echo protocol",
+                "a line echo",
                 1,
             )
             assert toy["metrics"] == [
                 {
                     "name": "fq_toy_echoes",
                     "kind": "counter",
-                    "help": "Reads the toy echoed.",
+                    "help": "Lines the toy echoed.",
                     "series": [{"labels": {}, "value": 2}],
                 },
                 {
@@ -166,8 +102,7 @@ async def test_without_the_toy_nothing_of_it_shows(broker: Broker) -> None:
 async def test_a_toy_that_is_off_has_no_key_no_families_and_a_hidden_panel(
     settings: Settings,
 ) -> None:
-    off = dataclasses.replace(TOY, reach=OwnPort(lambda settings: None, _open))
-    async with running(settings, off) as broker:
+    async with running(settings, TOY) as broker:  # its table's listen is empty: off
         assert "toy" not in await stats(broker)
         assert not [name for name, _ in await metrics(broker) if name.startswith("fq_toy")]
         toy = (await front_ends_json(broker))["toy"]
@@ -192,7 +127,7 @@ TOY_PANEL = """
 
 async def test_the_web_ui_draws_the_toy_s_panel(settings: Settings, tmp_path: Path) -> None:
     chromium = require_chromium()
-    async with running(settings, TOY) as broker:
+    async with running(with_toy(settings), TOY) as broker:
         conn = await Conn.open(broker)
         browser = await Chromium.launch(chromium, tmp_path / "profile", tmp_path / "chromium.log")
         try:
