@@ -106,4 +106,6 @@ FIGG: FrontEnd[Any] = FrontEnd(
     title="Figg",
     counters=_counters,
     fuzz=("figg",),
+    bench=("figg",),
+    counts_bytes=True,
 )

@@ -78,6 +78,7 @@ COMMAND: FrontEnd[Any] = FrontEnd(
         logged_in=_logged_in,
     ),
     fuzz=("fq-command",),
+    bench=("idle",),
 )
 
 DATA: FrontEnd[Any] = FrontEnd(
@@ -90,4 +91,15 @@ DATA: FrontEnd[Any] = FrontEnd(
     summary="fq data channel: messages in and out, publisher or peer mode",
     auth=Auth("the key its command channel was given when it logged in", credentials=True),
     fuzz=("fq-data", "fq-peer"),
+    bench=(
+        "1to1-100",
+        "1to1-4k",
+        "1to1-128k",
+        "1to1-routes",
+        "fanout",
+        "fanin",
+        "disk",
+        "latency",
+        "memory",
+    ),  # fmt: skip
 )

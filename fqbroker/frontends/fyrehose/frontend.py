@@ -73,4 +73,5 @@ FYREHOSE: FrontEnd[Any] = FrontEnd(
     title="fyrehose",
     counters=_counters,
     fuzz=("fyrehose",),
+    bench=("fyrehose",),
 )

@@ -164,6 +164,8 @@ class LiveFrontEnd:
         self.counters = FrontEndCounters()
         if isinstance(spec.reach, Datagrams):
             self.counters.datagrams = 0
+        if spec.counts_bytes:
+            self.counters.bytes_in = self.counters.bytes_out = 0
         self.connections: dict[asyncio.Transport, str] = {}
         # Tasks the front end runs for its connections (HTTP's, one per request stream);
         # the broker cancels them when it stops.
@@ -280,6 +282,11 @@ class FrontEnd(Generic[H]):
     # The names of its entries in the fuzzer (bench/frontends.py): the bench sits above
     # the package and keeps the sockets and clients each entry needs.
     fuzz: tuple[str, ...] = ()
+    # The benchmark scenarios that measure it (``python -m bench NAME``, bench/suite.py).
+    bench: tuple[str, ...] = ()
+    # Whether its sessions count the wire bytes they read and write (bytes_in, bytes_out
+    # of FrontEndCounters: 0 from the start, else None).
+    counts_bytes: bool = False
 
     def claims(self, settings: Settings) -> list[Claim]:
         """The addresses it listens on with ``settings``: the main port's, shared with the

@@ -130,16 +130,13 @@ class PublishingSession(HeldReading, RemotePeer):
         self._waiting_bytes = 0
         self._eof = False
         self.closing = False
-        counters = live.counters
-        if counters.bytes_in is None:
-            counters.bytes_in = counters.bytes_out = 0
 
     # --- protocol -------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # set in __init__
+        self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # counts_bytes
         self.machine.receive_data(data, asyncio.get_running_loop().time())
         if self._room is None:
             self._pump()
@@ -155,7 +152,7 @@ class PublishingSession(HeldReading, RemotePeer):
         self.transport.close()
 
     def write(self, data: bytes) -> None:
-        self.live.counters.bytes_out += len(data)  # type: ignore[operator]  # set in __init__
+        self.live.counters.bytes_out += len(data)  # type: ignore[operator]  # counts_bytes
         self.transport.write(data)
 
     def _end(self) -> bool:

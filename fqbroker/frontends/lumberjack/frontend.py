@@ -104,4 +104,6 @@ LUMBERJACK: FrontEnd[Any] = FrontEnd(
     ),
     title="Lumberjack",
     fuzz=("lumberjack",),
+    bench=("lumberjack",),
+    counts_bytes=True,
 )

@@ -105,4 +105,6 @@ OPENCLUSTER: FrontEnd[Any] = FrontEnd(
     title="OpenCluster",
     counters=_counters,
     fuzz=("opencluster",),
+    bench=("opencluster",),
+    counts_bytes=True,
 )

@@ -65,16 +65,13 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
         self._holds = 0
         self._eof = False
         self.closing = False
-        counters = live.counters
-        if counters.bytes_in is None:
-            counters.bytes_in = counters.bytes_out = 0
 
     # --- protocol -------------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # set in __init__
+        self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # counts_bytes
         self._after(self.machine.receive(data))
 
     def eof_received(self) -> bool:

@@ -159,3 +159,10 @@ def test_every_front_end_names_its_fuzz_entries_and_the_fuzzer_has_each() -> Non
     assert by_name["fyrehose"].transport == "udp" and by_name["figg"].transport == "tcp"
     with pytest.raises(KeyError):  # a name the fuzzer has no scenario for
         entries((*FRONT_ENDS, dataclasses.replace(TOY, fuzz=("toy",))))
+
+
+def test_every_bench_scenario_names_the_front_end_it_measures() -> None:
+    from bench.suite import SCENARIOS
+
+    named = [name for spec in FRONT_ENDS for name in spec.bench]
+    assert sorted(named) == sorted(SCENARIOS)  # each scenario once, and no other

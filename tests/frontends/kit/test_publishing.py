@@ -105,7 +105,9 @@ def toy(session: type[LineSession]) -> FrontEnd[Any]:
     def open_(host: PublishingHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes):  # type: ignore[no-untyped-def]
         return session(host, live, transport)
 
-    return FrontEnd(name="toy", reach=OwnPort(lambda settings: ("127.0.0.1", 0), open_))
+    return FrontEnd(
+        name="toy", reach=OwnPort(lambda settings: ("127.0.0.1", 0), open_), counts_bytes=True
+    )
 
 
 @contextlib.asynccontextmanager
