@@ -42,8 +42,9 @@ log = logging.getLogger(__name__)
 QUEUES_PER_USER_TEXT = "too many queues for this user"
 DISK_QUEUE_RATE_TEXT = "disk queue creation rate exceeded, try again later"
 
-# The whole package (this module is in fqbroker/server/): a bug in any of its modules is ours.
-PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+# The whole package (this module is in fqbroker/frontends/kit/): a bug in any of its
+# modules is ours.
+PACKAGE_DIR = str(Path(__file__).resolve().parents[2])
 
 
 class LogLimiter:
