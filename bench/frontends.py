@@ -240,7 +240,7 @@ async def _publish_and_receive(t: Target, exchange: bytes, peer_id: bytes | None
 
 async def confirm(client: Client) -> None:
     """A publisher confirm. A confirm on a fresh connection may be refused with "no data
-    channel" when it overtakes the pairing of the data socket (issue 19, point 2): that is
+    channel" when it overtakes the pairing of the data socket (docs/confirms.md): that is
     counted in :data:`NOTES` and the confirm asked again, a few times, after a short wait."""
     for attempt in range(6):
         try:

@@ -446,10 +446,10 @@ def _fix_malloc_thresholds() -> None:
     # A message of 128 KiB or more makes frames over glibc's starting mmap threshold, and
     # whether each is an mmap (its pages faulted in and zeroed, then unmapped) depends on
     # the dynamic threshold, which moves with the process's allocation history: the
-    # 128 KiB row ran at half speed or full speed from one start to the next (P9, bench/
-    # RESULTS.md). Fixed thresholds make it the fast case every time; messages of 4 MiB
-    # and more are still mmaps, given back whole when freed. The environment's
-    # MALLOC_*_ settings, when given, win.
+    # 128 KiB row ran at half speed or full speed from one start to the next
+    # (bench/RESULTS.md, "one door, front ends as a table"). Fixed thresholds make it the
+    # fast case every time; messages of 4 MiB and more are still mmaps, given back whole
+    # when freed. The environment's MALLOC_*_ settings, when given, win.
     if not sys.platform.startswith("linux") or any(
         name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
     ):

@@ -1,15 +1,10 @@
 """The broker: the routing core, the queues and the client registry, behind every front end.
 
-This is fqd's main plus the client and queue registry of fqd_config.c. The ports and the
-connections on them are :mod:`fqbroker.server.listeners`' business, opened for each front
-end of the table (:mod:`fqbroker.server.frontends`): fq's command and data channels and
-HTTP share the main port, told apart by their first 4 bytes. The :class:`Broker` owns the
-router, the queues and the key registry; sessions call into it and it never calls into
-a socket.
-
-Sessions are protocols on the connection's transport, not tasks: an idle client costs
-its two transports and two small objects, so a broker holds tens of thousands of them.
-HTTP, rare and short, keeps its streams and a task per connection.
+This is fqd's main plus the client and queue registry of fqd_config.c. The
+:class:`Broker` owns the router, the queues and the key registry; sessions call into it
+and it never calls into a socket. The ports and the connections on them are
+:mod:`fqbroker.server.listeners`' business, opened for each front end of the table
+(:mod:`fqbroker.server.frontends`).
 """
 
 from __future__ import annotations
@@ -52,7 +47,13 @@ log = logging.getLogger(__name__)
 
 class Broker:
     """One fq broker: router, queues, clients, and the front ends of the table
-    (``front_ends``: the registered one, :mod:`fqbroker.server.frontends`, or a test's)."""
+    (``front_ends``: the registered one, :mod:`fqbroker.server.frontends`, or a test's).
+
+    fq's command and data channels and HTTP share the main port, told apart by their first
+    4 bytes. Sessions are protocols on the connection's transport, not tasks: an idle client
+    costs its two transports and two small objects, so a broker holds tens of thousands of
+    them. HTTP, rare and short, keeps its streams and a task per connection.
+    """
 
     def __init__(
         self,

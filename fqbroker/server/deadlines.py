@@ -1,14 +1,10 @@
 """The deadlines a front end declares for its connections: to log in, and without input.
 
 A front end's :class:`~fqbroker.frontends.kit.component.ConnectionLimits` may give
-``login_seconds`` (its :class:`~fqbroker.frontends.kit.component.Auth` says when a connection
-logged in) and ``idle_seconds`` (its sessions say when input last came,
-:class:`~fqbroker.frontends.kit.component.Watched`). The listeners keep them here, for every
-front end alike, so no session keeps a timer of its own for them; a connection of a
-front end without deadlines costs nothing here.
-
-An idle check that finds input came meanwhile waits for the rest of the period (at least
-a quarter of it): one timer per connection, moved on only when it fires, never per read.
+``login_seconds`` (its :class:`~fqbroker.frontends.kit.component.Auth` says when a
+connection logged in) and ``idle_seconds`` (its sessions say when input last came,
+:class:`~fqbroker.frontends.kit.component.Watched`). The listeners keep them here, for
+every front end alike, so no session keeps a timer of its own for them.
 """
 
 from __future__ import annotations
@@ -25,7 +21,12 @@ __all__ = ["Deadlines"]
 
 
 class Deadlines:
-    """One broker's per-connection deadlines, by transport."""
+    """One broker's per-connection deadlines, by transport.
+
+    A connection of a front end without deadlines costs nothing here. An idle check that
+    finds input came meanwhile waits for the rest of the period (at least a quarter of it):
+    one timer per connection, moved on only when it fires, never per read.
+    """
 
     __slots__ = ("_watches", "limits")
 

@@ -2,20 +2,9 @@
 
 The broker opens, counts, limits and stops each of them from this tuple
 (:mod:`fqbroker.server.listeners`); the settings read their tables, and fqd its flags,
-from it (it registers itself with :func:`fqbroker.settings.broker.register`); /frontends.json,
-/metrics and the web UI list them from it. Adding a front end:
-
-1. a package under ``fqbroker/frontends/`` whose ``frontend.py`` declares one
-   :class:`~fqbroker.frontends.kit.component.FrontEnd`: its name, how it is reached
-   (``Sniffed`` preambles on the main port, or ``OwnPort``/``Datagrams`` with the
-   address read from the settings, None while not configured), ``open``, which
-   returns the protocol that takes the connection over and calls ``closed(transport)``
-   on its host when it ends, and its settings table (a ``settings.py`` beside it), flags,
-   limits and auth (see :mod:`fqbroker.frontends.figg.frontend`, and
-   tests/frontends/kit/test_component.py for a toy one registered in a test alone);
-2. one line below;
-3. the names of its fuzz entries (``fuzz``), each a scenario in bench/frontends.py
-   (tests/server/test_frontends.py asks).
+from it (it registers itself with :func:`fqbroker.settings.broker.register`);
+/frontends.json, /metrics and the web UI list them from it. Adding a front end is a
+package and one line in :data:`FRONT_ENDS`; the steps are written above it.
 """
 
 from __future__ import annotations
@@ -33,6 +22,18 @@ from fqbroker.settings.broker import register
 
 __all__ = ["FRONT_ENDS", "sniff"]
 
+# Adding a front end:
+# 1. a package under fqbroker/frontends/ whose frontend.py declares one FrontEnd
+#    (fqbroker.frontends.kit.component): its name, how it is reached (Sniffed preambles
+#    on the main port, or OwnPort/Datagrams with the address read from the settings, None
+#    while not configured), open, which returns the protocol that takes the connection
+#    over and calls closed(transport) on its host when it ends, and its settings table
+#    (a settings.py beside it), flags, limits and auth. A model:
+#    fqbroker/frontends/figg/frontend.py; a toy one registered in a test alone:
+#    tests/frontends/kit/test_component.py;
+# 2. one line below;
+# 3. the names of its fuzz entries (its fuzz field), each a scenario in
+#    bench/frontends.py (tests/server/test_frontends.py asks).
 FRONT_ENDS: tuple[FrontEnd[Any], ...] = (
     fq.COMMAND,
     fq.DATA,

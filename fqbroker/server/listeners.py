@@ -3,23 +3,8 @@
 This is fqd_listener.c made a table: :class:`Listeners` opens what each
 :class:`~fqbroker.frontends.kit.component.FrontEnd` of the table asks for, counts every
 connection against the limits (docs/limits.md) the same way whatever front end it is
-for, and closes everything at stop.
-
-On the main port a connection says what it is in its first 4 bytes
-(docs/fq-protocol.md §1.2): a :class:`_Sniffer` waits for them (at most
-``idle_sniff_timeout``), then hands the transport to the front end whose preambles hold
-them, or closes it. On a port of its own the front end gets the connection as soon as the
-limits let it in. Either way the front end's protocol replaces ours on the transport: no
-task per connection, and nothing of ours in the path of its reads. Each front end's own
-:class:`~fqbroker.frontends.kit.component.ConnectionLimits` are applied here too: its connection
-count when it takes one, its TLS handshake deadline on its port, and its login and idle
-deadlines (:mod:`fqbroker.server.deadlines`). Before anything binds, two front ends
-claiming one address are refused (:func:`fqbroker.settings.section.refuse_shared`).
-
-With ``tls_cert`` set, each main-port connection is looked at before anything is read
-(:meth:`Listeners.take_over`): one opening with a TLS ClientHello is served over TLS and
-sniffed inside, so fq's channels and HTTPS share the port with plain clients
-(:mod:`fqbroker.frontends.kit.tls`); ``tls_required`` closes the plain ones.
+for, and closes everything at stop. Its theory of operation is :class:`Listeners`'
+docstring.
 """
 
 from __future__ import annotations
@@ -62,6 +47,22 @@ class Listeners:
 
     ``host`` is what front ends are opened with (the broker); the listeners themselves
     only need the settings and the limits.
+
+    On the main port a connection says what it is in its first 4 bytes
+    (docs/fq-protocol.md §1.2): a :class:`_Sniffer` waits for them (at most
+    ``idle_sniff_timeout``), then hands the transport to the front end whose preambles hold
+    them, or closes it. On a port of its own the front end gets the connection as soon as the
+    limits let it in. Either way the front end's protocol replaces ours on the transport: no
+    task per connection, and nothing of ours in the path of its reads. Each front end's own
+    :class:`~fqbroker.frontends.kit.component.ConnectionLimits` are applied here too: its
+    connection count when it takes one, its TLS handshake deadline on its port, and its login
+    and idle deadlines (:mod:`fqbroker.server.deadlines`). Before anything binds, two front
+    ends claiming one address are refused (:func:`fqbroker.settings.section.refuse_shared`).
+
+    With ``tls_cert`` set, each main-port connection is looked at before anything is read
+    (:meth:`take_over`): one opening with a TLS ClientHello is served over TLS and sniffed
+    inside, so fq's channels and HTTPS share the port with plain clients
+    (:mod:`fqbroker.frontends.kit.tls`); ``tls_required`` closes the plain ones.
     """
 
     def __init__(

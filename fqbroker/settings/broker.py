@@ -1,15 +1,10 @@
 """Broker settings: one dataclass, from defaults < TOML file < command line (fqd.c).
 
-The defaults mirror fqd's, except that the broker listens on 127.0.0.1 unless told
-otherwise, and keeps its state under ``data_dir`` (fqbroker/settings/datadir.py says where that is
-by default) rather than ``/usr/local/var/lib/fq``. A setting fqd cannot work with is a
-ValueError that names it; one read from a file is a ConfigError that names the file too.
-
-The ``[fqd]`` table is :class:`Settings`' own fields. Each front end with settings of its
-own declares its table (a :class:`~fqbroker.settings.section.Section`), and :class:`Settings` holds
-them by name (:meth:`Settings.section` reads one). Front ends sit above the settings, so
-parsing is handed the table of front ends it knows (:class:`Component`): by default the
-one :mod:`fqbroker.server.frontends` registers (:func:`register`), or a test's own.
+The ``[fqd]`` table is :class:`Settings`' own fields; each front end with settings of its
+own declares its table (a :class:`~fqbroker.settings.section.Section`), which
+:class:`Settings` holds by name. Front ends sit above the settings, so parsing is handed
+the table of front ends it knows (:class:`Component`): by default the one
+:mod:`fqbroker.server.frontends` registers (:func:`register`), or a test's own.
 """
 
 from __future__ import annotations
@@ -152,6 +147,15 @@ class Upstream:
 
 @dataclass(slots=True)
 class Settings:
+    """Every setting of one broker: the ``[fqd]`` table, and the front ends' tables by name.
+
+    The defaults mirror fqd's, except that the broker listens on 127.0.0.1 unless told
+    otherwise, and keeps its state under ``data_dir`` (:mod:`fqbroker.settings.datadir` says
+    where that is by default) rather than ``/usr/local/var/lib/fq``. A setting fqd cannot
+    work with is a ValueError that names it; one read from a file is a ConfigError that
+    names the file too. :meth:`section` reads a front end's table.
+    """
+
     port: int = DEFAULT_PORT
     bind: str = "127.0.0.1"
     node_id: str = ""  # IPv4 used in hops; empty means the host name's address
@@ -169,7 +173,7 @@ class Settings:
     fsync_interval_ms: float = 5.0  # group-commit window for fsync = "interval"
     segment_bytes: int = 64 << 20  # disk-queue segment file size
     admin_token: str = ""  # when set, /submit, checkpoints and /shutdown need it
-    # --- P12 HTTP reads (docs/security.md) ---
+    # --- HTTP reads (docs/security.md) ---
     http_auth_reads: bool = False  # /stats.json, /metrics, /queue/*, /topic/*, the UI need auth
     read_token: str = ""  # a bearer token for the reads (a Prometheus scraper's); never admin
     http_shutdown: bool = False  # whether /shutdown stops the broker (fqd: HTTP_SHUTDOWN=1)
@@ -177,24 +181,24 @@ class Settings:
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
     peer_dedupe: int = 0  # message ids from peers remembered to drop repeats; 0: off, as fqd
     confirm_pair_timeout: float = 10.0  # seconds a confirm waits for the data socket to pair
-    # --- P8 resource limits and bad input (docs/limits.md) ---
+    # --- resource limits and bad input (docs/limits.md) ---
     max_connections: int = 0  # all connections; 0: from RLIMIT_NOFILE, an eighth kept back
     max_connections_per_address: int = 0  # from one source address; 0: no such limit
     max_queues_per_user: int = 256  # permanent or disk queues a user creates; 0: no limit
     disk_queues_per_second: float = 10.0  # new disk queues, broker-wide; 0: no limit
     log_lines_per_second: int = 5  # log lines per kind of bad input or refusal
-    # --- P8 memory bounds (docs/memory.md) ---
+    # --- memory bounds (docs/memory.md) ---
     backlog_bytes: int = 64 << 20  # a memory queue's backlog in bytes, unless it says; 0: none
     memory_budget: int = 1 << 30  # bytes held by memory queues and reads in flight, broker-wide
     http_max_body: int = 16 << 20  # largest HTTP request body (/submit); larger gets 413
-    # --- P12 security (docs/security.md) ---
+    # --- security (docs/security.md) ---
     auth: str = "none"  # "none": fq's behaviour, no password checked; "password": users
     allow_open_network: bool = False  # listen beyond loopback with auth = "none" anyway
-    # --- P12 TLS on the main port (docs/tls.md) ---
+    # --- TLS on the main port (docs/tls.md) ---
     tls_cert: Path | None = None  # PEM certificate chain: TLS clients accepted when given
     tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
     tls_required: bool = False  # refuse plain connections on the main port (needs tls_cert)
-    # --- P15 /metrics (docs/http.md) ---
+    # --- /metrics (docs/http.md) ---
     metrics_client_series_max: int = 1000  # fq_client_* series while at most this many clients
 
     # The front ends' own tables ([lumberjack], [figg], ...) by name, each only when it

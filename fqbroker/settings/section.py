@@ -1,18 +1,11 @@
 """A front end's section of the settings file: its TOML table, declared once, read alike.
 
-A front end with settings declares a :class:`Section`: a frozen dataclass whose fields are
-its table's keys, each made by :func:`setting` with its type, default and a one-line doc.
-One parser reads every section (:meth:`Section.updated`): unknown keys are refused naming
-the table, values are checked against the field's type (and its ``positive`` or
-``choices``), paths become :class:`~pathlib.Path`, and "" turns an optional setting off;
-the section's own :meth:`Section.check` adds the rules that tie fields together. The same
-declarations write ``fqd --print-config``'s tables (:func:`sample`) and docs/cli.md's
-(:func:`reference`), as Vector's component schemas write its docs.
-
-Also here, for the front ends and the settings that read them: :func:`listen_address`
-(a ``listen`` string to an address), :class:`Flag` (an fqd flag that sets a setting of a
-section) and :class:`Claim` (an address a front end listens on; :func:`refuse_shared`
-refuses two front ends on one).
+A front end with settings declares a :class:`Section` whose fields, each made by
+:func:`setting`, are its table's keys with their types, defaults and one-line docs. One
+parser reads every section, and the same declarations write ``fqd --print-config``'s
+tables (:func:`sample`) and docs/cli.md's (:func:`reference`), as Vector's component
+schemas write its docs. Also here for the front ends: :func:`listen_address`,
+:class:`Flag`, and :class:`Claim` with :func:`refuse_shared`.
 """
 
 from __future__ import annotations
@@ -111,6 +104,11 @@ class Section:
     is the port of a ``listen`` naming a host only; ``FOOTER`` is sample text after the
     fields (an example sub-table). A section whose front end has a port of its own has a
     ``listen`` field, off while empty.
+
+    One parser reads every section (:meth:`updated`): unknown keys are refused naming the
+    table, values are checked against the field's type (and its ``positive`` or
+    ``choices``), paths become :class:`~pathlib.Path`, and "" turns an optional setting
+    off; the section's own :meth:`check` adds the rules that tie fields together.
     """
 
     __slots__ = ()

@@ -1,4 +1,4 @@
-"""The bench stops every process it started, however a run ends (issue 21, item 5).
+"""The bench stops every process it started, however a run ends.
 
 A run that failed midway (the relay without uvloop: ModuleNotFoundError) used to leave
 its fqbroker running. Here runs fail on purpose, in the process (an exception, a
@@ -112,7 +112,7 @@ def _assert_all_stopped(started: list[subprocess.Popen[bytes]]) -> None:
 
 
 class NoUvloopRelay(harness.Relay):
-    """The relay where uvloop cannot be imported: the failure of issue 21."""
+    """The relay where uvloop cannot be imported: the run that once left its broker behind."""
 
     shim: Path
 

@@ -39,8 +39,8 @@ PAYLOADS = st.sampled_from(
 def _reference_take(items: list[bytes], n: int, packed: bool) -> list[bytes]:
     """Up to ``n`` frames and about TAKE_BYTES of them, one at least. From a store with
     chunks (``packed``), until they reach it (the one that crosses it is taken); from one
-    of frames alone, as before P16's second round: as many as the average size allows,
-    then cut where they cross it."""
+    of frames alone, as every store took before chunks: as many as the average size
+    allows, then cut where they cross it."""
     if packed:
         size = k = 0
         while k < min(n, len(items)) and size < TAKE_BYTES:

@@ -1,7 +1,7 @@
 """When a consumer waiting in a queue is called back: on the loop's next turn, once the
 publisher's batch is all in the queue, so the consumer takes it in one go (calling it in
-the read's own turn was tried and cost throughput: bench/RESULTS.md, P16 round two); a
-consumer's error stays its own."""
+the read's own turn was tried and cost throughput: bench/RESULTS.md, round two's
+"latency at 10k msg/s"); a consumer's error stays its own."""
 
 from __future__ import annotations
 

@@ -409,7 +409,7 @@ def test_a_record_that_is_not_a_message_is_named(frame: bytes) -> None:
         store._delivered(8, store.encode_records([frame], 2)[0])
 
 
-# --- damage, and the queue survives it (P8 points 1 and 2) ----------------------------
+# --- damage, and the queue survives it (docs/disk-format.md, "Recovery") --------------
 
 
 def _flip(path: Path, at: int) -> None:

@@ -1,31 +1,9 @@
 """One Figg connection's rules, sans I/O: bytes in, events and reply bytes out
 (docs/figg-protocol.md).
 
-Theory of operation
--------------------
-:meth:`Machine.receive_data` buffers what a read brought, with the time it came;
-:meth:`Machine.next_event` then hands back, one at a time, what the shell has to act on,
-and None once the buffer holds no whole frame:
-
-* PING is answered by the machine itself (PONG, in :meth:`data_to_send`), no event;
-* ATTACH is handed on as the :class:`~.wire.Attach` frame: the shell opens the topic,
-  starts the subscription and tells the machine where delivery starts
-  (:meth:`attached`, which answers ATTACHED);
-* DETACH is answered DETACHED and handed on as the :class:`~.wire.Detach` frame, for the
-  shell to stop the subscription;
-* the PUBLISH frames of the read become one :class:`~fqbroker.frontends.kit.acks.Batch`, last:
-  each one fq message on the Figg exchange with route = topic, sender ``figg/ip:port``
-  and our node id as its one hop, made into runs as they come (a run per topic in a row);
-* a malformed frame, or a frame only a server sends, is a
-  :class:`~fqbroker.frontends.kit.acks.BadInput`, answered to every later call; the PUBLISH
-  frames of that read are dropped (unacknowledged, the client sends them again).
-
-**ACK.** Each batch is owed one ACK (its highest seq), due once its messages are handled:
-the shell's publishing tail calls :meth:`acknowledge` with how many messages are routed
-and durable, and the ACKs due become one ACK (the client's is cumulative).
-
-**Idle.** The machine knows when input last came (:attr:`last_input`); the listeners'
-idle limit reads it through the shell, which owns no timer of its own.
+The machine answers PING itself, hands ATTACH and DETACH to the shell, makes a read's
+PUBLISH frames one batch of fq messages and owes each batch one ACK. Its asyncio shell is
+:mod:`.session`; its theory of operation is :class:`Machine`'s docstring.
 """
 
 from __future__ import annotations
@@ -66,7 +44,33 @@ def sender_for(remote_addr: str, remote_port: int) -> bytes:
 
 class Machine(AckingMachine[int]):
     """One Figg client's connection: frames in, batches and replies out; it owes each
-    batch's highest seq."""
+    batch's highest seq.
+
+    :meth:`receive_data` buffers what a read brought, with the time it came;
+    :meth:`next_event` then hands back, one at a time, what the shell has to act on,
+    and None once the buffer holds no whole frame:
+
+    * PING is answered by the machine itself (PONG, in :meth:`data_to_send`), no event;
+    * ATTACH is handed on as the :class:`~.wire.Attach` frame: the shell opens the topic,
+      starts the subscription and tells the machine where delivery starts
+      (:meth:`attached`, which answers ATTACHED);
+    * DETACH is answered DETACHED and handed on as the :class:`~.wire.Detach` frame, for the
+      shell to stop the subscription;
+    * the PUBLISH frames of the read become one :class:`~fqbroker.frontends.kit.acks.Batch`,
+      last: each one fq message on the Figg exchange with route = topic, sender
+      ``figg/ip:port`` and our node id as its one hop, made into runs as they come (a run per
+      topic in a row);
+    * a malformed frame, or a frame only a server sends, is a
+      :class:`~fqbroker.frontends.kit.acks.BadInput`, answered to every later call; the
+      PUBLISH frames of that read are dropped (unacknowledged, the client sends them again).
+
+    **ACK.** Each batch is owed one ACK (its highest seq), due once its messages are handled:
+    the shell's publishing tail calls :meth:`acknowledge` with how many messages are routed
+    and durable, and the ACKs due become one ACK (the client's is cumulative).
+
+    **Idle.** The machine knows when input last came (:attr:`last_input`); the listeners'
+    idle limit reads it through the shell, which owns no timer of its own.
+    """
 
     __slots__ = (
         "_bad",

@@ -1,36 +1,10 @@
 """The Figg listener's asyncio shell: one client's connection (docs/figg-protocol.md).
 
-The rules are :class:`~.machine.Machine`'s; this module moves bytes into it, publishes
-the batches it makes and acknowledges them through the shared tail
-(:class:`~fqbroker.frontends.kit.publishing.PublishingSession`), serves subscriptions
-(:mod:`.subscription`); the listeners' idle limit reads :meth:`last_input`. It owns no
-task while a connection only publishes and pings: a task exists per subscription, while
-the session waits for room in a full queue or for the memory budget, and while it waits
-for an fsync before an ACK.
-
-Theory of operation
--------------------
-**Publishing.** A read's PUBLISH frames are one batch of fq messages on the Figg
-exchange, published in one call; the broker's topic sink on that exchange appends them to
-their topics (and fq queues bound there get them too). A block-policy queue that is full
-stops the batch: reading pauses until it has room.
-
-**ACK.** A batch is acknowledged with ACK(the highest seq in it) once all of it is routed
-and what went to disk (the topics' stores among it) is durable under the broker's fsync
-policy, strictly in order. A failed disk write or fsync closes the connection without
-the ACK: the client sends those messages again.
-
-**Subscriptions.** ATTACH opens (creates) the topic, answers ATTACHED with where delivery
-starts, and starts a :class:`~.subscription.Subscription` there; a second ATTACH of the
-same topic replaces the first. DETACH stops it and is answered by DETACHED, attached or
-not. While the client does not read what we write (``pause_writing``), subscriptions
-stop reading their topics and the session stops reading its input. What the machine
-buffers (up to a frame of ``max_frame``) is held against the broker's memory budget.
-
-**Ending.** Bad input (a bad frame, a topic name empty or over 127 bytes, a server's
-frame) is logged, counted as bad input and closes the connection; so does a topic the
-broker cannot create (past ``max_topics``). ``idle_seconds`` without a byte from the
-client while we read closes it too: the listeners' idle limit, told by ``last_input``.
+The rules are :class:`~.machine.Machine`'s; this module moves bytes into it, publishes and
+acknowledges the batches it makes through the shared tail
+(:class:`~fqbroker.frontends.kit.publishing.PublishingSession`) and serves subscriptions
+(:mod:`.subscription`). It owns no task while a connection only publishes and pings; its
+theory of operation is :class:`FiggSession`'s docstring.
 """
 
 from __future__ import annotations
@@ -75,7 +49,34 @@ class FiggHost(Protocol):
 
 
 class FiggSession(PublishingSession, asyncio.Protocol):
-    """One Figg client's connection: decode, publish and acknowledge, deliver, answer."""
+    """One Figg client's connection: decode, publish and acknowledge, deliver, answer.
+
+    A task exists per subscription, while the session waits for room in a full queue or for
+    the memory budget, and while it waits for an fsync before an ACK; none otherwise. The
+    listeners' idle limit reads :meth:`last_input`.
+
+    **Publishing.** A read's PUBLISH frames are one batch of fq messages on the Figg
+    exchange, published in one call; the broker's topic sink on that exchange appends them to
+    their topics (and fq queues bound there get them too). A block-policy queue that is full
+    stops the batch: reading pauses until it has room.
+
+    **ACK.** A batch is acknowledged with ACK(the highest seq in it) once all of it is routed
+    and what went to disk (the topics' stores among it) is durable under the broker's fsync
+    policy, strictly in order. A failed disk write or fsync closes the connection without
+    the ACK: the client sends those messages again.
+
+    **Subscriptions.** ATTACH opens (creates) the topic, answers ATTACHED with where delivery
+    starts, and starts a :class:`~.subscription.Subscription` there; a second ATTACH of the
+    same topic replaces the first. DETACH stops it and is answered by DETACHED, attached or
+    not. While the client does not read what we write (``pause_writing``), subscriptions
+    stop reading their topics and the session stops reading its input. What the machine
+    buffers (up to a frame of ``max_frame``) is held against the broker's memory budget.
+
+    **Ending.** Bad input (a bad frame, a topic name empty or over 127 bytes, a server's
+    frame) is logged, counted as bad input and closes the connection; so does a topic the
+    broker cannot create (past ``max_topics``). ``idle_seconds`` without a byte from the
+    client while we read closes it too: the listeners' idle limit, told by ``last_input``.
+    """
 
     __slots__ = ("config", "delivered", "subscriptions", "writable")
 

@@ -2,17 +2,8 @@
 families and the web UI's Topics panel.
 
 An fqbroker extension (fqd has no topics), present only when the broker keeps topics
-(the Figg listener is configured), so fq's keys and shape are unchanged otherwise. Per
-topic::
-
-    "T": {"size_bytes", "first_offset", "last_offset", "messages", "publish_rate",
-          "subscribers": [{"remote", "offset", "behind"}]}
-
-``messages`` is what retention keeps (``last_offset - first_offset``); ``behind`` is how
-many durable messages a subscriber has not been sent yet. ``publish_rate`` is messages
-per second over the stats interval (:class:`Rate`: any reader's samples count, so a page
-polled every 2 s shows the last 2 s and a scrape every 15 s the last 15 s); 0 until a
-topic has been sampled twice.
+(the Figg listener is configured), so fq's keys and shape are unchanged otherwise.
+docs/http.md, "/stats.json", says what each counter means.
 """
 
 from __future__ import annotations
@@ -135,6 +126,17 @@ def take(host: TopicsHost, live: LiveFrontEnd) -> Topics | None:
 
 
 def stats_json(topics: Topics) -> dict[str, Any]:
+    """The ``"topics"`` section of /stats.json, per topic::
+
+        "T": {"size_bytes", "first_offset", "last_offset", "messages", "publish_rate",
+              "subscribers": [{"remote", "offset", "behind"}]}
+
+    ``messages`` is what retention keeps (``last_offset - first_offset``); ``behind`` is how
+    many durable messages a subscriber has not been sent yet. ``publish_rate`` is messages
+    per second over the stats interval (:class:`Rate`: any reader's samples count, so a page
+    polled every 2 s shows the last 2 s and a scrape every 15 s the last 15 s); 0 until a
+    topic has been sampled twice.
+    """
     return {
         t.name.decode("utf-8", errors="replace"): {
             "size_bytes": t.size_bytes,

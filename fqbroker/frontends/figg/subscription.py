@@ -5,15 +5,6 @@ read as DATA frames, and moves the cursor on; caught up, it awaits ``wait_beyond
 Replay and live delivery are the same loop, so there is neither gap nor duplicate where
 one turns into the other, and only durable messages are ever sent (the topic's reads
 stop at its durable end).
-
-Why it costs little: each read is one bounded batch (``BATCH_RECORDS``/``BATCH_BYTES``)
-from the topic's store, written as one ``transport.write`` of one joined buffer, so a
-thousand subscribers replaying one topic hold a batch each, never the backlog. Each
-record's DATA frame is a prefix packed in one call (header, topic, offset) and the tail
-of the stored fq frame from its payload length on, which is byte for byte the tail of a
-DATA frame: no payload is copied out of its frame on its own. While the connection's
-write buffer is over its high-water mark (``pause_writing``) every subscription waits
-before its next read.
 """
 
 from __future__ import annotations
@@ -45,7 +36,17 @@ class Writer(Protocol):
 
 
 class Subscription:
-    """A cursor into ``topic`` from ``offset``, delivering until cancelled."""
+    """A cursor into ``topic`` from ``offset``, delivering until cancelled.
+
+    Why it costs little: each read is one bounded batch (``BATCH_RECORDS``/``BATCH_BYTES``)
+    from the topic's store, written as one ``transport.write`` of one joined buffer, so a
+    thousand subscribers replaying one topic hold a batch each, never the backlog. Each
+    record's DATA frame is a prefix packed in one call (header, topic, offset) and the tail
+    of the stored fq frame from its payload length on, which is byte for byte the tail of a
+    DATA frame: no payload is copied out of its frame on its own. While the connection's
+    write buffer is over its high-water mark (``pause_writing``) every subscription waits
+    before its next read.
+    """
 
     __slots__ = ("_head", "_task", "offset", "remote", "topic")
 

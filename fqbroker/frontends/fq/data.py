@@ -2,33 +2,8 @@
 
 The protocol itself (phases, hello, message format, stamp, loop prevention) is the sans-I/O
 :class:`~fqbroker.frontends.fq.datachannel.DataChannel`; this module moves bytes between it
-and the transport, publishes what it decodes, and writes what the queue holds. Once paired
-with its command session by key (docs/fq-protocol.md §1.4), the session is a protocol with
-two independent sides, and no task of its own while idle:
-
-* In (:meth:`DataSession._pump`): whatever arrives is fed to the channel and its events
-  handled; each batch goes to this channel's
-  :class:`~fqbroker.core.publisher.Publisher`. After a block-policy queue fills up,
-  reading pauses and a task waits for room; then the rest of the batch is published and
-  reading resumes. That pushes back on this publisher only. What the decoder holds or
-  has been told to expect (the rest of a large message) is reserved against the broker's
-  memory budget before more is read; when the budget cannot grant it, or is spent while
-  this publisher holds nothing, reading pauses until consumers drain (docs/memory.md).
-* Out (:meth:`DataSession.queue_ready`): the queue calls back when it has messages; they are
-  taken, those the peer at the other end already saw are dropped (docs/fq-protocol.md §5.3),
-  and the rest written in peer format, one write per batch (a memory queue's chunks of
-  small frames as they are, a few small buffers joined, large frames as they are, a
-  scatter write), until the transport asks to pause. Messages are only
-  taken to be written at once, so none are ever held: nothing needs putting back when the
-  channel closes. A batch larger than ``OUT_CHUNK`` is handed to the transport as it drains,
-  up to ``WRITE_GROUP`` a write (a frame larger than ``OUT_CHUNK`` in copied pieces), and held
-  against the memory budget meanwhile.
-
-A bad frame closes this data channel only; the command session survives and can pair a
-new one (docs/fq-protocol.md §1.9).
-
-The session is given its host (:class:`DataHost`), the few things it needs of the broker,
-not the broker's parts.
+and the transport, publishes what it decodes, and writes what the queue holds. Its theory
+of operation is :class:`DataSession`'s docstring.
 """
 
 from __future__ import annotations
@@ -69,17 +44,18 @@ log = logging.getLogger(__name__)
 BATCH = 1024
 OUT_CHUNK = 256 << 10  # a larger batch goes to the transport in pieces of this size
 # Frames of a large batch handed on together, up to this size (one writev): a stream of
-# 128 KiB messages goes out about 7 a syscall instead of 1 (the batch holds them anyway).
+# large messages goes out several a syscall instead of one each (the batch holds them
+# anyway). The figures behind these sizes: bench/RESULTS.md, "Figures behind comments".
 WRITE_GROUP = 1 << 20
-# An ordinary read takes up to this much: 7-8 messages of 128 KiB a read instead of 2
-# (uvloop's 256 KiB). Each read of a loopback socket also runs the publisher's transmit
-# in the broker's context (the window update), so fewer reads cost less in the kernel,
-# not only in syscalls; and the partial frame a read ends with, copied into the decoder's
-# buffer, is copied once per read.
+# An ordinary read takes up to this much, four times uvloop's 256 KiB, so several large
+# messages a read instead of two. Each read of a loopback socket also runs the publisher's
+# transmit in the broker's context (the window update), so fewer reads cost less in the
+# kernel, not only in syscalls; and the partial frame a read ends with, copied into the
+# decoder's buffer, is copied once per read.
 BULK_READ = 1 << 20
-# ... for a stream of messages this large. Not for small ones: they gain no CPU from it
-# (100 B: 0.51 us a message either way), and 1 MiB reads cost the memory row (a million
-# queued 100-byte messages) 4-5 bytes of RSS a message (142 -> 146-147).
+# ... for a stream of messages this large. Not for small ones: they gain no CPU from it,
+# and reads this large cost the memory row (a million queued 100-byte messages) a few
+# bytes of RSS a message.
 BULK_FROM = 2048
 # A batch whose first frame has this size is written as it is (writev); else joined.
 SCATTER_FROM = 2048
@@ -143,6 +119,36 @@ _SMALL = _SCRATCH[:SMALL_READ]
 
 
 class DataSession(RemotePeer, asyncio.BufferedProtocol):
+    """One fq data channel: publishes what it reads, writes what its queue holds.
+
+    Once paired with its command session by key (docs/fq-protocol.md §1.4), the session is
+    a protocol with two independent sides, and no task of its own while idle:
+
+    * In (:meth:`_pump`): whatever arrives is fed to the channel and its events handled;
+      each batch goes to this channel's :class:`~fqbroker.core.publisher.Publisher`. After
+      a block-policy queue fills up, reading pauses and a task waits for room; then the
+      rest of the batch is published and reading resumes. That pushes back on this
+      publisher only. What the decoder holds or has been told to expect (the rest of a
+      large message) is reserved against the broker's memory budget before more is read;
+      when the budget cannot grant it, or is spent while this publisher holds nothing,
+      reading pauses until consumers drain (docs/memory.md).
+    * Out (:meth:`queue_ready`): the queue calls back when it has messages; they are
+      taken, those the peer at the other end already saw are dropped
+      (docs/fq-protocol.md §5.3), and the rest written in peer format, one write per batch
+      (a memory queue's chunks of small frames as they are, a few small buffers joined,
+      large frames as they are, a scatter write), until the transport asks to pause.
+      Messages are only taken to be written at once, so none are ever held: nothing needs
+      putting back when the channel closes. A batch larger than ``OUT_CHUNK`` is handed to
+      the transport as it drains, up to ``WRITE_GROUP`` a write (a frame larger than
+      ``OUT_CHUNK`` in copied pieces), and held against the memory budget meanwhile.
+
+    A bad frame closes this data channel only; the command session survives and can pair
+    a new one (docs/fq-protocol.md §1.9).
+
+    The session is given its host (:class:`DataHost`), the few things it needs of the
+    broker, not the broker's parts.
+    """
+
     # A BufferedProtocol, not a Protocol: uvloop reads into get_buffer() only for a
     # protocol that is not an asyncio.Protocol. data_received is kept, for the bytes the
     # sniffer read before handing the connection over.

@@ -2,18 +2,8 @@
 ``fq_fyrehose_*`` metric families and the web UI's Fyrehose panel.
 
 An fqbroker extension (fqd has no fyrehose), present only while the listener runs
-(``--fyrehose`` or ``[fyrehose] listen``), so fq's keys and shape are unchanged otherwise::
-
-    "fyrehose": {"sequence", "first_retained", "retained_messages", "retained_bytes",
-                 "pushed", "sequenced", "delivered", "keepalives", "requests", "served",
-                 "forwarded", "unserved", "dropped": {reason: n},
-                 "subscribers": [{"remote", "journaling", "expires_in"}]}
-
-``sequence`` is the last sequence number given (0 before the first), ``first_retained``
-the oldest one the retained window still holds (0 while it is empty), so the window is
-``first_retained..sequence``. ``dropped`` always lists every reason the backbone counts
-(``backbone.DROP_REASONS``, 0 until one happens), so a reader or a dashboard can rely on
-the keys. docs/fyrehose.md says what each counter means.
+(``--fyrehose`` or ``[fyrehose] listen``), so fq's keys and shape are unchanged otherwise.
+docs/fyrehose.md, "Counters", says what each counter means.
 """
 
 from __future__ import annotations
@@ -143,6 +133,19 @@ def take(host: object, live: LiveFrontEnd) -> FyrehoseSnapshot | None:
 
 
 def stats_json(f: FyrehoseSnapshot) -> dict[str, Any]:
+    """The ``"fyrehose"`` section of /stats.json::
+
+        "fyrehose": {"sequence", "first_retained", "retained_messages", "retained_bytes",
+                     "pushed", "sequenced", "delivered", "keepalives", "requests", "served",
+                     "forwarded", "unserved", "dropped": {reason: n},
+                     "subscribers": [{"remote", "journaling", "expires_in"}]}
+
+    ``sequence`` is the last sequence number given (0 before the first), ``first_retained``
+    the oldest one the retained window still holds (0 while it is empty), so the window is
+    ``first_retained..sequence``. ``dropped`` always lists every reason the backbone counts
+    (``backbone.DROP_REASONS``, 0 until one happens), so a reader or a dashboard can rely on
+    the keys.
+    """
     return {
         "sequence": f.sequence,
         "first_retained": f.first_retained,

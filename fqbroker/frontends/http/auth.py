@@ -1,25 +1,10 @@
 """Who may use an HTTP endpoint: the admin token, the read token, or a user (Basic).
 
-Two levels (docs/security.md):
-
-* **admin**: /submit, the checkpoint endpoints and /shutdown. Protected once users exist
-  (``auth = "password"``) or ``admin_token`` is set. The admin token, or a user whose
-  permissions say ``admin``.
-* **read**: everything else (/stats.json, /frontends.json, /metrics, /queue/*, /topic/*,
-  the web UI). Protected only with ``http_auth_reads``. The read token, the admin token,
-  or any user whose password checks out.
-
-Tokens come as ``Authorization: Bearer TOKEN`` (what Prometheus' ``authorization``
-scrape setting sends) or ``X-Fq-Token: TOKEN``; users as ``Authorization: Basic``, which
-is what a browser asks for after a 401 naming the Basic scheme, so the web UI prompts for
-a login. No credentials, or credentials that do not check out, get 401 with
-``WWW-Authenticate``; a user who is known but not an admin gets 403. Both with JSON bodies.
-
-The deciding is plain functions over the headers; the only wait is the password check,
-whose PBKDF2 runs in a thread unless ``Users`` has the user and password cached, so a UI
-polling with Basic costs a dict lookup per request. Wrong credentials are answered late,
-later with every failure from the same address (fqbroker.frontends.kit.logins, as the fq port
-does with its own count), so guessing over HTTP is as slow as over fq.
+Two levels (docs/security.md): admin for what acts on the broker, read for the rest
+(:class:`Level`). The deciding is plain functions over the headers (:func:`credentials`,
+:func:`needs`, :func:`check`); the only wait is the password check. Wrong credentials are
+answered late, later with every failure from the same address, so guessing over HTTP is
+as slow as over fq (:func:`failed_logins`).
 """
 
 from __future__ import annotations
@@ -66,6 +51,17 @@ class UsersView(Protocol):
 
 
 class Level(Enum):
+    """What a path needs.
+
+    * **admin**: /submit, the checkpoint endpoints and /shutdown. Protected once users exist
+      (``auth = "password"``) or ``admin_token`` is set. The admin token, or a user whose
+      permissions say ``admin``.
+    * **read**: everything else (/stats.json, /frontends.json, /metrics, /queue/*, /topic/*,
+      the web UI). Protected only with ``http_auth_reads``. The read token, the admin token,
+      or any user whose password checks out.
+    * **open**: what is not protected under the settings.
+    """
+
     OPEN = "open"
     READ = "read"
     ADMIN = "admin"
@@ -76,6 +72,13 @@ ADMIN = Level.ADMIN
 
 
 class Outcome(Enum):
+    """How a request's credentials fare.
+
+    No credentials, or credentials that do not check out, get 401 with ``WWW-Authenticate``
+    (:func:`challenge`); a user who is known but not an admin gets 403. Both with JSON
+    bodies.
+    """
+
     ALLOWED = "allowed"
     UNAUTHENTICATED = "unauthenticated"  # 401: none given, or they do not check out
     FORBIDDEN = "forbidden"  # 403: a known user without the right
@@ -101,7 +104,13 @@ def needs(settings: Settings, users: UsersView | None, *, admin_path: bool) -> L
 
 
 def credentials(headers: dict[bytes, bytes]) -> Credentials:
-    """The credentials in a request's (lower-cased) headers."""
+    """The credentials in a request's (lower-cased) headers.
+
+    Tokens come as ``Authorization: Bearer TOKEN`` (what Prometheus' ``authorization``
+    scrape setting sends) or ``X-Fq-Token: TOKEN``; users as ``Authorization: Basic``, which
+    is what a browser asks for after a 401 naming the Basic scheme, so the web UI prompts for
+    a login.
+    """
     token = headers.get(b"x-fq-token")
     if token is not None:
         return Credentials(token=token.strip())
@@ -140,7 +149,12 @@ def _token_matches(given: bytes, *configured: str) -> bool:
 async def check(
     level: Level, creds: Credentials, settings: Settings, users: UsersView | None
 ) -> Outcome:
-    """Whether ``creds`` reach ``level``."""
+    """Whether ``creds`` reach ``level``.
+
+    The only wait is a user's password check, whose PBKDF2 runs in a thread unless
+    ``Users`` has the user and password cached, so a UI polling with Basic costs a dict
+    lookup per request.
+    """
     if level is Level.OPEN:
         return Outcome.ALLOWED
     if creds.token is not None:
@@ -177,7 +191,12 @@ _failed: weakref.WeakKeyDictionary[object, FailedLogins] = weakref.WeakKeyDictio
 
 
 def failed_logins(broker: object) -> FailedLogins:
-    """The HTTP failures per address of ``broker``, made on first use, gone with it."""
+    """The HTTP failures per address of ``broker``, made on first use, gone with it.
+
+    Wrong credentials are answered late, later with every failure from the same address
+    (:mod:`fqbroker.frontends.kit.logins`, as the fq port does with its own count), so
+    guessing over HTTP is as slow as over fq.
+    """
     failed = _failed.get(broker)
     if failed is None:
         failed = _failed[broker] = FailedLogins()

@@ -3,21 +3,8 @@
 The listener hands us a connection whose first 4 bytes said ``GET ``, ``HEAD``, ``POST`` or
 ``PUT `` (docs/fq-protocol.md §4.1). h11 does the parsing, sans I/O: we feed it those 4
 bytes and then whatever the socket gives, and this module only moves bytes and picks
-endpoints.
-
-Where fqd answers one request per connection, this is a real HTTP/1.1 server: keep-alive and
-pipelining work, every reply has a Content-Length, and an HTTP/1.0 request gets its reply
-and a close. Endpoints, bodies and error texts are fqd's (docs/fq-protocol.md §4.2); the
-differences (status line version, HEAD without body, errors where fqd crashes) are listed in
-docs/http.md. Limits keep a bad client from hurting anyone else: headers are bounded (431),
-bodies are bounded (413), and each read waits at most ``idle_sniff_timeout``.
-
-Admin endpoints (/submit, checkpoints, /shutdown) need the ``admin_token`` or an admin
-user once either exists; the rest (/stats.json, /frontends.json, /node.json, /metrics, the
-reads of replay.py and topics.py, the static files) need credentials only with
-``http_auth_reads``.
-auth.py decides, before anything of the request is acted on. The broker is reached through
-the narrow Protocols of :mod:`fqbroker.frontends.http.host`, never imported.
+endpoints (:class:`_Connection`). The broker is reached through the narrow Protocols of
+:mod:`fqbroker.frontends.http.host`, never imported.
 """
 
 from __future__ import annotations
@@ -125,6 +112,23 @@ async def serve(
 
 
 class _Connection:
+    """One HTTP connection: requests read, authorized and answered in order.
+
+    Where fqd answers one request per connection, this is a real HTTP/1.1 server: keep-alive
+    and pipelining work, every reply has a Content-Length, and an HTTP/1.0 request gets its
+    reply and a close. Endpoints, bodies and error texts are fqd's (docs/fq-protocol.md §4.2);
+    the differences (status line version, HEAD without body, errors where fqd crashes) are
+    listed in docs/http.md. Limits keep a bad client from hurting anyone else: headers are
+    bounded (431), bodies are bounded (413), and each read waits at most
+    ``idle_sniff_timeout``.
+
+    Admin endpoints (/submit, checkpoints, /shutdown) need the ``admin_token`` or an admin
+    user once either exists; the rest (/stats.json, /frontends.json, /node.json, /metrics,
+    the replay and topic reads, the static files) need credentials only with
+    ``http_auth_reads``. :mod:`fqbroker.frontends.http.auth` decides, before anything of the
+    request is acted on.
+    """
+
     def __init__(
         self,
         broker: HttpHost,
@@ -281,7 +285,8 @@ class _Connection:
             elif path == node.PATH:
                 reply = Reply(200, await node.render_node_json(self.broker))
             elif path == "/metrics":
-                # prometheus_client is 2 MB of a broker's memory: loaded when scraped.
+                # prometheus_client costs memory a broker never scraped does without:
+                # loaded here (bench/RESULTS.md, "Figures behind comments in the code").
                 from fqbroker.frontends.http.stats.metrics import render_metrics
 
                 body, content_type = render_metrics(

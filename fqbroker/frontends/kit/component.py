@@ -2,32 +2,9 @@
 
 A front end is one protocol that publishes into the routing core (fq's command and data
 channels, HTTP, Lumberjack, Figg, fyrehose, OpenCluster). Its module declares one
-:class:`FrontEnd`, and :mod:`fqbroker.server.frontends` lists it. The declaration carries
-its plugs, as a Vector component does: how connections reach it, its settings table
-(:mod:`fqbroker.settings.section`), its fqd flags, the addresses it claims (two front ends on one
-are refused before anything binds), its connection limits (:class:`ConnectionLimits`) and
-whether and how its clients authenticate (:class:`Auth`). The settings, fqd and the
-broker loop over the table (:mod:`fqbroker.server.listeners` starts, counts, limits and
-stops every front end from it), so adding one touches no other module.
-
-Three ways in, one per kind of :attr:`FrontEnd.reach`:
-
-* :class:`Sniffed`: on the broker's main port, where a connection's first 4 bytes say
-  which front end it is for (docs/fq-protocol.md §1.2);
-* :class:`OwnPort`: a TCP port of its own, TLS when the front end gives an
-  ``ssl.SSLContext``;
-* :class:`Datagrams`: a UDP port of its own.
-
-A stream front end's ``open`` gets the transport after the connection limits let it in,
-and returns the protocol that takes it over (no ``connection_made`` follows: the
-transport is given, as a session of fq's takes it). That protocol tells the broker when
-the connection ends, through ``closed(transport)`` on its host, as fq's sessions do.
-
-Counters are per read or per connection, never per message: the hot path stays where
-each front end's sessions keep it. Beyond the connection counters every front end has
-(:class:`FrontEndCounters`), a front end may declare its own (:class:`Counters`): its
-/stats.json section, its metric families and its web UI panel, which the HTTP front end
-renders without knowing the protocol (:mod:`fqbroker.frontends.http.stats.snapshot`).
+:class:`FrontEnd` that carries its plugs, as a Vector component does, and
+:mod:`fqbroker.server.frontends` lists it; the settings, fqd, the listeners, the stats and
+the web UI loop over that table, so adding a front end touches no other module.
 """
 
 from __future__ import annotations
@@ -245,12 +222,28 @@ class Datagrams(Generic[H]):
 class FrontEnd(Generic[H]):
     """One protocol the broker serves, as the table lists it.
 
-    Beyond how it is reached: ``settings``, its table of the settings file (None: it has
-    none); ``flags``, fqd's flags that set settings of that table; ``limits``, its
-    connections' limits for the broker's settings; ``auth``, whether and how its clients
-    authenticate; ``title``, its name as people write it ("Figg"), in fqd's "TITLE
+    It is reached one of three ways, its ``reach``:
+
+    * :class:`Sniffed`: on the broker's main port, where a connection's first 4 bytes say
+      which front end it is for (docs/fq-protocol.md §1.2);
+    * :class:`OwnPort`: a TCP port of its own, TLS when the front end gives an
+      ``ssl.SSLContext``;
+    * :class:`Datagrams`: a UDP port of its own.
+
+    A stream front end's ``open`` gets the transport after the connection limits let it in,
+    and returns the protocol that takes it over (no ``connection_made`` follows: the
+    transport is given, as a session of fq's takes it). That protocol tells the broker when
+    the connection ends, through ``closed(transport)`` on its host, as fq's sessions do.
+    :mod:`fqbroker.server.listeners` starts, counts, limits and stops every front end of the
+    table from its declaration.
+
+    Beyond how it is reached: ``settings``, its table of the settings file
+    (:mod:`fqbroker.settings.section`; None: it has none); ``flags``, fqd's flags that set
+    settings of that table; ``limits``, its connections' limits for the broker's settings
+    (:class:`ConnectionLimits`); ``auth``, whether and how its clients authenticate
+    (:class:`Auth`); ``title``, its name as people write it ("Figg"), in fqd's "TITLE
     listening on port:" line. The addresses it claims follow from its reach
-    (:meth:`claims`).
+    (:meth:`claims`); two front ends claiming one are refused before anything binds.
 
     ``refusal``: what a connection over a limit is told before it is closed (HTTP's
     503), or None to close it without a word. ``describe``: what to show of one of its
@@ -326,6 +319,11 @@ class Metric(Generic[S]):
 @dataclass(frozen=True, slots=True)
 class Counters(Generic[H, S]):
     """What a front end counts of its own, and how every reader shows it.
+
+    Counters are per read or per connection, never per message: the hot path stays where
+    each front end's sessions keep it. Every front end has the connection counters of
+    :class:`FrontEndCounters`; these are its own, rendered by the HTTP front end without
+    knowing the protocol (:mod:`fqbroker.frontends.http.stats.snapshot`).
 
     ``read`` takes one reading (a snapshot ``S``) from the host and the front end's live
     state, or None while there is nothing to show (its listener off): then it has no

@@ -1,21 +1,10 @@
 """What the network may cost the broker, and how each refusal is told (docs/limits.md).
 
-fqd has no limits of its own: anyone who can connect can hold any number of
-connections, create permanent disk queues (each holding a descriptor for good), and
-have every bad input logged at length. This module holds the broker's answers:
-
-* :class:`LogLimiter`: at most a few lines per kind and period; the next line that
-  goes out says how many were held back, and the counters keep the full tally.
-* :class:`Limits`: one per broker, with the counters of bad input (by front end) and
-  of refusals (by reason), the connection accounting (per source address and in
-  total), the queues each user created that outlive a connection, and the rate at
-  which disk queues are created.
-* :func:`install_exception_handler`: what still escapes a protocol callback or a task
-  of ours reaches asyncio's exception handler, which logs a traceback per event; ours
-  logs one rate-limited line instead, with the traceback at debug level only.
-
-Everything here is plain bookkeeping: the server and the sessions call it, and it never
-touches a socket.
+fqd has no limits of its own: anyone who can connect can hold any number of connections,
+create permanent disk queues (each holding a descriptor for good), and have every bad
+input logged at length. This module holds the broker's answers: :class:`Limits`,
+:class:`LogLimiter` and :func:`install_exception_handler`. Everything here is plain
+bookkeeping: the server and the sessions call it, and it never touches a socket.
 """
 
 from __future__ import annotations
@@ -53,8 +42,9 @@ log = logging.getLogger(__name__)
 QUEUES_PER_USER_TEXT = "too many queues for this user"
 DISK_QUEUE_RATE_TEXT = "disk queue creation rate exceeded, try again later"
 
-# The whole package (this module is in fqbroker/server/): a bug in any of its modules is ours.
-PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
+# The whole package (this module is in fqbroker/frontends/kit/): a bug in any of its
+# modules is ours.
+PACKAGE_DIR = str(Path(__file__).resolve().parents[2])
 
 
 class LogLimiter:
@@ -140,7 +130,12 @@ def connection_limit(setting: int) -> int:
 
 
 class Limits:
-    """One broker's limits, and the counters of what they refused."""
+    """One broker's limits, and the counters of what they refused.
+
+    It holds the counters of bad input (by front end) and of refusals (by reason), the
+    connection accounting (per source address and in total), the queues each user created
+    that outlive a connection, and the rate at which disk queues are created.
+    """
 
     def __init__(self, settings: Settings, queues: dict[bytes, Queue]) -> None:
         self.settings = settings
@@ -290,6 +285,10 @@ def install_exception_handler(
     is_ours: Callable[[dict[str, Any]], bool],
 ) -> None:
     """Log what escapes our protocols and tasks in one rate-limited line per event.
+
+    What still escapes a protocol callback or a task of ours reaches asyncio's exception
+    handler, which logs a traceback per event; ours logs one rate-limited line instead, with
+    the traceback at debug level only.
 
     asyncio already closes a transport whose protocol raised; only the logging changes.
     An :class:`~fqbroker.errors.FqError` is bad input that a session did not catch

@@ -2,18 +2,8 @@
 
 The web UI draws any front end's panel from this JSON alone (web/js/ownpanels.js), so a
 new front end's counters appear without a UI edit. Numbers travel raw, with the name of
-their format, and are formatted in the page as the rest of the page formats them::
-
-    panel  {"tiles": [tile], "chips": chips, "table": table,
-            "count": {"id", "text"}, "summary": {"text", "state": "ok"|"warn"}}
-    tile   {"label", "value": cell, "sub": cell, "warn": bool}
-    cell   {"field", "text", "value", "rate", "suffix", "class", "title", "chips"}
-    text   "plain words" | ["words", {"n": 3, "f": "int"}, ...]
-    chips  {"field", "items": [{"text", "title", "class", "data": {...}}], "empty"}
-    table  {"head": [{"text", "n": bool}], "key", "rows": [{"key", "cells": [cell]}]}
-
-A cell's ``value`` goes to its ``data-value`` (the hook tests and scripts read); one with
-``rate`` shows that counter's rate per second between the page's polls instead.
+their format, and are formatted in the page as the rest of the page formats them. The
+shape of the JSON is drawn below the imports.
 """
 
 from __future__ import annotations
@@ -23,6 +13,18 @@ from typing import Any, Literal
 
 __all__ = ["Json", "Parts", "Text", "cell", "chip", "chips", "count", "head", "n", "plural", "tile"]
 
+# The JSON, as web/js/ownpanels.js reads it:
+#
+#     panel  {"tiles": [tile], "chips": chips, "table": table,
+#             "count": {"id", "text"}, "summary": {"text", "state": "ok"|"warn"}}
+#     tile   {"label", "value": cell, "sub": cell, "warn": bool}
+#     cell   {"field", "text", "value", "rate", "suffix", "class", "title", "chips"}
+#     text   "plain words" | ["words", {"n": 3, "f": "int"}, ...]
+#     chips  {"field", "items": [{"text", "title", "class", "data": {...}}], "empty"}
+#     table  {"head": [{"text", "n": bool}], "key", "rows": [{"key", "cells": [cell]}]}
+#
+# A cell's "value" goes to its data-value (the hook tests and scripts read); one with
+# "rate" shows that counter's rate per second between the page's polls instead.
 Json = dict[str, Any]
 Parts = list[str | Json]  # words and numbers, in order
 Text = str | Parts

@@ -3,22 +3,8 @@
 A Lumberjack or Figg connection hands what it reads to its sans-IO machine and publishes
 the :class:`~fqbroker.frontends.kit.acks.Batch` events it makes through its own
 :class:`~fqbroker.core.publisher.Publisher`. :class:`PublishingSession` is the part of
-their asyncio shells that is the same for both, written once:
-
-* **Room.** A block-policy queue that is full stops the publisher: reading pauses
-  (:data:`ROOM`) and a task waits for room, publishes the rest of the batch, and goes on
-  with what was read meanwhile. Earlier batches are acknowledged while a later one waits.
-* **Budget.** What the machine buffers (a partial frame) is reserved against the broker's
-  memory budget; while the budget cannot take it, reading pauses (:data:`BUDGET`) and a
-  task waits for it.
-* **ACKs.** The machine's ACKs are sent strictly in order, each once the messages it
-  covers are handled by the publisher and, where disk stores took them, durable under
-  the broker's fsync policy (``Publisher.durable``: a task waits for the fsync).
-* **Disk failure.** A failed write or fsync closes the connection without the ACK: the
-  client sends those messages again.
-
-It owns no task while nothing waits. The front end's session adds its own events
-(:meth:`PublishingSession._control`), timers and what /frontends.json shows.
+their asyncio shells that is the same for both, written once; its docstring says what it
+does.
 """
 
 from __future__ import annotations
@@ -80,7 +66,23 @@ class PublishingMachine(Protocol):
 
 
 class PublishingSession(HeldReading, RemotePeer):
-    """The shared tail of a session that publishes what it reads and acknowledges it."""
+    """The shared tail of a session that publishes what it reads and acknowledges it.
+
+    * **Room.** A block-policy queue that is full stops the publisher: reading pauses
+      (:data:`ROOM`) and a task waits for room, publishes the rest of the batch, and goes on
+      with what was read meanwhile. Earlier batches are acknowledged while a later one waits.
+    * **Budget.** What the machine buffers (a partial frame) is reserved against the broker's
+      memory budget; while the budget cannot take it, reading pauses (:data:`BUDGET`) and a
+      task waits for it.
+    * **ACKs.** The machine's ACKs are sent strictly in order, each once the messages it
+      covers are handled by the publisher and, where disk stores took them, durable under
+      the broker's fsync policy (``Publisher.durable``: a task waits for the fsync).
+    * **Disk failure.** A failed write or fsync closes the connection without the ACK: the
+      client sends those messages again.
+
+    It owns no task while nothing waits. The front end's session adds its own events
+    (:meth:`_control`), timers and what /frontends.json shows.
+    """
 
     __slots__ = (
         "_durable",

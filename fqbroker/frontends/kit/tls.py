@@ -2,17 +2,8 @@
 
 A TLS client opens with a ClientHello record: byte 0x16 (handshake), then the record
 version 0x03 0x0X. No preamble of the main port's table starts with 0x16 (fq's are
-0xcc50...., HTTP's are method names), so the first byte tells the two apart.
-
-The byte must be looked at without being read: the SSL protocol expects the whole
-ClientHello from the socket, and neither asyncio nor uvloop offers a way to give back
-bytes a transport already read (and uvloop starts reading right after
-``connection_made``, whatever the protocol asked). So while TLS is configured the main
-port's listener keeps a duplicate of each new connection's descriptor and drops the
-transport it made before that reads anything; :func:`first_bytes` looks at the opening
-bytes with ``MSG_PEEK``, and ``loop.connect_accepted_socket`` makes the transport the
-connection is served on, with the TLS context or without. That costs a task and a few
-system calls per connection, only when ``tls_cert`` is set; the data path is untouched.
+0xcc50...., HTTP's are method names), so the first byte tells the two apart
+(:func:`looks_like_tls`), looked at without being read (:func:`first_bytes`).
 """
 
 from __future__ import annotations
@@ -55,7 +46,18 @@ def main_port_context(settings: Settings) -> ssl.SSLContext | None:
 
 async def first_bytes(sock: socket.socket, n: int = 3) -> bytes:
     """Up to ``n`` bytes a connection opens with, looked at and left unread (MSG_PEEK);
-    b"" when it closed (or failed) before sending any."""
+    b"" when it closed (or failed) before sending any.
+
+    The bytes must be looked at without being read: the SSL protocol expects the whole
+    ClientHello from the socket, and neither asyncio nor uvloop offers a way to give back
+    bytes a transport already read (and uvloop starts reading right after
+    ``connection_made``, whatever the protocol asked). So while TLS is configured the main
+    port's listener keeps a duplicate of each new connection's descriptor and drops the
+    transport it made before that reads anything; this looks at the opening bytes, and
+    ``loop.connect_accepted_socket`` makes the transport the connection is served on, with
+    the TLS context or without. That costs a task and a few system calls per connection,
+    only when ``tls_cert`` is set; the data path is untouched.
+    """
     loop = asyncio.get_running_loop()
     fd = sock.fileno()
     while True:

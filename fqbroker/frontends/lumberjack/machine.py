@@ -1,31 +1,10 @@
 """One Lumberjack connection's rules, sans I/O: bytes in, batches and ACK bytes out
 (docs/lumberjack.md).
 
-Theory of operation
--------------------
-:meth:`Machine.receive_data` feeds what a read brought to the
-:class:`~fqbroker.protocols.lumberjack.wire.Receiver`, with the time it came;
-:meth:`Machine.next_event` hands back every event decoded since as one
-:class:`~fqbroker.frontends.kit.acks.Batch` of fq messages (the configured exchange, the route
-the template picks, the event's JSON bytes, sender ``lumberjack/ip:port`` and our node
-id as the only hop, as HTTP ``/submit`` stamps them), then a
-:class:`~fqbroker.frontends.kit.acks.BadInput` if the input broke the protocol or a limit
-(events decoded before it are still published, never acknowledged), then None.
-
-**ACK points.** An ACK names the last sequence number received (not a count; pylogbeat's
-numbers run on across batches, go-lumber's restart at 1). A point to acknowledge is
-marked, in arrival order, when a window's worth of events has arrived since its ``W``,
-when a new ``W`` ends a batch that was not full (an empty one is acknowledged with seq 0,
-as Logstash does), at EOF, and when input has been idle for ``ack_idle`` with events
-unmarked (lumberjack-protocol sends one ``W`` and then streams). Each point is due once
-the events up to it are handled: the shell's publishing tail calls :meth:`acknowledge`
-with how many are routed and durable, and the machine writes the ACKs due, in order.
-
-**Timers are inputs.** :attr:`deadline` is when the idle mark is due (None while nothing
-is unmarked); the shell calls :meth:`tick` with the time then. While the shell is held
-back with a v2 batch unacknowledged it calls :meth:`keepalive` every
-``keepalive_seconds``, which writes ``ACK(0)`` (Beats and go-lumber read it as "still
-working"; v1 has none).
+The machine turns a shipper's events into batches of fq messages, marks the points to
+acknowledge, and writes each ACK once the shell says its events are routed and durable;
+its timers are inputs. Its asyncio shell is :mod:`.session`; its theory of operation is
+:class:`Machine`'s docstring.
 """
 
 from __future__ import annotations
@@ -57,7 +36,32 @@ class Config:
 
 
 class Machine(AckingMachine[tuple[int, int]]):
-    """One shipper's connection: frames in, batches and ACKs out; it owes (version, seq)."""
+    """One shipper's connection: frames in, batches and ACKs out; it owes (version, seq).
+
+    :meth:`receive_data` feeds what a read brought to the
+    :class:`~fqbroker.protocols.lumberjack.wire.Receiver`, with the time it came;
+    :meth:`next_event` hands back every event decoded since as one
+    :class:`~fqbroker.frontends.kit.acks.Batch` of fq messages (the configured exchange, the
+    route the template picks, the event's JSON bytes, sender ``lumberjack/ip:port`` and our
+    node id as the only hop, as HTTP ``/submit`` stamps them), then a
+    :class:`~fqbroker.frontends.kit.acks.BadInput` if the input broke the protocol or a limit
+    (events decoded before it are still published, never acknowledged), then None.
+
+    **ACK points.** An ACK names the last sequence number received (not a count; pylogbeat's
+    numbers run on across batches, go-lumber's restart at 1). A point to acknowledge is
+    marked, in arrival order, when a window's worth of events has arrived since its ``W``,
+    when a new ``W`` ends a batch that was not full (an empty one is acknowledged with seq 0,
+    as Logstash does), at EOF, and when input has been idle for ``ack_idle`` with events
+    unmarked (lumberjack-protocol sends one ``W`` and then streams). Each point is due once
+    the events up to it are handled: the shell's publishing tail calls :meth:`acknowledge`
+    with how many are routed and durable, and the machine writes the ACKs due, in order.
+
+    **Timers are inputs.** :attr:`deadline` is when the idle mark is due (None while nothing
+    is unmarked); the shell calls :meth:`tick` with the time then. While the shell is held
+    back with a v2 batch unacknowledged it calls :meth:`keepalive` every
+    ``keepalive_seconds``, which writes ``ACK(0)`` (Beats and go-lumber read it as "still
+    working"; v1 has none).
+    """
 
     __slots__ = (
         "_ack_idle",

@@ -1,26 +1,9 @@
 """From a Lumberjack event to an fq message's route and sender.
 
-Route template syntax (docs/lumberjack.md, "Routes"):
-
-- literal text, copied as is, around any number of groups in braces: ``beats.{...}.x``;
-  ``{{`` and ``}}`` are literal braces;
-- a group is a fallback chain: alternatives separated by ``|``, tried left to right, the
-  first that yields a value wins; spaces around an alternative are ignored;
-- an alternative is a field path, dotted into nested objects (``@metadata.beat`` reads
-  ``{"@metadata": {"beat": ...}}``; a key that itself holds dots, such as a v1 ``D`` pair
-  named ``fields.type`` or a flattened ``"event.dataset"`` key, matches too, the longest
-  key first), or a constant in single quotes (``'lumberjack'``, which always yields; it
-  may hold anything but a single quote);
-- a field yields its value when it is a non-empty string, a number (``42``, ``1.5``) or a
-  boolean (``true``/``false``); null, ``""``, objects, lists and a missing field fall
-  through to the next alternative; a group where nothing yields renders as nothing.
-
-The rendered route is UTF-8, cut to fq's 127-byte limit on a character boundary.
-
-A version-2 payload is parsed only when the template reads a field, once per call, and
-not at all when the payload's bytes cannot hold any of the template's keys (no ``"key``
-text and no backslash escape). A payload that is not a JSON object has no fields: its
-route is the template's constants.
+A :class:`RouteTemplate` picks each event's route from its fields, with fallbacks and
+constants (docs/lumberjack.md, "Routes"); :func:`sender_for` names the shipper. A
+version-2 payload is parsed only as far as the template needs, so a template of constants
+costs nothing per event.
 """
 
 from __future__ import annotations
@@ -241,7 +224,30 @@ def _parse_group(template: str, i: int) -> tuple[_Chain, int]:
 
 
 class RouteTemplate:
-    """A parsed route template (syntax in the module docstring); ``route`` renders one."""
+    """A parsed route template; :meth:`route` renders one event's route.
+
+    Syntax (docs/lumberjack.md, "Routes"):
+
+    - literal text, copied as is, around any number of groups in braces: ``beats.{...}.x``;
+      ``{{`` and ``}}`` are literal braces;
+    - a group is a fallback chain: alternatives separated by ``|``, tried left to right, the
+      first that yields a value wins; spaces around an alternative are ignored;
+    - an alternative is a field path, dotted into nested objects (``@metadata.beat`` reads
+      ``{"@metadata": {"beat": ...}}``; a key that itself holds dots, such as a v1 ``D`` pair
+      named ``fields.type`` or a flattened ``"event.dataset"`` key, matches too, the longest
+      key first), or a constant in single quotes (``'lumberjack'``, which always yields; it
+      may hold anything but a single quote);
+    - a field yields its value when it is a non-empty string, a number (``42``, ``1.5``) or a
+      boolean (``true``/``false``); null, ``""``, objects, lists and a missing field fall
+      through to the next alternative; a group where nothing yields renders as nothing.
+
+    The rendered route is UTF-8, cut to fq's 127-byte limit on a character boundary.
+
+    A version-2 payload is parsed only when the template reads a field, once per call, and
+    not at all when the payload's bytes cannot hold any of the template's keys (no ``"key``
+    text and no backslash escape). A payload that is not a JSON object has no fields: its
+    route is the template's constants.
+    """
 
     __slots__ = ("_constant", "_pieces", "template")
 

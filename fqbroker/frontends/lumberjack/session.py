@@ -1,35 +1,9 @@
 """The Lumberjack listener's asyncio shell: one shipper's connection (docs/lumberjack.md).
 
 The rules (decoding, messages, ACK points) are :class:`~.machine.Machine`'s; this module
-moves bytes into it, publishes the batches it makes and acknowledges them through the
-shared tail (:class:`~fqbroker.frontends.kit.publishing.PublishingSession`), and owns the
-timers the machine asks for. It has no task of its own while a connection is idle: the
-idle-ACK and keepalive timers are loop timers, and a task exists only while the session
-waits for room in a queue, for the memory budget, or for a disk queue's fsync.
-
-Theory of operation
--------------------
-**Publishing.** A read's events go to the connection's
-:class:`~fqbroker.core.publisher.Publisher` as runs in one call, never one await per
-event. An ACK point is sent once every event up to it is in every matching queue and what
-went to disk queues is durable under their fsync policy, strictly in order, so pipelined
-batches are acknowledged one after the other.
-
-**Backpressure.** When a block-policy queue is full the publisher stops; the session
-pauses reading (the shipper's TCP window closes, and its batch's ACK waits) and, while
-a v2 batch is unacknowledged, sends ``ACK(0)`` every ``keepalive_seconds``. What the
-machine holds is reserved against the broker's memory budget, and reading also pauses
-while the budget is spent or the shipper does not read its ACKs (the transport asks us
-to pause writing).
-
-**Bad input.** A :class:`~fqbroker.protocols.lumberjack.wire.Violation` (a limit
-exceeded, a malformed frame) closes this connection with one rate-limited log line and
-``fq_bad_input_total{frontend="lumberjack"}``. Events decoded before it are still routed
-but never acknowledged, so the shipper sends them again.
-
-**End.** At EOF the session marks what is unacknowledged, sends the ACKs it owes once
-their events are routed and durable (a shipper may half-close and wait for them), then
-closes.
+moves bytes into it, publishes and acknowledges the batches it makes through the shared
+tail (:class:`~fqbroker.frontends.kit.publishing.PublishingSession`), and owns the timers
+the machine asks for. Its theory of operation is :class:`LumberjackSession`'s docstring.
 """
 
 from __future__ import annotations
@@ -72,7 +46,34 @@ class LumberjackHost(Protocol):
 
 
 class LumberjackSession(PublishingSession, asyncio.Protocol):
-    """One shipper's connection: decode, publish, acknowledge."""
+    """One shipper's connection: decode, publish, acknowledge.
+
+    It has no task of its own while a connection is idle: the idle-ACK and keepalive timers
+    are loop timers, and a task exists only while the session waits for room in a queue, for
+    the memory budget, or for a disk queue's fsync.
+
+    **Publishing.** A read's events go to the connection's
+    :class:`~fqbroker.core.publisher.Publisher` as runs in one call, never one await per
+    event. An ACK point is sent once every event up to it is in every matching queue and what
+    went to disk queues is durable under their fsync policy, strictly in order, so pipelined
+    batches are acknowledged one after the other.
+
+    **Backpressure.** When a block-policy queue is full the publisher stops; the session
+    pauses reading (the shipper's TCP window closes, and its batch's ACK waits) and, while
+    a v2 batch is unacknowledged, sends ``ACK(0)`` every ``keepalive_seconds``. What the
+    machine holds is reserved against the broker's memory budget, and reading also pauses
+    while the budget is spent or the shipper does not read its ACKs (the transport asks us
+    to pause writing).
+
+    **Bad input.** A :class:`~fqbroker.protocols.lumberjack.wire.Violation` (a limit
+    exceeded, a malformed frame) closes this connection with one rate-limited log line and
+    ``fq_bad_input_total{frontend="lumberjack"}``. Events decoded before it are still routed
+    but never acknowledged, so the shipper sends them again.
+
+    **End.** At EOF the session marks what is unacknowledged, sends the ACKs it owes once
+    their events are routed and durable (a shipper may half-close and wait for them), then
+    closes.
+    """
 
     __slots__ = ("_idle", "_keepalive", "config")
 

@@ -4,12 +4,6 @@ The rules are :class:`~.machine.Machine`'s; this module moves bytes. Each read g
 through the machine in one pass and what it answers is written with one
 ``transport.write``. Replies behind a set wait for its group commit: the session is one
 of the batch's ``waiters`` and writes what the machine then answers. It owns no task.
-
-Reading pauses while ``max_inflight`` commands are read and not answered (flow control,
-not an error), and while the client does not read what we write. A malformed frame is
-logged in one line (counted as bad input, ``opencluster``) and closes this connection
-only, once the commands before it are answered (their sets were applied). Goodbye
-closes once its ack is written; so does EOF, once the replies owed are.
 """
 
 from __future__ import annotations
@@ -44,7 +38,14 @@ class OpenClusterHost(Protocol):
 
 
 class OpenClusterSession(HeldReading, asyncio.Protocol):
-    """One OpenCluster client's connection."""
+    """One OpenCluster client's connection.
+
+    Reading pauses while ``max_inflight`` commands are read and not answered (flow control,
+    not an error), and while the client does not read what we write. A malformed frame is
+    logged in one line (counted as bad input, ``opencluster``) and closes this connection
+    only, once the commands before it are answered (their sets were applied). Goodbye
+    closes once its ack is written; so does EOF, once the replies owed are.
+    """
 
     __slots__ = ("_eof", "_holds", "_waiting", "broker", "closing", "live", "machine", "transport")
 

@@ -3,16 +3,7 @@
 
 An fqbroker extension (fqd has no key/value store), present only while the listener runs
 (``--opencluster`` or ``[opencluster] listen``), so fq's keys and shape are unchanged
-otherwise::
-
-    "opencluster": {"keys", "bytes", "sets", "gets", "hits", "misses", "expired",
-                    "commits", "failed_commits", "sets_per_second", "gets_per_second"}
-
-``keys`` and ``bytes`` (names + values) are what the store holds now; the rest count since
-the listener started. ``hits + misses == gets``; ``sets / commits`` is the mean group-commit
-batch. The two rates are per second over the stats interval (:class:`Rate`), shared by
-every reader (/stats.json, /metrics and the web UI), 0 until the store has been sampled
-twice. docs/opencluster.md says what each counter means.
+otherwise. docs/opencluster.md, "What operators see", says what each counter means.
 """
 
 from __future__ import annotations
@@ -109,6 +100,17 @@ def take(host: object, live: LiveFrontEnd) -> KVSnapshot | None:
 
 
 def stats_json(s: KVSnapshot) -> dict[str, Any]:
+    """The ``"opencluster"`` section of /stats.json::
+
+        "opencluster": {"keys", "bytes", "sets", "gets", "hits", "misses", "expired",
+                        "commits", "failed_commits", "sets_per_second", "gets_per_second"}
+
+    ``keys`` and ``bytes`` (names + values) are what the store holds now; the rest count since
+    the listener started. ``hits + misses == gets``; ``sets / commits`` is the mean group-commit
+    batch. The two rates are per second over the stats interval (:class:`Rate`), shared by
+    every reader (/stats.json, /metrics and the web UI), 0 until the store has been sampled
+    twice.
+    """
     return {
         "keys": s.keys,
         "bytes": s.bytes,

@@ -1,41 +1,11 @@
 """The Figg wire format (andydunstall/figg ``utils/codec.go``), both directions, sans I/O.
 
-Every frame is an 8-byte header (u16 type, u16 version, u32 payload length, the header not
-counted) and a payload of fixed fields; a variable field ("[]byte" and "string" alike) is a
-u32 length and its bytes. Integers are big-endian:
-
-======== ===== ====================================================================
-type     dir   payload
-======== ===== ====================================================================
-ATTACH   C→S   u16 flags, topic, u64 offset (always there; read only with 0x8000)
-ATTACHED S→C   topic, u64 offset
-DETACH   C→S   topic
-DETACHED S→C   topic
-PUBLISH  C→S   topic, u64 seq, data
-ACK      S→C   u64 seq
-DATA     S→C   topic, u64 offset, data
-PING     C→S   u64 timestamp
-PONG     S→C   the PING's u64
-======== ===== ====================================================================
-
-:func:`encode` writes any frame (the dataclasses are for tests and the client);
-:func:`encode_publish`, :func:`encode_data`, :func:`encode_ack` and :func:`data_head` are
-the fast paths of the publisher and the server, which build no object per message.
-
-A :class:`FrameDecoder` is fed bytes (``receive_data``) in any split and hands back whole
-frames (``next_frame``), or, on the server's hot path, the PUBLISH frames at the front of
-its buffer as tuples (``take_publishes``). It is strict, since a peer that gets one length
-wrong gets every later frame wrong too: an unknown type, a length over ``max_frame``
-(checked on the header, before its bytes are waited for), fields that do not add up to the
-payload length exactly, and an empty topic or one over :data:`MAX_TOPIC` bytes raise
-:class:`~fqbroker.errors.FiggProtocolError`. The error is final: every later call raises it
-again. The version field is written as 1 and ignored on read, as the reference server does;
-ATTACH flags other than :data:`FLAG_USE_OFFSET` are ignored likewise.
-
-The encoders check nothing: tests and the fuzzer build bad frames with them.
-
-Contract changes: ``encode_ack``, ``data_head`` and ``FrameDecoder.take_publishes`` are
-added; an empty topic is refused by the decoder as well (the session closes on it anyway).
+Every frame is an 8-byte header (u16 type, u16 version, u32 payload length) and a payload
+of fixed fields; docs/figg-protocol.md, "Wire format", has the table of frames. The
+dataclasses and :func:`encode` serve tests and the client; :func:`encode_publish`,
+:func:`encode_data`, :func:`encode_ack` and :func:`data_head` are the fast paths of the
+publisher and the server, which build no object per message. :class:`FrameDecoder` reads
+frames back, strictly.
 """
 
 from __future__ import annotations
@@ -174,6 +144,8 @@ Frame = Attach | Attached | Detach | Detached | Publish | Ack | Data | Ping | Po
 
 # --- encoding ------------------------------------------------------------------------------
 
+# The encoders check nothing: tests and the fuzzer build bad frames with them.
+
 
 def encode_publish(topic: bytes, seq: int, data: bytes) -> bytes:
     """The PUBLISH frame of ``data`` on ``topic``."""
@@ -240,7 +212,19 @@ def encode(frame: Frame) -> bytes:
 
 
 class FrameDecoder(CompactingBuffer):
-    """Whole frames out of a byte stream, in either direction."""
+    """Whole frames out of a byte stream, in either direction.
+
+    Fed bytes (``receive_data``) in any split, it hands back whole frames (``next_frame``),
+    or, on the server's hot path, the PUBLISH frames at the front of its buffer as tuples
+    (``take_publishes``). It is strict, since a peer that gets one length wrong gets every
+    later frame wrong too: an unknown type, a length over ``max_frame`` (checked on the
+    header, before its bytes are waited for), fields that do not add up to the payload length
+    exactly, and an empty topic or one over :data:`MAX_TOPIC` bytes raise
+    :class:`~fqbroker.errors.FiggProtocolError`. The error is final: every later call raises
+    it again. The version field (written as :data:`VERSION`) is ignored on read, as the
+    reference server does; ATTACH flags other than :data:`FLAG_USE_OFFSET` are ignored
+    likewise.
+    """
 
     __slots__ = ("max_frame",)
 

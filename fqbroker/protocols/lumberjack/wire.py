@@ -1,42 +1,9 @@
 """The Lumberjack protocol (Elastic Beats, logstash-forwarder), reader side, sans I/O.
 
-A :class:`Receiver` is fed the bytes a shipper writes (``receive_data``) and hands back, one
-at a time (``next_event``), what they mean:
-
-- :class:`Window` for each ``W`` frame: the shipper is about to send that many events;
-- :class:`Events` for every whole data frame decoded since the previous answer (``D`` in
-  version 1, ``J`` in version 2, whether plain or inside a ``C`` frame), in wire order, all of
-  one version (a run of frames is cut where the version changes, and before each ``W``, so
-  the shell can tie a ``W`` to the events that follow it);
-- :class:`Violation` when the input breaks the protocol or one of the :class:`Limits`; it is
-  final: the receiver answers it again on every later call and ignores further input, and
-  the shell logs it, counts it and closes the connection;
-- ``None`` when it needs more bytes.
-
-Any split of the input gives the same answers: a frame that has not wholly arrived is left
-in the buffer untouched. ``encode_ack`` writes the one frame a reader sends, ``A``.
-
-Decisions (docs/lumberjack.md, "Wire format"):
-
-- ``D`` is a version-1 frame and ``J`` a version-2 frame; ``1J`` or ``2D`` is a Violation,
-  as is any version byte other than ``'1'``/``'2'`` and any type other than ``W D J C``
-  (``A`` included: only a reader sends it). The Violation names the byte.
-- A ``C`` frame holds zlib (RFC 1950) of whole data frames of its own version. Anything
-  else inside (``W``, another ``C``, a frame cut short, bytes after the zlib stream) is a
-  Violation: no real client does it, and refusing it keeps one inflate per ``C`` frame.
-- A ``J`` payload is kept as the bytes received and not parsed here: parsing costs more than
-  the rest of the decode, and only a route template that reads fields needs it
-  (:mod:`fqbroker.frontends.lumberjack.mapping`). A payload that is not a JSON object is
-  still published; its route falls back to the template's constant.
-- ``D`` strings are UTF-8; undecodable bytes become U+FFFD, as Logstash does, rather than
-  closing the connection of a shipper that tails a file with a stray Latin-1 line.
-- Limits are checked on the length fields, before the bytes they announce are waited for:
-  ``max_window`` on ``W``; ``max_frame`` on a ``J`` payload, a ``C`` frame's compressed
-  length and a whole ``D`` frame; ``max_fields`` on a ``D`` frame's pair count. Inflating is
-  bounded (``decompressobj().decompress(data, max_length)``), so a zip bomb stops at
-  ``max_decompressed`` bytes.
-
-Contract changes: none.
+A :class:`Receiver` is fed the bytes a shipper writes and hands back what they mean: a
+window, a run of events, or a final :class:`Violation`; :func:`encode_ack` writes the one
+frame a reader sends, ``A``. Its decisions are docs/lumberjack.md's "Wire format", each
+given with its reason in :class:`Receiver`'s docstring.
 """
 
 from __future__ import annotations
@@ -209,7 +176,44 @@ class _PartialD:
 
 
 class Receiver:
-    """Decodes a shipper's byte stream into windows and events (see the module docstring)."""
+    """Decodes a shipper's byte stream into windows and events.
+
+    Fed the bytes a shipper writes (:meth:`receive_data`), it hands back, one at a time
+    (:meth:`next_event`), what they mean:
+
+    - :class:`Window` for each ``W`` frame: the shipper is about to send that many events;
+    - :class:`Events` for every whole data frame decoded since the previous answer (``D`` in
+      version 1, ``J`` in version 2, whether plain or inside a ``C`` frame), in wire order, all of
+      one version (a run of frames is cut where the version changes, and before each ``W``, so
+      the shell can tie a ``W`` to the events that follow it);
+    - :class:`Violation` when the input breaks the protocol or one of the :class:`Limits`; it is
+      final: the receiver answers it again on every later call and ignores further input, and
+      the shell logs it, counts it and closes the connection;
+    - ``None`` when it needs more bytes.
+
+    Any split of the input gives the same answers: a frame that has not wholly arrived is left
+    in the buffer untouched.
+
+    Decisions (docs/lumberjack.md, "Wire format"):
+
+    - ``D`` is a version-1 frame and ``J`` a version-2 frame; ``1J`` or ``2D`` is a Violation,
+      as is any version byte other than ``'1'``/``'2'`` and any type other than ``W D J C``
+      (``A`` included: only a reader sends it). The Violation names the byte.
+    - A ``C`` frame holds zlib (RFC 1950) of whole data frames of its own version. Anything
+      else inside (``W``, another ``C``, a frame cut short, bytes after the zlib stream) is a
+      Violation: no real client does it, and refusing it keeps one inflate per ``C`` frame.
+    - A ``J`` payload is kept as the bytes received and not parsed here: parsing costs more than
+      the rest of the decode, and only a route template that reads fields needs it
+      (:mod:`fqbroker.frontends.lumberjack.mapping`). A payload that is not a JSON object is
+      still published; its route falls back to the template's constant.
+    - ``D`` strings are UTF-8; undecodable bytes become U+FFFD, as Logstash does, rather than
+      closing the connection of a shipper that tails a file with a stray Latin-1 line.
+    - Limits are checked on the length fields, before the bytes they announce are waited for:
+      ``max_window`` on ``W``; ``max_frame`` on a ``J`` payload, a ``C`` frame's compressed
+      length and a whole ``D`` frame; ``max_fields`` on a ``D`` frame's pair count. Inflating is
+      bounded (``decompressobj().decompress(data, max_length)``), so a zip bomb stops at
+      ``max_decompressed`` bytes.
+    """
 
     __slots__ = ("_buf", "_d", "_limits", "_pos", "_violation")
 

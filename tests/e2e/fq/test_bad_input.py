@@ -254,7 +254,7 @@ async def test_garbage_on_the_command_channel_before_auth(
     await assert_broker_serves(broker)
 
 
-# --- no traceback from the network (P8 point 5, docs/limits.md) -----------------------------
+# --- no traceback from the network (docs/limits.md) -----------------------------------------
 
 
 def _assert_quiet(caplog: pytest.LogCaptureFixture) -> None:

@@ -1,4 +1,4 @@
-"""The loss acceptance test of the fyrehose backbone (issue P13).
+"""The loss acceptance test of the fyrehose backbone.
 
 Subscribers sit behind a lossy relay written here: per client, a socket the client talks to
 and a socket toward the broker (the broker's subscriber is that upstream socket, since the

@@ -1,4 +1,4 @@
-"""HTTP authentication (P12): the admin token, the read token, users over Basic.
+"""HTTP authentication (docs/security.md): the admin token, the read token, users over Basic.
 
 Real brokers on loopback, real requests; the users are real rows in the config database,
 made with fqbroker.storage.configdb.users as fq-admin makes them.

@@ -1,4 +1,4 @@
-"""Interop with third-party Lumberjack/Beats shippers (issue P10's acceptance).
+"""Interop with third-party Lumberjack/Beats shippers.
 
 Each test starts a real fqd subprocess with its Lumberjack listener on a loopback port,
 binds an fq consumer (our Client) to the exchange ``logging``, lets a real client publish,

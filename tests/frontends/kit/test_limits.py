@@ -1,4 +1,4 @@
-"""Resource limits with clear answers (P8 point 4, docs/limits.md).
+"""Resource limits with clear answers (docs/limits.md).
 
 Each limit refuses with its documented answer and counter while everyone already served
 goes on; the descriptor limit is real (a child broker under a low RLIMIT_NOFILE).

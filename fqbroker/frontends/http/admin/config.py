@@ -2,8 +2,9 @@
 
 Checkpoints go through the functions fqd's /add_checkpoint and friends use
 (storage/configdb/checkpoints.py), with their texts; peers are rows of fqd's sqlite ``upstream``
-table, applied at once as the next poll would apply them; users are the P12 tables
-(storage/configdb/users.py) as ``fq-admin -c DB user ...`` changes them; topics (P11) are read only.
+table, applied at once as the next poll would apply them; users are the user and permission
+tables (storage/configdb/users.py) as ``fq-admin -c DB user ...`` changes them; topics are
+read only.
 """
 
 from __future__ import annotations
@@ -212,7 +213,7 @@ async def _peer_remove(broker: HttpHost, params: Params, who: str) -> dict[str, 
     return {"removed": removed}
 
 
-# --- users (P12) -------------------------------------------------------------------------------
+# --- users (docs/security.md, docs/permissions.md) ---------------------------------------------
 
 
 @contextlib.contextmanager
@@ -302,7 +303,7 @@ async def _user_deny(broker: HttpHost, params: Params, who: str) -> dict[str, An
     return await _rule(broker, params, who, False)
 
 
-# --- topics (P11) ------------------------------------------------------------------------------
+# --- topics (docs/topics.md) -------------------------------------------------------------------
 
 
 @route("GET", "topics")

@@ -1,19 +1,11 @@
 """The admin API: JSON over HTTP under ``/admin/``, what ``fq-admin`` and the web UI call.
 
-Every path here is an admin path (auth.py: the ``admin_token`` or an admin user, once
-either exists); endpoints.py has checked that before :func:`respond` runs. Reads are GET
-with their parameters in the query string; changes are POST with a JSON object body (the
-listener sniffs GET, HEAD, POST and PUT only). Success is ``{"status": "success", ...}``
-with 200; a refusal is ``{"status": "error", "error": "<one line>"}`` with 400 (bad
-request), 404 (no such queue, binding, ...), 405 (wrong method) or 409 (a conflict).
-docs/admin.md lists every endpoint and what each change promises.
-
 Each change goes through the code path its fq counterpart takes, so an admin's work is
-indistinguishable from a client's: queues are made and stored by the catalog as an
-attach makes them, bindings by the catalog's bind as a command channel's BIND, messages
-published by a publisher as /submit publishes. This module dispatches and answers the
-status and publish endpoints; the queues and bindings are in adminqueues.py, checkpoints,
-peers, users and topics in adminconfig.py, what they share in adminbase.py.
+indistinguishable from a client's: queues are made and stored by the catalog as an attach
+makes them, bindings by the catalog's bind as a command channel's BIND, messages by a
+publisher as /submit publishes (docs/admin.md lists every endpoint and what each promises).
+This module answers the status and publish endpoints; :mod:`.queues` has queues and
+bindings, :mod:`.config` checkpoints, peers, users and topics, :mod:`.base` what they share.
 """
 
 from __future__ import annotations
@@ -52,7 +44,16 @@ def body_limit(broker: HttpHost) -> int:
 async def respond(
     broker: HttpHost, method: str, path: str, query: str, body: bytes, who: str
 ) -> tuple[int, dict[str, Any]]:
-    """(status, JSON object) for an admin request; ``who`` names the caller in the log."""
+    """(status, JSON object) for an admin request; ``who`` names the caller in the log.
+
+    Every path here is an admin path (:mod:`fqbroker.frontends.http.auth`: the
+    ``admin_token`` or an admin user, once either exists), checked before this runs. Reads
+    are GET with their parameters in the query string; changes are POST with a JSON object
+    body (the listener sniffs GET, HEAD, POST and PUT only). Success is
+    ``{"status": "success", ...}`` with 200; a refusal is
+    ``{"status": "error", "error": "<one line>"}`` with 400 (bad request), 404 (no such
+    queue, binding, ...), 405 (wrong method) or 409 (a conflict).
+    """
     try:
         found = ROUTES.get(path)
         if found is None:

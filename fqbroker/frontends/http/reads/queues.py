@@ -3,21 +3,8 @@
 fq's data socket hands each message to one consumer and forgets it, so a reader that must
 read a range again after a failure (the Spark source in :mod:`fqbroker.spark`) cannot be
 built on it. A permanent disk queue is a log with dense sequence numbers, though, so two
-read-only endpoints give such readers what they need (docs/http.md):
-
-* ``GET /queue/info?queue=Q``: JSON ``{"queue", "first", "next", "checkpoints"}``, the
-  oldest stored sequence number, the one after the newest readable record, and the named
-  checkpoints.
-* ``GET /queue/read?queue=Q&from=N&to=M[&max_bytes=B]``: records ``[N, M)`` as a body of
-  entries (below), at most about ``B`` bytes of them; the reader asks again from the seq
-  after the last entry it got. Reading consumes nothing and moves no checkpoint.
-
-Only durable records are readable (what survives a crash under the queue's fsync
-policy): a sequence number a reader has seen is never given out again for another message.
-
-An entry is ``u64 seq, u64 arrival time in microseconds (0: not recorded), u32 length``
-and then the message as the data socket delivers it: fq's peer-format frame, with bytes
-8-15 of the message id holding the seq. The entry format: :mod:`fqbroker.protocols.replay`.
+read-only endpoints give such readers what they need: docs/http.md, "Replay reads", is the
+reference, and :func:`respond` sums it up.
 """
 
 from __future__ import annotations
@@ -59,6 +46,24 @@ class Refused(Exception):
 
 
 def respond(broker: QueueSource, path: str, query: str) -> Answer:
+    """Answer ``/queue/info`` or ``/queue/read``.
+
+    * ``GET /queue/info?queue=Q``: JSON ``{"queue", "first", "next", "checkpoints"}``, the
+      oldest stored sequence number, the one after the newest readable record, and the named
+      checkpoints.
+    * ``GET /queue/read?queue=Q&from=N&to=M[&max_bytes=B]``: records ``[N, M)`` as a body of
+      entries (below), at most about ``B`` bytes of them; the reader asks again from the seq
+      after the last entry it got. Reading consumes nothing and moves no checkpoint.
+
+    Only durable records are readable (what survives a crash under the queue's fsync
+    policy): a sequence number a reader has seen is never given out again for another
+    message.
+
+    An entry is ``u64 seq, u64 arrival time in microseconds (0: not recorded), u32 length``
+    and then the message as the data socket delivers it: fq's peer-format frame, with bytes
+    8-15 of the message id holding the seq. The entry format:
+    :mod:`fqbroker.protocols.replay`.
+    """
     params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
     try:
         name = params.get("queue")

@@ -1,25 +1,9 @@
 """Reads of retained topics by message index, over HTTP (an fqbroker extension).
 
-A topic (fqbroker.storage.topics.retained) is a log nothing consumes, so readers that keep their
-own position (the Spark source's topic mode, fqbroker.spark) read it here, as the
-disk-queue replay of :mod:`fqbroker.frontends.http.reads.queues` reads a queue:
-
-* ``GET /topic/info?topic=T``: JSON ``{"topic", "first", "next", "size_bytes",
-  "subscribers"}``. ``first`` is the topic's first offset and ``next`` its last one, read
-  as 0-based message indexes: the oldest retained message has index ``first`` and the
-  next message to arrive will have index ``next``. (A message of index ``i`` has Figg
-  offset ``i + 1``, the position just past it.) ``subscribers`` counts registered Figg
-  readers.
-* ``GET /topic/read?topic=T&from=N&to=M[&max_bytes=B]``: the messages of index ``[N, M)``
-  in replay.py's entry format, the entry's u64 being the message index, at most about
-  ``B`` bytes of them (always at least one message); the reader asks again from the index
-  after the last entry it got. Reading consumes nothing and registers nothing.
-
-Only durable messages are readable, so an index a reader has seen always names the same
-message. A ``from`` below ``first`` (retention deleted it) is answered 410 with
-``first``; entries may also skip indexes over damaged records, which a reader tells by
-the index of the first entry. Unknown topics are 404 (with ``"configured": 1``, or 0 when
-the broker keeps no topics at all), bad parameters 400.
+A topic (:mod:`fqbroker.storage.topics.retained`) is a log nothing consumes, so readers
+that keep their own position (the Spark source's topic mode, :mod:`fqbroker.spark`) read it
+here, as :mod:`fqbroker.frontends.http.reads.queues` reads a disk queue by position.
+docs/http.md, "Topic reads", is the reference; :func:`respond` sums it up.
 """
 
 from __future__ import annotations
@@ -46,6 +30,25 @@ _READ_BATCH = 4096  # records per segment-log read; bounds the time one call hol
 
 
 def respond(broker: TopicSource, path: str, query: str) -> Answer:
+    """Answer ``/topic/info`` or ``/topic/read``.
+
+    * ``GET /topic/info?topic=T``: JSON ``{"topic", "first", "next", "size_bytes",
+      "subscribers"}``. ``first`` is the topic's first offset and ``next`` its last one, read
+      as 0-based message indexes: the oldest retained message has index ``first`` and the
+      next message to arrive will have index ``next``. (A message of index ``i`` has Figg
+      offset ``i + 1``, the position just past it.) ``subscribers`` counts registered Figg
+      readers.
+    * ``GET /topic/read?topic=T&from=N&to=M[&max_bytes=B]``: the messages of index ``[N, M)``
+      in replay.py's entry format, the entry's u64 being the message index, at most about
+      ``B`` bytes of them (always at least one message); the reader asks again from the index
+      after the last entry it got. Reading consumes nothing and registers nothing.
+
+    Only durable messages are readable, so an index a reader has seen always names the same
+    message. A ``from`` below ``first`` (retention deleted it) is answered 410 with
+    ``first``; entries may also skip indexes over damaged records, which a reader tells by
+    the index of the first entry. Unknown topics are 404 (with ``"configured": 1``, or 0 when
+    the broker keeps no topics at all), bad parameters 400.
+    """
     params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
     try:
         name = params.get("topic")

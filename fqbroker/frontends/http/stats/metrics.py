@@ -1,23 +1,10 @@
 """Prometheus metrics over the broker's own counters (no fqd counterpart).
 
-One :class:`BrokerCollector` per broker, on a private ``CollectorRegistry``: brokers in
-one process (tests start many) never share or collide, and nothing lands in
-prometheus-client's global registry. The collector reads a
-:mod:`fqbroker.frontends.http.stats.snapshot`
-snapshot at scrape time, so routing keeps bumping plain ints and pays nothing for
-metrics, and /metrics always agrees with /stats.json.
-
-Two things are bounded by settings rather than by the traffic: the ``fq_client_*`` series,
-one set per fq connection, are left out while more than ``metrics_client_series_max``
-clients are connected (``fq_client_series_enabled`` says which), so short-lived clients
-cannot grow a scraper's series without bound; and routing time is a histogram,
-``fq_route_eval_seconds``, of the batches the router timed (a batch every
-:attr:`~fqbroker.core.router.RouteTimes.SAMPLE_SECONDS` at most: the hot path pays two
-clock reads per timed batch, an attribute test for the others, never a clock per message).
-
-Naming follows Prometheus conventions: an ``fq_`` prefix, base units (bytes, seconds),
-``_total`` on counters, and exchanges, queues and clients as labels, never in names.
-docs/http.md lists every metric with the stats.json key it comes from.
+A :class:`BrokerCollector` reads a :mod:`fqbroker.frontends.http.stats.snapshot` snapshot
+at scrape time, so routing keeps bumping plain ints and pays nothing for metrics, and
+/metrics always agrees with /stats.json. Naming follows Prometheus conventions: an ``fq_``
+prefix, base units (bytes, seconds), ``_total`` on counters, and exchanges, queues and
+clients as labels, never in names. docs/http.md lists every metric with its stats.json key.
 """
 
 from __future__ import annotations
@@ -65,7 +52,21 @@ def _label(name: bytes) -> str:
 
 
 class BrokerCollector(Collector):
-    """Every broker counter as a metric family, read when Prometheus scrapes."""
+    """Every broker counter as a metric family, read when Prometheus scrapes.
+
+    One per broker, on a private ``CollectorRegistry`` (:func:`registry_for`): brokers in
+    one process (tests start many) never share or collide, and nothing lands in
+    prometheus-client's global registry.
+
+    Two things are bounded by settings rather than by the traffic: the ``fq_client_*``
+    series, one set per fq connection, are left out while more than
+    ``metrics_client_series_max`` clients are connected (``fq_client_series_enabled`` says
+    which), so short-lived clients cannot grow a scraper's series without bound; and routing
+    time is a histogram, ``fq_route_eval_seconds``, of the batches the router timed (a batch
+    every :attr:`~fqbroker.core.router.RouteTimes.SAMPLE_SECONDS` at most: the hot path pays
+    two clock reads per timed batch, an attribute test for the others, never a clock per
+    message).
+    """
 
     def __init__(self, broker: MetricsSource) -> None:
         # A weak reference: the registry lives in a map keyed by the broker and must not

@@ -4,11 +4,6 @@ Which fqbroker and fq versions run, as which node id, for how long, with how muc
 memory; how much disk the queue directory takes and how much is left; where each front
 end listens; which upstreams it pulls from; and how admin requests are guarded, so the
 web UI knows whether to offer its admin actions. A read, guarded like /stats.json.
-
-The memory figure is the process's resident set (``/proc/self/statm``; the peak from
-getrusage where there is no /proc). The queue directory is walked in a worker thread, so
-a directory of many queues on a slow disk never stalls the loop; what it counts is the
-space allocated (``st_blocks``, as ``du`` does), files that vanish meanwhile skipped.
 """
 
 from __future__ import annotations
@@ -36,7 +31,8 @@ PATH = "/node.json"
 
 
 def rss_bytes() -> int | None:
-    """The process's resident set now, or its peak where /proc is missing."""
+    """The process's resident set now (``/proc/self/statm``), or its peak (getrusage) where
+    /proc is missing."""
     try:
         with open("/proc/self/statm", "rb") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -48,7 +44,11 @@ def rss_bytes() -> int | None:
 
 
 def disk_use(directory: Path) -> dict[str, Any]:
-    """Bytes allocated under ``directory`` and what its filesystem has left (a thread's work)."""
+    """Bytes allocated under ``directory`` and what its filesystem has left (a thread's work).
+
+    What it counts is the space allocated (``st_blocks``, as ``du`` does); files that vanish
+    meanwhile are skipped.
+    """
     used = files = 0
     for root, _dirs, names in os.walk(directory):
         for name in names:
@@ -143,7 +143,8 @@ def node_json(broker: HttpHost, disk: dict[str, Any]) -> dict[str, Any]:
 
 
 async def node_status(broker: HttpHost) -> dict[str, Any]:
-    """:func:`node_json`, the queue directory walked in a thread (1,000 queues' files)."""
+    """:func:`node_json`, the queue directory walked in a worker thread, so a directory of many
+    queues on a slow disk never stalls the loop."""
     disk = await asyncio.to_thread(disk_use, Path(broker.settings.queue_dir))
     return node_json(broker, disk)
 

@@ -1,23 +1,10 @@
 """A snapshot of the broker's counters, and /stats.json made from it (fqd_config.c).
 
 :func:`take_snapshot` walks the broker's exchanges, bindings, queues and clients once and
-copies every number into plain frozen dataclasses. Two renderers read the same snapshot,
-so the JSON and the Prometheus metrics (:mod:`fqbroker.frontends.http.stats.metrics`) can never
-disagree:
-
-* :func:`stats_json` builds fqd's ``/stats.json`` object with its exact key names and
-  order (docs/fq-protocol.md §4.2);
-* :class:`fqbroker.frontends.http.stats.metrics.BrokerCollector` turns it into metric families;
-* :mod:`fqbroker.frontends.http.stats.frontends` builds ``/frontends.json`` from the
-  front ends of the table.
-
-A front end that counts more than its connections declares it (``FrontEnd.counters``):
-the snapshot holds one reading of each (:class:`~fqbroker.frontends.http.stats.frontends.Reading`),
-shown here under the key it names, so nothing here names a protocol.
-
-Names stay ``bytes`` in the snapshot; each renderer decides how to show them as text.
-The hot path never touches this module: routing bumps plain ints, and a snapshot is
-only taken when someone asks.
+copies every number into plain frozen dataclasses (:class:`Snapshot`). Every renderer
+reads the same snapshot, so /stats.json, /metrics and /frontends.json can never disagree.
+The hot path never touches this module: routing bumps plain ints, and a snapshot is only
+taken when someone asks.
 """
 
 from __future__ import annotations
@@ -108,10 +95,10 @@ class QueueSnapshot:
     fsyncs: int | None = None
     fsync_seconds_total: float | None = None  # summed over all fsyncs
     fsync_last_seconds: float | None = None  # the latest fsync's duration
-    # P8 disk: records and bytes skipped over damage (docs/disk-format.md, "Recovery").
+    # Records and bytes skipped over damage (docs/disk-format.md, "Recovery").
     corrupt_records: int | None = None
     corrupt_bytes: int | None = None
-    # P8 memory bounds (docs/memory.md): bytes held in memory, and the byte limit.
+    # Memory bounds (docs/memory.md): bytes held in memory, and the byte limit.
     held_bytes: int = 0
     limit_bytes: int | None = None  # None: unlimited (a disk queue's files are not counted)
 
@@ -151,6 +138,25 @@ class HttpCounters:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """One reading of every counter of the broker, taken at once.
+
+    Two renderers read it:
+
+    * :func:`stats_json` builds fqd's ``/stats.json`` object with its exact key names and
+      order (docs/fq-protocol.md §4.2);
+    * :class:`fqbroker.frontends.http.stats.metrics.BrokerCollector` turns it into metric
+      families;
+
+    and :mod:`fqbroker.frontends.http.stats.frontends` builds ``/frontends.json`` from the
+    front ends of the table.
+
+    A front end that counts more than its connections declares it (``FrontEnd.counters``):
+    the snapshot holds one reading of each
+    (:class:`~fqbroker.frontends.http.stats.frontends.Reading`), shown under the key it
+    names, so nothing here names a protocol. Names stay ``bytes`` in the snapshot; each
+    renderer decides how to show them as text.
+    """
+
     version: str
     node_id: bytes
     exchanges: tuple[ExchangeSnapshot, ...]
