@@ -1,6 +1,6 @@
-"""The Figg front end (seed 004): retained topics with offsets over Figg's binary protocol.
+"""The Figg front end: retained topics with offsets over Figg's binary protocol.
 
-:mod:`.wire` encodes and decodes the frames sans I/O (the client uses it too),
+:mod:`.machine` is the protocol sans I/O (its frames: :mod:`fqbroker.protocols.figg.wire`),
 :mod:`.session` serves one connection, :mod:`.frontend` is the front-end table's entry.
 See docs/figg-protocol.md.
 """

@@ -51,11 +51,11 @@ class Machine(AckingMachine[int]):
     and None once the buffer holds no whole frame:
 
     * PING is answered by the machine itself (PONG, in :meth:`data_to_send`), no event;
-    * ATTACH is handed on as the :class:`~.wire.Attach` frame: the shell opens the topic,
-      starts the subscription and tells the machine where delivery starts
+    * ATTACH is handed on as the :class:`~fqbroker.protocols.figg.wire.Attach` frame: the shell
+    opens the topic,   starts the subscription and tells the machine where delivery starts
       (:meth:`attached`, which answers ATTACHED);
-    * DETACH is answered DETACHED and handed on as the :class:`~.wire.Detach` frame, for the
-      shell to stop the subscription;
+    * DETACH is answered DETACHED and handed on as the
+    :class:`~fqbroker.protocols.figg.wire.Detach` frame, for the   shell to stop the subscription;
     * the PUBLISH frames of the read become one :class:`~fqbroker.frontends.kit.acks.Batch`,
       last: each one fq message on the Figg exchange with route = topic, sender
       ``figg/ip:port`` and our node id as its one hop, made into runs as they come (a run per

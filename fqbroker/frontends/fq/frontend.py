@@ -101,5 +101,5 @@ DATA: FrontEnd[Any] = FrontEnd(
         "disk",
         "latency",
         "memory",
-    ),  # fmt: skip
+    ),
 )

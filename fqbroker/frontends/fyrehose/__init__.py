@@ -1,5 +1,5 @@
-"""The fyrehose backbone (seed 000): sequenced UDP pub/sub with gap recovery. Experimental.
+"""The fyrehose backbone: sequenced UDP pub/sub with gap recovery. Experimental.
 
-:mod:`.wire` encodes and decodes the datagrams sans I/O, for the listener and the client
-alike.
+:mod:`.backbone` is the backbone sans I/O (its datagrams: :mod:`fqbroker.protocols.fyrehose.wire`),
+:mod:`.endpoint` the asyncio shell. See docs/fyrehose.md.
 """

@@ -1,6 +1,6 @@
-"""The OpenCluster front end (seed 001): a durable single-node key/value store speaking the
-Nov-2011 OpenCluster binary protocol.
+"""The OpenCluster front end: a durable single-node key/value store speaking the Nov-2011
+OpenCluster binary protocol.
 
-:mod:`.wire` encodes and decodes the frames sans I/O (the client uses it too). See
-docs/opencluster-protocol.md.
+:mod:`.machine` is one connection sans I/O (its frames: :mod:`fqbroker.protocols.opencluster.wire`),
+:mod:`.session` the shell. See docs/opencluster-protocol.md.
 """
