@@ -10,47 +10,22 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fqbroker.frontends.kit import panel as ui
 from fqbroker.frontends.kit.component import Counters, LiveFrontEnd, Metric, Rate, Series
+from fqbroker.storage.topics.topic import Topic
 
 __all__ = ["COUNTERS", "TopicSnapshot", "TopicSubscriberSnapshot"]
-
-
-class _Reader(Protocol):
-    """A registered subscriber of a topic (a Figg session's attachment)."""
-
-    @property
-    def offset(self) -> int: ...  # the offset after the last message sent
-    @property
-    def remote(self) -> str: ...
-
-
-class _Topic(Protocol):
-    """A retained topic (fqbroker.storage.topics.topic.Topic) as its stats see it."""
-
-    @property
-    def name(self) -> bytes: ...
-    @property
-    def first_offset(self) -> int: ...
-    @property
-    def last_offset(self) -> int: ...
-    @property
-    def size_bytes(self) -> int: ...
-    @property
-    def messages_in(self) -> int: ...
-    @property
-    def subscribers(self) -> Collection[_Reader]: ...
 
 
 class TopicsHost(Protocol):
     """The broker's topics, or None when the Figg listener is not configured."""
 
     @property
-    def topics(self) -> Iterable[_Topic] | None: ...
+    def topics(self) -> Iterable[Topic] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
