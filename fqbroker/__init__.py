@@ -20,7 +20,7 @@ __all__ = ["ACCELERATED", "FQ_COMPAT_VERSION", "Broker", "Client", "Message", "_
 # a broker does not carry the client's modules.
 _LAZY = {
     "Broker": ".server.broker",
-    "Client": ".clients.client",
+    "Client": ".clients.fq.client",
     "Message": ".core.message",
 }
 
