@@ -170,7 +170,7 @@ class KVStoreError(FqError, ValueError):
 
 class ConfigError(FqError, ValueError):
     """A settings file fqd cannot read or use, or a config database it cannot open; the
-    message names the file (config.py, cli.py)."""
+    message names the file (settings/broker.py, cli/fqd.py)."""
 
 
 # --- the clients': what a broker's answer can cause ----------------------------------------

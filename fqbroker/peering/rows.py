@@ -1,6 +1,5 @@
 """Peering: keep the links to upstream brokers in step with the configuration
-(fqd_peer.c, docs/fq-protocol.md §5; the links themselves: :mod:`fqbroker.frontends.fq.
-peerlink`).
+(fqd_peer.c, docs/fq-protocol.md §5; the links themselves: :mod:`fqbroker.peering.link`).
 
 Every broker runs a :class:`Peering`, which reads the wanted rows again every
 ``peer_poll_seconds``; a broker with none never imports the links' code (its classes and

@@ -1,7 +1,7 @@
 """What the admin API's modules share: a request's parameters, refusals, the route table.
 
-admin.py answers the requests; it and the modules beside it (adminqueues.py,
-adminconfig.py) file their endpoints in :data:`ROUTES` with :func:`route`, and read their
+routes.py answers the requests; it and the modules beside it (queues.py,
+config.py) file their endpoints in :data:`ROUTES` with :func:`route`, and read their
 parameters through :class:`Params`, which refuses a missing or mistyped field with a 400.
 """
 

@@ -1,4 +1,4 @@
-"""The admin API's queues and bindings (docs/admin.md); routes filed in adminbase.py's table.
+"""The admin API's queues and bindings (docs/admin.md); routes filed in base.py's table.
 
 A queue made here is what an fq client's attach would make from the same queue field
 (``NAME\\0TYPE:ATTRIBUTES``, parsed by the same parser), stored in fqd's sqlite ``queue``
