@@ -12,6 +12,7 @@ bounded by ``max_connections_per_address`` and the connection limits).
 from __future__ import annotations
 
 import collections
+import math
 import time
 from collections.abc import Callable
 
@@ -21,6 +22,9 @@ FIRST_DELAY = 0.1
 MAX_DELAY = 10.0
 DECAY_SECONDS = 60.0
 MAX_ADDRESSES = 4096
+# The doubling stops where it reaches MAX_DELAY: 2 ** count in floating point overflows
+# past about 1,024 failures, and a login that raises is never answered.
+_MAX_DOUBLINGS = math.ceil(math.log2(MAX_DELAY / FIRST_DELAY))
 
 
 class FailedLogins:
@@ -49,7 +53,7 @@ class FailedLogins:
         self._failures[address] = (count, now)
         while len(self._failures) > self.max_addresses:
             self._failures.popitem(last=False)
-        return min(FIRST_DELAY * 2 ** (count - 1), MAX_DELAY)
+        return min(FIRST_DELAY * 2 ** min(count - 1, _MAX_DOUBLINGS), MAX_DELAY)
 
     def failures(self, address: str) -> float:
         """The decayed failure count of ``address`` now (0 when unknown)."""
