@@ -34,6 +34,7 @@ from fqbroker.server.frontends import FRONT_ENDS
 from fqbroker.settings.broker import DEFAULT_PORT, Settings, debug_flags
 from fqbroker.settings.datadir import sample_config
 from fqbroker.settings.section import reference, sample
+from fqbroker.storage.files import private_dirs
 
 __all__ = ["fqd", "printed_config", "settings_from_args", "settings_reference"]
 
@@ -379,7 +380,7 @@ def _make_directories(settings: Settings) -> None:
         if directory.exists() and not directory.is_dir():
             raise ConfigError(f"{what}: {directory} is not a directory")
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            private_dirs(directory)
         except OSError as exc:
             raise ConfigError(f"{what}: cannot create {directory}: {exc.strerror or exc}") from None
 

@@ -33,6 +33,7 @@ from fqbroker.settings.broker import Settings, is_loopback, resolve_node_id
 from fqbroker.storage.configdb.catalog import Catalog
 from fqbroker.storage.configdb.state import ConfigStore
 from fqbroker.storage.configdb.users import Users
+from fqbroker.storage.files import exposed
 
 if TYPE_CHECKING:
     from fqbroker.frontends.fyrehose.endpoint import FyrehoseHost
@@ -135,6 +136,8 @@ class Broker:
         self.port = self.listeners.port
         log.info("Listening on port: %d", self.port)
         self._warn_open()
+        for loose in exposed(self.settings):
+            log.warning("%s is readable by other users: chmod go-rwx it (docs/security.md)", loose)
         self.peering.start()
         self._sample_routing()
 

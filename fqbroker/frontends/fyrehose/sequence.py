@@ -17,6 +17,7 @@ from typing import Final
 
 from fqbroker.errors import SequenceFileError
 from fqbroker.protocols.fyrehose import wire
+from fqbroker.storage.files import FILE_MODE, private_dirs
 
 __all__ = ["LEASE", "SequenceFile", "SequenceFileError"]
 
@@ -63,10 +64,10 @@ class SequenceFile:
         """Make ``next_sequence`` the file's number, durably; OSError if it cannot be."""
         directory = self.path.parent
         if not directory.is_dir():
-            directory.mkdir(parents=True, exist_ok=True)
+            private_dirs(directory)
             _fsync(directory.parent)
         tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         try:
             os.write(fd, f"{next_sequence}\n".encode())
             os.fsync(fd)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from fqbroker.core.queuespec import QueueKind, QueueSpec, parse_queue_field
 from fqbroker.settings.broker import Upstream
+from fqbroker.storage.files import private_dirs, private_file
 
 __all__ = ["ConfigStore", "StoredBinding", "StoredQueue", "Upstream"]
 
@@ -74,7 +75,8 @@ class ConfigStore:
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_dirs(self.path.parent)
+            private_file(self.path)  # it holds password hashes (configdb/users.py)
         self._db = sqlite3.connect(str(path), isolation_level=None)
         self._db.text_factory = bytes
         self._db.execute("PRAGMA foreign_keys = ON")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fqbroker.core.permissions import KINDS, Permissions
+from fqbroker.storage.files import private_file
 
 # hashlib and hmac are imported where a password is hashed or checked, not by every
 # broker: they load OpenSSL's digests, memory an idle broker without users would carry
@@ -107,6 +108,8 @@ class Users:
 
     def __init__(self, db_path: Path | str) -> None:
         self.path = Path(db_path)
+        if str(db_path) != ":memory:":
+            private_file(self.path)
         # The PBKDF2 work runs in threads; the database is read in the caller's thread.
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()

@@ -19,6 +19,8 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from fqbroker.storage.files import FILE_MODE
+
 __all__ = [
     "FRAMES",
     "MAGIC",
@@ -215,7 +217,7 @@ class JournalWriter:
     def _open(self) -> int:
         path = journal_path(self.database, self.gen)
         fd = os.open(
-            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, FILE_MODE
         )
         try:
             _write_all(fd, MAGIC, b"")

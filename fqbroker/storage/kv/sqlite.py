@@ -14,6 +14,7 @@ import contextlib
 import sqlite3
 from pathlib import Path
 
+from fqbroker.storage.files import private_file
 from fqbroker.storage.kv.journal import journals, replay
 
 __all__ = ["CHUNK", "Entry", "Loaded", "Params", "key_of", "load", "open_db", "write_fold"]
@@ -58,6 +59,7 @@ def key_of(map_hash: int, key_hash: int) -> int:
 
 def open_db(path: Path) -> sqlite3.Connection:
     """The database at ``path``, created if need be (WAL, fsynced). Raises sqlite3.Error."""
+    private_file(path)
     db = sqlite3.connect(
         path, isolation_level=None, check_same_thread=False, cached_statements=CHUNK + 16
     )

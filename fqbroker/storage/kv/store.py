@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fqbroker.errors import KVStoreError
+from fqbroker.storage.files import private_dirs
 from fqbroker.storage.kv.journal import FRAMES, RECORD, JournalWriter, close_quietly, set_payload
 from fqbroker.storage.kv.sqlite import Entry, Params, key_of, load, open_db, write_fold
 
@@ -115,7 +116,7 @@ class KVStore:
         self._folding: asyncio.Future[str | None] | None = None
         self._closed = False
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dirs(path.parent)
             self._db = open_db(path)
         except (OSError, sqlite3.Error) as exc:
             raise KVStoreError(f"opencluster store {path} cannot be opened: {exc}") from None

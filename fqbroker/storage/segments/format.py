@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fqbroker.errors import LogFormatError
+from fqbroker.storage.files import FILE_MODE
 from fqbroker.storage.segments.checkpoints import CheckpointFile, Unreadable, encode_points
 from fqbroker.storage.segments.records import (
     FORMAT_GAPS,
@@ -104,7 +105,7 @@ def known_gaps(directory: Path) -> set[tuple[int, int]]:
 
 def note_gap(directory: Path, lo: int, stop: int) -> None:
     """Note a gap in ``skipped``, durably, before recovery makes it."""
-    fd = os.open(directory / SKIPPED, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(directory / SKIPPED, os.O_WRONLY | os.O_CREAT | os.O_APPEND, FILE_MODE)
     try:
         os.write(fd, f"{lo} {stop}\n".encode())
         os.fsync(fd)

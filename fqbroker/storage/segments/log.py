@@ -24,6 +24,7 @@ from operator import attrgetter
 from pathlib import Path
 
 from fqbroker.errors import LogFormatError
+from fqbroker.storage.files import FILE_MODE
 from fqbroker.storage.segments.checkpoints import CheckpointFile
 from fqbroker.storage.segments.format import (
     check_format,
@@ -184,7 +185,7 @@ class SegmentLog(SegmentReads):
             for seg_first, offset, _, _, seg_parts, _ in plans:
                 if seg_first != active.first:
                     path = self._path(seg_first)
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
                     created.append((Segment(seg_first, path, seg_first), fd))
                 if seg_parts:
                     write_all(fd, b"".join(seg_parts), offset)
@@ -386,7 +387,7 @@ class SegmentLog(SegmentReads):
         """Start an empty newest segment at ``next_seq``, so trim can delete the old one."""
         path = self._path(self.next_seq)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
         except OSError as exc:
             # A full disk can refuse even an empty file (no inode, no directory block):
             # nothing changed, and the next trim tries again.

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fqbroker.storage.files import DIR_MODE, FILE_MODE
+
 __all__ = ["HEADER_SIZE", "CorruptionReport", "find_record"]
 
 FORMAT_LINE = "fqbroker-segmentlog 2\n"
@@ -156,7 +158,7 @@ def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> Non
 
 
 def write_file(path: Path, data: bytes | bytearray, *, fsync: bool) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         write_all(fd, data, 0)
         if fsync:
@@ -181,7 +183,7 @@ def make_directory_durably(directory: Path) -> None:
         return
     make_directory_durably(directory.parent)
     with contextlib.suppress(FileExistsError):
-        directory.mkdir()
+        directory.mkdir(mode=DIR_MODE)
     fsync_path(directory.parent)
 
 
@@ -200,9 +202,9 @@ def copy_aside(directory: Path, fd: int, segment: str, start: int, end: int) -> 
     if is_zeros(fd, start, end):
         return ""
     aside = directory / DAMAGED_DIR
-    aside.mkdir(exist_ok=True)
+    aside.mkdir(mode=DIR_MODE, exist_ok=True)
     name = f"{segment}@{start}"
-    out = os.open(aside / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = os.open(aside / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         off = start
         while off < end:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fqbroker.storage.files import FILE_MODE
 from fqbroker.storage.segments.records import (
     HEADER_SIZE,
     MARK_MASK,
@@ -192,7 +193,7 @@ def _split_off(directory: Path, fd: int, run: _Run) -> Segment:
     """Copy a run of good records into a segment file of its own, durably."""
     path = directory / f"{run.first:020d}.seg"
     tmp = path.with_name(path.name + ".tmp")
-    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, FILE_MODE)
     try:
         off = run.start
         while off < run.end:
