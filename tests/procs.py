@@ -21,7 +21,11 @@ class Proc:
 
     @classmethod
     async def start(
-        cls, *args: str, stdin: int | None = None, preexec_fn: Callable[[], None] | None = None
+        cls,
+        *args: str,
+        stdin: int | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+        env: dict[str, str] | None = None,
     ) -> Proc:
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -29,7 +33,7 @@ class Proc:
             stdin=stdin if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=ENV,
+            env=ENV if env is None else env,
             preexec_fn=preexec_fn,
         )
         return cls(proc)

@@ -35,6 +35,7 @@ __all__ = ["fq_recv", "fq_send", "main", "run_tool"]
 READ_SIZE = 64 * 1024
 FLUSH_EVERY = 1000  # messages published between waits for the socket (--count mode)
 PROGRESS_EVERY = 1.0  # seconds between progress lines of fq-send
+PASSWORD_ENV = "FQ_PASSWORD"  # the password, kept out of the process list
 DEFAULT_HOST = "127.0.0.1"
 
 
@@ -115,18 +116,44 @@ def _connection_arguments(p: argparse.ArgumentParser, *, user: str, password: st
     p.add_argument(
         "-P",
         "--password",
-        default=password,
-        help='password (checked when fqd runs with auth = "password")',
+        help='password (checked when fqd runs with auth = "password"); other users of the host'
+        f" can see it in the process list: prefer ${PASSWORD_ENV} or --password-stdin"
+        f" (default {password!r})",
     )
+    p.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from the first line of stdin (fq-send: the lines after it"
+        " are the messages)",
+    )
+    p.set_defaults(default_password=password)
     p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
     p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
+
+
+def _password(args: argparse.Namespace) -> str:
+    """--password-stdin's line, else -P, else $FQ_PASSWORD, else the tool's default."""
+    if args.password_stdin:
+        return _stdin_line()
+    if args.password is not None:
+        return str(args.password)
+    return os.environ.get(PASSWORD_ENV, str(args.default_password))
+
+
+def _stdin_line() -> str:
+    # A byte at a time from the descriptor: nothing past the newline is taken from what
+    # fq-send then reads as messages.
+    line = bytearray()
+    while (byte := os.read(0, 1)) and byte != b"\n":
+        line += byte
+    return line.decode("utf-8", "surrogateescape").removesuffix("\r")
 
 
 def _client(args: argparse.Namespace) -> Client:
     host, port = args.address or (DEFAULT_HOST, DEFAULT_PORT)
     host = args.host or host
     port = args.port if args.port is not None else port
-    return Client(host, port, args.user, args.password, tls=args.tls, cafile=args.cafile)
+    return Client(host, port, args.user, _password(args), tls=args.tls, cafile=args.cafile)
 
 
 # --- fq-send ------------------------------------------------------------------------------

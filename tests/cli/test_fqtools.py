@@ -12,7 +12,7 @@ import pytest
 
 from fqbroker.cli.fqtools import _lines, format_json, format_line, main
 from fqbroker.core.message import Message
-from tests.procs import Proc
+from tests.procs import ENV, Proc
 
 NODE_ID = "10.254.254.1"
 TIMEOUT = 20.0
@@ -213,3 +213,72 @@ async def test_refusal_is_reported(fqd_port: int, procs: list[Proc]) -> None:
         status, _, err = await recv.finish()
         assert status == 1
         assert "invalid queue type: bogus" in err
+
+
+# --- the password, out of the process list -----------------------------------------------
+
+
+@pytest.fixture
+async def password_fqd_port(tmp_path: Path, procs: list[Proc]) -> int:
+    from fqbroker.storage.configdb.users import Users
+
+    users = Users(tmp_path / "fqd.sqlite")
+    users.add("bob", "bobpw")
+    for kind in ("publish", "consume", "queue"):
+        users.allow("bob", kind, "*")
+    users.close()
+    async with asyncio.timeout(TIMEOUT):
+        fqd = await Proc.start(
+            "-m", "fqbroker", "-p", "0", "-n", NODE_ID, "--auth", "password",
+            "-c", str(tmp_path / "fqd.sqlite"), "-q", str(tmp_path / "queues"),
+        )  # fmt: skip
+        procs.append(fqd)
+        line = await fqd.wait_stderr("Listening on port: ")
+        return int(line.rsplit(" ", 1)[1])
+
+
+async def send_as_bob(
+    procs: list[Proc], port: int, *args: str, stdin: bytes, password: str | None
+) -> tuple[int, str]:
+    env = {k: v for k, v in ENV.items() if k != "FQ_PASSWORD"}
+    if password is not None:
+        env["FQ_PASSWORD"] = password
+    sender = await Proc.start(
+        "-m", "fqbroker.cli.fqtools", "send", "-a", f"127.0.0.1:{port}", "-u", "bob",
+        "-x", "ex", "-r", "r", *args, stdin=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    procs.append(sender)
+    status, _, err = await sender.finish(stdin)
+    return status, err
+
+
+async def test_the_password_comes_from_the_environment(
+    password_fqd_port: int, procs: list[Proc]
+) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        status, err = await send_as_bob(
+            procs, password_fqd_port, stdin=b"hello\n", password="bobpw"
+        )
+        assert status == 0 and "sent 1 message" in err, err
+        status, err = await send_as_bob(
+            procs, password_fqd_port, stdin=b"hello\n", password="wrong"
+        )
+        assert status != 0 and "sent 1 message" not in err, err
+
+
+async def test_the_password_comes_from_the_first_line_of_stdin(
+    password_fqd_port: int, procs: list[Proc]
+) -> None:
+    async with asyncio.timeout(TIMEOUT):
+        recv = await start_recv(
+            procs, password_fqd_port, "-u", "bob", "-P", "bobpw", "--count", "2", "-e", "ex",
+            "-b", "prefix:",
+        )  # fmt: skip
+        status, err = await send_as_bob(
+            procs, password_fqd_port, "--password-stdin", stdin=b"bobpw\none\ntwo\n",
+            password="wrong",
+        )  # fmt: skip
+        assert status == 0 and "sent 2 messages" in err, err
+        status, out, err = await recv.finish()
+        assert status == 0, err
+        assert out == b"[r] one\n[r] two\n"  # the password line is not a message
