@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -47,17 +46,9 @@ EXCHANGE = b"figg"
 pytestmark = pytest.mark.on("figg")
 
 
-def with_figg(settings: Settings, **values: Any) -> Settings:
-    return on(settings, "figg", **values)
-
-
 @pytest.fixture
 def fg(broker_on: Broker) -> Broker:
     return broker_on
-
-
-def figg_port(broker: Broker) -> int:
-    return port_of(broker, "figg")
 
 
 class Conn:
@@ -69,7 +60,7 @@ class Conn:
 
     @classmethod
     async def open(cls, broker: Broker) -> Conn:
-        return cls(*await asyncio.open_connection("127.0.0.1", figg_port(broker)))
+        return cls(*await asyncio.open_connection("127.0.0.1", port_of(broker, "figg")))
 
     async def send(self, *frames: Frame | bytes) -> None:
         self.writer.write(b"".join(f if isinstance(f, bytes) else wire.encode(f) for f in frames))
@@ -162,7 +153,7 @@ async def test_no_ack_when_the_topic_fsync_fails(
     settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings.fsync = "always"
-    async with running(with_figg(settings)) as broker, conn(broker) as c:
+    async with running(on(settings, "figg")) as broker, conn(broker) as c:
         await publish(c, b"T", [b"ok"])
         monkeypatch.setattr(segmentlog, "os", FailingFsync())
         await c.send(Publish(b"T", 1, b"lost"))
@@ -223,7 +214,7 @@ async def test_attach_creates_the_topic(fg: Broker) -> None:
 async def test_an_expired_offset_starts_at_the_oldest_retained_message(
     settings: Settings,
 ) -> None:
-    config = with_figg(settings, segment_bytes=4096, retention_bytes=8192)
+    config = on(settings, "figg", segment_bytes=4096, retention_bytes=8192)
     async with running(config) as broker, conn(broker) as c:
         data = [b"%05d" % i + b"." * 200 for i in range(200)]
         for i in range(0, 200, 20):
@@ -314,7 +305,7 @@ async def test_detach_stops_delivery_and_is_answered(fg: Broker) -> None:
 async def test_max_topics_closes_the_connection_that_asks_for_one_more(
     settings: Settings,
 ) -> None:
-    async with running(with_figg(settings, max_topics=1)) as broker:
+    async with running(on(settings, "figg", max_topics=1)) as broker:
         async with conn(broker) as c:
             await c.send(Attach(b"one", None))
             assert await c.next() == Attached(b"one", 0)
@@ -337,7 +328,7 @@ async def test_ping_is_answered_with_the_same_value(fg: Broker) -> None:
 async def test_idle_connections_close_and_pinging_ones_stay_10_seconds(
     settings: Settings,
 ) -> None:
-    async with running(with_figg(settings, idle_seconds=1.0)) as broker:
+    async with running(on(settings, "figg", idle_seconds=1.0)) as broker:
         async with conn(broker) as idle:
             await idle.closed_by_broker()
         async with conn(broker) as pinging:
@@ -405,7 +396,7 @@ async def test_figg_publishes_reach_fq_consumers_and_fq_publishes_reach_figg(
 async def test_a_block_policy_queue_holds_the_ack_until_it_has_room(settings: Settings) -> None:
     """A full block-policy fq queue on the Figg exchange stops the batch: no ACK until a
     consumer makes room, then every message is in the queue and in the topic."""
-    async with running(with_figg(settings)) as broker:
+    async with running(on(settings, "figg")) as broker:
         source = "c/figgbq/mem:permanent,block,backlog=4,public"
         async with Client(port=broker.port, source=source, reconnect=False) as fq:
             await fq.bind(EXCHANGE, b'exact:"T"')

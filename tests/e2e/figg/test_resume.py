@@ -30,22 +30,14 @@ FAST = Backoff(0.01, 0.1)
 pytestmark = pytest.mark.on("figg")
 
 
-def with_figg(settings: Settings, **values: Any) -> Settings:
-    return on(settings, "figg", **values)
-
-
 @pytest.fixture
 def figg(broker_on: Broker) -> Broker:
     return broker_on
 
 
-def figg_port(broker: Broker) -> int:
-    return port_of(broker, "figg")
-
-
 @contextlib.asynccontextmanager
 async def client(broker: Broker, **kw: Any) -> AsyncIterator[FiggClient]:
-    c = FiggClient("127.0.0.1", figg_port(broker), backoff=FAST, **kw)
+    c = FiggClient("127.0.0.1", port_of(broker, "figg"), backoff=FAST, **kw)
     await c.connect()
     try:
         yield c
@@ -161,7 +153,7 @@ async def test_publisher_dropped_mid_stream_loses_nothing_acknowledged(figg: Bro
 
 async def test_pings_keep_an_idle_client_connected(settings: Settings) -> None:
     # The broker closes a connection silent for 3 s; the client pings every 2 s.
-    async with running(with_figg(settings, idle_seconds=3.0)) as broker, client(broker) as c:
+    async with running(on(settings, "figg", idle_seconds=3.0)) as broker, client(broker) as c:
         first = server_side(broker, c)
         await asyncio.sleep(10)
         assert c.connections == 1
@@ -255,9 +247,9 @@ async def test_two_missed_pongs_reconnect(caplog: pytest.LogCaptureFixture) -> N
 
 
 async def test_a_broker_that_goes_away_is_waited_for(settings: Settings) -> None:
-    with_figg(settings)
+    on(settings, "figg")
     async with running(settings) as broker:
-        port = figg_port(broker)
+        port = port_of(broker, "figg")
         c = FiggClient("127.0.0.1", port, backoff=FAST)
         await c.connect()
         sub = c.subscribe(b"back", 0)
@@ -265,7 +257,7 @@ async def test_a_broker_that_goes_away_is_waited_for(settings: Settings) -> None
         await c.flush()
         assert [m.data for m in await take(sub, 1)] == [b"before"]
     # Stopped; the same port again, the same queue directory: the topic is still there.
-    with_figg(settings, listen=f"127.0.0.1:{port}")
+    on(settings, "figg", listen=f"127.0.0.1:{port}")
     try:
         await c.publish(b"back", b"while away")
         assert c.in_flight == 1

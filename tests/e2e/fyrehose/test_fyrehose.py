@@ -20,7 +20,6 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -50,10 +49,6 @@ Address = tuple[str, int]
 
 
 pytestmark = pytest.mark.on("fyrehose")
-
-
-def with_fyrehose(settings: Settings, **values: Any) -> Settings:
-    return on(settings, "fyrehose", **values)
 
 
 @pytest.fixture
@@ -239,7 +234,7 @@ async def test_request_is_served_from_the_window(fh: Broker) -> None:
 async def test_an_evicted_range_is_forwarded_to_a_journaling_subscriber(
     settings: Settings,
 ) -> None:
-    async with running(with_fyrehose(settings, window_messages=4)) as broker:
+    async with running(on(settings, "fyrehose", window_messages=4)) as broker:
         to = fyrehose_address(broker)
         async with udp(to) as journal, udp(to) as nojournal, udp(to) as requester:
             await journal.subscribe()
@@ -263,7 +258,7 @@ async def test_an_evicted_range_is_forwarded_to_a_journaling_subscriber(
 
 
 async def test_a_request_buys_at_most_request_limit_messages(settings: Settings) -> None:
-    settings = with_fyrehose(settings, request_limit=5)
+    settings = on(settings, "fyrehose", request_limit=5)
     async with running(settings) as broker, udp(fyrehose_address(broker)) as r:
         await push(broker, [b"%d" % i for i in range(1, 21)])
         await wait_for(lambda: backbone_of(broker).sequence == 20)
@@ -391,7 +386,7 @@ async def test_fq_consumers_receive_pushes_and_fq_publishes_reach_subscribers(
 
 
 async def test_pushes_are_dropped_busy_while_a_block_queue_is_full(settings: Settings) -> None:
-    async with running(with_fyrehose(settings)) as broker:
+    async with running(on(settings, "fyrehose")) as broker:
         source = "c/fyrebq/mem:permanent,block,backlog=4,public"
         async with Client(port=broker.port, source=source, reconnect=False) as fq:
             await fq.bind(EXCHANGE, b'prefix:""')
@@ -434,7 +429,7 @@ async def test_the_sequence_file_is_a_lease_and_an_exact_number(tmp_path: Path) 
 
 
 async def test_the_sequence_goes_on_after_an_in_process_restart(settings: Settings) -> None:
-    with_fyrehose(settings)
+    on(settings, "fyrehose")
     for first in (1, 3):
         async with running(settings) as broker, udp(fyrehose_address(broker)) as sub:
             await sub.subscribe()
@@ -452,7 +447,7 @@ async def test_a_start_that_fails_skips_no_number(settings: Settings) -> None:
             await broker.start()
         await broker.stop()
     assert SequenceFile.under(settings.queue_dir).read() == 1
-    async with running(with_fyrehose(settings)) as broker, udp(fyrehose_address(broker)) as sub:
+    async with running(on(settings, "fyrehose")) as broker, udp(fyrehose_address(broker)) as sub:
         await sub.subscribe()
         await push(broker, [b"first"])
         assert await sub.delivers(1) == [(1, b"first")]

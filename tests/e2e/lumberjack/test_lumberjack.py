@@ -51,10 +51,6 @@ def lj(broker_on: Broker) -> Broker:
     return broker_on
 
 
-def lj_port(broker: Broker) -> int:
-    return port_of(broker, "lumberjack")
-
-
 class Shipper:
     """A shipper's connection: bytes out, ACKs in."""
 
@@ -65,7 +61,9 @@ class Shipper:
 
     @classmethod
     async def open(cls, broker: Broker, **tls: Any) -> Shipper:
-        reader, writer = await asyncio.open_connection("127.0.0.1", lj_port(broker), **tls)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port_of(broker, "lumberjack"), **tls
+        )
         return cls(reader, writer)
 
     @property
@@ -531,7 +529,11 @@ async def test_off_means_no_port(broker: Broker) -> None:
 
 async def test_a_plain_listener_says_tcp(lj: Broker) -> None:
     fe = (await front_ends_json(lj))["lumberjack"]
-    assert (fe["transport"], fe["host"], fe["port"]) == ("tcp", "127.0.0.1", lj_port(lj))
+    assert (fe["transport"], fe["host"], fe["port"]) == (
+        "tcp",
+        "127.0.0.1",
+        port_of(lj, "lumberjack"),
+    )
 
 
 def test_the_shipped_config_lists_every_lumberjack_setting() -> None:

@@ -13,7 +13,6 @@ import socket
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,17 +28,9 @@ from tests.procs import Proc
 pytestmark = pytest.mark.on("opencluster")
 
 
-def with_opencluster(settings: Settings, **values: Any) -> Settings:
-    return on(settings, "opencluster", **values)
-
-
 @pytest.fixture
 def oc(broker_on: Broker) -> Broker:
     return broker_on
-
-
-def oc_port(broker: Broker) -> int:
-    return port_of(broker, "opencluster")
 
 
 def store_of(broker: Broker) -> KVStore:
@@ -103,7 +94,7 @@ class Conn:
 
 @pytest.fixture
 async def conn(oc: Broker) -> AsyncIterator[Conn]:
-    c = await Conn.open(oc_port(oc))
+    c = await Conn.open(port_of(oc, "opencluster"))
     yield c
     await c.close()
 
@@ -141,7 +132,7 @@ async def test_a_session_as_the_2011_c_client_runs_it(oc: Broker) -> None:
     loop = asyncio.get_running_loop()
     with socket.socket() as sock:
         sock.setblocking(False)
-        await loop.sock_connect(sock, ("127.0.0.1", oc_port(oc)))
+        await loop.sock_connect(sock, ("127.0.0.1", port_of(oc, "opencluster")))
         await loop.sock_sendall(sock, wire.hello(0))
         async with asyncio.timeout(TIMEOUT):
             # One recv: the C client reads hello's ack and both pushes in one read.
@@ -271,7 +262,7 @@ async def test_a_pipelined_get_sees_the_sets_before_it_and_none_after(conn: Conn
 
 
 async def test_half_closed_clients_still_get_their_acks(oc: Broker) -> None:
-    c = await Conn.open(oc_port(oc))
+    c = await Conn.open(port_of(oc, "opencluster"))
     try:
         await c.send(*(wire.set_int(i, b"h%d" % i, i) for i in range(50)))
         c.writer.write_eof()
@@ -316,9 +307,9 @@ async def test_expired_keys_are_never_returned_and_are_reclaimed(oc: Broker, con
 
 
 async def test_values_and_expiry_survive_a_clean_restart(settings: Settings) -> None:
-    settings = with_opencluster(settings)
+    settings = on(settings, "opencluster")
     async with running(settings) as broker:
-        c = await Conn.open(oc_port(broker))
+        c = await Conn.open(port_of(broker, "opencluster"))
         await acked(
             c,
             wire.set_int(0, b"n", 42),
@@ -335,7 +326,7 @@ async def test_values_and_expiry_survive_a_clean_restart(settings: Settings) -> 
     await asyncio.sleep(1.1)  # "soon" expires while the broker is down
     async with running(settings) as broker:
         assert store_of(broker).keys == 104
-        c = await Conn.open(oc_port(broker))
+        c = await Conn.open(port_of(broker, "opencluster"))
         assert await get_int(c, b"n") == 42
         assert await get_string(c, b"s") == b"\xff" * 1000
         assert await get_int(c, b"soon") is None and await get_int(c, b"later") == 2
@@ -422,9 +413,9 @@ BAD_INPUT["set fields do not add up"] = (
 
 @pytest.mark.parametrize("bad", list(BAD_INPUT), ids=list(BAD_INPUT))
 async def test_bad_input_closes_only_that_connection(settings: Settings, bad: str) -> None:
-    settings = with_opencluster(settings, max_name=64, max_value=2048, max_payload=4096)
+    settings = on(settings, "opencluster", max_name=64, max_value=2048, max_payload=4096)
     async with running(settings) as broker:
-        port = oc_port(broker)
+        port = port_of(broker, "opencluster")
         good, evil = await Conn.open(port), await Conn.open(port)
         try:
             await acked(good, wire.set_string(0, b"shared", b"still here"))
@@ -443,8 +434,8 @@ async def test_bad_input_closes_only_that_connection(settings: Settings, bad: st
 async def test_max_inflight_stops_reading_until_replies_go_out(settings: Settings) -> None:
     """Past max_inflight unanswered commands the session takes no more frames; all are
     answered, in order, and the queue never holds more."""
-    async with running(with_opencluster(settings, max_inflight=4)) as broker:
-        c = await Conn.open(oc_port(broker))
+    async with running(on(settings, "opencluster", max_inflight=4)) as broker:
+        c = await Conn.open(port_of(broker, "opencluster"))
         most = 0
         stop = asyncio.Event()
 
@@ -482,8 +473,8 @@ async def test_max_inflight_stops_reading_until_replies_go_out(settings: Setting
 
 
 async def test_max_keys_refuses_new_keys_with_failinfo_3(settings: Settings) -> None:
-    async with running(with_opencluster(settings, max_keys=3)) as broker:
-        c = await Conn.open(oc_port(broker))
+    async with running(on(settings, "opencluster", max_keys=3)) as broker:
+        c = await Conn.open(port_of(broker, "opencluster"))
         try:
             await acked(c, *(wire.set_int(i, b"k%d" % i, i) for i in range(3)))
             await c.send(wire.set_int(7, b"k3", 3), wire.set_string(8, b"k0", b"changed"))
@@ -586,7 +577,9 @@ async def test_opencluster_listener_over_tls(settings: Settings, tmp_path: Path)
         live = broker.front_ends["opencluster"]
         assert live.transport == "tls"
         context = ssl.create_default_context(cafile=str(pki["ca"]))
-        reader, writer = await asyncio.open_connection("127.0.0.1", oc_port(broker), ssl=context)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port_of(broker, "opencluster"), ssl=context
+        )
         c = Conn(reader, writer)
         try:
             await c.send(wire.hello(0))
