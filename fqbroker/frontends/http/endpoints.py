@@ -25,11 +25,9 @@ from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.http import auth
 from fqbroker.frontends.http.admin import routes as admin
 from fqbroker.frontends.http.host import HttpHost
+from fqbroker.frontends.http.reads import guard, topics
 from fqbroker.frontends.http.reads import queues as replay
-from fqbroker.frontends.http.reads import topics
-from fqbroker.frontends.http.stats import node
-from fqbroker.frontends.http.stats.frontends import render_front_ends_json
-from fqbroker.frontends.http.stats.snapshot import http_counters, render_stats_json
+from fqbroker.frontends.http.stats.snapshot import http_counters
 from fqbroker.protocols.fq import wire
 from fqbroker.storage.configdb import checkpoints
 
@@ -43,7 +41,6 @@ MAX_HEADER_BYTES = 32 * 1024  # request line plus headers
 MAX_OTHER_BODY = 64 * 1024  # bodies nobody reads (GET with a body, checkpoints, ...)
 PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
 
-STATS_PATHS = frozenset({"/stats.json", "/frontends.json", node.PATH, "/metrics"})
 CHECKPOINT_PATHS = frozenset({"/add_checkpoint", "/remove_checkpoint", "/reset_to_checkpoint"})
 ADMIN_PATHS = CHECKPOINT_PATHS | {"/submit"}
 
@@ -127,7 +124,8 @@ class _Connection:
     user once either exists; the rest (/stats.json, /frontends.json, /node.json, /metrics,
     the replay and topic reads, the static files) need credentials only with
     ``http_auth_reads``. :mod:`fqbroker.frontends.http.auth` decides, before anything of the
-    request is acted on.
+    request is acted on. Under ``auth = "password"`` the contents and the statistics then
+    look at who asks (:mod:`fqbroker.frontends.http.reads.guard`).
     """
 
     def __init__(
@@ -278,8 +276,15 @@ class _Connection:
             await self._send(await self._admin(request, path, query, headers), head=head)
             return
         reply = await self._discard_body(headers)
-        if reply is None and (path in STATS_PATHS or path in replay.PATHS or path in topics.PATHS):
-            reply = await self._reads(path, query, headers)
+        if reply is None and path in guard.PATHS:
+            # Who asks, beyond the level: contents need the right on the name, and the
+            # statistics name people only to some (reads/guard.py).
+            peer = self.writer.get_extra_info("peername")
+            source = peer[0] if isinstance(peer, tuple) else "?"
+            answer = await guard.answer(self.broker, path, query, headers, source)
+            if answer is not None:
+                status, body, content_type, extra = answer
+                reply = Reply(status, body, content_type, headers=extra)
         if reply is None:
             if path in CHECKPOINT_PATHS:
                 reply = self._checkpoint(path, query)
@@ -299,82 +304,6 @@ class _Connection:
             else:
                 reply = await self._static(path)
         await self._send(reply, head=head)
-
-    async def _reads(self, path: str, query: str, headers: dict[bytes, bytes]) -> Reply | None:
-        """The statistics, or a 401 or 403 for message contents; None: the contents may
-        be read.
-
-        Under ``auth = "password"`` these look at who is asking whatever the level said
-        (auth.identify): contents need the right on the name (auth.content_outcome), and
-        the statistics name users, clients and files only for a user or the admin token
-        (auth.sees_names). Credentials given and wrong are refused here too, late, as
-        :meth:`_refusal` does: else a wrong password would be answered at once with a
-        plainer document, a free oracle for guessing.
-        """
-        broker = self.broker
-        users = broker.users
-        identity = auth.Identity(auth.Who.ANONYMOUS)
-        if users is not None:
-            creds = auth.credentials(headers)
-            identity = await auth.identify(creds, broker.settings, users)
-            if identity.who is auth.Who.INVALID:
-                return await self._wrong_credentials(creds)
-        if path in replay.PATHS or path in topics.PATHS:
-            return self._content_refusal(path, query, identity)
-        names = auth.sees_names(identity, users)
-        if path == "/stats.json":
-            return Reply(200, render_stats_json(broker, names=names))
-        if path == "/frontends.json":
-            return Reply(200, render_front_ends_json(broker, names=names))
-        if path == node.PATH:
-            return Reply(200, await node.render_node_json(broker, names=names))
-        # /metrics. prometheus_client costs memory a broker never scraped does without:
-        # loaded here (bench/RESULTS.md, "Figures behind comments in the code").
-        from fqbroker.frontends.http.stats.metrics import render_metrics
-
-        accept = headers.get(b"accept", b"").decode("latin-1")
-        body, content_type = render_metrics(broker, accept, names=names)
-        return Reply(200, body, content_type)
-
-    def _content_refusal(self, path: str, query: str, identity: auth.Identity) -> Reply | None:
-        users = self.broker.users
-        if users is None:
-            return None  # auth = "none": anyone may attach any queue over fq, and read here
-        kind = "queue" if path in replay.PATHS else "topic"
-        given = parse_qs(query, keep_blank_values=True).get(kind)
-        if not (given and given[0]) and identity.who is auth.Who.USER:
-            return None  # the read says what is missing (400)
-        name = given[0].encode() if given else b""
-        queue = self.broker.queues.get(name) if kind == "queue" else None
-        owner = queue.owner if queue is not None and queue.private else None
-        outcome = auth.content_outcome(identity, users, kind, name, owner)
-        if outcome is auth.Outcome.ALLOWED:
-            return None
-        if outcome is auth.Outcome.FORBIDDEN:
-            self.broker.limits.refuse(
-                "http_forbidden", "HTTP: %s from %s may not read %s %r",
-                identity.who.value, self._source(), kind, name.decode(errors="replace"),
-            )  # fmt: skip
-            return _json_reply(403, {"error": "forbidden"})
-        reply = _json_reply(401, {"error": "authentication required"})
-        reply.headers.extend(auth.challenge(self.broker.settings, users))
-        return reply
-
-    async def _wrong_credentials(self, creds: auth.Credentials) -> Reply:
-        """401 for credentials that do not check out, after the failure's delay."""
-        source = self._source()
-        self.broker.limits.refuse(
-            "http_auth_failed", "HTTP: authentication failed for %s from %s",
-            creds.user or ("a token" if creds.token else "a malformed header"), source,
-        )  # fmt: skip
-        await asyncio.sleep(auth.failed_logins(self.broker).failed(source))
-        reply = _json_reply(401, {"error": "authentication required"})
-        reply.headers.extend(auth.challenge(self.broker.settings, self.broker.users))
-        return reply
-
-    def _source(self) -> str:
-        peer = self.writer.get_extra_info("peername")
-        return peer[0] if isinstance(peer, tuple) else "?"
 
     async def _discard_body(self, headers: dict[bytes, bytes]) -> Reply | None:
         """Read and drop a body nobody wants; a 413 reply if it is too big to bother."""
