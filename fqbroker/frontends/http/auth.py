@@ -6,9 +6,8 @@ message contents (``/queue/*``, ``/topic/*``) need a user with the right on that
 (:func:`content_outcome`), and who is connected and where files are is shown only to a
 user or the admin token (:func:`sees_names`). The deciding is plain functions over the
 headers (:func:`credentials`, :func:`needs`, :func:`check`, :func:`identify`); the only
-wait is the password check. Wrong credentials are
-answered late, later with every failure from the same address, so guessing over HTTP is
-as slow as over fq (:func:`failed_logins`).
+wait is the password check. Wrong credentials are answered late, later with every failure
+from the same address, so guessing over HTTP is as slow as over fq (:func:`failed_logins`).
 """
 
 from __future__ import annotations
