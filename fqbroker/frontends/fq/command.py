@@ -100,7 +100,9 @@ class CommandHost(Protocol):
 
     def deregister(self, client: CommandSession) -> None: ...
 
-    def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int: ...
+    def bind(
+        self, exchange: bytes, program: bytes, queue: Queue, flags: int, user: bytes
+    ) -> int: ...
 
     def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool: ...
 
@@ -281,7 +283,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             case wire.BindRequest(flags, exchange, program):
                 assert self.queue is not None and self.permissions is not None
                 if self.permissions.may_consume(exchange):
-                    machine.bound(host.bind(exchange, program, self.queue, flags))
+                    machine.bound(host.bind(exchange, program, self.queue, flags, self.user))
                 else:
                     # fq's bind failure, so old clients report it as they would any.
                     log.debug("bind on %r refused to %s: not permitted", exchange, self.pretty)

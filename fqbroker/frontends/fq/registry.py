@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fqbroker.core.bindflags import BIND_ILLEGAL
 from fqbroker.errors import AuthError
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
 from fqbroker.frontends.kit.logins import FailedLogins
@@ -137,8 +138,18 @@ class ClientRegistry:
             else:
                 self._names.pop(name, None)
 
-    def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int:
-        return self.catalog.bind(exchange, program, queue, flags)
+    def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int, user: bytes) -> int:
+        """The route id of the binding, or fq's bind failure (BIND_ILLEGAL) for a program
+        that does not compile or a binding over the limits (docs/limits.md)."""
+        limits, router = self.limits, self.catalog.router
+        if limits.bound(router, exchange, program, queue) is not None:
+            return self.catalog.bind(exchange, program, queue, flags)  # no new route
+        if not limits.admit_binding(exchange, queue, user):
+            return BIND_ILLEGAL
+        route_id = self.catalog.bind(exchange, program, queue, flags)
+        if route_id != BIND_ILLEGAL:
+            limits.charge_binding(user, router.exchanges[exchange].bindings[route_id])
+        return route_id
 
     def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool:
         return self.catalog.unbind(exchange, route_id, queue)

@@ -30,6 +30,7 @@ from fqbroker.frontends.http.reads import topics
 from fqbroker.frontends.http.stats import node
 from fqbroker.frontends.http.stats.frontends import render_front_ends_json
 from fqbroker.frontends.http.stats.snapshot import http_counters, render_stats_json
+from fqbroker.frontends.kit.connections import peer_address
 from fqbroker.protocols.fq import wire
 from fqbroker.storage.configdb import checkpoints
 
@@ -145,10 +146,12 @@ class _Connection:
 
     async def run(self) -> None:
         conn = self.conn
+        first = True
         while True:
             head = False  # a reply to HEAD has no body, an error reply neither
             try:
-                event = await self._next_event()
+                event = await self._next_request(first)
+                first = False
                 if not isinstance(event, h11.Request):
                     return  # ConnectionClosed: the client is done
                 head = event.method == b"HEAD"
@@ -180,15 +183,38 @@ class _Connection:
 
     # --- I/O ------------------------------------------------------------------------------
 
+    async def _next_request(self, first: bool) -> h11.Event | type[h11.PAUSED]:
+        """The next request's head, within the deadlines: between requests the connection
+        waits at most ``http_keepalive_timeout`` for a first byte, and a head, once begun
+        (or from the start of the connection), must be whole within ``http_header_timeout``
+        however slowly it trickles in (a slowloris holds no connection for long)."""
+        settings = self.broker.settings
+        if not first and not self.conn.trailing_data[0]:
+            async with asyncio.timeout(settings.http_keepalive_timeout):
+                await self._read_more()
+        try:
+            async with asyncio.timeout(settings.http_header_timeout):
+                return await self._next_event()
+        except TimeoutError:
+            self.broker.limits.bad(
+                "http", "closing HTTP connection from %s:%d: no whole request head after %gs",
+                *peer_address(self.writer.transport), settings.http_header_timeout,
+            )  # fmt: skip
+            raise
+
     async def _next_event(self) -> h11.Event | type[h11.PAUSED]:
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event  # type: ignore[return-value]  # mypy cannot narrow sentinels
-            async with asyncio.timeout(self.broker.settings.idle_sniff_timeout):
-                data = await self.reader.read(READ_SIZE)
-            self.eof = not data
-            self.conn.receive_data(data)
+            await self._read_more()
+
+    async def _read_more(self) -> None:
+        # Every read waits at most idle_sniff_timeout: a body too must keep arriving.
+        async with asyncio.timeout(self.broker.settings.idle_sniff_timeout):
+            data = await self.reader.read(READ_SIZE)
+        self.eof = not data
+        self.conn.receive_data(data)
 
     async def _read_body(self, limit: int) -> bytes:
         """The whole request body; raises _BodyTooLarge past ``limit`` bytes."""
