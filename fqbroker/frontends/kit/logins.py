@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import ipaddress
 import time
 from collections.abc import Callable
@@ -71,18 +72,21 @@ RULES: dict[int, tuple[Rule, ...]] = {
 _OTHER = Rule(0, 5, 15.0)
 
 
-def networks(address: str) -> list[tuple[str, Rule]]:
-    """The networks ``address`` is counted in, smallest first, each with its rule."""
+@functools.lru_cache(maxsize=1024)
+def networks(address: str) -> tuple[tuple[str, Rule], ...]:
+    """The networks ``address`` is counted in, smallest first, each with its rule (kept
+    for the addresses seen last: attempts waiting for a token ask again at each check's
+    end)."""
     try:
         ip = ipaddress.ip_address(address.partition("%")[0])  # no IPv6 zone
     except ValueError:
-        return [(address, _OTHER)]
+        return ((address, _OTHER),)
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return [
+    return tuple(
         (str(ipaddress.ip_network((ip, rule.prefix), strict=False)), rule)
         for rule in RULES[ip.version]
-    ]
+    )
 
 
 class _Bucket:
