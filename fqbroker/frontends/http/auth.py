@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from fqbroker.frontends.kit.logins import LoginThrottle
+from fqbroker.frontends.kit.logins import THROTTLED_TEXT, LoginThrottle
 from fqbroker.settings.broker import Settings
 
 __all__ = [
     "ADMIN",
     "READ",
+    "THROTTLED_TEXT",
     "Credentials",
     "Level",
     "Outcome",

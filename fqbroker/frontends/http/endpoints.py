@@ -31,7 +31,6 @@ from fqbroker.frontends.http.reads import topics
 from fqbroker.frontends.http.stats import node
 from fqbroker.frontends.http.stats.frontends import render_front_ends_json
 from fqbroker.frontends.http.stats.snapshot import http_counters, render_stats_json
-from fqbroker.frontends.kit.logins import THROTTLED_TEXT
 from fqbroker.protocols.fq import wire
 from fqbroker.storage.configdb import checkpoints
 
@@ -346,7 +345,7 @@ class _Connection:
                 "http_auth_throttled", "HTTP: %s from %s refused unchecked: too many failed logins",
                 creds.user or "a token", source,
             )  # fmt: skip
-            reply = _json_reply(429, {"error": THROTTLED_TEXT})
+            reply = _json_reply(429, {"error": auth.THROTTLED_TEXT})
             reply.headers.append((b"retry-after", str(retry).encode()))
             return reply
         if outcome is auth.Outcome.FORBIDDEN:
