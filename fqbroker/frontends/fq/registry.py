@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from fqbroker.core.bindflags import BIND_ILLEGAL
 from fqbroker.errors import AuthError
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
-from fqbroker.frontends.kit.logins import FailedLogins
+from fqbroker.frontends.kit.logins import LoginThrottle
 from fqbroker.protocols.fq import wire
 
 if TYPE_CHECKING:
@@ -45,9 +45,9 @@ class ClientRegistry:
         "_on_closed",
         "catalog",
         "clients",
-        "failed_logins",
         "heartbeats",
         "limits",
+        "logins",
         "settings",
         "users",
     )
@@ -60,6 +60,7 @@ class ClientRegistry:
         settings: Settings,
         closed: Callable[[asyncio.Transport], None],
         users: Users | None = None,
+        logins: LoginThrottle | None = None,
     ) -> None:
         self.clients: dict[bytes, CommandSession] = {}
         self.catalog = catalog
@@ -68,9 +69,10 @@ class ClientRegistry:
         self.settings = settings
         self._on_closed = closed
         # auth = "password": the user store passwords are checked against, and the
-        # failures per source address that slow a guesser down (docs/security.md).
+        # broker's login throttle, shared with every listener that checks passwords
+        # (docs/security.md).
         self.users = users
-        self.failed_logins = FailedLogins()
+        self.logins = logins if logins is not None else LoginThrottle()
         # The user names of attached clients, each one bytes object however many
         # clients share it, and how many do: a name read off the wire is a new object
         # (37 bytes and more in every idle client otherwise).

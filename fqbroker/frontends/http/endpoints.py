@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -357,11 +358,22 @@ class _Connection:
         if level is auth.Level.OPEN:
             return None
         creds = auth.credentials(headers)
-        outcome = await auth.check(level, creds, settings, users)
-        if outcome is auth.Outcome.ALLOWED:
-            return None
         peer = self.writer.get_extra_info("peername")
         source = peer[0] if isinstance(peer, tuple) else "?"
+        logins = self.broker.logins
+        outcome = await auth.attempt(level, creds, settings, users, logins, source)
+        if outcome is auth.Outcome.ALLOWED:
+            return None
+        if outcome is auth.Outcome.THROTTLED:
+            # Refused before the credentials were looked at: the right ones as the wrong.
+            retry = max(1, math.ceil(logins.retry_after(source)))
+            self.broker.limits.refuse(
+                "http_auth_throttled", "HTTP: %s from %s refused unchecked: too many failed logins",
+                creds.user or "a token", source,
+            )  # fmt: skip
+            reply = _json_reply(429, {"error": auth.THROTTLED_TEXT})
+            reply.headers.append((b"retry-after", str(retry).encode()))
+            return reply
         if outcome is auth.Outcome.FORBIDDEN:
             self.broker.limits.refuse(
                 "http_forbidden", "HTTP: %s from %s lacks the right to %s",
@@ -369,13 +381,12 @@ class _Connection:
             )  # fmt: skip
             return _json_reply(403, {"error": "forbidden"})
         if creds.token is not None or creds.user is not None or creds.malformed:
-            # Given and wrong: worth a line (rate-limited) naming where it came from, and
-            # an answer that comes later with each failure from there (a guesser's pace).
+            # Given and wrong: worth a line (rate-limited) naming where it came from. The
+            # failure spent one of its network's checks (kit/logins.py): no answer waits.
             self.broker.limits.refuse(
                 "http_auth_failed", "HTTP: authentication failed for %s from %s",
                 creds.user or ("a token" if creds.token else "a malformed header"), source,
             )  # fmt: skip
-            await asyncio.sleep(auth.failed_logins(self.broker).failed(source))
         if users is None and not settings.http_auth_reads:
             # Only admin_token guards, under auth = "none": the answer it had before users
             # existed, which scripts written against it expect (the suite, unchanged).
