@@ -4,7 +4,7 @@
                     [--flame DIR [--native]] [SCENARIO ...]
 
 The scenarios of the table, and the micro benchmarks outside it (routing, disk-inproc,
-file-reads, permissions, idle-floor): docs/bench.md.
+file-reads, permissions, idle-floor, logins): docs/bench.md.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ MICRO = {
     "file-reads": "bench.filereads",
     "permissions": "bench.permscost",
     "idle-floor": "bench.idlefloor",
+    "logins": "bench.logins",
 }
 
 

@@ -1,4 +1,5 @@
-"""What one user may do: publish to, bind on (consume from) exchanges, attach to queues.
+"""What one user may do: publish to, bind on (consume from) exchanges, attach to queues,
+relay messages as a peer.
 
 Sans-IO: built from the ``(kind, pattern, allow)`` rows the user store keeps for a user
 (table ``fqbroker_permissions``) and asked by the sessions with names as they come off the
@@ -17,7 +18,7 @@ from typing import ClassVar, Final
 __all__ = ["KINDS", "Permissions"]
 
 # The permission kinds a rule may name (fq-admin checks against this too).
-KINDS: Final = ("publish", "consume", "queue", "admin")
+KINDS: Final = ("publish", "consume", "queue", "peer", "admin")
 # Names remembered per kind before the cache starts over.
 CACHE_LIMIT: Final = 4096
 
@@ -64,7 +65,7 @@ def _always(name: bytes) -> bool:
 class Permissions:
     ALL: ClassVar[Permissions]
 
-    __slots__ = ("admin", "may_attach", "may_consume", "may_publish", "rules")
+    __slots__ = ("admin", "may_attach", "may_consume", "may_peer", "may_publish", "rules")
 
     def __init__(
         self,
@@ -73,8 +74,12 @@ class Permissions:
         consume: Callable[[bytes], bool],
         attach: Callable[[bytes], bool],
         rules: tuple[tuple[str, str, bool], ...] = (),
+        peer: bool | None = None,
     ) -> None:
         self.admin = admin
+        # Whether its data socket's messages in peer mode keep the sender and hops they
+        # carry; without it they are the user's own (docs/permissions.md). None: admin's.
+        self.may_peer = admin if peer is None else peer
         # Plain attributes holding callables, so a call is one lookup, no dispatch.
         self.may_publish = publish
         self.may_consume = consume
@@ -101,6 +106,8 @@ class Permissions:
             _kind(allow["consume"], deny["consume"]),
             _kind(allow["queue"], deny["queue"]),
             rows,
+            # Like admin, a right over the whole connection, not per name.
+            peer=bool(allow["peer"]) and not deny["peer"],
         )
 
     @property
@@ -109,7 +116,7 @@ class Permissions:
         return self.may_publish is _always
 
     def __repr__(self) -> str:
-        return f"Permissions(admin={self.admin}, rules={list(self.rules)!r})"
+        return f"Permissions(admin={self.admin}, peer={self.may_peer}, rules={list(self.rules)!r})"
 
 
 # Under auth = "none" every client may do everything, as with fqd.

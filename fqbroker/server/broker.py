@@ -26,6 +26,7 @@ from fqbroker.frontends.fq.registry import ClientRegistry
 from fqbroker.frontends.kit.component import FrontEnd, LiveFrontEnd
 from fqbroker.frontends.kit.heartbeats import HeartbeatClock
 from fqbroker.frontends.kit.limits import Limits, install_exception_handler, raised_in_package
+from fqbroker.frontends.kit.logins import LoginThrottle
 from fqbroker.peering.rows import Peering
 from fqbroker.server.frontends import FRONT_ENDS
 from fqbroker.server.listeners import Listeners
@@ -85,6 +86,9 @@ class Broker:
         self.users: Users | None = None
         if self.settings.auth == "password":
             self.users = Users(self.settings.config_db)
+        # One count of password checks per source network for every listener that checks
+        # passwords, so a guesser gains nothing by turning from one to another.
+        self.logins = LoginThrottle()
         log.info("Established %d exchanges, %d queues, %d bindings", *self.established)
         self.msgids = MsgIdCounter()
         # Every port and connection, for each front end of the table.
@@ -93,7 +97,13 @@ class Broker:
         self.heartbeats = HeartbeatClock()
         # Client keys to command sessions, and those sessions' host (docs/architecture.md).
         self.registry = ClientRegistry(
-            self.catalog, self.limits, self.heartbeats, self.settings, self.closed, self.users
+            self.catalog,
+            self.limits,
+            self.heartbeats,
+            self.settings,
+            self.closed,
+            self.users,
+            self.logins,
         )
         self.clients = self.registry.clients
         self.port = 0

@@ -187,6 +187,13 @@ class Settings:
     max_queues_per_user: int = 256  # permanent or disk queues a user creates; 0: no limit
     disk_queues_per_second: float = 10.0  # new disk queues, broker-wide; 0: no limit
     log_lines_per_second: int = 5  # log lines per kind of bad input or refusal
+    max_bindings_per_queue: int = 1000  # bindings into one queue; 0: no limit
+    max_bindings_per_user: int = 10000  # bindings one user's clients made; 0: no limit
+    # --- deadlines (docs/limits.md) ---
+    login_timeout: float = 10.0  # seconds an fq channel may take to log in (or pair)
+    idle_timeout: float = 300.0  # seconds a front end's connection may send nothing
+    http_header_timeout: float = 10.0  # seconds an HTTP request's head may take
+    http_keepalive_timeout: float = 5.0  # seconds an HTTP connection waits for its next request
     # --- memory bounds (docs/memory.md) ---
     backlog_bytes: int = 64 << 20  # a memory queue's backlog in bytes, unless it says; 0: none
     memory_budget: int = 1 << 30  # bytes held by memory queues and reads in flight, broker-wide
@@ -369,12 +376,13 @@ _SCALARS: dict[str, type | tuple[type, ...]] = {
 }  # fmt: skip
 _POSITIVE = (
     "max_message_size", "idle_sniff_timeout", "fsync_interval_ms", "segment_bytes",
-    "peer_poll_seconds", "confirm_pair_timeout", "http_max_body",
+    "peer_poll_seconds", "confirm_pair_timeout", "http_max_body", "login_timeout",
+    "idle_timeout", "http_header_timeout", "http_keepalive_timeout",
 )  # fmt: skip
 _NOT_NEGATIVE = (
     "default_backlog", "peer_dedupe", "max_connections", "max_connections_per_address",
     "max_queues_per_user", "disk_queues_per_second", "log_lines_per_second", "backlog_bytes",
-    "memory_budget",
+    "memory_budget", "max_bindings_per_queue", "max_bindings_per_user",
 )  # fmt: skip
 _KIND_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
 

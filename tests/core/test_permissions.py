@@ -71,3 +71,11 @@ def test_answers_cached_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert closure is not None
     (cache,) = [c.cell_contents for c in closure if isinstance(c.cell_contents, dict)]
     assert 0 < len(cache) <= 8
+
+
+def test_peer_is_a_right_of_its_own() -> None:
+    assert Permissions.ALL.may_peer
+    assert Permissions.from_rules([("admin", "*", True)]).may_peer
+    assert not Permissions.from_rules([("publish", "*", True)]).may_peer
+    assert Permissions.from_rules([("peer", "*", True)]).may_peer
+    assert not Permissions.from_rules([("peer", "*", True), ("peer", "*", False)]).may_peer

@@ -29,13 +29,14 @@ from fqbroker.frontends.fq.commandmachine import (
     Refused,
 )
 from fqbroker.frontends.kit.connections import RemotePeer
+from fqbroker.frontends.kit.logins import THROTTLED_TEXT
 from fqbroker.protocols.fq import wire
 
 if TYPE_CHECKING:
     from fqbroker.core.queue import Queue
     from fqbroker.core.queuespec import QueueSpec
     from fqbroker.frontends.kit.heartbeats import Entry, HeartbeatClock
-    from fqbroker.frontends.kit.logins import FailedLogins
+    from fqbroker.frontends.kit.logins import Check, LoginThrottle
     from fqbroker.storage.configdb.users import Users
 
 __all__ = ["BadInputLog", "CommandHost", "CommandSession", "DataChannel", "Phase"]
@@ -72,6 +73,10 @@ class BadInputLog(Protocol):
         """Count a refusal (a failed login), and warn in one rate-limited line."""
         ...
 
+    def bug(self, exc: BaseException, where: str) -> None:
+        """Count an unexpected exception that ended a connection, and say so in one line."""
+        ...
+
 
 class CommandHost(Protocol):
     """What a command session asks of the broker (fqbroker.frontends.fq.registry's
@@ -92,7 +97,9 @@ class CommandHost(Protocol):
         ...
 
     @property
-    def failed_logins(self) -> FailedLogins: ...
+    def logins(self) -> LoginThrottle:
+        """The broker's login throttle, shared with every listener that checks passwords."""
+        ...
 
     def attach(self, spec: QueueSpec, client: CommandSession) -> Queue: ...
 
@@ -100,7 +107,9 @@ class CommandHost(Protocol):
 
     def deregister(self, client: CommandSession) -> None: ...
 
-    def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int: ...
+    def bind(
+        self, exchange: bytes, program: bytes, queue: Queue, flags: int, user: bytes
+    ) -> int: ...
 
     def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool: ...
 
@@ -281,7 +290,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             case wire.BindRequest(flags, exchange, program):
                 assert self.queue is not None and self.permissions is not None
                 if self.permissions.may_consume(exchange):
-                    machine.bound(host.bind(exchange, program, self.queue, flags))
+                    machine.bound(host.bind(exchange, program, self.queue, flags, self.user))
                 else:
                     # fq's bind failure, so old clients report it as they would any.
                     log.debug("bind on %r refused to %s: not permitted", exchange, self.pretty)
@@ -313,36 +322,62 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             name = self.user.decode()
         except UnicodeDecodeError:
             name = "\0"  # no stored user bears it: checked against the dummy hash
-        permissions = users.cached(name, password)
-        if permissions is not None:  # verified before: no PBKDF2 (a reconnect storm)
-            self._admit(spec, permissions)
-            return
+        # The throttle first, the password after: while the source is throttled the right
+        # password is refused as a wrong one is, before anything is looked at.
+        check = self.host.logins.try_check(self.remote_addr)
+        if check is not None:
+            try:
+                permissions = users.cached(name, password)
+            except BaseException:
+                check.failed()
+                raise
+            if permissions is not None:  # verified before: no PBKDF2 (a reconnect storm)
+                check.passed()
+                self._admit(spec, permissions)
+                return
         # PBKDF2 takes milliseconds: in a worker thread, reading paused meanwhile.
         self.transport.pause_reading()
-        task = asyncio.ensure_future(self._verify(users, name, spec, password))
+        task = asyncio.ensure_future(self._verify(users, name, spec, password, check))
         _verifying.add(task)
-        task.add_done_callback(_verifying.discard)
+        task.add_done_callback(self._verify_done)
 
-    async def _verify(self, users: Users, name: str, spec: QueueSpec, password: bytes) -> None:
-        permissions = await users.verify_async(name, password)
+    def _verify_done(self, task: asyncio.Task[None]) -> None:
+        """A login that raised is a bug: said once, and the connection closed, never left
+        unanswered holding its place among the connections."""
+        _verifying.discard(task)
+        if task.cancelled():
+            self.close()
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.host.limits.bug(exc, f"checking the password of {self.pretty}")
+            self.close()
+
+    async def _verify(
+        self, users: Users, name: str, spec: QueueSpec, password: bytes, check: Check | None
+    ) -> None:
+        host = self.host
+        if check is None:
+            check = await host.logins.check(self.remote_addr)
+            if check is None:
+                self._throttled(name)
+                return
+            if self.machine.closed:
+                check.cancel()  # the client hung up while it waited: nothing was checked
+                return
+        with check:  # settled as failed if the check raises
+            permissions = await users.verify_async(name, password)
+            if permissions is None:
+                check.failed()
+            else:
+                check.passed()
         if self.machine.closed:
             return  # the client hung up meanwhile
         if permissions is None:
-            delay = self.host.failed_logins.failed(self.remote_addr)
-            self.host.limits.refuse(
-                "auth",
-                "authentication failed for user %r from %s (answered in %.1fs)",
-                name,
-                self.remote_addr,
-                delay,
+            host.limits.refuse(
+                "auth", "authentication failed for user %r from %s", name, self.remote_addr
             )
-            await asyncio.sleep(delay)  # slows a guesser down; never the right password
-            if self.machine.closed:
-                return
-            self.machine.refuse(AUTH_FAILED)
-            self._flush(self.host.heartbeats.time())
-            self._end()
-            self._linger()
+            self._refuse_login(AUTH_FAILED)
             return
         try:
             self._admit(spec, permissions)
@@ -353,6 +388,27 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         if not self.transport.is_closing():
             self.transport.resume_reading()
         self._pump()  # the requests that came behind the auth request
+
+    def _throttled(self, name: str) -> None:
+        """Too many failed logins from the client's network: refused unchecked, the right
+        password as the wrong one (docs/security.md)."""
+        if self.machine.closed:
+            return
+        address = self.remote_addr
+        self.host.limits.refuse(
+            "auth_throttled",
+            "login of user %r from %s refused unchecked: too many failed logins (retry in %.0fs)",
+            name,
+            address,
+            self.host.logins.retry_after(address),
+        )
+        self._refuse_login(THROTTLED_TEXT)
+
+    def _refuse_login(self, text: str) -> None:
+        self.machine.refuse(text)
+        self._flush(self.host.heartbeats.time())
+        self._end()
+        self._linger()
 
     def _flush(self, now: float) -> None:
         out = self.machine.data_to_send(now)

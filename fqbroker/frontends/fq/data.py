@@ -332,7 +332,9 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             return
         self.owner = owner
         owner.paired(self)
-        leftover = self.channel.paired(owner.user, hello.peer_id)
+        permissions = owner.permissions
+        trusted = permissions is not None and permissions.may_peer
+        leftover = self.channel.paired(owner.user, hello.peer_id, trusted)
         log.debug("data channel paired for %s (peer=%s)", owner.pretty, self.is_peer)
         self.queue_ready()
         if leftover and self.phase is Phase.STREAMING:

@@ -110,12 +110,16 @@ class DataChannel:
         "is_peer",
         "peer_id",
         "phase",
+        "trusted",
     )
 
     def __init__(self, mode: wire.Mode) -> None:
         self.phase = Phase.AWAIT_KEY
         self.is_peer = mode in (wire.Mode.PEER, wire.Mode.OLD_PEER)
         self.peer_id = NO_PEER
+        # A peer's messages keep the sender and hops they carry only for a user with the
+        # peer right; else each is the user's own, stamped as a publisher's.
+        self.trusted = True
         self._hello: wire.DataHelloDecoder | None = wire.DataHelloDecoder(mode)
         self._decoder: MessageDecoder | None = None  # made when the first message comes
         self._batch_due = False  # bytes came since the last batch, or an error waits
@@ -185,13 +189,15 @@ class DataChannel:
         batch.last = not (self._batch_due or decoder.oversized)
         return batch
 
-    def paired(self, user: bytes, peer_id: bytes) -> bytes:
-        """The key was good: stream from now on; returns what came after the hello."""
+    def paired(self, user: bytes, peer_id: bytes, trusted: bool = True) -> bytes:
+        """The key was good: stream from now on; returns what came after the hello.
+        ``trusted``: the user may relay as a peer (sender and hops as sent)."""
         assert self._hello is not None
         leftover = self._hello.unconsumed()
         self._hello = None
         self._user = user
         self.peer_id = peer_id
+        self.trusted = trusted
         self.phase = Phase.STREAMING
         return leftover
 
@@ -202,7 +208,8 @@ class DataChannel:
     def start_reading(self, node_id: bytes, remote_addr: str, max_payload: int) -> None:
         """Make the decoder, and for a publisher its stamp: when it first sends, as most
         consumers never do."""
-        self._stamp = node_id if self.is_peer else node_id + ipv4_bytes(remote_addr)
+        relays = self.is_peer and self.trusted
+        self._stamp = node_id if relays else node_id + ipv4_bytes(remote_addr)
         self._decoder = MessageDecoder(peer_format=self.is_peer, max_payload=max_payload)
 
     @property
@@ -225,6 +232,13 @@ class DataChannel:
             return Batch(runs, octets)
         msgs = decoder.messages()
         octets, decoder.octets = decoder.octets, 0
+        if not self.trusted:
+            # Peer format from a user without the peer right: whatever sender and hops it
+            # claims, the messages are its own, as on a plain data socket.
+            user, stamp = self._user, self._stamp
+            for msg in msgs:
+                msg.stamp(user, stamp)
+            return Batch(runs_of(msgs), -1, len(msgs), octets)
         node_id = self._stamp
         return Batch(runs_of([m for m in msgs if _accept(m, node_id)]), -1, len(msgs), octets)
 

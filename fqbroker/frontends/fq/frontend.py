@@ -13,8 +13,15 @@ from typing import Any
 
 from fqbroker.frontends.fq.command import CommandSession
 from fqbroker.frontends.fq.data import DataSession
-from fqbroker.frontends.kit.component import Auth, FrontEnd, LiveFrontEnd, Sniffed
+from fqbroker.frontends.kit.component import (
+    Auth,
+    ConnectionLimits,
+    FrontEnd,
+    LiveFrontEnd,
+    Sniffed,
+)
 from fqbroker.protocols.fq import wire
+from fqbroker.settings.broker import Settings
 
 __all__ = ["COMMAND", "DATA"]
 
@@ -59,6 +66,18 @@ def _logged_in(protocol: asyncio.BaseProtocol) -> bool:
     return isinstance(protocol, CommandSession) and bool(protocol.key)
 
 
+def _paired(protocol: asyncio.BaseProtocol) -> bool:
+    return isinstance(protocol, DataSession) and protocol.owner is not None
+
+
+def _limits(settings: Settings) -> ConnectionLimits:
+    # A login deadline only, under auth = "none" too (fq's auth request is the first
+    # frame). No idle limit once logged in: a consumer that asked no heartbeats may
+    # rightly send nothing for hours (fq-recv, the C tools), and one that asked them is
+    # closed by fq's own rule when it misses three.
+    return ConnectionLimits(login_seconds=settings.login_timeout)
+
+
 def _close_clients(host: Any) -> None:
     # Each command session ends its data channel and leaves its queue as a client's
     # close would, before the broker closes what is left.
@@ -77,6 +96,7 @@ COMMAND: FrontEnd[Any] = FrontEnd(
         credentials=True,
         logged_in=_logged_in,
     ),
+    limits=_limits,
     fuzz=("fq-command",),
     bench=("idle",),
 )
@@ -89,7 +109,12 @@ DATA: FrontEnd[Any] = FrontEnd(
     ),
     describe=_describe_data,
     summary="fq data channel: messages in and out, publisher or peer mode",
-    auth=Auth("the key its command channel was given when it logged in", credentials=True),
+    auth=Auth(
+        "the key its command channel was given when it logged in",
+        credentials=True,
+        logged_in=_paired,
+    ),
+    limits=_limits,
     fuzz=("fq-data", "fq-peer"),
     bench=(
         "1to1-100",

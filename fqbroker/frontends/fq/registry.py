@@ -14,9 +14,10 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fqbroker.core.bindflags import BIND_ILLEGAL
 from fqbroker.errors import AuthError
 from fqbroker.frontends.fq.command import LINGER_SECONDS, CommandSession
-from fqbroker.frontends.kit.logins import FailedLogins
+from fqbroker.frontends.kit.logins import LoginThrottle
 from fqbroker.protocols.fq import wire
 
 if TYPE_CHECKING:
@@ -44,9 +45,9 @@ class ClientRegistry:
         "_on_closed",
         "catalog",
         "clients",
-        "failed_logins",
         "heartbeats",
         "limits",
+        "logins",
         "settings",
         "users",
     )
@@ -59,6 +60,7 @@ class ClientRegistry:
         settings: Settings,
         closed: Callable[[asyncio.Transport], None],
         users: Users | None = None,
+        logins: LoginThrottle | None = None,
     ) -> None:
         self.clients: dict[bytes, CommandSession] = {}
         self.catalog = catalog
@@ -67,9 +69,10 @@ class ClientRegistry:
         self.settings = settings
         self._on_closed = closed
         # auth = "password": the user store passwords are checked against, and the
-        # failures per source address that slow a guesser down (docs/security.md).
+        # broker's login throttle, shared with every listener that checks passwords
+        # (docs/security.md).
         self.users = users
-        self.failed_logins = FailedLogins()
+        self.logins = logins if logins is not None else LoginThrottle()
         # The user names of attached clients, each one bytes object however many
         # clients share it, and how many do: a name read off the wire is a new object
         # (37 bytes and more in every idle client otherwise).
@@ -137,8 +140,18 @@ class ClientRegistry:
             else:
                 self._names.pop(name, None)
 
-    def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int) -> int:
-        return self.catalog.bind(exchange, program, queue, flags)
+    def bind(self, exchange: bytes, program: bytes, queue: Queue, flags: int, user: bytes) -> int:
+        """The route id of the binding, or fq's bind failure (BIND_ILLEGAL) for a program
+        that does not compile or a binding over the limits (docs/limits.md)."""
+        limits, router = self.limits, self.catalog.router
+        if limits.bound(router, exchange, program, queue) is not None:
+            return self.catalog.bind(exchange, program, queue, flags)  # no new route
+        if not limits.admit_binding(exchange, queue, user):
+            return BIND_ILLEGAL
+        route_id = self.catalog.bind(exchange, program, queue, flags)
+        if route_id != BIND_ILLEGAL:
+            limits.charge_binding(user, router.exchanges[exchange].bindings[route_id])
+        return route_id
 
     def unbind(self, exchange: bytes, route_id: int, queue: Queue) -> bool:
         return self.catalog.unbind(exchange, route_id, queue)

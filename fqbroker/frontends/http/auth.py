@@ -6,26 +6,27 @@ message contents (``/queue/*``, ``/topic/*``) need a user with the right on that
 (:func:`content_outcome`), and who is connected and where files are is shown only to a
 user or the admin token (:func:`sees_names`). The deciding is plain functions over the
 headers (:func:`credentials`, :func:`needs`, :func:`check`, :func:`identify`); the only
-wait is the password check. Wrong credentials are answered late, later with every failure
-from the same address, so guessing over HTTP is as slow as over fq (:func:`failed_logins`).
+wait is the password check. Credentials are checked through the broker's login throttle
+(:func:`attempt`), the one fq's port uses, so guessing over HTTP is as slow as over fq and
+a failure on either counts on both.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from fqbroker.frontends.kit.logins import FailedLogins
+from fqbroker.frontends.kit.logins import THROTTLED_TEXT, LoginThrottle
 from fqbroker.settings.broker import Settings
 
 __all__ = [
     "ADMIN",
     "READ",
+    "THROTTLED_TEXT",
     "Credentials",
     "Identity",
     "Level",
@@ -33,12 +34,13 @@ __all__ = [
     "PermissionsView",
     "UsersView",
     "Who",
+    "attempt",
     "challenge",
     "check",
     "content_outcome",
     "credentials",
-    "failed_logins",
     "identify",
+    "identify_attempt",
     "needs",
     "sees_names",
 ]
@@ -97,6 +99,7 @@ class Outcome(Enum):
     ALLOWED = "allowed"
     UNAUTHENTICATED = "unauthenticated"  # 401: none given, or they do not check out
     FORBIDDEN = "forbidden"  # 403: a known user without the right
+    THROTTLED = "throttled"  # 429: too many failed logins from the source's network
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +230,29 @@ async def identify(creds: Credentials, settings: Settings, users: UsersView | No
     return Identity(Who.INVALID if creds.malformed else Who.ANONYMOUS)
 
 
+async def identify_attempt(
+    creds: Credentials,
+    settings: Settings,
+    users: UsersView | None,
+    logins: LoginThrottle,
+    source: str,
+) -> Identity | None:
+    """:func:`identify` through the broker's login throttle, as :func:`attempt` checks;
+    None: throttled, the credentials not looked at."""
+    if creds.token is None and creds.user is None:
+        return await identify(creds, settings, users)  # nothing secret to guess
+    held = await logins.check(source)
+    if held is None:
+        return None
+    with held:  # failed if the check raises
+        identity = await identify(creds, settings, users)
+        if identity.who is Who.INVALID:
+            held.failed()
+        else:
+            held.passed()
+    return identity
+
+
 def content_outcome(
     identity: Identity,
     users: UsersView | None,
@@ -284,17 +310,29 @@ def challenge(settings: Settings, users: UsersView | None) -> list[tuple[bytes, 
     return out
 
 
-_failed: weakref.WeakKeyDictionary[object, FailedLogins] = weakref.WeakKeyDictionary()
+async def attempt(
+    level: Level,
+    creds: Credentials,
+    settings: Settings,
+    users: UsersView | None,
+    logins: LoginThrottle,
+    source: str,
+) -> Outcome:
+    """:func:`check` through the broker's login throttle (docs/security.md).
 
-
-def failed_logins(broker: object) -> FailedLogins:
-    """The HTTP failures per address of ``broker``, made on first use, gone with it.
-
-    Wrong credentials are answered late, later with every failure from the same address
-    (:mod:`fqbroker.frontends.kit.logins`, as the fq port does with its own count), so
-    guessing over HTTP is as slow as over fq.
+    A token or a user's password is checked only when the throttle lets ``source`` have
+    one more check: otherwise the answer is THROTTLED, the right credentials as the wrong
+    ones, before they are looked at. A failure spends one of the source's checks.
     """
-    failed = _failed.get(broker)
-    if failed is None:
-        failed = _failed[broker] = FailedLogins()
-    return failed
+    if level is Level.OPEN or (creds.token is None and creds.user is None):
+        return await check(level, creds, settings, users)  # nothing secret to guess
+    held = await logins.check(source)
+    if held is None:
+        return Outcome.THROTTLED
+    with held:  # failed if the check raises
+        outcome = await check(level, creds, settings, users)
+        if outcome is Outcome.UNAUTHENTICATED:
+            held.failed()
+        else:
+            held.passed()
+    return outcome

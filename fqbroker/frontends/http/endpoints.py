@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
@@ -28,6 +29,7 @@ from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.reads import guard, topics
 from fqbroker.frontends.http.reads import queues as replay
 from fqbroker.frontends.http.stats.snapshot import http_counters
+from fqbroker.frontends.kit.connections import peer_address
 from fqbroker.protocols.fq import wire
 from fqbroker.storage.configdb import checkpoints
 
@@ -144,10 +146,12 @@ class _Connection:
 
     async def run(self) -> None:
         conn = self.conn
+        first = True
         while True:
             head = False  # a reply to HEAD has no body, an error reply neither
             try:
-                event = await self._next_event()
+                event = await self._next_request(first)
+                first = False
                 if not isinstance(event, h11.Request):
                     return  # ConnectionClosed: the client is done
                 head = event.method == b"HEAD"
@@ -179,15 +183,38 @@ class _Connection:
 
     # --- I/O ------------------------------------------------------------------------------
 
+    async def _next_request(self, first: bool) -> h11.Event | type[h11.PAUSED]:
+        """The next request's head, within the deadlines: between requests the connection
+        waits at most ``http_keepalive_timeout`` for a first byte, and a head, once begun
+        (or from the start of the connection), must be whole within ``http_header_timeout``
+        however slowly it trickles in (a slowloris holds no connection for long)."""
+        settings = self.broker.settings
+        if not first and not self.conn.trailing_data[0]:
+            async with asyncio.timeout(settings.http_keepalive_timeout):
+                await self._read_more()
+        try:
+            async with asyncio.timeout(settings.http_header_timeout):
+                return await self._next_event()
+        except TimeoutError:
+            self.broker.limits.bad(
+                "http", "closing HTTP connection from %s:%d: no whole request head after %gs",
+                *peer_address(self.writer.transport), settings.http_header_timeout,
+            )  # fmt: skip
+            raise
+
     async def _next_event(self) -> h11.Event | type[h11.PAUSED]:
         while True:
             event = self.conn.next_event()
             if event is not h11.NEED_DATA:
                 return event  # type: ignore[return-value]  # mypy cannot narrow sentinels
-            async with asyncio.timeout(self.broker.settings.idle_sniff_timeout):
-                data = await self.reader.read(READ_SIZE)
-            self.eof = not data
-            self.conn.receive_data(data)
+            await self._read_more()
+
+    async def _read_more(self) -> None:
+        # Every read waits at most idle_sniff_timeout: a body too must keep arriving.
+        async with asyncio.timeout(self.broker.settings.idle_sniff_timeout):
+            data = await self.reader.read(READ_SIZE)
+        self.eof = not data
+        self.conn.receive_data(data)
 
     async def _read_body(self, limit: int) -> bytes:
         """The whole request body; raises _BodyTooLarge past ``limit`` bytes."""
@@ -324,11 +351,22 @@ class _Connection:
         if level is auth.Level.OPEN:
             return None
         creds = auth.credentials(headers)
-        outcome = await auth.check(level, creds, settings, users)
-        if outcome is auth.Outcome.ALLOWED:
-            return None
         peer = self.writer.get_extra_info("peername")
         source = peer[0] if isinstance(peer, tuple) else "?"
+        logins = self.broker.logins
+        outcome = await auth.attempt(level, creds, settings, users, logins, source)
+        if outcome is auth.Outcome.ALLOWED:
+            return None
+        if outcome is auth.Outcome.THROTTLED:
+            # Refused before the credentials were looked at: the right ones as the wrong.
+            retry = max(1, math.ceil(logins.retry_after(source)))
+            self.broker.limits.refuse(
+                "http_auth_throttled", "HTTP: %s from %s refused unchecked: too many failed logins",
+                creds.user or "a token", source,
+            )  # fmt: skip
+            reply = _json_reply(429, {"error": auth.THROTTLED_TEXT})
+            reply.headers.append((b"retry-after", str(retry).encode()))
+            return reply
         if outcome is auth.Outcome.FORBIDDEN:
             self.broker.limits.refuse(
                 "http_forbidden", "HTTP: %s from %s lacks the right to %s",
@@ -336,13 +374,12 @@ class _Connection:
             )  # fmt: skip
             return _json_reply(403, {"error": "forbidden"})
         if creds.token is not None or creds.user is not None or creds.malformed:
-            # Given and wrong: worth a line (rate-limited) naming where it came from, and
-            # an answer that comes later with each failure from there (a guesser's pace).
+            # Given and wrong: worth a line (rate-limited) naming where it came from. The
+            # failure spent one of its network's checks (kit/logins.py): no answer waits.
             self.broker.limits.refuse(
                 "http_auth_failed", "HTTP: authentication failed for %s from %s",
                 creds.user or ("a token" if creds.token else "a malformed header"), source,
             )  # fmt: skip
-            await asyncio.sleep(auth.failed_logins(self.broker).failed(source))
         if users is None and not settings.http_auth_reads:
             # Only admin_token guards, under auth = "none": the answer it had before users
             # existed, which scripts written against it expect (the suite, unchanged).

@@ -20,6 +20,7 @@ from fqbroker.core.router import ClientStats, Router
 from fqbroker.frontends.http.auth import UsersView
 from fqbroker.frontends.kit.component import LiveFrontEnd
 from fqbroker.frontends.kit.limits import Limits
+from fqbroker.frontends.kit.logins import LoginThrottle
 from fqbroker.settings.broker import Settings
 from fqbroker.storage.configdb.catalog import Catalog
 from fqbroker.storage.store import DiskStore
@@ -205,6 +206,8 @@ class HttpHost(StatsSource, TopicSource, Protocol):
     def shutdown_requested(self) -> asyncio.Event: ...
     @property
     def users(self) -> UsersAdminView | None: ...  # None under auth = "none"
+    @property
+    def logins(self) -> LoginThrottle: ...  # the broker's one login throttle
     @property
     def peering(self) -> AdminPeeringView: ...
     @property

@@ -22,7 +22,10 @@ from fqbroker.core.queuespec import QueueKind, QueueSpec
 from fqbroker.errors import FqError, QueueError
 
 if TYPE_CHECKING:
+    from fqbroker.core.exchange import Binding
     from fqbroker.core.queue import Queue
+    from fqbroker.core.router import Router
+    from fqbroker.core.targets import Target
     from fqbroker.settings.broker import Settings
 
 __all__ = [
@@ -134,7 +137,8 @@ class Limits:
 
     It holds the counters of bad input (by front end) and of refusals (by reason), the
     connection accounting (per source address and in total), the queues each user created
-    that outlive a connection, and the rate at which disk queues are created.
+    that outlive a connection, the bindings made per queue and per user, and the rate at
+    which disk queues are created.
     """
 
     def __init__(self, settings: Settings, queues: dict[bytes, Queue]) -> None:
@@ -153,6 +157,13 @@ class Limits:
         self._per_address: dict[str, int] = {}
         self._owned: dict[bytes, list[Queue]] = {}  # the counted queues each user created
         self._charged = 0  # entries in _owned since the last sweep
+        # The bindings made through fq's BIND and the admin API, per user and per queue
+        # (by id: a queue that goes takes its bindings along, so its list only holds gone
+        # ones, dropped as for _owned).
+        self._user_bindings: dict[bytes, list[Binding]] = {}
+        self._queue_bindings: dict[int, list[Binding]] = {}
+        self._bindings_charged = 0  # since the last sweep
+        self._bindings_kept = 0  # listed after the last sweep
         self._disk_rate = RateBucket(
             settings.disk_queues_per_second, settings.disk_queues_per_second
         )
@@ -277,6 +288,67 @@ class Limits:
         if not owned:
             del self._owned[user]
         return len(owned)
+
+    # --- bindings -------------------------------------------------------------------------
+
+    @staticmethod
+    def bound(router: Router, exchange: bytes, program: bytes, queue: Target) -> Binding | None:
+        """The binding of ``program`` on ``exchange`` to ``queue`` if there is one: binding
+        it again adds no route (docs/fq-protocol.md §2.5), so it is never refused nor
+        counted again."""
+        ex = router.exchanges.get(exchange)
+        return None if ex is None else ex.find(queue, program.split(b"\0", 1)[0])
+
+    def admit_binding(self, exchange: bytes, queue: Target, user: bytes) -> bool:
+        """Whether ``user`` may add a binding on ``exchange`` to ``queue`` within
+        ``max_bindings_per_queue`` and ``max_bindings_per_user``; a refusal is counted and
+        logged here."""
+        settings = self.settings
+        per_queue, per_user = settings.max_bindings_per_queue, settings.max_bindings_per_user
+        checks = (
+            ("bindings_per_queue", per_queue, self._queue_bindings, id(queue)),
+            ("bindings_per_user", per_user, self._user_bindings, user),
+        )
+        for reason, limit, table, key in checks:
+            if limit > 0 and _live_count(table, key, limit) >= limit:
+                self.refuse(
+                    reason,
+                    "refusing binding on %r for user %r: it has %d (%s)",
+                    exchange,
+                    user,
+                    limit,
+                    reason,
+                )
+                return False
+        return True
+
+    def charge_binding(self, user: bytes, binding: Binding) -> None:
+        """``user`` made the new ``binding``."""
+        self._user_bindings.setdefault(user, []).append(binding)
+        self._queue_bindings.setdefault(id(binding.queue), []).append(binding)
+        self._bindings_charged += 1
+        if self._bindings_charged > self._bindings_kept + 1024:
+            # Users and queues that never come back would keep gone bindings listed: sweep
+            # all once more were charged than were live at the last sweep (amortized O(1)).
+            for table in (self._user_bindings, self._queue_bindings):
+                for key in list(table):
+                    _live_count(table, key, 0)
+            self._bindings_kept = sum(map(len, self._user_bindings.values()))
+            self._bindings_charged = 0
+
+
+def _live_count(table: dict[Any, list[Binding]], key: object, limit: int) -> int:
+    """How many bindings ``table[key]`` lists that are still bound; at ``limit`` or more
+    (0: always) the gone ones are dropped first."""
+    listed = table.get(key)
+    if not listed:
+        return 0
+    if len(listed) < limit:
+        return len(listed)
+    listed[:] = [b for b in listed if b.exchange.bindings.get(b.route_id) is b]
+    if not listed:
+        del table[key]
+    return len(listed)
 
 
 def install_exception_handler(

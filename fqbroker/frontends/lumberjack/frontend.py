@@ -13,7 +13,7 @@ import functools
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.frontends.kit.component import FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.frontends.kit.component import ConnectionLimits, FrontEnd, LiveFrontEnd, OwnPort
 from fqbroker.frontends.lumberjack.settings import Lumberjack
 from fqbroker.settings.broker import Settings
 from fqbroker.settings.section import Flag
@@ -67,6 +67,14 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
     return context
 
 
+def _limits(settings: Settings) -> ConnectionLimits:
+    # Beats keep a connection open between batches: the broker-wide idle_timeout is
+    # generous (minutes), and a held-back shipper is never idle (we are not reading it).
+    return ConnectionLimits(
+        handshake_seconds=settings.idle_sniff_timeout, idle_seconds=settings.idle_timeout
+    )
+
+
 def _open(
     host: LumberjackHost, live: LiveFrontEnd, transport: asyncio.Transport, first: bytes
 ) -> asyncio.BaseProtocol:
@@ -102,6 +110,7 @@ LUMBERJACK: FrontEnd[Any] = FrontEnd(
             "serve Lumberjack/Beats log shippers here (off by default; port 0 picks one)",
         ),
     ),
+    limits=_limits,
     title="Lumberjack",
     fuzz=("lumberjack",),
     bench=("lumberjack",),

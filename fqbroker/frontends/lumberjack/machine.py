@@ -226,6 +226,11 @@ class Machine(AckingMachine[tuple[int, int]]):
     # --- timers ---------------------------------------------------------------------------
 
     @property
+    def last_read(self) -> float:
+        """The time of the last input given (0.0 before any)."""
+        return self._last_read
+
+    @property
     def deadline(self) -> float | None:
         """When input will have been idle for ``ack_idle`` with events unmarked; None
         while every event is marked."""

@@ -75,7 +75,7 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
     closes.
     """
 
-    __slots__ = ("_idle", "_keepalive", "config")
+    __slots__ = ("_idle", "_keepalive", "_opened", "config")
 
     FRONTEND = "lumberjack"
     TITLE = "Lumberjack"
@@ -98,6 +98,12 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
         self.config = config
         self._idle: asyncio.TimerHandle | None = None
         self._keepalive: asyncio.TimerHandle | None = None
+        self._opened = asyncio.get_running_loop().time()
+
+    def last_input(self) -> float | None:
+        """When input last came (loop time), for the listeners' idle limit; None while
+        reading is held back (the shipper waits for us, not we for it)."""
+        return None if self._holds else max(self.machine.last_read, self._opened)
 
     # --- what /frontends.json shows -------------------------------------------------------
 

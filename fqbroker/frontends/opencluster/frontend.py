@@ -12,7 +12,13 @@ import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.frontends.kit.component import Counters, FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.frontends.kit.component import (
+    ConnectionLimits,
+    Counters,
+    FrontEnd,
+    LiveFrontEnd,
+    OwnPort,
+)
 from fqbroker.frontends.kit.tls import server_context
 from fqbroker.frontends.opencluster.settings import OpenCluster
 from fqbroker.settings.broker import Settings
@@ -53,6 +59,12 @@ def _address(settings: Settings) -> tuple[str, int] | None:
 def _tls(settings: Settings) -> ssl.SSLContext | None:
     table = settings.section(OpenCluster)
     return server_context(table.tls_cert, table.tls_key)
+
+
+def _limits(settings: Settings) -> ConnectionLimits:
+    return ConnectionLimits(
+        handshake_seconds=settings.idle_sniff_timeout, idle_seconds=settings.idle_timeout
+    )
 
 
 def _state(host: OpenClusterHost, settings: Settings) -> KVStore:
@@ -102,6 +114,7 @@ OPENCLUSTER: FrontEnd[Any] = FrontEnd(
             "serve the OpenCluster key/value store here (off by default; port 0 picks one)",
         ),
     ),
+    limits=_limits,
     title="OpenCluster",
     counters=_counters,
     fuzz=("opencluster",),

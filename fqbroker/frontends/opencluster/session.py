@@ -47,7 +47,17 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
     closes once its ack is written; so does EOF, once the replies owed are.
     """
 
-    __slots__ = ("_eof", "_holds", "_waiting", "broker", "closing", "live", "machine", "transport")
+    __slots__ = (
+        "_eof",
+        "_holds",
+        "_last",
+        "_waiting",
+        "broker",
+        "closing",
+        "live",
+        "machine",
+        "transport",
+    )
 
     def __init__(
         self,
@@ -66,6 +76,12 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
         self._holds = 0
         self._eof = False
         self.closing = False
+        self._last = asyncio.get_running_loop().time()
+
+    def last_input(self) -> float | None:
+        """When input last came (loop time), for the listeners' idle limit; None while
+        reading is held back (the client waits for our replies, not we for its input)."""
+        return None if self._holds else self._last
 
     # --- protocol -------------------------------------------------------------------------
 
@@ -73,6 +89,7 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
         if self.closing:
             return
         self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # counts_bytes
+        self._last = asyncio.get_running_loop().time()
         self._after(self.machine.receive(data))
 
     def eof_received(self) -> bool:

@@ -43,8 +43,8 @@ WHO = {
     "carol": basic("carol", "carolpw"),  # queue app-* and consume app-* only
     "root": basic("root", "rootpw"),  # an admin user
     "admin token": {"X-Fq-Token": ADMIN_TOKEN},
-    "wrong password": basic("carol", "nope"),
 }
+WRONG_PASSWORD = basic("carol", "nope")
 
 # /queue/read needs the queue right on the name, /topic/read the consume right.
 TARGETS = {
@@ -73,7 +73,6 @@ EXPECTED = {
     },
     "root": ALL,
     "admin token": ALL,
-    "wrong password": NONE_401,
 }
 
 
@@ -161,6 +160,11 @@ async def test_message_contents_need_the_right_on_the_name(guarded: Broker) -> N
             if status != 200:
                 assert b"contents" not in body
     assert got == EXPECTED
+    # Wrong credentials are refused, counted against the login throttle.
+    status, _, body = await asyncio.to_thread(
+        get, guarded.port, TARGETS["app queue"], WRONG_PASSWORD
+    )
+    assert status == 401 and b"contents" not in body
 
 
 async def test_a_user_without_a_name_gets_the_reads_own_answer(guarded: Broker) -> None:
@@ -285,8 +289,15 @@ async def test_wrong_credentials_on_statistics_are_refused_not_answered_plainer(
     """Else the plainer document would tell a guesser at once that the password was
     wrong, with none of the delay a failed login costs."""
     broker, _ = watched
-    for headers in (WHO["wrong password"], {"Authorization": "Bearer nope"}):
+    for headers in (WRONG_PASSWORD, {"Authorization": "Bearer nope"}):
         status, head, _ = await asyncio.to_thread(get, broker.port, "/stats.json", headers)
         assert status == 401
         assert "www-authenticate" in head
     assert broker.limits.refused["http_auth_failed"] == 2
+    # They spend the address's password checks, as fq logins do: once spent, even the
+    # right password is refused unchecked, before any document is made.
+    while (await asyncio.to_thread(get, broker.port, "/stats.json", WRONG_PASSWORD))[0] == 401:
+        pass
+    status, head, body = await asyncio.to_thread(get, broker.port, "/stats.json", WHO["carol"])
+    assert status == 429 and "retry-after" in head
+    assert b"carol" not in body

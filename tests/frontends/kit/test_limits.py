@@ -446,3 +446,38 @@ async def test_fqd_takes_the_descriptor_limit_it_is_allowed(
     limits = Path(f"/proc/{fqd.proc.pid}/limits").read_text()
     line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
     assert line.split()[3:5] == [str(hard), str(hard)]
+
+
+class _Sink:
+    """A bind target: the router only keeps it, routing nothing to it here."""
+
+    policy = None
+
+
+def test_bindings_are_counted_until_they_go(settings: Settings) -> None:
+    from fqbroker.core.router import Router
+
+    settings.max_bindings_per_queue = 3
+    settings.max_bindings_per_user = 5
+    limits, router = Limits(settings, {}), Router()
+    one, two = _Sink(), _Sink()
+
+    def bind(queue: object, program: bytes) -> bool:
+        if limits.bound(router, b"ex", program, queue) is not None:  # type: ignore[arg-type]
+            return True
+        if not limits.admit_binding(b"ex", queue, b"u"):  # type: ignore[arg-type]
+            return False
+        limits.charge_binding(b"u", router.bind(b"ex", program, queue))  # type: ignore[arg-type]
+        return True
+
+    assert [bind(one, b'prefix:"%d"' % i) for i in range(4)] == [True, True, True, False]
+    assert bind(one, b'prefix:"0"\0trailing')  # the same program as fq reads it: no new rule
+    assert [bind(two, b'prefix:"%d"' % i) for i in range(3)] == [True, True, False]
+    assert limits.refused == {"bindings_per_queue": 1, "bindings_per_user": 1}
+    # Unbinding, or the queue going, gives the room back.
+    (first, *_) = [b for b in router.bindings() if b.queue is one]
+    assert router.unbind(b"ex", first.route_id, one) is not None
+    assert bind(two, b'prefix:"9"')
+    router.unbind_queue(one)
+    assert [bind(two, b'prefix:"%d"' % i) for i in (10, 11)] == [False, False]  # queue full
+    assert bind(_Sink(), b'prefix:"x"')

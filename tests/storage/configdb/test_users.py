@@ -1,4 +1,5 @@
-"""The user store, fq-admin and the failed-login throttle, on real sqlite files."""
+"""The user store and fq-admin, on real sqlite files (the login throttle:
+tests/frontends/kit/test_logins.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fqbroker.cli.admin import main as fq_admin
-from fqbroker.frontends.kit.logins import FIRST_DELAY, MAX_DELAY, FailedLogins
 from fqbroker.storage.configdb.state import ConfigStore
 from fqbroker.storage.configdb.users import Users, check_password, hash_password
 from tests.procs import Proc
@@ -203,22 +203,7 @@ async def test_fq_admin_as_a_process(db: Path, procs: list[Proc]) -> None:
     users.close()
 
 
-# --- failed logins ----------------------------------------------------------------------------
-
-
-def test_failed_logins_double_decay_and_stay_bounded() -> None:
-    now = [1000.0]
-    logins = FailedLogins(clock=lambda: now[0], max_addresses=3)
-    delays = [logins.failed("10.0.0.1") for _ in range(12)]
-    assert delays[:3] == [FIRST_DELAY, FIRST_DELAY * 2, FIRST_DELAY * 4]
-    assert delays[-1] == MAX_DELAY and delays == sorted(delays)
-    assert logins.failed("10.0.0.2") == FIRST_DELAY  # another address starts afresh
-    now[0] += 3600  # an hour without failures: forgiven
-    assert logins.failures("10.0.0.1") < 0.01
-    assert logins.failed("10.0.0.1") < FIRST_DELAY * 1.1
-    for n in range(10):
-        logins.failed(f"10.1.0.{n}")
-    assert len(logins) == 3  # the least recently failed are forgotten
+# --- checks at once ---------------------------------------------------------------------------
 
 
 async def test_logins_of_one_user_at_once_share_one_check(db: Path) -> None:

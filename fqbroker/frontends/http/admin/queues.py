@@ -209,9 +209,15 @@ async def _bind(broker: HttpHost, params: Params, who: str) -> dict[str, Any]:
         raise Refused(400, f"the program does not compile: {exc}") from None
     # A command channel's BIND: the catalog stores a permanent binding of a permanent queue.
     flags = BindFlags.PERM if permanent else BindFlags.TRANS
+    limits, user = broker.limits, who.encode()
+    new = limits.bound(broker.router, exchange, program, queue) is None
+    if new and not limits.admit_binding(exchange, queue, user):
+        raise Refused(409, "too many bindings (max_bindings_per_queue, max_bindings_per_user)")
     route_id = broker.catalog.bind(exchange, program, queue, flags)
     if route_id == BIND_ILLEGAL:
         raise Refused(400, "the program does not compile")
+    if new:
+        limits.charge_binding(user, broker.router.exchanges[exchange].bindings[route_id])
     changed(who, "bound %r on %r to queue %r (%s)", program, exchange, queue.name,
             "permanent" if permanent else "transient")  # fmt: skip
     return {

@@ -10,8 +10,8 @@ or the admin token (auth.sees_names). :func:`answer` is called for :data:`PATHS`
 
 from __future__ import annotations
 
-import asyncio
 import json
+import math
 from urllib.parse import parse_qs
 
 from fqbroker.frontends.http import auth
@@ -35,21 +35,31 @@ async def answer(
     """The statistics, or a 401 or 403 for message contents; None: the contents may be
     read (the read itself answers).
 
-    Credentials given and wrong are refused here too, late, as the levels' check does
-    (auth.failed_logins): else a wrong password would be answered at once with a plainer
-    document, a free oracle for guessing. ``source`` is the client's address.
+    Credentials are checked through the broker's login throttle here too, and given and
+    wrong they are refused, as the levels' check does (auth.attempt): else a wrong password
+    would be answered with a plainer document, an oracle for guessing that no throttle
+    counts. ``source`` is the client's address.
     """
     users = broker.users
     identity = auth.Identity(auth.Who.ANONYMOUS)
     if users is not None:
         creds = auth.credentials(headers)
-        identity = await auth.identify(creds, broker.settings, users)
+        logins = broker.logins
+        checked = await auth.identify_attempt(creds, broker.settings, users, logins, source)
+        if checked is None:
+            broker.limits.refuse(
+                "http_auth_throttled", "HTTP: %s from %s refused unchecked: too many failed logins",
+                creds.user or "a token", source,
+            )  # fmt: skip
+            retry = max(1, math.ceil(logins.retry_after(source)))
+            body = json.dumps({"error": auth.THROTTLED_TEXT}).encode() + b"\n"
+            return 429, body, "application/json", [(b"retry-after", str(retry).encode())]
+        identity = checked
         if identity.who is auth.Who.INVALID:
             broker.limits.refuse(
                 "http_auth_failed", "HTTP: authentication failed for %s from %s",
                 creds.user or ("a token" if creds.token else "a malformed header"), source,
             )  # fmt: skip
-            await asyncio.sleep(auth.failed_logins(broker).failed(source))
             return _refused(broker, 401)
     if path in CONTENT_PATHS:
         return _content_refusal(broker, path, query, identity, source)
