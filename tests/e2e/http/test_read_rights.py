@@ -286,8 +286,8 @@ def assert_named(docs: dict[str, str], seen: Seen) -> None:
 async def test_wrong_credentials_on_statistics_are_refused_not_answered_plainer(
     watched: tuple[Broker, Seen],
 ) -> None:
-    """Else the plainer document would tell a guesser at once that the password was
-    wrong, with none of the delay a failed login costs."""
+    """Else the plainer document would tell a guesser that the password was wrong, at a
+    pace no login throttle counts."""
     broker, _ = watched
     for headers in (WRONG_PASSWORD, {"Authorization": "Bearer nope"}):
         status, head, _ = await asyncio.to_thread(get, broker.port, "/stats.json", headers)
