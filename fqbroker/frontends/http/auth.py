@@ -1,16 +1,21 @@
 """Who may use an HTTP endpoint: the admin token, the read token, or a user (Basic).
 
 Two levels (docs/security.md): admin for what acts on the broker, read for the rest
-(:class:`Level`). The deciding is plain functions over the headers (:func:`credentials`,
-:func:`needs`, :func:`check`); the only wait is the password check. Credentials are
-checked through the broker's login throttle (:func:`attempt`), the one fq's port uses, so
-guessing over HTTP is as slow as over fq and a failure on either counts on both.
+(:class:`Level`). Under ``auth = "password"`` two more questions, whatever the levels say:
+message contents (``/queue/*``, ``/topic/*``) need a user with the right on that name
+(:func:`content_outcome`), and who is connected and where files are is shown only to a
+user or the admin token (:func:`sees_names`). The deciding is plain functions over the
+headers (:func:`credentials`, :func:`needs`, :func:`check`, :func:`identify`); the only
+wait is the password check. Credentials are checked through the broker's login throttle
+(:func:`attempt`), the one fq's port uses, so guessing over HTTP is as slow as over fq and
+a failure on either counts on both.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -23,15 +28,21 @@ __all__ = [
     "READ",
     "THROTTLED_TEXT",
     "Credentials",
+    "Identity",
     "Level",
     "Outcome",
     "PermissionsView",
     "UsersView",
+    "Who",
     "attempt",
     "challenge",
     "check",
+    "content_outcome",
     "credentials",
+    "identify",
+    "identify_attempt",
     "needs",
+    "sees_names",
 ]
 
 REALM = "fqbroker"
@@ -42,6 +53,10 @@ class PermissionsView(Protocol):
 
     @property
     def admin(self) -> bool: ...
+    @property
+    def may_attach(self) -> Callable[[bytes], bool]: ...
+    @property
+    def may_consume(self) -> Callable[[bytes], bool]: ...
 
 
 class UsersView(Protocol):
@@ -58,7 +73,9 @@ class Level(Enum):
       permissions say ``admin``.
     * **read**: everything else (/stats.json, /frontends.json, /metrics, /queue/*, /topic/*,
       the web UI). Protected only with ``http_auth_reads``. The read token, the admin token,
-      or any user whose password checks out.
+      or any user whose password checks out. Under ``auth = "password"`` /queue/* and
+      /topic/* also need what :func:`content_outcome` says, with or without
+      ``http_auth_reads``.
     * **open**: what is not protected under the settings.
     """
 
@@ -176,6 +193,111 @@ async def check(
     if level is Level.ADMIN and not perms.admin:
         return Outcome.FORBIDDEN
     return Outcome.ALLOWED
+
+
+class Who(Enum):
+    """Who a request's credentials say it comes from (:func:`identify`)."""
+
+    ANONYMOUS = "anonymous"  # no credentials at all
+    INVALID = "invalid"  # credentials that do not check out, or a header we cannot read
+    READ_TOKEN = "read token"
+    ADMIN_TOKEN = "admin token"
+    USER = "user"  # a user whose password checks out; Identity.perms says what it may do
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    who: Who
+    perms: PermissionsView | None = None  # set for Who.USER
+    user: bytes = b""  # the user's name, for Who.USER
+
+
+async def identify(creds: Credentials, settings: Settings, users: UsersView | None) -> Identity:
+    """Who ``creds`` come from. The password check is the one :func:`check` makes, cached
+    by ``Users``, so asking both costs a dict lookup."""
+    if creds.token is not None:
+        # Both compared every time, so the time taken does not say which one matched.
+        is_admin = _token_matches(creds.token, settings.admin_token)
+        is_read = _token_matches(creds.token, settings.read_token)
+        if is_admin:
+            return Identity(Who.ADMIN_TOKEN)
+        return Identity(Who.READ_TOKEN if is_read else Who.INVALID)
+    if creds.user is not None:
+        perms = None if users is None else await users.verify_async(creds.user, creds.password)
+        if perms is None:
+            return Identity(Who.INVALID)
+        return Identity(Who.USER, perms, creds.user.encode())
+    return Identity(Who.INVALID if creds.malformed else Who.ANONYMOUS)
+
+
+async def identify_attempt(
+    creds: Credentials,
+    settings: Settings,
+    users: UsersView | None,
+    logins: LoginThrottle,
+    source: str,
+) -> Identity | None:
+    """:func:`identify` through the broker's login throttle, as :func:`attempt` checks;
+    None: throttled, the credentials not looked at."""
+    if creds.token is None and creds.user is None:
+        return await identify(creds, settings, users)  # nothing secret to guess
+    held = await logins.check(source)
+    if held is None:
+        return None
+    with held:  # failed if the check raises
+        identity = await identify(creds, settings, users)
+        if identity.who is Who.INVALID:
+            held.failed()
+        else:
+            held.passed()
+    return identity
+
+
+def content_outcome(
+    identity: Identity,
+    users: UsersView | None,
+    kind: str,
+    name: bytes,
+    owner: bytes | None = None,
+) -> Outcome:
+    """Whether ``identity`` may read messages of queue or topic ``name`` (``kind`` is
+    "queue" or "topic") over HTTP; ``owner`` is the user a private queue of that name
+    belongs to (None: public, unowned, or no such queue).
+
+    Under ``auth = "password"`` HTTP is no wider than the fq socket: a queue's messages need
+    the ``queue`` right on it and, when it is another user's private queue, admin (what
+    attaching needs: fqbroker.frontends.fq.registry), a topic's the ``consume`` right (what
+    binding needs); an admin user or the admin token may read all. The read token is for
+    statistics and never reads contents. Under ``auth = "none"`` anyone may, as anyone may
+    attach over fq.
+    """
+    if users is None:
+        return Outcome.ALLOWED
+    who = identity.who
+    if who is Who.ADMIN_TOKEN:
+        return Outcome.ALLOWED
+    if who is Who.READ_TOKEN:
+        return Outcome.FORBIDDEN
+    perms = identity.perms
+    if who is not Who.USER or perms is None:
+        return Outcome.UNAUTHENTICATED
+    if perms.admin:
+        return Outcome.ALLOWED
+    if kind == "queue":
+        mine = owner is None or owner == identity.user
+        return Outcome.ALLOWED if mine and perms.may_attach(name) else Outcome.FORBIDDEN
+    return Outcome.ALLOWED if perms.may_consume(name) else Outcome.FORBIDDEN
+
+
+def sees_names(identity: Identity, users: UsersView | None) -> bool:
+    """Whether the statistics shown to ``identity`` name users, client addresses and files.
+
+    Under ``auth = "password"``, only for a user or the admin token: the read token (a
+    scraper needs counts, not names) and anonymous readers get the same documents with
+    those left blank. Under ``auth = "none"`` the names are whatever clients claimed, and
+    shown to all, as fqd does.
+    """
+    return users is None or identity.who in (Who.USER, Who.ADMIN_TOKEN)
 
 
 def challenge(settings: Settings, users: UsersView | None) -> list[tuple[bytes, bytes]]:

@@ -26,11 +26,9 @@ from fqbroker.core.message import Message, runs_of
 from fqbroker.frontends.http import auth
 from fqbroker.frontends.http.admin import routes as admin
 from fqbroker.frontends.http.host import HttpHost
+from fqbroker.frontends.http.reads import guard, topics
 from fqbroker.frontends.http.reads import queues as replay
-from fqbroker.frontends.http.reads import topics
-from fqbroker.frontends.http.stats import node
-from fqbroker.frontends.http.stats.frontends import render_front_ends_json
-from fqbroker.frontends.http.stats.snapshot import http_counters, render_stats_json
+from fqbroker.frontends.http.stats.snapshot import http_counters
 from fqbroker.frontends.kit.connections import peer_address
 from fqbroker.protocols.fq import wire
 from fqbroker.storage.configdb import checkpoints
@@ -128,7 +126,8 @@ class _Connection:
     user once either exists; the rest (/stats.json, /frontends.json, /node.json, /metrics,
     the replay and topic reads, the static files) need credentials only with
     ``http_auth_reads``. :mod:`fqbroker.frontends.http.auth` decides, before anything of the
-    request is acted on.
+    request is acted on. Under ``auth = "password"`` the contents and the statistics then
+    look at who asks (:mod:`fqbroker.frontends.http.reads.guard`).
     """
 
     def __init__(
@@ -304,23 +303,17 @@ class _Connection:
             await self._send(await self._admin(request, path, query, headers), head=head)
             return
         reply = await self._discard_body(headers)
+        if reply is None and path in guard.PATHS:
+            # Who asks, beyond the level: contents need the right on the name, and the
+            # statistics name people only to some (reads/guard.py).
+            peer = self.writer.get_extra_info("peername")
+            source = peer[0] if isinstance(peer, tuple) else "?"
+            answer = await guard.answer(self.broker, path, query, headers, source)
+            if answer is not None:
+                status, body, content_type, extra = answer
+                reply = Reply(status, body, content_type, headers=extra)
         if reply is None:
-            if path == "/stats.json":
-                reply = Reply(200, render_stats_json(self.broker))
-            elif path == "/frontends.json":
-                reply = Reply(200, render_front_ends_json(self.broker))
-            elif path == node.PATH:
-                reply = Reply(200, await node.render_node_json(self.broker))
-            elif path == "/metrics":
-                # prometheus_client costs memory a broker never scraped does without:
-                # loaded here (bench/RESULTS.md, "Figures behind comments in the code").
-                from fqbroker.frontends.http.stats.metrics import render_metrics
-
-                body, content_type = render_metrics(
-                    self.broker, headers.get(b"accept", b"").decode("latin-1")
-                )
-                reply = Reply(200, body, content_type)
-            elif path in CHECKPOINT_PATHS:
+            if path in CHECKPOINT_PATHS:
                 reply = self._checkpoint(path, query)
             elif path in replay.PATHS:
                 status, body, content_type, extra = replay.respond(self.broker, path, query)

@@ -10,6 +10,7 @@ refuses auth with a clear error.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 from collections.abc import AsyncIterator
@@ -111,7 +112,9 @@ async def test_publish_not_permitted_is_dropped_and_counted(secured: Broker) -> 
         assert "denied" not in doc["exchanges"]["logs.web"]
         (client,) = doc["queues"]["app-q"]["clients"]
         assert client["denied"] == "3"
-        samples, _ = await scrape(secured)
+        # Series that name users and clients are a logged-in user's to see.
+        basic = base64.b64encode(f"admin:{PASSWORD}".encode()).decode()
+        samples, _ = await scrape(secured, login=[("Authorization", f"Basic {basic}")])
         assert value(samples, "fq_denied_total") == 3
         assert value(samples, "fq_exchange_denied_total", exchange="other") == 1
         key = secured.clients[app.key]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from prometheus_client import REGISTRY
@@ -22,8 +23,10 @@ from tests.e2e.http.test_http import get
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-async def scrape(broker: Broker, accept: str | None = None) -> tuple[Samples, str]:
-    headers = [("Accept", accept)] if accept else []
+async def scrape(
+    broker: Broker, accept: str | None = None, login: Sequence[tuple[str, str]] = ()
+) -> tuple[Samples, str]:
+    headers = [*login, *([("Accept", accept)] if accept else [])]
     response, body = await get(broker.port, "/metrics", headers=headers)
     assert response.status_code == 200
     content_type = dict(response.headers)[b"content-type"].decode()

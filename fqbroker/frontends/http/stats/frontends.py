@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ __all__ = [
     "panel_json",
     "readings",
     "render_front_ends_json",
+    "unnamed",
 ]
 
 
@@ -103,7 +104,7 @@ _FRONT_END_COUNTERS = tuple(f.name for f in dataclasses.fields(FrontEndCounters)
 
 
 def front_ends_json(
-    front_ends: tuple[FrontEndSnapshot, ...], own: tuple[Reading, ...] = ()
+    front_ends: tuple[FrontEndSnapshot, ...], own: tuple[Reading, ...] = (), *, names: bool = True
 ) -> dict[str, Any]:
     """``{"frontends": [...]}``: each front end of the table, in the table's order.
 
@@ -112,8 +113,15 @@ def front_ends_json(
     series, while it has a reading) and ``panel``: the web UI's panel of them, drawn from
     this JSON alone (fqbroker.frontends.kit.panel), ``{"id", "title", "hidden": true}`` while
     there is nothing to show.
+
+    Without ``names`` (a reader who may not see who is connected, auth.sees_names) every
+    connection's address is "" and port 0, a ``user`` fact is "", and the front ends' own
+    JSON goes through :func:`unnamed`: same keys, same counts.
     """
     by_name = {r.front_end: r for r in own}
+    # Who is connected, for unnamed() to find in the panels' texts: a panel need not say
+    # which of its words is an address.
+    known = set() if names else _known_names(front_ends, own)
     out = []
     for fe in front_ends:
         entry: dict[str, Any] = {
@@ -129,21 +137,92 @@ def front_ends_json(
                 entry[key] = value
         entry["connections"] = [
             {"remote_addr": c.remote_addr, "remote_port": c.remote_port, **dict(c.facts)}
+            if names
+            else {
+                "remote_addr": "",
+                "remote_port": 0,
+                **{k: "" if k in NAME_KEYS else v for k, v in c.facts},
+            }
             for c in fe.connections or ()
         ]
         reading = by_name.get(fe.name)
         if reading is not None:
             if reading.value is not None:
-                entry["metrics"] = metrics_json(reading)
-            entry["panel"] = panel_json(reading)
+                metrics = metrics_json(reading)
+                entry["metrics"] = metrics if names else unnamed(metrics, known)
+            panel = panel_json(reading)
+            entry["panel"] = panel if names else unnamed(panel, known)
         out.append(entry)
     return {"frontends": out}
 
 
-def render_front_ends_json(broker: StatsSource) -> bytes:
+def render_front_ends_json(broker: StatsSource, *, names: bool = True) -> bytes:
     snapshots = front_end_snapshots(broker, connections=True)
-    body = json.dumps(front_ends_json(snapshots, readings(broker)))
+    body = json.dumps(front_ends_json(snapshots, readings(broker), names=names))
     return body.encode("utf-8") + b"\n"
+
+
+# Keys whose values say who is connected, from where: the fq sessions' "user", a
+# connection's "remote_addr", the Figg and fyrehose subscribers' "remote" ("ADDR:PORT").
+NAME_KEYS = frozenset({"user", "remote", "remote_addr"})
+_ADDRESS_KEYS = frozenset({"remote", "remote_addr"})
+HIDDEN = "(hidden)"
+
+
+def _known_names(front_ends: tuple[FrontEndSnapshot, ...], own: tuple[Reading, ...]) -> set[str]:
+    known: set[str] = set()
+    for fe in front_ends:
+        for c in fe.connections or ():
+            if c.remote_addr:
+                known.add(f"[{c.remote_addr}]:{c.remote_port}")
+                known.add(f"{c.remote_addr}:{c.remote_port}")
+    for r in own:
+        if r.value is not None and r.counters.json is not None:
+            _collect(r.counters.json(r.value), known, set())
+    return known
+
+
+def _collect(value: Any, addresses: set[str], users: set[str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(v, str) and v and k in NAME_KEYS:
+                (addresses if k in _ADDRESS_KEYS else users).add(v)
+            else:
+                _collect(v, addresses, users)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _collect(v, addresses, users)
+
+
+def unnamed(doc: Any, known: Iterable[str] = ()) -> Any:
+    """``doc`` (a front end's own JSON: its /stats.json section, metrics or panel) with
+    the user names and addresses left out.
+
+    Front ends declare their JSON themselves, so this knows no front end: a string under
+    one of :data:`NAME_KEYS` becomes "", and wherever else that address or name appears
+    (a panel's chip text says "ADDR:PORT · 3 behind") it becomes "(hidden)", as does each
+    of the ``known`` addresses. Keys, lists and numbers stay, so the web UI draws the same
+    panels with the same counts.
+    """
+    addresses: set[str] = set(known)
+    users: set[str] = set()
+
+    def scrub(value: Any, key: str = "") -> Any:
+        if isinstance(value, dict):
+            return {k: scrub(v, k) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [scrub(v) for v in value]
+        if isinstance(value, str):
+            if key in NAME_KEYS or value in users:
+                return "" if key in NAME_KEYS else HIDDEN
+            for address in found:
+                value = value.replace(address, HIDDEN)
+        return value
+
+    _collect(doc, addresses, users)
+    # Longest first, so "10.0.0.1:5000" goes before a "10.0.0.1" that is part of it.
+    found = sorted(addresses, key=len, reverse=True)
+    return scrub(doc)
 
 
 def metrics_json(r: Reading) -> list[dict[str, Any]]:

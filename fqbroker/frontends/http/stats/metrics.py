@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from fqbroker.core.message import hop_addresses
 from fqbroker.core.router import RouteTimes
 from fqbroker.frontends.http.host import StatsSource
+from fqbroker.frontends.http.stats.frontends import NAME_KEYS
 from fqbroker.frontends.http.stats.snapshot import ClientSnapshot, Snapshot, take_snapshot
 from fqbroker.settings.broker import Settings
 from fqbroker.version import __version__
@@ -66,12 +67,19 @@ class BrokerCollector(Collector):
     every :attr:`~fqbroker.core.router.RouteTimes.SAMPLE_SECONDS` at most: the hot path pays
     two clock reads per timed batch, an attribute test for the others, never a clock per
     message).
+
+    Without ``names`` (a scraper that may not see who is connected, auth.sees_names: the
+    read token under ``auth = "password"``) no series is labelled with a user or a client
+    address: the ``fq_client_*`` series are left out (``fq_client_series_enabled`` 0), an
+    upstream's ``source`` (the user it logs in as) is "", and so is any label a front end
+    names ``user`` or ``remote``.
     """
 
-    def __init__(self, broker: MetricsSource) -> None:
+    def __init__(self, broker: MetricsSource, *, names: bool = True) -> None:
         # A weak reference: the registry lives in a map keyed by the broker and must not
         # keep it alive.
         self._broker = weakref.ref(broker)
+        self._names = names
 
     def collect(self) -> Iterable[Metric]:
         broker = self._broker()
@@ -79,15 +87,15 @@ class BrokerCollector(Collector):
             return []
         snap = take_snapshot(broker)
         limit = broker.settings.metrics_client_series_max
-        per_client = limit > 0 and snap.command_connections <= limit
+        per_client = self._names and limit > 0 and snap.command_connections <= limit
         times = broker.router.times
         return [
-            *_families(snap, per_client=per_client),
+            *_families(snap, per_client=per_client, names=self._names),
             *_route_times(times.buckets[:], times.sum_ns, times.messages),
         ]
 
 
-def _families(snap: Snapshot, *, per_client: bool = True) -> Iterator[Metric]:
+def _families(snap: Snapshot, *, per_client: bool = True, names: bool = True) -> Iterator[Metric]:
     info = InfoMetricFamily("fq_broker", "Broker identity.")
     info.add_metric(
         [],
@@ -111,13 +119,13 @@ def _families(snap: Snapshot, *, per_client: bool = True) -> Iterator[Metric]:
         yield from _clients(snap)
     yield from _connections(snap)
     yield from _front_ends(snap)
-    yield from _peers(snap)
+    yield from _peers(snap, names)
     yield from _limits(snap)
     yield from _memory(snap)
-    yield from _own(snap)
+    yield from _own(snap, names)
 
 
-def _own(snap: Snapshot) -> Iterator[Metric]:
+def _own(snap: Snapshot, names: bool = True) -> Iterator[Metric]:
     """The families each front end declares of its own, while it has a reading."""
     for r in snap.readings:
         if r.value is None:
@@ -129,8 +137,12 @@ def _own(snap: Snapshot) -> Iterator[Metric]:
             if isinstance(value, int | float):
                 family.add_metric([], value)
             else:
+                hide = [] if names else [i for i, k in enumerate(spec.labels) if k in NAME_KEYS]
                 for labels, series in value:
-                    family.add_metric(list(labels), series)
+                    shown = list(labels)
+                    for i in hide:
+                        shown[i] = ""
+                    family.add_metric(shown, series)
             yield family
 
 
@@ -446,7 +458,7 @@ def _limits(snap: Snapshot) -> Iterator[Metric]:
     yield refused
 
 
-def _peers(snap: Snapshot) -> Iterator[Metric]:
+def _peers(snap: Snapshot, names: bool = True) -> Iterator[Metric]:
     labels = ["peer", "source"]
     up = GaugeMetricFamily(
         "fq_peer_up", "1 while the connection to an upstream broker is up.", labels=labels
@@ -470,8 +482,14 @@ def _peers(snap: Snapshot) -> Iterator[Metric]:
     bindings = GaugeMetricFamily(
         "fq_peer_bindings", "Exchanges pulled from the upstream, bound or not.", labels=labels
     )
+    seen: set[tuple[str, str]] = set()
     for p in snap.peers:
-        values = [f"{p.host}:{p.port}", p.source]
+        peer = f"{p.host}:{p.port}"
+        source = p.source if names else ""
+        while (peer, source) in seen:  # two links to one upstream, as two users
+            source += "*"
+        seen.add((peer, source))
+        values = [peer, source]
         up.add_metric(values, 1 if p.state == "connected" else 0)
         reconnects.add_metric(values, p.reconnects)
         received.add_metric(values, p.stats.msgs_in)
@@ -481,24 +499,32 @@ def _peers(snap: Snapshot) -> Iterator[Metric]:
     yield from (up, reconnects, received, looped, duplicates, bindings)
 
 
-_registries: weakref.WeakKeyDictionary[MetricsSource, CollectorRegistry] = (
+_registries: weakref.WeakKeyDictionary[MetricsSource, dict[bool, CollectorRegistry]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def registry_for(broker: MetricsSource) -> CollectorRegistry:
-    """The broker's own registry: its collector plus this process's standard metrics."""
-    registry = _registries.get(broker)
+def registry_for(broker: MetricsSource, *, names: bool = True) -> CollectorRegistry:
+    """The broker's own registry: its collector plus this process's standard metrics.
+
+    Two per broker, made on first use: one naming users and clients, one not
+    (:class:`BrokerCollector`)."""
+    pair = _registries.get(broker)
+    if pair is None:
+        pair = _registries[broker] = {}
+    registry = pair.get(names)
     if registry is None:
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(BrokerCollector(broker))
+        registry.register(BrokerCollector(broker, names=names))
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
-        _registries[broker] = registry
+        pair[names] = registry
     return registry
 
 
-def render_metrics(broker: MetricsSource, accept: str = "") -> tuple[bytes, str]:
+def render_metrics(
+    broker: MetricsSource, accept: str = "", *, names: bool = True
+) -> tuple[bytes, str]:
     """The /metrics body and its content type, in the format the scraper asked for."""
     encoder, content_type = choose_encoder(accept)
-    return encoder(registry_for(broker)), content_type
+    return encoder(registry_for(broker, names=names)), content_type

@@ -79,8 +79,14 @@ def _admin_access(broker: HttpHost) -> str:
     return "users" if broker.users is not None else "token"
 
 
-def node_json(broker: HttpHost, disk: dict[str, Any]) -> dict[str, Any]:
-    """The /node.json object, ``disk`` being what :func:`disk_use` found."""
+def node_json(broker: HttpHost, disk: dict[str, Any], *, names: bool = True) -> dict[str, Any]:
+    """The /node.json object, ``disk`` being what :func:`disk_use` found.
+
+    Without ``names`` (a reader who may not see them, auth.sees_names) the file paths are
+    "": where the queues and the password hashes live is no business of an anonymous
+    reader or a scraper; so is an upstream's ``source``, the user it logs in as. The sizes
+    and counts stay.
+    """
     settings = broker.settings
     fronts = front_end_snapshots(broker)
     listeners: dict[str, dict[str, Any]] = {}
@@ -98,7 +104,7 @@ def node_json(broker: HttpHost, disk: dict[str, Any]) -> dict[str, Any]:
         {
             "host": link.address.host,
             "port": link.address.port,
-            "source": link.address.source,
+            "source": link.address.source if names else "",  # a user name
             "state": str(link.state),
             "reconnects": link.reconnects,
             "exchanges": sorted({b.exchange.decode("utf-8", "replace") for b in link.wanted}),
@@ -117,8 +123,8 @@ def node_json(broker: HttpHost, disk: dict[str, Any]) -> dict[str, Any]:
         "rss_bytes": rss_bytes(),
         "memory_budget_used": broker.budget.used,
         "memory_budget_limit": broker.budget.limit,
-        "queue_dir": str(settings.queue_dir),
-        "config_db": str(settings.config_db),
+        "queue_dir": str(settings.queue_dir) if names else "",
+        "config_db": str(settings.config_db) if names else "",
         **disk,
         "listeners": list(listeners.values()),
         "front_ends": [
@@ -142,12 +148,12 @@ def node_json(broker: HttpHost, disk: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def node_status(broker: HttpHost) -> dict[str, Any]:
+async def node_status(broker: HttpHost, *, names: bool = True) -> dict[str, Any]:
     """:func:`node_json`, the queue directory walked in a worker thread, so a directory of many
     queues on a slow disk never stalls the loop."""
     disk = await asyncio.to_thread(disk_use, Path(broker.settings.queue_dir))
-    return node_json(broker, disk)
+    return node_json(broker, disk, names=names)
 
 
-async def render_node_json(broker: HttpHost) -> bytes:
-    return json.dumps(await node_status(broker)).encode() + b"\n"
+async def render_node_json(broker: HttpHost, *, names: bool = True) -> bytes:
+    return json.dumps(await node_status(broker, names=names)).encode() + b"\n"

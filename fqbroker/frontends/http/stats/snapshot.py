@@ -25,6 +25,7 @@ from fqbroker.frontends.http.stats.frontends import (
     Reading,
     front_end_snapshots,
     readings,
+    unnamed,
 )
 from fqbroker.version import FQ_COMPAT_VERSION
 
@@ -334,9 +335,16 @@ def _text(name: bytes) -> str:
 _CLIENT_COUNTERS = tuple(f.name for f in dataclasses.fields(ClientStats) if f.name != "denied")
 
 
-def stats_json(snap: Snapshot) -> dict[str, Any]:
+def stats_json(snap: Snapshot, *, names: bool = True) -> dict[str, Any]:
     """fqd's /stats.json object: same keys, same order, same types
-    (docs/fq-protocol.md §4.2)."""
+    (docs/fq-protocol.md §4.2).
+
+    Without ``names`` (a reader who may not see who is connected, auth.sees_names) a
+    client's ``user`` and ``remote_addr`` are "" and its ``remote_port`` "0", an upstream's
+    ``source`` (the user it logs in as) is "", and the front
+    ends' sections go through :func:`~fqbroker.frontends.http.stats.frontends.unnamed`:
+    the same document with the same counts, nobody named.
+    """
     exchanges: dict[str, Any] = {}
     for ex in snap.exchanges:
         exchanges[_text(ex.name)] = {
@@ -382,27 +390,28 @@ def stats_json(snap: Snapshot) -> dict[str, Any]:
             "backlog_limit": q.backlog_limit,
             "backlog": q.backlog,
             "dropped_to": q.dropped_to,
-            "clients": [_client_json(c) for c in q.clients],
+            "clients": [_client_json(c, names) for c in q.clients],
         }
     out: dict[str, Any] = {"version": snap.version, "exchanges": exchanges, "queues": queues}
     if snap.peers:
         # Not in fqd, which shows its upstreams nowhere; only present when there are some,
         # so a broker without peers answers exactly fqd's shape.
-        out["peers"] = [_peer_json(p) for p in snap.peers]
+        out["peers"] = [_peer_json(p, names) for p in snap.peers]
     for r in snap.readings:
         # Extensions too, each present only while its front end has something to show
         # (its listener runs), so fq's shape is unchanged otherwise.
         if r.value is not None and r.counters.json is not None:
-            out[r.key] = r.counters.json(r.value)
+            section = r.counters.json(r.value)
+            out[r.key] = section if names else unnamed(section)
     return out
 
 
-def _peer_json(p: PeerSnapshot) -> dict[str, Any]:
+def _peer_json(p: PeerSnapshot, names: bool = True) -> dict[str, Any]:
     return {
         "mode": "peer",
         "host": p.host,
         "port": p.port,
-        "source": p.source,
+        "source": p.source if names else "",  # the user it logs in upstream as
         "state": p.state,
         "reconnects": p.reconnects,
         "bindings": [
@@ -421,12 +430,12 @@ def _peer_json(p: PeerSnapshot) -> dict[str, Any]:
     }
 
 
-def _client_json(c: ClientSnapshot) -> dict[str, str]:
+def _client_json(c: ClientSnapshot, names: bool = True) -> dict[str, str]:
     # fqd prints the port and every counter as JSON strings; clients of fqd parse them so.
     out = {
-        "user": _text(c.user),
-        "remote_addr": c.remote_addr,
-        "remote_port": str(c.remote_port),
+        "user": _text(c.user) if names else "",
+        "remote_addr": c.remote_addr if names else "",
+        "remote_port": str(c.remote_port) if names else "0",
     }
     if c.mode is not None:
         out["mode"] = c.mode
@@ -436,7 +445,7 @@ def _client_json(c: ClientSnapshot) -> dict[str, str]:
     return out
 
 
-def render_stats_json(broker: StatsSource) -> bytes:
+def render_stats_json(broker: StatsSource, *, names: bool = True) -> bytes:
     """The /stats.json body: UTF-8 JSON, non-ASCII kept as is (fqd writes raw bytes)."""
-    body = json.dumps(stats_json(take_snapshot(broker)), ensure_ascii=False)
+    body = json.dumps(stats_json(take_snapshot(broker), names=names), ensure_ascii=False)
     return body.encode("utf-8") + b"\n"

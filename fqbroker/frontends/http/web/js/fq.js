@@ -285,13 +285,13 @@ function updateQueue(card, q, name, r) {
   f.moreClients.hidden = clients.length <= MAX_ROWS;
   setText(f.moreClients, `and ${fmtInt(clients.length - MAX_ROWS)} more clients`);
   f.clientRows.replaceChildren(
-    ...clients.slice(0, MAX_ROWS).map((c) => {
-      const key = clientKey(name, c);
+    ...clients.slice(0, MAX_ROWS).map((c, i) => {
+      const key = clientKey(name, c, i);
       return h(
         "tr",
         {},
         h("td", { class: "code", text: c.user }),
-        h("td", { class: "code muted", text: `${c.remote_addr}:${c.remote_port}` }),
+        h("td", { class: "code muted", text: address(c) }),
         h("td", { class: "muted", text: c.mode || "unpaired" }),
         h("td", { class: "n", text: c.mode ? fmtInt(num(c.msgs_in)) : "–" }),
         h("td", { class: "n", text: c.mode ? fmtInt(num(c.msgs_out)) : "–" }),
@@ -302,8 +302,14 @@ function updateQueue(card, q, name, r) {
   );
 }
 
-function clientKey(queue, c) {
-  return `c:${queue}\u0000${c.remote_addr}:${c.remote_port}`;
+// A broker that does not name clients to this reader (auth = "password", no login) sends
+// "" for the address: such clients are told apart by their place in the list.
+function clientKey(queue, c, i) {
+  return c.remote_addr ? `c:${queue}\u0000${c.remote_addr}:${c.remote_port}` : `c:${queue}\u0000#${i}`;
+}
+
+function address(c) {
+  return c.remote_addr ? `${c.remote_addr}:${c.remote_port}` : "–";
 }
 
 function renderQueues(stats, r) {
@@ -331,10 +337,10 @@ function counters(stats) {
     // stats.json has no per-queue message counter. Out is what its clients took; in
     // is out plus the change in backlog plus what it dropped.
     let out = 0;
-    for (const c of q.clients || []) {
+    for (const [i, c] of (q.clients || []).entries()) {
       const taken = num(c.msgs_out);
       out += taken;
-      values.set(clientKey(name, c), taken);
+      values.set(clientKey(name, c, i), taken);
     }
     values.set("qo:" + name, out);
     values.set("qi:" + name, out + q.backlog + q.dropped_to);

@@ -199,7 +199,8 @@ function updateFrontend(card, fe) {
       h(
         "tr",
         {},
-        h("td", { class: "code muted", text: `${c.remote_addr}:${c.remote_port}` }),
+        // "" when the broker does not name clients to this reader (auth = "password").
+        h("td", { class: "code muted", text: c.remote_addr ? `${c.remote_addr}:${c.remote_port}` : "–" }),
         ...facts.map((k) => h("td", { class: "code", text: c[k] === undefined ? "–" : String(c[k]) })),
       ),
     ),
