@@ -19,6 +19,7 @@ from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from tests.conftest import TIMEOUT, on, port_of, running
 from tests.pki import Logins, password_logins
+from tests.procs import Proc
 
 RIGHTS = {
     "alice": [("publish", "news.*"), ("consume", "news.*")],
@@ -105,3 +106,32 @@ async def test_a_user_without_the_right_is_refused_per_topic(
         assert isinstance(got[0], Attached) and got[0].topic == b"news.x"
         assert got[-1] == Pong(3)
         assert broker.limits.refused["auth"] == 3
+
+
+async def test_fqd_and_the_figg_tool_with_a_client_certificate(
+    settings: Settings, logins: Logins, tmp_path: Path, procs: list[Proc]
+) -> None:
+    """fqd as its flags configure it (--auth password --tls-client-ca), and the ``figg``
+    tool logging in with --certfile: its lines published and read back."""
+    figg_table = f'[figg]\nlisten = "127.0.0.1:0"\ntls_cert = "{logins.cert}"\n'
+    conf = tmp_path / "fqd.toml"
+    conf.write_text(f'[fqd]\n\n{figg_table}tls_key = "{logins.key}"\n')
+    async with asyncio.timeout(4 * TIMEOUT):
+        fqd, _ = await Proc.start_fqd(
+            tmp_path, "--config", str(conf), "--auth", "password",
+            "--tls-client-ca", str(logins.cafile),
+        )  # fmt: skip
+        procs.append(fqd)
+        line = await fqd.wait_stderr("Figg listening on port: ")
+        port = line.rsplit(" ", 1)[1]
+        figg = ("-m", "fqbroker.cli.figg", "--port", port, "--cafile", str(logins.cafile))
+        alice = ("--certfile", str(logins.client("alice")))
+        pub = await Proc.start(*figg, *alice, "pub", "news.cli", stdin=asyncio.subprocess.PIPE)
+        procs.append(pub)
+        status, _, err = await pub.finish(b"one\ntwo\n")
+        assert status == 0 and "published 2 messages" in err, err
+        sub = await Proc.start(*figg, *alice, "sub", "news.cli", "--offset", "0", "--count", "2")
+        procs.append(sub)
+        status, out, err = await sub.finish()
+        assert status == 0, err
+        assert out.splitlines() == [b"one", b"two"]

@@ -44,25 +44,24 @@ async def victim() -> AsyncIterator[tuple[Victim, int]]:
         transport.close()
 
 
-async def attack(broker: Broker, port: int) -> None:
-    """From 127.0.0.1: a REQUEST for 1..5 and a KEEPALIVE, both naming 127.0.0.2:port;
-    then the requester's own REQUEST, answered, so the broker has read the others."""
-    async with udp(fyrehose_address(broker)) as c:
-        c.send(Request("127.0.0.2", port, 1, 5))
-        c.send(Keepalive("127.0.0.2", port, wire.NO_FLAGS, TOKEN))
-        c.send(Request("0.0.0.0", 0, 1, 1))
-        got = await c.next()
-        assert isinstance(got, Deliver) and got.seq == 1  # its own: served as before
-        await c.nothing(0.2)  # nor the third party's KEEPALIVE-ACK
-
-
 async def test_a_request_naming_a_third_party_sends_it_nothing(settings: Settings) -> None:
     async with running(on(settings, "fyrehose")) as broker:
         await push(broker, [b"m%d" % i for i in range(5)])
         await wait_for(lambda: backbone_of(broker).sequence == 5)
-        async with victim() as (hit, port):
-            await attack(broker, port)
-            await push(broker, [b"later"])  # a subscriber it would have made gets nothing
+        async with victim() as (hit, port), udp(fyrehose_address(broker)) as c:
+            # From 127.0.0.1, 19 bytes asking for 1..5 to be sent to 127.0.0.2; then the
+            # requester's own REQUEST, answered once the broker has read the first.
+            c.send(Request("127.0.0.2", port, 1, 5))
+            c.send(Request("0.0.0.0", 0, 1, 1))
+            got = await c.next()
+            assert isinstance(got, Deliver) and got.seq == 1  # its own: served as before
+            await asyncio.sleep(0.2)
+            assert hit.received == []
+            # Nor may a KEEPALIVE subscribe the third party to the stream.
+            c.send(Keepalive("127.0.0.2", port, wire.NO_FLAGS, TOKEN))
+            await c.nothing(0.2)  # not even its KEEPALIVE-ACK
+            await push(broker, [b"later"])
+            await wait_for(lambda: backbone_of(broker).sequence == 6)
             await asyncio.sleep(0.2)
             assert hit.received == []
         assert backbone_of(broker).dropped["elsewhere"] == 2

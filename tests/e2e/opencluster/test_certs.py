@@ -4,6 +4,7 @@ certificates (the subject CN is the user); a get needs the consume right on the 
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from pathlib import Path
 
@@ -13,8 +14,9 @@ from fqbroker.clients.opencluster.client import OpenClusterClient
 from fqbroker.errors import ClientError
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
-from tests.conftest import on, port_of, running
+from tests.conftest import TIMEOUT, on, port_of, running
 from tests.pki import Logins, password_logins
+from tests.procs import Proc
 
 RIGHTS = {
     "alice": [("publish", "opencluster"), ("consume", "opencluster")],
@@ -65,3 +67,21 @@ async def test_a_user_sets_and_gets_with_its_certificate(
             with pytest.raises(ClientError, match="permission denied"):
                 await reader.set("greeting", "changed")
             assert await reader.get("greeting") == b"hello"
+
+
+async def _tool(*args: str) -> tuple[int, bytes, str]:
+    proc = await Proc.start("-m", "fqbroker.cli.opencluster", *args)
+    async with asyncio.timeout(TIMEOUT * 3):
+        return await proc.finish()
+
+
+async def test_the_opencluster_tool_logs_in_with_its_certificate(
+    settings: Settings, logins: Logins
+) -> None:
+    async with running(settings) as broker:
+        to = ("--port", str(port_of(broker, "opencluster")), "--cafile", str(logins.cafile))
+        alice = ("--certfile", str(logins.client("alice")))
+        assert await _tool(*to, *alice, "set", "k", "v") == (0, b"", "")
+        assert await _tool(*to, *alice, "get", "k") == (0, b"v\n", "")
+        status, out, err = await _tool(*to, "get", "k")  # no certificate: refused
+        assert status == 1 and out == b"" and len(err.strip().splitlines()) == 1, err
