@@ -19,6 +19,7 @@ from fqbroker.protocols.lumberjack import encoder
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from tests.conftest import TIMEOUT, on, port_of, running
+from tests.e2e.interop.test_lumberjack_npm import INTEROP, _node, _run_node
 from tests.pki import Logins, password_logins
 from tests.prereqs import require_module
 
@@ -93,3 +94,29 @@ async def test_pylogbeat_publishes_with_its_client_certificate(
                                         events)  # fmt: skip
                 got = [await c.receive() for _ in events]
     assert sorted(json.loads(m.payload)["n"] for m in got) == list(range(5))
+
+
+async def test_npm_lumberjack_protocol_publishes_with_its_client_certificate(
+    settings: Settings, logins: Logins
+) -> None:
+    """The npm ``lumberjack-protocol`` shipper (v1, TLS only) given a client certificate:
+    every event acknowledged and delivered; without one it never gets an ACK."""
+    node = _node("lumberjack-protocol")
+    script = str(INTEROP / "lumberjack_protocol_send.js")
+    count = 50
+    async with running(settings) as broker:
+        port, ca = str(port_of(broker, "lumberjack")), str(logins.cafile)
+        source = "root/certs-npm/mem:private"
+        async with Client(port=broker.port, source=source, password="rootpw") as c:
+            await c.bind(b"logging", b"prefix:", 0x0100)
+            cert = str(logins.client("shipper"))
+            rc, out, err = await _run_node(node, script, port, ca, str(count), "10", cert)
+            assert rc == 0, (out, err.decode(errors="replace"))
+            assert json.loads(out)["acked"] == count
+            async with asyncio.timeout(TIMEOUT):
+                got = [await c.receive() for _ in range(count)]
+        assert sorted(int(json.loads(m.payload)["n"]) for m in got) == list(range(1, count + 1))
+        refused = broker.limits.refused["auth"]
+        rc, out, err = await _run_node(node, script, port, ca, "1", "10")  # no certificate
+        assert rc != 0 and json.loads(out)["acked"] == 0
+        assert broker.limits.refused["auth"] > refused
