@@ -17,7 +17,7 @@ from fqbroker.protocols.figg import wire
 from fqbroker.protocols.figg.wire import Attach, Attached, Ping, Pong, Publish
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
-from tests.conftest import TIMEOUT, on, port_of, running
+from tests.conftest import TIMEOUT, on, port_of, running, wait_for
 from tests.pki import Logins, password_logins
 from tests.procs import Proc
 
@@ -72,6 +72,9 @@ async def test_a_client_without_a_login_is_refused(settings: Settings, logins: L
         ):
             assert await exchange(broker, context, Ping(1)) == []
         assert broker.limits.refused["auth"] >= 2  # the ones the handshake let through
+        # Each refused connection was given back to the limits.
+        await wait_for(lambda: broker.front_ends["figg"].counters.open == 0)
+        assert broker.limits.connections == 0
         # The listener carries on: a user's certificate is answered.
         assert await exchange(broker, logins.context("alice"), Ping(2)) == [Pong(2)]
 

@@ -18,7 +18,7 @@ from fqbroker.clients.fq.client import Client
 from fqbroker.protocols.lumberjack import encoder
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
-from tests.conftest import TIMEOUT, on, port_of, running
+from tests.conftest import TIMEOUT, on, port_of, running, wait_for
 from tests.e2e.interop.test_lumberjack_npm import INTEROP, _node, _run_node
 from tests.pki import Logins, password_logins
 from tests.prereqs import require_module
@@ -68,6 +68,9 @@ async def test_a_shipper_without_a_login_is_refused(settings: Settings, logins: 
         ):
             assert await ship(broker, context) == []
         assert broker.limits.refused["auth"] == 3
+        # Each refused connection was given back to the limits.
+        await wait_for(lambda: broker.front_ends["lumberjack"].counters.open == 0)
+        assert broker.limits.connections == 0
         assert await ship(broker, logins.context("shipper")) == [(1, 1)]
 
 
