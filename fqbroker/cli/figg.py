@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its Figg port")
     p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
     p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
+    p.add_argument(
+        "--certfile", help="PEM client certificate: the login under auth = password (implies --tls)"
+    )
+    p.add_argument("--keyfile", help="its PEM private key (default: in --certfile)")
     sub = p.add_subparsers(dest="command", required=True)
     pub = sub.add_parser("pub", help="publish each line of stdin to TOPIC")
     sub_ = sub.add_parser("sub", help="print the messages of TOPIC")
@@ -73,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("--port", type=port_type(), default=argparse.SUPPRESS)
         q.add_argument("--tls", action="store_true", default=argparse.SUPPRESS)
         q.add_argument("--cafile", default=argparse.SUPPRESS)
+        q.add_argument("--certfile", default=argparse.SUPPRESS)
+        q.add_argument("--keyfile", default=argparse.SUPPRESS)
         q.add_argument("--count", type=_count, help="stop after COUNT messages")
     sub_.add_argument("--offset", type=_offset, help="start after this offset (0: the whole topic)")
     sub_.add_argument("--json", action="store_true", help="one JSON object per message")
@@ -91,7 +97,14 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 async def _pub(args: argparse.Namespace) -> int:
-    client = FiggClient(args.host, args.port, tls=args.tls, cafile=args.cafile)
+    client = FiggClient(
+        args.host,
+        args.port,
+        tls=args.tls,
+        cafile=args.cafile,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+    )
     await client.connect()
     sent = 0
     start = time.monotonic()
@@ -135,7 +148,14 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _sub(args: argparse.Namespace) -> int:
-    client = FiggClient(args.host, args.port, tls=args.tls, cafile=args.cafile)
+    client = FiggClient(
+        args.host,
+        args.port,
+        tls=args.tls,
+        cafile=args.cafile,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+    )
     await client.connect()
     out = sys.stdout.buffer
     total = 0

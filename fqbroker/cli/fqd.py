@@ -166,7 +166,13 @@ def _fqd_parser(front_ends: Table = FRONT_ENDS) -> argparse.ArgumentParser:
         "--tls-required",
         action="store_true",
         default=None,
-        help="refuse plain connections on the main port",
+        help="refuse plain connections on every TCP port",
+    )
+    p.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="FILE",
+        help="PEM CA that signs client certificates: TLS ports of their own log users in by them",
     )
     p.add_argument(
         "--auth",
@@ -210,6 +216,7 @@ def _settings(args: argparse.Namespace, front_ends: Table) -> Settings:
         "tls_cert": args.tls_cert,
         "tls_key": args.tls_key,
         "tls_required": args.tls_required,
+        "tls_client_ca": args.tls_client_ca,
         "auth": args.auth,
     }
     settings = settings.updated(overrides, front_ends)
@@ -425,6 +432,12 @@ def _check_settings(settings: Settings, front_ends: Table) -> None:
                 else exc.strerror or exc
             )
             raise ConfigError(f"{what}tls_cert/tls_key {files}: will not load: {reason}") from None
+    if settings.tls_client_ca is not None:
+        try:
+            ssl.create_default_context(cafile=settings.tls_client_ca)
+        except (ssl.SSLError, OSError) as exc:
+            why = "not PEM certificates" if isinstance(exc, ssl.SSLError) else exc.strerror
+            raise ConfigError(f"tls_client_ca {settings.tls_client_ca}: {why}") from None
 
 
 def _raise_descriptor_limit() -> None:

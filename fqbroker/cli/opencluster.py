@@ -1,6 +1,6 @@
 """``opencluster``: get, set and ping an OpenCluster key/value server (fqd's listener).
 
-    opencluster [--host H] [--port P] [--tls] [--cafile F] get NAME [--int]
+    opencluster [--host H] [--port P] [--tls] [--cafile F] [--certfile F] get NAME [--int]
     opencluster ... set NAME VALUE [--int] [--expires S]
     opencluster ... ping
 
@@ -49,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its OpenCluster port")
     p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
     p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
+    p.add_argument(
+        "--certfile", help="PEM client certificate: the login under auth = password (implies --tls)"
+    )
+    p.add_argument("--keyfile", help="its PEM private key (default: in --certfile)")
     sub = p.add_subparsers(dest="command", required=True)
     get = sub.add_parser("get", help="print the value of NAME")
     get.add_argument("name")
@@ -86,7 +90,14 @@ def _say(text: str) -> None:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    client = await OpenClusterClient.connect(args.host, args.port, tls=args.tls, cafile=args.cafile)
+    client = await OpenClusterClient.connect(
+        args.host,
+        args.port,
+        tls=args.tls,
+        cafile=args.cafile,
+        certfile=args.certfile,
+        keyfile=args.keyfile,
+    )
     try:
         if args.command == "ping":
             await client.ping()

@@ -15,19 +15,35 @@ from pathlib import Path
 __all__ = ["client_context", "client_ssl", "shared_client_ssl"]
 
 
-def client_context(cafile: str | Path | None = None) -> ssl.SSLContext:
+def client_context(
+    cafile: str | Path | None = None,
+    certfile: str | Path | None = None,
+    keyfile: str | Path | None = None,
+) -> ssl.SSLContext:
     """A client's context: the system's trusted CAs, or only ``cafile``'s when given;
-    the broker's certificate and host name are checked either way."""
-    return ssl.create_default_context(cafile=str(cafile) if cafile else None)
+    the broker's certificate and host name are checked either way. With ``certfile``
+    (and ``keyfile``, else the key is in ``certfile``) it presents that client
+    certificate: the login of the Lumberjack, Figg and OpenCluster listeners under
+    auth = "password"."""
+    context = ssl.create_default_context(cafile=str(cafile) if cafile else None)
+    if certfile:
+        context.load_cert_chain(certfile, keyfile or None)
+    return context
 
 
-def client_ssl(tls: bool | ssl.SSLContext, cafile: str | Path | None) -> ssl.SSLContext | None:
+def client_ssl(
+    tls: bool | ssl.SSLContext,
+    cafile: str | Path | None,
+    certfile: str | Path | None = None,
+    keyfile: str | Path | None = None,
+) -> ssl.SSLContext | None:
     """What a client passes to ``open_connection(ssl=...)``: its own context, one from
-    ``cafile``, or None for a plain connection (``tls`` False and no ``cafile``)."""
+    ``cafile`` (and a client certificate), or None for a plain connection (``tls``
+    False, no ``cafile`` and no ``certfile``)."""
     if isinstance(tls, ssl.SSLContext):
         return tls
-    if tls or cafile:
-        return client_context(cafile)
+    if tls or cafile or certfile:
+        return client_context(cafile, certfile, keyfile)
     return None
 
 

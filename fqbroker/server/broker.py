@@ -23,6 +23,7 @@ from fqbroker.core.queue import Queue
 from fqbroker.core.router import ClientStats, Router, RouteTimes
 from fqbroker.frontends.figg.settings import Figg, topic_config
 from fqbroker.frontends.fq.registry import ClientRegistry
+from fqbroker.frontends.kit.certs import anonymous, plain_under_tls_required, unauthenticated
 from fqbroker.frontends.kit.component import FrontEnd, LiveFrontEnd
 from fqbroker.frontends.kit.heartbeats import HeartbeatClock
 from fqbroker.frontends.kit.limits import Limits, install_exception_handler, raised_in_package
@@ -131,6 +132,16 @@ class Broker:
 
     async def start(self) -> None:
         self.listeners.check()  # two front ends on one address: refused before anything binds
+        for spec in self.listeners.specs:
+            # A front end that would serve anyone under auth = "password", or in plain
+            # text under tls_required: refused before anything binds, naming the fix.
+            problem = plain_under_tls_required(spec, self.settings) or unauthenticated(
+                spec, self.settings
+            )
+            if problem is None and spec.refuse_start is not None and spec.claims(self.settings):
+                problem = spec.refuse_start(self.settings)
+            if problem is not None:
+                raise ValueError(problem)
         open_hosts = self.settings.open_to_anyone(self.listeners.specs)
         if open_hosts and not self.settings.allow_open_network:
             raise ValueError(
@@ -193,8 +204,10 @@ class Broker:
                 continue
             if self.settings.auth == "none":
                 why = 'auth = "none": no password is checked'
-            elif not live.spec.auth.credentials:
-                why = "this protocol carries no password"
+            elif not live.spec.auth.credentials and (
+                not live.spec.auth.certificates or anonymous(live.spec, self.settings)
+            ):
+                why = "it serves clients without a login (anonymous = true)"
             else:
                 continue
             log.warning(

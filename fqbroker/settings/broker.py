@@ -204,7 +204,11 @@ class Settings:
     # --- TLS on the main port (docs/tls.md) ---
     tls_cert: Path | None = None  # PEM certificate chain: TLS clients accepted when given
     tls_key: Path | None = None  # PEM private key; None: it is in tls_cert's file
-    tls_required: bool = False  # refuse plain connections on the main port (needs tls_cert)
+    tls_required: bool = False  # refuse plain connections on every TCP port (needs tls_cert)
+    # The CA that signs client certificates: the front ends on TLS ports of their own
+    # (Lumberjack, Figg, OpenCluster) take a client's certificate as its login, the
+    # subject CN its user, under auth = "password" (docs/security.md).
+    tls_client_ca: Path | None = None
     # --- /metrics (docs/http.md) ---
     metrics_client_series_max: int = 1000  # fq_client_* series while at most this many clients
 
@@ -289,7 +293,15 @@ class Settings:
             if value is None:
                 continue
             given.add(name)
-            if name in ("data_dir", "config_db", "queue_dir", "web_root", "tls_cert", "tls_key"):
+            if name in (
+                "data_dir",
+                "config_db",
+                "queue_dir",
+                "web_root",
+                "tls_cert",
+                "tls_key",
+                "tls_client_ca",
+            ):
                 if not isinstance(value, str | Path):
                     raise ValueError(f"{key} must be a path, not {value!r}")
                 value = Path(value)

@@ -48,6 +48,14 @@ def _dir(name: str) -> Callable[[Path], None]:
     return make
 
 
+def _pki(where: Path) -> None:
+    import trustme
+
+    from tests.pki import make_pki
+
+    make_pki(trustme.CA(), where)
+
+
 @dataclass(frozen=True)
 class Row:
     args: tuple[str, ...]
@@ -174,6 +182,34 @@ ROWS = {
         (*FQD, "-p", "0", "--bind", "0.0.0.0"),
         2,
         'refusing to listen on 0.0.0.0 with auth = "none"',
+    ),
+    "fqd-figg-under-password-without-logins": Row(
+        (*FQD, "-p", "0", "--auth", "password", "--figg", "127.0.0.1:0"),
+        2,
+        'figg: auth = "password", but its clients cannot log in: set tls_client_ca',
+    ),
+    "fqd-figg-plain-under-tls-required": Row(
+        (
+            *FQD,
+            "-p",
+            "0",
+            "--tls-cert",
+            "cert.pem",
+            "--tls-key",
+            "key.pem",
+            "--tls-required",
+            "--figg",
+            "127.0.0.1:0",
+        ),
+        2,
+        "figg: tls_required, but its port has no TLS: set [figg] tls_cert",
+        _pki,
+    ),
+    "fqd-client-ca-not-pem": Row(
+        (*FQD, "-p", "0", "--tls-client-ca", "junk.pem"),
+        2,
+        "tls_client_ca junk.pem: not PEM certificates",
+        _file("junk.pem", "junk\n"),
     ),
     # --- fq-send ---
     "fq-send-address-without-port": Row(

@@ -1,6 +1,8 @@
 // Drives the npm `lumberjack-protocol` client (1.0.7, v1 `D` frames, TLS only) against a
 // broker's Lumberjack listener: one `1W` at connect, then a stream of `1D` frames, seq 1, 2, ...
-// Usage: node lumberjack_protocol_send.js PORT CA_PEM COUNT WINDOW
+// Usage: node lumberjack_protocol_send.js PORT CA_PEM COUNT WINDOW [CLIENT_PEM]
+// CLIENT_PEM: a client certificate and its key in one PEM file, presented to the broker
+// (its login under auth = "password").
 // It writes while fewer than WINDOW*10 events are unacknowledged (past that the client drops
 // events, so a shipper waits for ACKs), then waits for the ACK of the last event, prints one
 // JSON object on stdout ({acked, dropped, acks}) and exits; non-zero on any error or timeout.
@@ -12,9 +14,15 @@ var port = parseInt(process.argv[2], 10);
 var ca = fs.readFileSync(process.argv[3]);
 var count = parseInt(process.argv[4] || '1000', 10);
 var windowSize = parseInt(process.argv[5] || '10', 10);
+var tlsOptions = {host: '127.0.0.1', port: port, ca: [ca]};
+if (process.argv[6]) {
+  var pem = fs.readFileSync(process.argv[6]);
+  tlsOptions.cert = pem;
+  tlsOptions.key = pem;
+}
 
 var client = lumberjack.client(
-  {host: '127.0.0.1', port: port, ca: [ca]},
+  tlsOptions,
   {windowSize: windowSize, reconnect: 200, maxQueueSize: count + 1}
 );
 var sent = 0;

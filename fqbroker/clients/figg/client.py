@@ -102,10 +102,14 @@ class FiggClient:
         inbox_limit: int = INBOX_LIMIT,
         tls: bool | ssl.SSLContext = False,
         cafile: str | Path | None = None,
+        certfile: str | Path | None = None,
+        keyfile: str | Path | None = None,
     ) -> None:
         self.host = host
         self.port = port
-        self.ssl = client_ssl(tls, cafile)  # a listener with tls_cert set
+        # A listener with tls_cert set; a client certificate is the login under auth =
+        # "password" (its subject CN the user).
+        self.ssl = client_ssl(tls, cafile, certfile, keyfile)
         self.connect_timeout = connect_timeout
         self.backoff = backoff or Backoff()
         self.inbox_limit = inbox_limit

@@ -51,11 +51,14 @@ class OpenClusterClient:
         *,
         tls: bool | ssl.SSLContext = False,
         cafile: str | Path | None = None,
+        certfile: str | Path | None = None,
+        keyfile: str | Path | None = None,
         connect_timeout: float = 10.0,
     ) -> OpenClusterClient:
         """Connect, send hello and wait for its ack, serverlist and hashmasks (acked as the
         2011 client did). ``OSError``/``TimeoutError`` when the server cannot be reached."""
-        context = client_ssl(tls, cafile)
+        # A client certificate is the login under auth = "password" (its CN the user).
+        context = client_ssl(tls, cafile, certfile, keyfile)
         async with asyncio.timeout(connect_timeout):
             reader, writer = await asyncio.open_connection(
                 host, port, ssl=context, server_hostname=host if context else None

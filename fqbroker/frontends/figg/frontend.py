@@ -1,7 +1,9 @@
 """The Figg listener as a front end of the table: a port of its own, off until ``[figg]
 listen`` (or ``fqd --figg``) names an address; TLS when ``tls_cert`` is set, as the
-Lumberjack listener's (our Figg client connects with ``tls``/``cafile``). A connection
-that sends nothing for ``idle_seconds`` is closed by the listeners (its idle limit)."""
+Lumberjack listener's (our Figg client connects with ``tls``/``cafile``, and presents a
+client certificate with ``certfile``/``keyfile``: under auth = "password" its subject CN is
+the user, whose publish and consume rights apply per topic). A connection that sends
+nothing for ``idle_seconds`` is closed by the listeners (its idle limit)."""
 
 from __future__ import annotations
 
@@ -11,14 +13,16 @@ import ssl
 from typing import TYPE_CHECKING, Any
 
 from fqbroker.frontends.figg.settings import Figg
+from fqbroker.frontends.kit.certs import Refused, certificate_login
 from fqbroker.frontends.kit.component import (
+    CLIENT_CERTIFICATES,
     ConnectionLimits,
     Counters,
     FrontEnd,
     LiveFrontEnd,
     OwnPort,
 )
-from fqbroker.frontends.kit.tls import server_context
+from fqbroker.frontends.kit.tls import listener_context
 from fqbroker.settings.broker import Settings
 from fqbroker.settings.section import Flag
 
@@ -51,7 +55,7 @@ def _address(settings: Settings) -> tuple[str, int] | None:
 
 def _tls(settings: Settings) -> ssl.SSLContext | None:
     figg = settings.section(Figg)
-    return server_context(figg.tls_cert, figg.tls_key)
+    return listener_context(settings, figg.tls_cert, figg.tls_key)
 
 
 def _limits(settings: Settings) -> ConnectionLimits:
@@ -66,7 +70,14 @@ def _open(
 ) -> asyncio.BaseProtocol:
     from fqbroker.frontends.figg.session import FiggSession
 
-    return FiggSession(host, live, transport, config_of(host.settings.section(Figg)))
+    # Under auth = "password" a client logs in with its client certificate; its user's
+    # rights are asked per topic (FiggSession). Figg has no error frame: a refused
+    # client is closed.
+    user, permissions = certificate_login(host, live, transport)
+    if permissions is None:
+        return Refused(host, transport)
+    config = config_of(host.settings.section(Figg))
+    return FiggSession(host, live, transport, config, user, permissions)
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:
@@ -103,6 +114,7 @@ FIGG: FrontEnd[Any] = FrontEnd(
         ),
     ),
     limits=_limits,
+    auth=CLIENT_CERTIFICATES,
     title="Figg",
     counters=_counters,
     fuzz=("figg",),

@@ -13,8 +13,11 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Protocol
 
+from fqbroker.core.permissions import Permissions
 from fqbroker.frontends.figg.machine import Config, Machine, sender_for
 from fqbroker.frontends.figg.subscription import Subscription
+from fqbroker.frontends.kit.acks import Batch
+from fqbroker.frontends.kit.certs import refuse
 from fqbroker.frontends.kit.connections import WRITE, peer_address
 from fqbroker.frontends.kit.publishing import PublishingSession
 from fqbroker.protocols.figg import wire
@@ -27,6 +30,7 @@ if TYPE_CHECKING:
     from fqbroker.frontends.kit.component import LiveFrontEnd
     from fqbroker.frontends.kit.limits import Limits as BrokerLimits
     from fqbroker.settings.broker import Settings
+    from fqbroker.storage.configdb.users import Users
     from fqbroker.storage.topics.retained import Topics
 
 __all__ = ["Config", "FiggHost", "FiggSession", "sender_for"]
@@ -42,6 +46,7 @@ class FiggHost(Protocol):
     msgids: MsgIdCounter
 
     topics: Topics | None
+    users: Users | None
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 
@@ -72,13 +77,19 @@ class FiggSession(PublishingSession, asyncio.Protocol):
     stop reading their topics and the session stops reading its input. What the machine
     buffers (up to a frame of ``max_frame``) is held against the broker's memory budget.
 
+    **Rights.** Under auth = "password" the client's certificate named its user: a
+    PUBLISH to topic T needs that user's publish right on T, an ATTACH of T its consume
+    right on T (docs/permissions.md's globs, over topic names). Figg has no error frame: a
+    frame asking for what the user may not do closes the connection, logged and counted
+    as a refused login, and what the batch held is not acknowledged.
+
     **Ending.** Bad input (a bad frame, a topic name empty or over 127 bytes, a server's
     frame) is logged, counted as bad input and closes the connection; so does a topic the
     broker cannot create (past ``max_topics``). ``idle_seconds`` without a byte from the
     client while we read closes it too: the listeners' idle limit, told by ``last_input``.
     """
 
-    __slots__ = ("config", "delivered", "subscriptions", "writable")
+    __slots__ = ("config", "delivered", "permissions", "subscriptions", "user", "writable")
 
     FRONTEND = "figg"
     TITLE = "Figg"
@@ -88,13 +99,21 @@ class FiggSession(PublishingSession, asyncio.Protocol):
     machine: Machine
 
     def __init__(
-        self, host: FiggHost, live: LiveFrontEnd, transport: asyncio.Transport, config: Config
+        self,
+        host: FiggHost,
+        live: LiveFrontEnd,
+        transport: asyncio.Transport,
+        config: Config,
+        user: str | None = None,
+        permissions: Permissions = Permissions.ALL,
     ) -> None:
         loop = asyncio.get_running_loop()
         sender = sender_for(*peer_address(transport))
         machine = Machine(config, sender, host.node_id, host.msgids.next, loop.time())
         super().__init__(host, live, transport, machine)
         self.config = config
+        self.user = user
+        self.permissions = permissions
         self.subscriptions: dict[bytes, Subscription] = {}
         self.writable = asyncio.Event()
         self.writable.set()
@@ -161,7 +180,24 @@ class FiggSession(PublishingSession, asyncio.Protocol):
             if sub is not None:
                 sub.stop()
 
+    def _publish(self, batch: Batch) -> None:
+        permissions = self.permissions
+        if not permissions.everything:
+            for run in batch.runs:
+                if not permissions.may_publish(run[1]):
+                    self._denied("publish to", run[1])
+                    return
+        super()._publish(batch)
+
+    def _denied(self, what: str, topic: bytes) -> None:
+        why = f"user {self.user!r} may not {what} topic {topic.decode('utf-8', 'replace')!r}"
+        refuse(self.broker, self.live, self.transport, why)
+        self.close()
+
     def _attach(self, name: bytes, offset: int | None) -> None:
+        if not self.permissions.may_consume(name):
+            self._denied("attach", name)
+            return
         topics = self.broker.topics
         topic = topics.open(name) if topics is not None else None
         if topic is None:

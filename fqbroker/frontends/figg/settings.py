@@ -51,6 +51,11 @@ _FOOTER = """\
 # retention_seconds = 2592000.0
 """
 
+_ANONYMOUS = """\
+Under auth = "password" clients log in with TLS client certificates (tls_cert here, the
+broker's tls_client_ca; the subject CN is the user). true: serve anyone who reaches the
+port, no login, every right (fqd refuses to start otherwise when it cannot log them in)."""
+
 
 @dataclass(frozen=True, slots=True)
 class TopicRetention:
@@ -143,6 +148,9 @@ class Figg(Section):
         None, "PEM private key; unset: in tls_cert's file", comment="",
         example="/etc/fqd/figg.key",
     )  # fmt: skip
+    anonymous: bool = setting(
+        False, 'under auth = "password": no login, anyone who reaches it', comment=_ANONYMOUS
+    )
 
     def check(self) -> None:
         if not 0 < len(self.exchange.encode()) <= 127:

@@ -30,6 +30,7 @@ DROP_REASONS: Final = (
     "busy",  # a PUSH while a block-policy queue on the exchange is full
     "congested",  # a DELIVER while the socket's send buffer is full
     "subscribers_full",  # a KEEPALIVE from a new address past max_subscribers
+    "elsewhere",  # a KEEPALIVE or REQUEST naming another host than its source's
 )
 
 Address = tuple[str, int]
@@ -66,7 +67,10 @@ class Backbone:
     once per lease, which makes sure a crashed broker never gives a number twice. The
     window keeps messages as their DELIVER datagrams, so re-sending one costs no
     encoding. A REQUEST is cut to ``request_limit`` messages from its ``from`` on, since a
-    19-byte datagram from a spoofed source must not buy unbounded traffic toward a victim.
+    19-byte datagram from a spoofed source must not buy unbounded traffic toward a victim;
+    and unless ``send_elsewhere``, a KEEPALIVE or REQUEST naming an address on another
+    host than the datagram's source is dropped (``elsewhere``): a client may have
+    datagrams sent to itself only, never aim them at a third party.
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class Backbone:
         window_bytes: int = 32 << 20,
         request_limit: int = 4096,
         max_subscribers: int = 1024,
+        send_elsewhere: bool = False,
         renew: Callable[[int], int] = _no_lease,
         lease: int | None = None,
         rng: random.Random | None = None,
@@ -87,6 +92,7 @@ class Backbone:
         self.window_bytes = window_bytes
         self.request_limit = request_limit
         self.max_subscribers = max_subscribers
+        self.send_elsewhere = send_elsewhere
         self._renew = renew
         # The first number that needs a new lease before it is given.
         self.lease = renew(next_sequence) if lease is None else lease
@@ -182,6 +188,9 @@ class Backbone:
         """Subscribe or unsubscribe ``k``'s address; its KEEPALIVE-ACK, to the source."""
         self.keepalives += 1
         address = _destination(k.addr, k.port, source)
+        if address[0] != source[0] and not self.send_elsewhere:
+            self.dropped["elsewhere"] += 1
+            return []
         subs = self._subs
         if k.flags & wire.Flags.NOSUBSCRIBE:
             if subs.pop(address, None) is not None:
@@ -202,10 +211,13 @@ class Backbone:
     def request(self, r: wire.Request, source: Address, now: float) -> list[Out]:
         """The DELIVERs (and the FORWARD) that answer REQUEST ``r``."""
         self.requests += 1
+        dest = _destination(r.addr, r.port, source)
+        if dest[0] != source[0] and not self.send_elsewhere:
+            self.dropped["elsewhere"] += 1
+            return []
         to_seq = min(r.to_seq, self.sequence, r.from_seq + self.request_limit - 1)
         if r.from_seq > to_seq:
             return []  # all of it above the sequence: nothing yet
-        dest = _destination(r.addr, r.port, source)
         out: list[Out] = []
         first = self.first_retained or self.sequence + 1
         if r.from_seq < first:

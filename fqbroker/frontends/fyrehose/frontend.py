@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from fqbroker.frontends.fyrehose.settings import Fyrehose
 from fqbroker.frontends.kit.component import Counters, Datagrams, FrontEnd, LiveFrontEnd
-from fqbroker.settings.broker import Settings
+from fqbroker.settings.broker import Settings, is_loopback
 from fqbroker.settings.section import Flag
 
 # The endpoint and its backbone are imported when the listener opens, not by every
@@ -20,6 +20,18 @@ __all__ = ["FYREHOSE"]
 
 def _address(settings: Settings) -> tuple[str, int] | None:
     return settings.section(Fyrehose).address(settings.bind)
+
+
+def _refuse_start(settings: Settings) -> str | None:
+    # UDP cannot tell who sent a datagram: beyond loopback only when the operator says so.
+    address = _address(settings)
+    if address is None or is_loopback(address[0]) or settings.section(Fyrehose).allow_remote:
+        return None
+    return (
+        f"fyrehose: refusing to listen on {address[0]}: UDP carries no authentication and"
+        " anyone who reaches the port may publish and subscribe; listen on loopback, or set"
+        " [fyrehose] allow_remote = true for a network you trust"
+    )
 
 
 def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
@@ -45,6 +57,7 @@ def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
         window_bytes=settings.window_bytes,
         request_limit=settings.request_limit,
         max_subscribers=settings.max_subscribers,
+        send_elsewhere=settings.send_elsewhere,
         renew=renewer(file),
         lease=first,
     )
@@ -70,6 +83,7 @@ FYREHOSE: FrontEnd[Any] = FrontEnd(
             "serve the fyrehose backbone over UDP here (off by default; port 0 picks one)",
         ),
     ),
+    refuse_start=_refuse_start,
     title="fyrehose",
     counters=_counters,
     fuzz=("fyrehose",),

@@ -26,6 +26,16 @@ data. REQUESTs are answered from it; older ranges are FORWARDed to a journaling 
 _REQUEST_LIMIT = """\
 Messages one REQUEST may ask for (a 19-byte REQUEST from a spoofed address must not buy
 unbounded traffic toward it); subscribers ask again for the rest."""
+_ALLOW_REMOTE = """\
+fyrehose is UDP and cannot tell who sends a datagram: fqd refuses to start it on an address
+beyond loopback unless this is true (then keep the port on a network you trust)."""
+_ELSEWHERE = """\
+A KEEPALIVE or REQUEST names the address to send to. false: only an address on the host
+the datagram came from (any port) is served, so that a forged 19-byte REQUEST cannot aim
+thousands of DELIVERs at a third party; true: any address, as the protocol's text has it."""
+_ANONYMOUS = """\
+fyrehose carries no credentials: under auth = "password" fqd refuses to start it unless
+this is true, saying that anyone who reaches the port may publish and subscribe."""
 _MAX_SUBSCRIBERS = (
     "Addresses subscribed at once; past it a KEEPALIVE is answered but not subscribed."
 )
@@ -63,6 +73,15 @@ class Fyrehose(Section):
         1024, "past it, KEEPALIVEs are answered but not subscribed", comment=_MAX_SUBSCRIBERS,
         positive=True,
     )  # fmt: skip
+    allow_remote: bool = setting(
+        False, "may listen beyond loopback (no authentication)", comment=_ALLOW_REMOTE
+    )
+    send_elsewhere: bool = setting(
+        False, "serve KEEPALIVEs and REQUESTs naming another host", comment=_ELSEWHERE
+    )
+    anonymous: bool = setting(
+        False, 'under auth = "password": serve anyone who reaches it', comment=_ANONYMOUS
+    )
 
     def check(self) -> None:
         for name in ("exchange", "route"):

@@ -20,6 +20,7 @@ from fqbroker.settings.broker import Settings
 from fqbroker.settings.section import Claim, Flag, Section
 
 __all__ = [
+    "CLIENT_CERTIFICATES",
     "NO_CREDENTIALS",
     "RATE_WINDOW",
     "Auth",
@@ -111,14 +112,26 @@ class Auth:
     """Whether and how a front end's clients say who they are (docs/security.md).
 
     ``credentials``: its protocol carries them, and they are checked under auth =
-    "password"; a front end without them is open to whoever reaches its port, and said so
-    at start when that is beyond loopback. ``logged_in``: whether one of its connections
-    (the protocol serving it) has logged in, for a login deadline.
+    "password". ``certificates``: its clients log in with TLS client certificates instead
+    (the broker's ``tls_client_ca``, :mod:`fqbroker.frontends.kit.certs`), once its port
+    has TLS. Under auth = "password" a front end with neither (or without the TLS its
+    certificates need) keeps fqd from starting, unless its table says ``anonymous =
+    true``. ``logged_in``: whether one of its connections (the protocol serving it) has
+    logged in, for a login deadline.
     """
 
     how: str
     credentials: bool
     logged_in: Callable[[asyncio.BaseProtocol], bool] | None = None
+    certificates: bool = False
+
+
+# Lumberjack's, Figg's and OpenCluster's: the protocols carry no password.
+CLIENT_CERTIFICATES = Auth(
+    "TLS client certificates signed by tls_client_ca; the subject CN is the user",
+    credentials=False,
+    certificates=True,
+)
 
 
 NO_CREDENTIALS = Auth("none: the protocol carries no credentials", credentials=False)
@@ -267,6 +280,9 @@ class FrontEnd(Generic[H]):
     flags: tuple[Flag, ...] = ()
     limits: Callable[[Settings], ConnectionLimits] = default_limits
     auth: Auth = NO_CREDENTIALS
+    # Why it must not start with these settings (one line naming the fix), or None:
+    # asked before anything binds (fyrehose beyond loopback without allow_remote).
+    refuse_start: Callable[[Settings], str | None] | None = None
     title: str = ""
     # What it counts beyond FrontEndCounters (its /stats.json key, metrics and panel). A
     # function returning them, so that the code reading them is imported by the first

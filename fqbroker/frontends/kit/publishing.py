@@ -189,6 +189,8 @@ class PublishingSession(HeldReading, RemotePeer):
         while (event := machine.next_event()) is not None:
             if isinstance(event, Batch):
                 self._publish(event)
+                if self.closing:
+                    return  # refused by the session (a right its user lacks)
             elif isinstance(event, BadInput):
                 self.broker.limits.bad(
                     self.FRONTEND, f"closing {self.TITLE} connection from %s: %s",

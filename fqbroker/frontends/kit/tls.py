@@ -15,7 +15,15 @@ from pathlib import Path
 
 from fqbroker.settings.broker import Settings
 
-__all__ = ["CLIENT_HELLO", "first_bytes", "looks_like_tls", "main_port_context", "server_context"]
+__all__ = [
+    "CLIENT_HELLO",
+    "first_bytes",
+    "listener_context",
+    "looks_like_tls",
+    "main_port_context",
+    "peer_user",
+    "server_context",
+]
 
 CLIENT_HELLO = 0x16  # a TLS record of type handshake: what every TLS client sends first
 
@@ -27,8 +35,15 @@ def looks_like_tls(first: bytes) -> bool:
     return len(first) < 2 or first[1] == 0x03
 
 
-def server_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None:
+def server_context(
+    cert: Path | None, key: Path | None, client_ca: Path | None = None
+) -> ssl.SSLContext | None:
     """The context a TLS listener serves with, None without a certificate.
+
+    With ``client_ca``, a client may present a certificate, and one that CA did not sign
+    fails the handshake; one presenting none still connects (CERT_OPTIONAL), so that the
+    front end can answer it in its own protocol rather than with a broken handshake, and
+    under auth = "password" refuses it (:func:`peer_user` says who a client is).
 
     Raises OSError (ssl.SSLError, FileNotFoundError) for files that will not load: the
     broker does not start, and fqd says why in one line.
@@ -37,11 +52,44 @@ def server_context(cert: Path | None, key: Path | None) -> ssl.SSLContext | None
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
+    if client_ca is not None:
+        context.load_verify_locations(cafile=client_ca)
+        context.verify_mode = ssl.CERT_OPTIONAL
     return context
 
 
+def listener_context(
+    settings: Settings, cert: Path | None, key: Path | None
+) -> ssl.SSLContext | None:
+    """A front end's own port's context: its certificate and key, and the broker's
+    ``tls_client_ca`` for client certificates."""
+    return server_context(cert, key, settings.tls_client_ca)
+
+
 def main_port_context(settings: Settings) -> ssl.SSLContext | None:
+    # No client certificates here: fq and HTTP log in with passwords, and a browser asked
+    # for a certificate would prompt for one.
     return server_context(settings.tls_cert, settings.tls_key)
+
+
+def peer_user(transport: asyncio.BaseTransport) -> str | None:
+    """The user a TLS client's verified certificate names: its subject's common name
+    (CN); None for a plain connection or a client that presented no certificate.
+
+    Only a certificate the ``tls_client_ca`` signed gets this far (the handshake checked
+    it), so the name is the CA's word, as a password is the user's.
+    """
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    cert = ssl_object.getpeercert()
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for name, value in rdn:
+            if name == "commonName" and isinstance(value, str) and value:
+                return value
+    return None
 
 
 async def first_bytes(sock: socket.socket, n: int = 3) -> bytes:

@@ -1,6 +1,10 @@
 """The Lumberjack listener as a front end of the table: a port of its own, TLS when
 configured, off until ``[lumberjack] listen`` (or ``fqd --lumberjack``) names an address.
 
+Under auth = "password" a shipper logs in with a TLS client certificate (the broker's
+``tls_client_ca``; :mod:`fqbroker.frontends.kit.certs`), as Beats and Logstash secure
+Lumberjack, and its user needs the publish right on ``exchange``.
+
 The settings are read once per listener: the route template is parsed and the limits
 built when the broker starts (a bad template stops fqd with its message), and every
 connection shares them.
@@ -13,7 +17,15 @@ import functools
 import ssl
 from typing import TYPE_CHECKING, Any
 
-from fqbroker.frontends.kit.component import ConnectionLimits, FrontEnd, LiveFrontEnd, OwnPort
+from fqbroker.frontends.kit.certs import Refused, certificate_login, refuse
+from fqbroker.frontends.kit.component import (
+    CLIENT_CERTIFICATES,
+    ConnectionLimits,
+    FrontEnd,
+    LiveFrontEnd,
+    OwnPort,
+)
+from fqbroker.frontends.kit.tls import listener_context
 from fqbroker.frontends.lumberjack.settings import Lumberjack
 from fqbroker.settings.broker import Settings
 from fqbroker.settings.section import Flag
@@ -60,11 +72,7 @@ def _address(settings: Settings) -> tuple[str, int] | None:
 
 def _tls(settings: Settings) -> ssl.SSLContext | None:
     lumberjack = settings.section(Lumberjack)
-    if lumberjack.tls_cert is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(lumberjack.tls_cert, lumberjack.tls_key)
-    return context
+    return listener_context(settings, lumberjack.tls_cert, lumberjack.tls_key)
 
 
 def _limits(settings: Settings) -> ConnectionLimits:
@@ -80,7 +88,18 @@ def _open(
 ) -> asyncio.BaseProtocol:
     from fqbroker.frontends.lumberjack.session import LumberjackSession
 
-    return LumberjackSession(host, live, transport, config_of(host.settings.section(Lumberjack)))
+    config = config_of(host.settings.section(Lumberjack))
+    # Under auth = "password" a shipper logs in with its client certificate, and its user
+    # must have the publish right on the exchange every event goes to. The protocol has
+    # no error frame: a refused shipper is closed (and retries, as on any close).
+    user, permissions = certificate_login(host, live, transport)
+    if permissions is not None and not permissions.may_publish(config.exchange):
+        why = f"user {user!r} may not publish to exchange {config.exchange.decode()!r}"
+        refuse(host, live, transport, why)
+        permissions = None
+    if permissions is None:
+        return Refused(host, transport)
+    return LumberjackSession(host, live, transport, config)
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:
@@ -111,6 +130,7 @@ LUMBERJACK: FrontEnd[Any] = FrontEnd(
         ),
     ),
     limits=_limits,
+    auth=CLIENT_CERTIFICATES,
     title="Lumberjack",
     fuzz=("lumberjack",),
     bench=("lumberjack",),

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fqbroker.frontends.kit.component import LiveFrontEnd
     from fqbroker.frontends.kit.limits import Limits as BrokerLimits
     from fqbroker.settings.broker import Settings
+    from fqbroker.storage.configdb.users import Users
 
 __all__ = ["Config", "LumberjackHost", "LumberjackSession"]
 
@@ -39,6 +40,7 @@ class LumberjackHost(Protocol):
     budget: MemoryBudget
     limits: BrokerLimits
     msgids: MsgIdCounter
+    users: Users | None
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 

@@ -34,6 +34,11 @@ _KEEPALIVE = """\
 While a full block-policy queue (or the memory budget) holds a connection back, a v2
 shipper gets ACK(0) this often: "still working" (v1 has no keepalive)."""
 
+_ANONYMOUS = """\
+Under auth = "password" clients log in with TLS client certificates (tls_cert here, the
+broker's tls_client_ca; the subject CN is the user). true: serve anyone who reaches the
+port, no login, every right (fqd refuses to start otherwise when it cannot log them in)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Lumberjack(Section):
@@ -71,6 +76,9 @@ class Lumberjack(Section):
         None, "PEM private key; unset: in tls_cert's file", comment="",
         example="/etc/fqd/lumberjack.key",
     )  # fmt: skip
+    anonymous: bool = setting(
+        False, 'under auth = "password": no login, anyone who reaches it', comment=_ANONYMOUS
+    )
     ack_idle_ms: float = setting(
         100.0, "input idle this long with events unacknowledged: ACK them", comment=_ACK_IDLE,
         positive=True,

@@ -12,14 +12,16 @@ import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fqbroker.frontends.kit.certs import Refused, certificate_login, refuse
 from fqbroker.frontends.kit.component import (
+    CLIENT_CERTIFICATES,
     ConnectionLimits,
     Counters,
     FrontEnd,
     LiveFrontEnd,
     OwnPort,
 )
-from fqbroker.frontends.kit.tls import server_context
+from fqbroker.frontends.kit.tls import listener_context
 from fqbroker.frontends.opencluster.settings import OpenCluster
 from fqbroker.settings.broker import Settings
 from fqbroker.settings.section import Flag
@@ -58,7 +60,7 @@ def _address(settings: Settings) -> tuple[str, int] | None:
 
 def _tls(settings: Settings) -> ssl.SSLContext | None:
     table = settings.section(OpenCluster)
-    return server_context(table.tls_cert, table.tls_key)
+    return listener_context(settings, table.tls_cert, table.tls_key)
 
 
 def _limits(settings: Settings) -> ConnectionLimits:
@@ -81,8 +83,21 @@ def _open(
     from fqbroker.storage.kv.store import KVStore
 
     assert isinstance(live.state, KVStore)  # made before the port opened
-    limits = limits_of(host.settings.section(OpenCluster))
-    return OpenClusterSession(host, live, transport, live.state, limits)
+    table = host.settings.section(OpenCluster)
+    # Under auth = "password" a client logs in with its client certificate. Gets carry
+    # only hashes of a key's name, so its user's rights are asked of the table's
+    # namespace: consume to get, publish to set; a user with neither is closed (the
+    # protocol has no error for a connection), one with one of them is answered
+    # failinfo for the other.
+    user, permissions = certificate_login(host, live, transport)
+    if permissions is None:
+        return Refused(host, transport)
+    namespace = table.namespace.encode()
+    may_get, may_set = permissions.may_consume(namespace), permissions.may_publish(namespace)
+    if not (may_get or may_set):
+        refuse(host, live, transport, f"user {user!r} has no right on {table.namespace!r}")
+        return Refused(host, transport)
+    return OpenClusterSession(host, live, transport, live.state, limits_of(table), may_get, may_set)
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:
@@ -115,6 +130,7 @@ OPENCLUSTER: FrontEnd[Any] = FrontEnd(
         ),
     ),
     limits=_limits,
+    auth=CLIENT_CERTIFICATES,
     title="OpenCluster",
     counters=_counters,
     fuzz=("opencluster",),

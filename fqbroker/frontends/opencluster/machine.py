@@ -22,7 +22,7 @@ from fqbroker.storage.kv.store import INT, STRING
 if TYPE_CHECKING:
     from fqbroker.storage.kv.store import Batch, KVStore
 
-__all__ = ["IMPLEMENTED", "Limits", "Machine"]
+__all__ = ["DENIED_CODE", "IMPLEMENTED", "Limits", "Machine"]
 
 # What capabilities answers ack for; fail for anything else.
 IMPLEMENTED = frozenset(
@@ -49,6 +49,8 @@ _BUCKETS = [(bucket, 0) for bucket in range(MASK + 1)]
 _KIND_NAMES = {INT: b"int", STRING: b"string"}
 _NOT_STORED = b"not stored: "
 _STORE_FULL = b"store full"
+_DENIED = b"permission denied"
+DENIED_CODE = 4  # failinfo's code for a command the user has no right to
 
 _SET_INT, _SET_STRING = wire.SET_INT, wire.SET_STRING
 _GET_INT, _GET_STRING = wire.GET_INT, wire.GET_STRING
@@ -149,14 +151,22 @@ class Machine:
         "error",
         "finished",
         "limits",
+        "may_get",
+        "may_set",
         "pushes",
         "queue",
         "store",
     )
 
-    def __init__(self, store: KVStore, limits: Limits) -> None:
+    def __init__(
+        self, store: KVStore, limits: Limits, may_get: bool = True, may_set: bool = True
+    ) -> None:
         self.store = store
         self.limits = limits
+        # The connection's user's rights (auth = "password"): a get or set it lacks the
+        # right for is answered failinfo (DENIED_CODE), the store untouched.
+        self.may_get = may_get
+        self.may_set = may_set
         self.decoder = wire.FrameDecoder(limits.max_payload)
         self.queue: deque[_Pending] = deque()  # replies that wait for a set's commit
         self.pushes = 0  # user id of our next push
@@ -234,6 +244,7 @@ class Machine:
         put_frames = store.put_frames
         queue = self.queue
         bounds = self._bounds
+        may_get, may_set = self.may_get, self.may_set
         tail = queue[-1] if queue else None
         run = tail if type(tail) is _Acks else None  # the queue's tail, if acks
         held = 0  # replies queued here (self._held, once at the end)
@@ -241,7 +252,7 @@ class Machine:
         try:
             while count < room and have - pos >= _HEADER_SIZE:
                 command, _repcmd, userid, size = _unpack_header(buf, pos)
-                if command in _SETS:
+                if command in _SETS and may_set:
                     got: list[int] = []
                     after = put_frames(buf, pos, have, room - count, command, bounds, got)
                     if got:
@@ -267,7 +278,12 @@ class Machine:
                 pos = end
                 count += 1
                 if command in _GETS:
-                    reply = self._get(command, userid, buf[start:end])
+                    if may_get:
+                        reply = self._get(command, userid, buf[start:end])
+                    else:
+                        reply = _failinfo(command, userid, DENIED_CODE, _DENIED)
+                elif command in _SETS and not may_set:
+                    reply = _failinfo(command, userid, DENIED_CODE, _DENIED)
                 elif command in _SETS:
                     batch = self._set(command, buf[start:end])  # raises, saying why
                     if batch is not None:  # put_frames refuses what this takes

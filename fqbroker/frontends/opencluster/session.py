@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fqbroker.frontends.kit.component import LiveFrontEnd
     from fqbroker.frontends.kit.limits import Limits as BrokerLimits
     from fqbroker.settings.broker import Settings
+    from fqbroker.storage.configdb.users import Users
     from fqbroker.storage.kv.store import Batch, KVStore
 
 __all__ = ["OpenClusterHost", "OpenClusterSession"]
@@ -33,6 +34,7 @@ class OpenClusterHost(Protocol):
 
     settings: Settings
     limits: BrokerLimits
+    users: Users | None
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 
@@ -66,12 +68,14 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
         transport: asyncio.Transport,
         store: KVStore,
         limits: Limits,
+        may_get: bool = True,
+        may_set: bool = True,
     ) -> None:
         # Named so because the loop's exception handler asks a protocol for its broker.
         self.broker = host
         self.live = live
         self.transport = transport
-        self.machine = Machine(store, limits)
+        self.machine = Machine(store, limits, may_get, may_set)
         self._waiting: Batch | None = None  # the batch we are a waiter of
         self._holds = 0
         self._eof = False

@@ -33,6 +33,14 @@ Commands one connection may have read and not yet answered; past it the broker s
 reading that connection until its replies go out (flow control, not an error)."""
 _TLS = "TLS: a PEM certificate chain, and its key (unset: the key is in the certificate's file)."
 
+_NAMESPACE = """\
+Under auth = "password", the name a user's rights are checked on (gets carry only hashes
+of the key, not its name): a get needs the consume right on it, a set the publish right."""
+_ANONYMOUS = """\
+Under auth = "password" clients log in with TLS client certificates (tls_cert here, the
+broker's tls_client_ca; the subject CN is the user). true: serve anyone who reaches the
+port, no login, every right (fqd refuses to start otherwise when it cannot log them in)."""
+
 
 @dataclass(frozen=True, slots=True)
 class OpenCluster(Section):
@@ -79,6 +87,14 @@ class OpenCluster(Section):
         None, "PEM private key; unset: in tls_cert's file", comment="",
         example="/etc/fqd/opencluster.key",
     )  # fmt: skip
+    anonymous: bool = setting(
+        False, 'under auth = "password": no login, anyone who reaches it', comment=_ANONYMOUS
+    )
+    namespace: str = setting(
+        "opencluster",
+        "the name permissions are checked on: get = consume, set = publish",
+        comment=_NAMESPACE,
+    )
 
     def check(self) -> None:
         # A frame of the largest name and value must fit: 16 bytes of hashes, expiry and
@@ -90,4 +106,6 @@ class OpenCluster(Section):
                 "opencluster max_payload must hold a set of a max_name name "
                 f"(at least {24 + self.max_name + 4})"
             )
+        if not self.namespace:
+            raise ValueError("opencluster namespace must not be empty")
         Section.check(self)

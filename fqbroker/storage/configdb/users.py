@@ -289,6 +289,13 @@ class Users:
         ok = await asyncio.shield(check)
         return self._settle(name, user, digest, ok)
 
+    def permissions(self, name: str) -> Permissions | None:
+        """A user's permissions for a login without a password (a client certificate the
+        TLS handshake verified); None for an unknown user."""
+        self._refresh()
+        user = self._users.get(name)
+        return None if user is None else user.permissions
+
     def cached(self, name: str, password: bytes) -> Permissions | None:
         """The permissions when this password was verified before, else None (no PBKDF2)."""
         user, _digest, cached = self._lookup(name, password)

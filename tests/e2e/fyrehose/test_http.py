@@ -118,6 +118,7 @@ async def test_datagrams_move_the_stats_and_the_metrics(settings: Settings) -> N
             "busy",
             "congested",
             "subscribers_full",
+            "elsewhere",
         }
         journal, plain, publisher = await Udp.open(), await Udp.open(), await Udp.open()
         try:
@@ -184,6 +185,7 @@ async def test_datagrams_move_the_stats_and_the_metrics(settings: Settings) -> N
                     "busy": 0,
                     "congested": 0,
                     "subscribers_full": 0,
+                    "elsewhere": 0,
                 },
             }
             assert sorted((s["remote"], s["journaling"]) for s in subscribers) == sorted(
