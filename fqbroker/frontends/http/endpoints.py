@@ -23,7 +23,7 @@ import aiofiles.os
 import h11
 
 from fqbroker.core.message import Message, runs_of
-from fqbroker.frontends.http import auth
+from fqbroker.frontends.http import auth, guard
 from fqbroker.frontends.http.admin import routes as admin
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.reads import guard, topics
@@ -45,6 +45,8 @@ PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
 
 CHECKPOINT_PATHS = frozenset({"/add_checkpoint", "/remove_checkpoint", "/reset_to_checkpoint"})
 ADMIN_PATHS = CHECKPOINT_PATHS | {"/submit"}
+# Requests that may change state; GET and HEAD never do (fqd took any method).
+CHANGING_METHODS = frozenset({b"POST", b"PUT"})
 
 # fqd's table (docs/fq-protocol.md §4.2), then what a modern UI adds. Text types say UTF-8
 # so that names in the UI render the same in every browser; fqd sends no charset.
@@ -85,6 +87,11 @@ class _BodyCut(Exception):
 
 def _json_reply(status: int, obj: object, *, close: bool = False) -> Reply:
     return Reply(status, json.dumps(obj).encode() + b"\n", close=close)
+
+
+def _guard_reply(status: int, text: str) -> Reply:
+    # The admin API's error shape, which fq-admin and the web UI show as they are.
+    return _json_reply(status, {"status": "error", "error": text})
 
 
 def _submit_error(text: str, *, close: bool = False) -> Reply:
@@ -255,6 +262,7 @@ class _Connection:
             (b"content-type", reply.content_type.encode()),
             (b"content-length", str(len(reply.body)).encode()),
             *reply.headers,
+            *guard.SECURITY_HEADERS,  # every reply: pages, JSON, errors
         ]
         if reply.close:
             headers.append((b"connection", b"close"))
@@ -292,7 +300,11 @@ class _Connection:
             or path.startswith(admin.PREFIX)
             or (path == "/shutdown" and self.broker.settings.http_shutdown)
         )
-        refusal = await self._refusal(headers, admin_path=admin_path)
+        refusal = self._foreign(request, headers)
+        if refusal is None:
+            refusal = await self._refusal(headers, admin_path=admin_path)
+        if refusal is None:
+            refusal = self._misused(request, path, headers)
         if refusal is not None:
             await self._send(refusal, head=head)
             return
@@ -331,6 +343,40 @@ class _Connection:
             else:
                 reply = await self._static(path)
         await self._send(reply, head=head)
+
+    def _foreign(self, request: h11.Request, headers: dict[bytes, bytes]) -> Reply | None:
+        """A refusal for a request another web site's page may have sent (guard.py): a
+        name the broker does not answer to (421, every request), or a change asked from
+        another origin (403)."""
+        problem = guard.host_problem(self.broker.settings, headers)
+        if problem is not None:
+            self.broker.limits.refuse("http_host", "HTTP: %s", problem)
+            return _guard_reply(421, problem)
+        if request.method in CHANGING_METHODS:
+            tls = self.writer.get_extra_info("ssl_object") is not None
+            problem = guard.cross_site_problem(headers, tls=tls)
+            if problem is not None:
+                self.broker.limits.refuse("http_cross_site", "HTTP: %s", problem)
+                return _guard_reply(403, problem)
+        return None
+
+    def _misused(
+        self, request: h11.Request, path: str, headers: dict[bytes, bytes]
+    ) -> Reply | None:
+        """A refusal for a state-changing endpoint reached the wrong way: by GET (405; a
+        link or an image could otherwise change state), or with a body that is not JSON
+        (415; what an HTML form sends). /submit is left as fq tools use it: raw bytes of
+        any type, and it needs X-Fq-* headers no form or simple request can send."""
+        shutdown = path == "/shutdown" and self.broker.settings.http_shutdown
+        if path in CHECKPOINT_PATHS or shutdown:
+            if request.method not in CHANGING_METHODS:
+                reply = _guard_reply(405, f"{path} changes the broker's state: use POST")
+                reply.headers.append((b"allow", b"POST"))
+                return reply
+        elif not path.startswith(admin.PREFIX) or request.method not in CHANGING_METHODS:
+            return None
+        problem = guard.body_type_problem(headers)
+        return None if problem is None else _guard_reply(415, problem)
 
     async def _discard_body(self, headers: dict[bytes, bytes]) -> Reply | None:
         """Read and drop a body nobody wants; a 413 reply if it is too big to bother."""
@@ -468,7 +514,10 @@ class _Connection:
         who = f"{creds.user or ('token' if creds.token else 'open')}@{source}"
         method = request.method.decode("ascii", "replace")
         status, answer = await admin.respond(self.broker, method, path, query, body, who)
-        return _json_reply(status, answer)
+        reply = _json_reply(status, answer)
+        if status == 405:
+            reply.headers.append((b"allow", admin.allowed_methods(path).encode()))
+        return reply
 
     def _checkpoint(self, path: str, query: str) -> Reply:
         params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
