@@ -44,7 +44,8 @@ class HttpConn:
         headers: Sequence[tuple[str, str]] = (),
         body: bytes | None = None,
     ) -> tuple[h11.Response, bytes]:
-        hdrs = [("host", "localhost"), *headers]
+        given = any(name.lower() == "host" for name, _ in headers)
+        hdrs = [*([] if given else [("host", "localhost")]), *headers]
         if body is not None:
             hdrs.append(("content-length", str(len(body))))
         if self.conn.our_state is h11.DONE:
