@@ -134,7 +134,10 @@ class _Connection:
     the replay and topic reads, the static files) need credentials only with
     ``http_auth_reads``. :mod:`fqbroker.frontends.http.auth` decides, before anything of the
     request is acted on. Under ``auth = "password"`` the contents and the statistics then
-    look at who asks (:mod:`fqbroker.frontends.http.reads.guard`).
+    look at who asks (:mod:`fqbroker.frontends.http.reads.guard`). Before that,
+    :mod:`fqbroker.frontends.http.guard` refuses what another web site's page may have sent
+    (:meth:`_foreign`), and after it a change asked by GET or with a body that is not JSON
+    (:meth:`_misused`).
     """
 
     def __init__(
