@@ -17,13 +17,13 @@ import math
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import aiofiles.os
 import h11
 
 from fqbroker.core.message import Message, runs_of
-from fqbroker.frontends.http import auth, guard
+from fqbroker.frontends.http import auth, checkpoints, guard
 from fqbroker.frontends.http.admin import routes as admin
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.reads import guard, topics
@@ -31,7 +31,6 @@ from fqbroker.frontends.http.reads import queues as replay
 from fqbroker.frontends.http.stats.snapshot import http_counters
 from fqbroker.frontends.kit.connections import peer_address
 from fqbroker.protocols.fq import wire
-from fqbroker.storage.configdb import checkpoints
 
 __all__ = ["serve"]
 
@@ -43,7 +42,7 @@ MAX_HEADER_BYTES = 32 * 1024  # request line plus headers
 MAX_OTHER_BODY = 64 * 1024  # bodies nobody reads (GET with a body, checkpoints, ...)
 PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
 
-CHECKPOINT_PATHS = frozenset({"/add_checkpoint", "/remove_checkpoint", "/reset_to_checkpoint"})
+CHECKPOINT_PATHS = checkpoints.PATHS
 ADMIN_PATHS = CHECKPOINT_PATHS | {"/submit"}
 # Requests that may change state; GET and HEAD never do (fqd took any method).
 CHANGING_METHODS = frozenset({b"POST", b"PUT"})
@@ -329,7 +328,7 @@ class _Connection:
                 reply = Reply(status, body, content_type, headers=extra)
         if reply is None:
             if path in CHECKPOINT_PATHS:
-                reply = self._checkpoint(path, query)
+                reply = Reply(200, checkpoints.respond(self.broker, path, query))
             elif path in replay.PATHS:
                 status, body, content_type, extra = replay.respond(self.broker, path, query)
                 reply = Reply(status, body, content_type, headers=extra)
@@ -521,31 +520,6 @@ class _Connection:
         if status == 405:
             reply.headers.append((b"allow", admin.allowed_methods(path).encode()))
         return reply
-
-    def _checkpoint(self, path: str, query: str) -> Reply:
-        params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
-        cpname, qname = params.get("cpname"), params.get("qname")
-        try:
-            # fqd dereferences NULL here and dies; a missing name is an ordinary error.
-            if not cpname:
-                raise checkpoints.CheckpointError("'cpname' parameter is required")
-            if not qname:
-                raise checkpoints.CheckpointError("'qname' parameter is required")
-            if path == "/add_checkpoint":
-                text = checkpoints.add_checkpoint(
-                    self.broker, cpname, qname, params.get("chkptid", "")
-                )
-            elif path == "/remove_checkpoint":
-                text = checkpoints.remove_checkpoint(self.broker, cpname, qname)
-            else:
-                text = checkpoints.reset_to_checkpoint(self.broker, cpname, qname)
-            status = "success"
-        except checkpoints.CheckpointError as exc:
-            text, status = exc.message, "error"
-        # fqd answers 200 either way and puts the outcome in "status"
-        # (docs/fq-protocol.md §4.2).
-        body = json.dumps({"status": status, "message": text}, indent=1, ensure_ascii=False)
-        return Reply(200, body.encode() + b"\n")
 
     def _request_shutdown(self) -> None:
         log.warning("/shutdown: stopping the broker")
