@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
+from dataclasses import replace
+from pathlib import Path
 from urllib.parse import urlencode
 
 import h11
 import pytest
+import trustme
 
 from fqbroker.frontends.http.frontend import SERVICE_UNAVAILABLE
 from fqbroker.server.broker import Broker
@@ -21,6 +25,7 @@ from fqbroker.storage.configdb import checkpoints
 from tests.conftest import open_session, root_and_bob, running, wait_for
 from tests.e2e.http.test_auth import basic
 from tests.e2e.http.test_http import OK_HEADERS, HttpConn, get, header, post
+from tests.pki import make_pki
 
 JSON = ("Content-Type", "application/json")
 CREATE = b'{"name": "evil", "type": "disk", "permanent": true}'
@@ -278,3 +283,27 @@ async def test_every_reply_has_the_security_headers(settings: Settings) -> None:
     assert b"\r\nx-frame-options: deny" in head
     assert b"\r\ncontent-security-policy: " in head
     assert b"\r\nx-content-type-options: nosniff" in head
+
+
+async def test_over_tls_the_origin_must_be_https(settings: Settings, tmp_path: Path) -> None:
+    """A page served over plain HTTP could be a network attacker's: on a TLS connection
+    only the https origin of the same name and port may change state."""
+    pki = make_pki(trustme.CA(), tmp_path)
+    tls = replace(settings, tls_cert=pki["cert"], tls_key=pki["key"])
+    async with running(tls) as broker:
+        port = broker.port
+        context = ssl.create_default_context(cafile=str(pki["ca"]))
+        answers = []
+        for n, scheme in enumerate(("http", "https")):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+            body = json.dumps({"name": f"q{n}"}).encode()
+            writer.write(
+                b"POST /admin/queues/create HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+                b"Origin: %s://127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+                % (port, scheme.encode(), port, len(body), body)
+            )
+            answers.append((await reader.read()).split(b" ", 2)[1])
+            writer.close()
+        assert answers == [b"403", b"200"]
+        assert b"q0" not in broker.queues and b"q1" in broker.queues
