@@ -9,10 +9,11 @@ and a set of headers stop that (docs/security.md, "Cross-site requests and the a
 * :func:`cross_site_problem`: a request that may change state and says it comes from
   another origin (``Origin``, ``Sec-Fetch-Site``) is refused.
 * :func:`body_type_problem`: a state-changing endpoint takes ``application/json`` only;
-  an HTML form cannot send that type without the page's own script, which CORS stops.
-* :data:`SECURITY_HEADERS` (in headers.py, which the 503 of a full broker's listener
-  needs too): no page of the broker can be framed or have a response's type guessed, and the
-  web UI runs only the broker's own scripts.
+  no HTML form can send that type, and a page's script can send it to another origin only
+  after a CORS preflight, which the broker never answers.
+* :data:`SECURITY_HEADERS` (in headers.py, which the 503 of a full listener needs too):
+  no page of the broker can be framed or have a reply's type guessed, and the web UI runs
+  only the broker's own scripts.
 
 Plain functions over a request's lower-cased headers: endpoints.py calls them.
 """
