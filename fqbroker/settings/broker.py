@@ -177,8 +177,8 @@ class Settings:
     http_auth_reads: bool = False  # /stats.json, /metrics, /queue/*, /topic/*, the UI need auth
     read_token: str = ""  # a bearer token for the reads (a Prometheus scraper's); never admin
     http_shutdown: bool = False  # whether /shutdown stops the broker (fqd: HTTP_SHUTDOWN=1)
-    # Host names HTTP answers to besides IP addresses, dotless names and the machine's own
-    # (docs/security.md); "*": any. Others get 421, which defeats DNS rebinding.
+    # Host names plain HTTP answers to besides IP addresses, dotless names and the machine's
+    # own (docs/security.md); "*": any. Others get 421, which defeats DNS rebinding.
     http_hosts: list[str] = field(default_factory=list)
     upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again

@@ -348,14 +348,16 @@ class _Connection:
 
     def _foreign(self, request: h11.Request, headers: dict[bytes, bytes]) -> Reply | None:
         """A refusal for a request another web site's page may have sent (guard.py): a
-        name the broker does not answer to (421, every request), or a change asked from
-        another origin (403)."""
-        problem = guard.host_problem(self.broker.settings, headers)
+        name the broker does not answer to (421, every plain request), or a change asked
+        from another origin (403)."""
+        tls = self.writer.get_extra_info("ssl_object") is not None
+        # Over TLS the name is the certificate's business: a browser sends nothing to a
+        # rebound name the broker's certificate is not for.
+        problem = None if tls else guard.host_problem(self.broker.settings, headers)
         if problem is not None:
             self.broker.limits.refuse("http_host", "HTTP: %s", problem)
             return _guard_reply(421, problem)
         if request.method in CHANGING_METHODS:
-            tls = self.writer.get_extra_info("ssl_object") is not None
             problem = guard.cross_site_problem(headers, tls=tls)
             if problem is not None:
                 self.broker.limits.refuse("http_cross_site", "HTTP: %s", problem)

@@ -4,8 +4,9 @@ A browser sends a page's requests to any address it names, with whatever credent
 holds for that address (a Basic login, a broker on loopback that needs none). Three checks
 and a set of headers stop that (docs/security.md, "Cross-site requests and the admin API"):
 
-* :func:`host_problem`: the ``Host`` must be a name the broker answers to (``http_hosts``),
-  so a DNS-rebound name (an attacker's domain pointed at 127.0.0.1) reads nothing.
+* :func:`host_problem`: the ``Host`` of a plain request must be a name the broker answers
+  to (``http_hosts``), so a DNS-rebound name (an attacker's domain pointed at 127.0.0.1)
+  reads nothing; over TLS the certificate names the broker.
 * :func:`cross_site_problem`: a request that may change state and says it comes from
   another origin (``Origin``, ``Sec-Fetch-Site``) is refused.
 * :func:`body_type_problem`: a state-changing endpoint takes ``application/json`` only;

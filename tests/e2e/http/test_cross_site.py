@@ -285,7 +285,9 @@ async def test_every_reply_has_the_security_headers(settings: Settings) -> None:
     assert b"\r\nx-content-type-options: nosniff" in head
 
 
-async def test_over_tls_the_origin_must_be_https(settings: Settings, tmp_path: Path) -> None:
+async def test_over_tls_the_origin_must_be_https_and_any_name_is_taken(
+    settings: Settings, tmp_path: Path
+) -> None:
     """A page served over plain HTTP could be a network attacker's: on a TLS connection
     only the https origin of the same name and port may change state."""
     pki = make_pki(trustme.CA(), tmp_path)
@@ -307,3 +309,12 @@ async def test_over_tls_the_origin_must_be_https(settings: Settings, tmp_path: P
             writer.close()
         assert answers == [b"403", b"200"]
         assert b"q0" not in broker.queues and b"q1" in broker.queues
+        # Any name over TLS: a browser sends nothing to a name the certificate is not
+        # for, so a rebound name never gets this far; a name it is for is the broker's.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        writer.write(b"GET /stats.json HTTP/1.1\r\nHost: broker.example.com\r\n\r\n")
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200 ")
+        writer.close()
+        # The same name over plain HTTP is refused.
+        response, _ = await get(port, "/stats.json", [("Host", "broker.example.com")])
+        assert response.status_code == 421
