@@ -23,7 +23,7 @@ import aiofiles.os
 import h11
 
 from fqbroker.core.message import Message, runs_of
-from fqbroker.frontends.http import auth, checkpoints, guard
+from fqbroker.frontends.http import auth, checkpoints, crosssite
 from fqbroker.frontends.http.admin import routes as admin
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.reads import guard, topics
@@ -44,8 +44,6 @@ PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
 
 CHECKPOINT_PATHS = checkpoints.PATHS
 ADMIN_PATHS = CHECKPOINT_PATHS | {"/submit"}
-# Requests that may change state; GET and HEAD never do (fqd took any method).
-CHANGING_METHODS = frozenset({b"POST", b"PUT"})
 
 # fqd's table (docs/fq-protocol.md §4.2), then what a modern UI adds. Text types say UTF-8
 # so that names in the UI render the same in every browser; fqd sends no charset.
@@ -88,7 +86,7 @@ def _json_reply(status: int, obj: object, *, close: bool = False) -> Reply:
     return Reply(status, json.dumps(obj).encode() + b"\n", close=close)
 
 
-def _guard_reply(status: int, text: str) -> Reply:
+def _refused_reply(status: int, text: str) -> Reply:
     # The admin API's error shape, which fq-admin and the web UI show as they are.
     return _json_reply(status, {"status": "error", "error": text})
 
@@ -134,7 +132,7 @@ class _Connection:
     ``http_auth_reads``. :mod:`fqbroker.frontends.http.auth` decides, before anything of the
     request is acted on. Under ``auth = "password"`` the contents and the statistics then
     look at who asks (:mod:`fqbroker.frontends.http.reads.guard`). Before that,
-    :mod:`fqbroker.frontends.http.guard` refuses what another web site's page may have sent
+    :mod:`fqbroker.frontends.http.crosssite` refuses what another web site's page may have sent
     (:meth:`_foreign`), and after it a change asked by GET or with a body that is not JSON
     (:meth:`_misused`).
     """
@@ -264,7 +262,7 @@ class _Connection:
             (b"content-type", reply.content_type.encode()),
             (b"content-length", str(len(reply.body)).encode()),
             *reply.headers,
-            *guard.SECURITY_HEADERS,  # every reply: pages, JSON, errors
+            *crosssite.SECURITY_HEADERS,  # every reply: pages, JSON, errors
         ]
         if reply.close:
             headers.append((b"connection", b"close"))
@@ -347,40 +345,39 @@ class _Connection:
         await self._send(reply, head=head)
 
     def _foreign(self, request: h11.Request, headers: dict[bytes, bytes]) -> Reply | None:
-        """A refusal for a request another web site's page may have sent (guard.py): a
+        """A refusal for a request another web site's page may have sent (crosssite.py): a
         name the broker does not answer to (421, every plain request), or a change asked
         from another origin (403)."""
         tls = self.writer.get_extra_info("ssl_object") is not None
         # Over TLS the name is the certificate's business: a browser sends nothing to a
         # rebound name the broker's certificate is not for.
-        problem = None if tls else guard.host_problem(self.broker.settings, headers)
+        problem = None if tls else crosssite.host_problem(self.broker.settings, headers)
         if problem is not None:
             self.broker.limits.refuse("http_host", "HTTP: %s", problem)
-            return _guard_reply(421, problem)
-        if request.method in CHANGING_METHODS:
-            problem = guard.cross_site_problem(headers, tls=tls)
+            return _refused_reply(421, problem)
+        if request.method in crosssite.CHANGING_METHODS:
+            problem = crosssite.cross_site_problem(headers, tls=tls)
             if problem is not None:
                 self.broker.limits.refuse("http_cross_site", "HTTP: %s", problem)
-                return _guard_reply(403, problem)
+                return _refused_reply(403, problem)
         return None
 
     def _misused(
         self, request: h11.Request, path: str, headers: dict[bytes, bytes]
     ) -> Reply | None:
-        """A refusal for a state-changing endpoint reached the wrong way: by GET (405; a
-        link or an image could otherwise change state), or with a body that is not JSON
-        (415; what an HTML form sends). /submit is left as fq tools use it: raw bytes of
-        any type, and it needs X-Fq-* headers no form or simple request can send."""
-        shutdown = path == "/shutdown" and self.broker.settings.http_shutdown
-        if path in CHECKPOINT_PATHS or shutdown:
-            if request.method not in CHANGING_METHODS:
-                reply = _guard_reply(405, f"{path} changes the broker's state: use POST")
-                reply.headers.append((b"allow", b"POST"))
-                return reply
-        elif not path.startswith(admin.PREFIX) or request.method not in CHANGING_METHODS:
+        """A 405 or 415 for a state-changing endpoint reached by GET or with a body that is
+        not JSON (crosssite.py). /submit is left as fq tools use it."""
+        post_only = path in CHECKPOINT_PATHS or (
+            path == "/shutdown" and self.broker.settings.http_shutdown
+        )
+        admin_api = path.startswith(admin.PREFIX)
+        found = crosssite.misuse_problem(path, request.method, headers, post_only, admin_api)
+        if found is None:
             return None
-        problem = guard.body_type_problem(headers)
-        return None if problem is None else _guard_reply(415, problem)
+        reply = _refused_reply(*found)
+        if found[0] == 405:
+            reply.headers.append((b"allow", b"POST"))
+        return reply
 
     async def _discard_body(self, headers: dict[bytes, bytes]) -> Reply | None:
         """Read and drop a body nobody wants; a 413 reply if it is too big to bother."""

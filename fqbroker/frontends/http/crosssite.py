@@ -30,15 +30,20 @@ from fqbroker.frontends.http.headers import CSP, SECURITY_HEADERS
 from fqbroker.settings.broker import Settings
 
 __all__ = [
+    "CHANGING_METHODS",
     "CSP",
     "SECURITY_HEADERS",
     "allowed_host",
     "body_type_problem",
     "cross_site_problem",
     "host_problem",
+    "misuse_problem",
 ]
 
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+# Requests that may change state; GET and HEAD never do (fqd took any method).
+CHANGING_METHODS: Final = frozenset({b"POST", b"PUT"})
 
 
 def _split_host(value: str) -> tuple[str, int | None] | None:
@@ -149,3 +154,23 @@ def body_type_problem(headers: dict[bytes, bytes]) -> str | None:
         shown = media.decode("latin-1") or "(empty)"
         return f"Content-Type {shown} is not accepted here: send application/json"
     return None
+
+
+def misuse_problem(
+    path: str, method: bytes, headers: dict[bytes, bytes], post_only: bool, json_only: bool
+) -> tuple[int, str] | None:
+    """(status, why) for a state-changing endpoint reached the wrong way; None: it is not.
+
+    ``post_only`` endpoints (fqd's checkpoints, /shutdown) answer GET and HEAD with a 405:
+    a link or an image could otherwise change state. They and the ``json_only`` ones (the
+    admin API) answer a change whose body is not JSON with a 415: what an HTML form sends.
+    /submit is neither: fq tools post raw bytes of any type to it, and it needs X-Fq-*
+    headers that no form, and no script of another origin without a preflight, can send.
+    """
+    changing = method in CHANGING_METHODS
+    if post_only and not changing:
+        return 405, f"{path} changes the broker's state: use POST"
+    if not changing or not (post_only or json_only):
+        return None
+    problem = body_type_problem(headers)
+    return None if problem is None else (415, problem)

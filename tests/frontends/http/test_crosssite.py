@@ -1,4 +1,4 @@
-"""The cross-site checks alone (fqbroker.frontends.http.guard): which Host names, Origins,
+"""The cross-site checks alone (fqbroker.frontends.http.crosssite): which Host names, Origins,
 Sec-Fetch-Site values and body types a request may carry. Over HTTP:
 tests/e2e/http/test_cross_site.py."""
 
@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from fqbroker.frontends.http import guard
+from fqbroker.frontends.http import crosssite
 from fqbroker.settings.broker import Settings
 
 
@@ -30,7 +30,7 @@ def heads(**values: str) -> dict[bytes, bytes]:
     ],
 )
 def test_hosts_answered_by_default(host: str) -> None:
-    assert guard.host_problem(Settings(), heads(host=host)) is None
+    assert crosssite.host_problem(Settings(), heads(host=host)) is None
 
 
 @pytest.mark.parametrize(
@@ -38,26 +38,26 @@ def test_hosts_answered_by_default(host: str) -> None:
     ["evil.example", "evil.example:8765", "127.0.0.1.nip.io", "7f000001.rbndr.us", "a.b."],
 )
 def test_dotted_names_need_http_hosts(host: str) -> None:
-    problem = guard.host_problem(Settings(), heads(host=host))
+    problem = crosssite.host_problem(Settings(), heads(host=host))
     assert problem is not None and "http_hosts" in problem
     listed = Settings(http_hosts=[host.split(":")[0].upper()])
-    assert guard.host_problem(listed, heads(host=host)) is None
-    assert guard.host_problem(Settings(http_hosts=["*"]), heads(host=host)) is None
+    assert crosssite.host_problem(listed, heads(host=host)) is None
+    assert crosssite.host_problem(Settings(http_hosts=["*"]), heads(host=host)) is None
 
 
 def test_the_bind_name_is_answered() -> None:
     settings = Settings(bind="broker.example.com")
-    assert guard.host_problem(settings, heads(host="broker.example.com:8765")) is None
+    assert crosssite.host_problem(settings, heads(host="broker.example.com:8765")) is None
 
 
 @pytest.mark.parametrize("host", ["", "a@b", "a b", "x:notaport", "x/y", "[::1"])
 def test_malformed_hosts(host: str) -> None:
-    problem = guard.host_problem(Settings(), heads(host=host))
+    problem = crosssite.host_problem(Settings(), heads(host=host))
     assert problem is not None and "not a host name" in problem
 
 
 def test_no_host_header_is_let_through() -> None:
-    assert guard.host_problem(Settings(), {}) is None  # HTTP/1.0 tools
+    assert crosssite.host_problem(Settings(), {}) is None  # HTTP/1.0 tools
 
 
 SAME = [
@@ -72,7 +72,7 @@ SAME = [
 
 @pytest.mark.parametrize(("host", "origin", "tls"), SAME)
 def test_own_origin(host: str, origin: str, tls: bool) -> None:
-    assert guard.cross_site_problem(heads(host=host, origin=origin), tls=tls) is None
+    assert crosssite.cross_site_problem(heads(host=host, origin=origin), tls=tls) is None
 
 
 @pytest.mark.parametrize(
@@ -92,12 +92,12 @@ def test_own_origin(host: str, origin: str, tls: bool) -> None:
     ],
 )
 def test_foreign_origin(host: str, origin: str, tls: bool) -> None:
-    problem = guard.cross_site_problem(heads(host=host, origin=origin), tls=tls)
+    problem = crosssite.cross_site_problem(heads(host=host, origin=origin), tls=tls)
     assert problem is not None and "may not change" in problem
 
 
 def test_origin_without_host_is_foreign() -> None:
-    assert guard.cross_site_problem(heads(origin="http://x:1"), tls=False) is not None
+    assert crosssite.cross_site_problem(heads(origin="http://x:1"), tls=False) is not None
 
 
 @pytest.mark.parametrize(("site", "refused"), [
@@ -105,12 +105,12 @@ def test_origin_without_host_is_foreign() -> None:
     ("same-origin", False), ("none", False),
 ])  # fmt: skip
 def test_sec_fetch_site(site: str, refused: bool) -> None:
-    problem = guard.cross_site_problem(heads(sec_fetch_site=site), tls=False)
+    problem = crosssite.cross_site_problem(heads(sec_fetch_site=site), tls=False)
     assert (problem is not None) is refused
 
 
 def test_tools_sending_no_origin_pass() -> None:
-    assert guard.cross_site_problem(heads(host="127.0.0.1:8765"), tls=False) is None
+    assert crosssite.cross_site_problem(heads(host="127.0.0.1:8765"), tls=False) is None
 
 
 @pytest.mark.parametrize(
@@ -131,11 +131,31 @@ def test_tools_sending_no_origin_pass() -> None:
     ],
 )
 def test_body_types(headers: dict[str, str], refused: bool) -> None:
-    assert (guard.body_type_problem(heads(**headers)) is not None) is refused
+    assert (crosssite.body_type_problem(heads(**headers)) is not None) is refused
 
 
 def test_every_reply_header_is_set_once() -> None:
-    names = [name for name, _ in guard.SECURITY_HEADERS]
+    names = [name for name, _ in crosssite.SECURITY_HEADERS]
     assert len(names) == len(set(names))
-    assert dict(guard.SECURITY_HEADERS)[b"x-frame-options"] == b"DENY"
-    assert b"frame-ancestors 'none'" in dict(guard.SECURITY_HEADERS)[b"content-security-policy"]
+    assert dict(crosssite.SECURITY_HEADERS)[b"x-frame-options"] == b"DENY"
+    assert b"frame-ancestors 'none'" in dict(crosssite.SECURITY_HEADERS)[b"content-security-policy"]
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "post_only", "json_only", "status"),
+    [
+        (b"GET", {}, True, False, 405),  # a checkpoint by <img src>
+        (b"HEAD", {}, True, False, 405),
+        (b"POST", {}, True, False, None),  # curl -X POST
+        (b"POST", {"content_type": "text/plain"}, True, False, 415),  # an empty form
+        (b"POST", {"content_type": "text/plain", "content_length": "9"}, False, True, 415),
+        (b"PUT", {"content_type": "application/json", "content_length": "2"}, False, True, None),
+        (b"GET", {}, False, True, None),  # an admin API read
+        (b"POST", {"content_type": "text/plain", "content_length": "9"}, False, False, None),
+    ],
+)
+def test_misuse(
+    method: bytes, headers: dict[str, str], post_only: bool, json_only: bool, status: int | None
+) -> None:
+    found = crosssite.misuse_problem("/p", method, heads(**headers), post_only, json_only)
+    assert (found and found[0]) == status
