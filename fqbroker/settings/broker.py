@@ -177,6 +177,9 @@ class Settings:
     http_auth_reads: bool = False  # /stats.json, /metrics, /queue/*, /topic/*, the UI need auth
     read_token: str = ""  # a bearer token for the reads (a Prometheus scraper's); never admin
     http_shutdown: bool = False  # whether /shutdown stops the broker (fqd: HTTP_SHUTDOWN=1)
+    # Host names plain HTTP answers to besides IP addresses, dotless names and the machine's
+    # own (docs/security.md); "*": any. Others get 421, which defeats DNS rebinding.
+    http_hosts: list[str] = field(default_factory=list)
     upstream: list[Upstream] = field(default_factory=list)  # peers, besides the sqlite table
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
     peer_dedupe: int = 0  # message ids from peers remembered to drop repeats; 0: off, as fqd
@@ -345,6 +348,10 @@ class Settings:
             raise ValueError("allow_open_network must be true or false")
         if not isinstance(self.http_auth_reads, bool):
             raise ValueError("http_auth_reads must be true or false")
+        if not isinstance(self.http_hosts, list) or not all(
+            isinstance(h, str) and h.strip() for h in self.http_hosts
+        ):
+            raise ValueError("http_hosts must be a list of host names")
         for name in ("admin_token", "read_token"):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name} must be a string")

@@ -172,3 +172,13 @@ def test_fqd_reports_a_bad_figg_setting_in_one_line(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "figg listen 'nope:x' is not HOST:PORT" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_http_hosts_from_the_file(tmp_path: Path) -> None:
+    conf = tmp_path / "fqd.toml"
+    conf.write_text('[fqd]\nhttp_hosts = ["broker.example.com", "*"]\n')
+    assert Settings.from_toml(conf).http_hosts == ["broker.example.com", "*"]
+    for bad in ('"broker.example.com"', "[1]", '[""]'):
+        conf.write_text(f"[fqd]\nhttp_hosts = {bad}\n")
+        with pytest.raises(ValueError, match="http_hosts"):
+            Settings.from_toml(conf)

@@ -225,19 +225,22 @@ class ReplayClient:
     def set_checkpoint(self, queue: str, name: str, seq: int) -> None:
         """Move the named checkpoint to ``seq`` (the next seq its reader needs)."""
         args = {"cpname": name, "qname": queue, "chkptid": format_position(seq)}
-        status, body, _ = self._get("/add_checkpoint", args)
+        # POST: the broker takes no change by GET (docs/security.md); the query says it all.
+        status, body, _ = self._get("/add_checkpoint", args, method="POST")
         doc = _json(body)
         if status != 200 or doc.get("status") != "success":
             raise BrokerError(f"checkpoint {name!r} on {queue!r}: {doc.get('message', doc)}")
 
-    def _get(self, path: str, args: Mapping[str, object]) -> tuple[int, bytes, str]:
+    def _get(
+        self, path: str, args: Mapping[str, object], *, method: str = "GET"
+    ) -> tuple[int, bytes, str]:
         deadline = time.monotonic() + self.retry_seconds
         delay = RETRY_FIRST
         while True:
             try:
-                return self._get_once(path, args)
+                return self._get_once(path, args, method)
             except (OSError, http.client.HTTPException) as exc:
-                # Refused, reset, or cut off mid-answer: no answer to act on. GETs here
+                # Refused, reset, or cut off mid-answer: no answer to act on. Requests here
                 # are reads or set a checkpoint to a given place, so asking again is safe.
                 if time.monotonic() + delay > deadline:
                     where = f"{self.host}:{self.port}"
@@ -245,7 +248,9 @@ class ReplayClient:
             time.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
 
-    def _get_once(self, path: str, args: Mapping[str, object]) -> tuple[int, bytes, str]:
+    def _get_once(
+        self, path: str, args: Mapping[str, object], method: str
+    ) -> tuple[int, bytes, str]:
         headers = {"X-Fq-Token": self.token} if self.token else {}
         context = self._ssl()
         conn = (
@@ -256,7 +261,7 @@ class ReplayClient:
             )
         )
         try:
-            conn.request("GET", f"{path}?{urlencode(args)}", headers=headers)
+            conn.request(method, f"{path}?{urlencode(args)}", headers=headers)
             response = conn.getresponse()
             body = response.read()
             return response.status, body, response.getheader("content-type", "")

@@ -17,13 +17,13 @@ import math
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import aiofiles.os
 import h11
 
 from fqbroker.core.message import Message, runs_of
-from fqbroker.frontends.http import auth
+from fqbroker.frontends.http import auth, checkpoints, crosssite
 from fqbroker.frontends.http.admin import routes as admin
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.reads import guard, topics
@@ -31,7 +31,6 @@ from fqbroker.frontends.http.reads import queues as replay
 from fqbroker.frontends.http.stats.snapshot import http_counters
 from fqbroker.frontends.kit.connections import peer_address
 from fqbroker.protocols.fq import wire
-from fqbroker.storage.configdb import checkpoints
 
 __all__ = ["serve"]
 
@@ -43,7 +42,7 @@ MAX_HEADER_BYTES = 32 * 1024  # request line plus headers
 MAX_OTHER_BODY = 64 * 1024  # bodies nobody reads (GET with a body, checkpoints, ...)
 PACKAGED_WEB_ROOT = Path(__file__).parent / "web"
 
-CHECKPOINT_PATHS = frozenset({"/add_checkpoint", "/remove_checkpoint", "/reset_to_checkpoint"})
+CHECKPOINT_PATHS = checkpoints.PATHS
 ADMIN_PATHS = CHECKPOINT_PATHS | {"/submit"}
 
 # fqd's table (docs/fq-protocol.md §4.2), then what a modern UI adds. Text types say UTF-8
@@ -87,6 +86,11 @@ def _json_reply(status: int, obj: object, *, close: bool = False) -> Reply:
     return Reply(status, json.dumps(obj).encode() + b"\n", close=close)
 
 
+def _refused_reply(status: int, text: str) -> Reply:
+    # The admin API's error shape, which fq-admin and the web UI show as they are.
+    return _json_reply(status, {"status": "error", "error": text})
+
+
 def _submit_error(text: str, *, close: bool = False) -> Reply:
     # fqd's exact body and status line: "500 ERROR" and { "error": "<msg>" }
     # (docs/fq-protocol.md §4.2).
@@ -127,7 +131,10 @@ class _Connection:
     the replay and topic reads, the static files) need credentials only with
     ``http_auth_reads``. :mod:`fqbroker.frontends.http.auth` decides, before anything of the
     request is acted on. Under ``auth = "password"`` the contents and the statistics then
-    look at who asks (:mod:`fqbroker.frontends.http.reads.guard`).
+    look at who asks (:mod:`fqbroker.frontends.http.reads.guard`). Before that,
+    :mod:`fqbroker.frontends.http.crosssite` refuses what another web site's page may have sent
+    (:meth:`_foreign`), and after it a change asked by GET or with a body that is not JSON
+    (:meth:`_misused`).
     """
 
     def __init__(
@@ -255,6 +262,7 @@ class _Connection:
             (b"content-type", reply.content_type.encode()),
             (b"content-length", str(len(reply.body)).encode()),
             *reply.headers,
+            *crosssite.SECURITY_HEADERS,  # every reply: pages, JSON, errors
         ]
         if reply.close:
             headers.append((b"connection", b"close"))
@@ -292,7 +300,11 @@ class _Connection:
             or path.startswith(admin.PREFIX)
             or (path == "/shutdown" and self.broker.settings.http_shutdown)
         )
-        refusal = await self._refusal(headers, admin_path=admin_path)
+        refusal = self._foreign(request, headers)
+        if refusal is None:
+            refusal = await self._refusal(headers, admin_path=admin_path)
+        if refusal is None:
+            refusal = self._misused(request, path, headers)
         if refusal is not None:
             await self._send(refusal, head=head)
             return
@@ -314,7 +326,7 @@ class _Connection:
                 reply = Reply(status, body, content_type, headers=extra)
         if reply is None:
             if path in CHECKPOINT_PATHS:
-                reply = self._checkpoint(path, query)
+                reply = Reply(200, checkpoints.respond(self.broker, path, query))
             elif path in replay.PATHS:
                 status, body, content_type, extra = replay.respond(self.broker, path, query)
                 reply = Reply(status, body, content_type, headers=extra)
@@ -331,6 +343,41 @@ class _Connection:
             else:
                 reply = await self._static(path)
         await self._send(reply, head=head)
+
+    def _foreign(self, request: h11.Request, headers: dict[bytes, bytes]) -> Reply | None:
+        """A refusal for a request another web site's page may have sent (crosssite.py): a
+        name the broker does not answer to (421, every plain request), or a change asked
+        from another origin (403)."""
+        tls = self.writer.get_extra_info("ssl_object") is not None
+        # Over TLS the name is the certificate's business: a browser sends nothing to a
+        # rebound name the broker's certificate is not for.
+        problem = None if tls else crosssite.host_problem(self.broker.settings, headers)
+        if problem is not None:
+            self.broker.limits.refuse("http_host", "HTTP: %s", problem)
+            return _refused_reply(421, problem)
+        if request.method in crosssite.CHANGING_METHODS:
+            problem = crosssite.cross_site_problem(headers, tls=tls)
+            if problem is not None:
+                self.broker.limits.refuse("http_cross_site", "HTTP: %s", problem)
+                return _refused_reply(403, problem)
+        return None
+
+    def _misused(
+        self, request: h11.Request, path: str, headers: dict[bytes, bytes]
+    ) -> Reply | None:
+        """A 405 or 415 for a state-changing endpoint reached by GET or with a body that is
+        not JSON (crosssite.py). /submit is left as fq tools use it."""
+        post_only = path in CHECKPOINT_PATHS or (
+            path == "/shutdown" and self.broker.settings.http_shutdown
+        )
+        admin_api = path.startswith(admin.PREFIX)
+        found = crosssite.misuse_problem(path, request.method, headers, post_only, admin_api)
+        if found is None:
+            return None
+        reply = _refused_reply(*found)
+        if found[0] == 405:
+            reply.headers.append((b"allow", b"POST"))
+        return reply
 
     async def _discard_body(self, headers: dict[bytes, bytes]) -> Reply | None:
         """Read and drop a body nobody wants; a 413 reply if it is too big to bother."""
@@ -468,32 +515,10 @@ class _Connection:
         who = f"{creds.user or ('token' if creds.token else 'open')}@{source}"
         method = request.method.decode("ascii", "replace")
         status, answer = await admin.respond(self.broker, method, path, query, body, who)
-        return _json_reply(status, answer)
-
-    def _checkpoint(self, path: str, query: str) -> Reply:
-        params = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
-        cpname, qname = params.get("cpname"), params.get("qname")
-        try:
-            # fqd dereferences NULL here and dies; a missing name is an ordinary error.
-            if not cpname:
-                raise checkpoints.CheckpointError("'cpname' parameter is required")
-            if not qname:
-                raise checkpoints.CheckpointError("'qname' parameter is required")
-            if path == "/add_checkpoint":
-                text = checkpoints.add_checkpoint(
-                    self.broker, cpname, qname, params.get("chkptid", "")
-                )
-            elif path == "/remove_checkpoint":
-                text = checkpoints.remove_checkpoint(self.broker, cpname, qname)
-            else:
-                text = checkpoints.reset_to_checkpoint(self.broker, cpname, qname)
-            status = "success"
-        except checkpoints.CheckpointError as exc:
-            text, status = exc.message, "error"
-        # fqd answers 200 either way and puts the outcome in "status"
-        # (docs/fq-protocol.md §4.2).
-        body = json.dumps({"status": status, "message": text}, indent=1, ensure_ascii=False)
-        return Reply(200, body.encode() + b"\n")
+        reply = _json_reply(status, answer)
+        if status == 405:
+            reply.headers.append((b"allow", admin.allowed_methods(path).encode()))
+        return reply
 
     def _request_shutdown(self) -> None:
         log.warning("/shutdown: stopping the broker")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Final, cast
 
+from fqbroker.frontends.http.headers import SECURITY_HEADERS
 from fqbroker.frontends.kit.component import Auth, FrontEnd, LiveFrontEnd, Sniffed
 
 # The host's Protocol and what it imports (auth) come with the first request too.
@@ -23,8 +24,9 @@ HTTP_METHODS: Final = frozenset({b"GET ", b"PUT ", b"POST", b"HEAD"})
 # The answer to an HTTP request over a connection limit (docs/limits.md).
 SERVICE_UNAVAILABLE = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-    b"content-length: 34\r\nconnection: close\r\n\r\n"
-    b'{"error": "too many connections"}\n'
+    b"content-length: 34\r\nconnection: close\r\n"
+    + b"".join(name + b": " + value + b"\r\n" for name, value in SECURITY_HEADERS)
+    + b'\r\n{"error": "too many connections"}\n'
 )
 
 

@@ -285,22 +285,25 @@ async def test_names_in_utf8(broker: Broker, admin: AdminClient) -> None:
     assert [q["name"] for q in await call(admin, "queues")] == ["café"]
 
 
+JSON = [("content-type", "application/json")]
+
+
 async def test_raw_requests(broker: Broker) -> None:
     conn = await HttpConn.open(broker.port)
     try:
         response, body = await conn.request("HEAD", "/admin/queues")
         assert response.status_code == 200 and body == b""
         for payload in (b"{not json", b"[1, 2]", b'"text"'):
-            response, body = await conn.request("POST", "/admin/queues/create", [], payload)
+            response, body = await conn.request("POST", "/admin/queues/create", JSON, payload)
             assert response.status_code == 400
             answer = json.loads(body)
             assert answer["status"] == "error" and "\n" not in answer["error"]
         broker.settings.http_max_body = 1 << 16
         body = b'{"exchange": "e", "route": "\\ud800", "payload": "p"}'
-        response, body = await conn.request("POST", "/admin/publish", [], body)
+        response, body = await conn.request("POST", "/admin/publish", JSON, body)
         assert response.status_code == 400, body
         big = b"x" * (1 << 18)
-        response, body = await conn.request("POST", "/admin/publish", [], big)
+        response, body = await conn.request("POST", "/admin/publish", JSON, big)
         assert response.status_code == 413
     finally:
         await conn.close()

@@ -22,15 +22,22 @@ from fqbroker.protocols.fq import wire
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from tests.conftest import RawConn, Session, authenticate, root_and_bob, running
-from tests.e2e.http.test_http import OK_HEADERS, HttpConn, assert_still_serving, get, header
+from tests.e2e.http.test_http import (
+    OK_HEADERS,
+    HttpConn,
+    assert_still_serving,
+    get,
+    header,
+    post,
+)
 from tests.e2e.webui.test_webui import Chromium, Page, require_chromium
 from tests.procs import Proc
 
 ADMIN_TARGETS = [
     ("POST", "/submit"),
-    ("GET", "/add_checkpoint?cpname=c&qname=q&chkptid=1:1"),
-    ("GET", "/remove_checkpoint?cpname=c&qname=q"),
-    ("GET", "/reset_to_checkpoint?cpname=c&qname=q"),
+    ("POST", "/add_checkpoint?cpname=c&qname=q&chkptid=1:1"),
+    ("POST", "/remove_checkpoint?cpname=c&qname=q"),
+    ("POST", "/reset_to_checkpoint?cpname=c&qname=q"),
 ]
 READ_TARGETS = [
     "/stats.json",
@@ -149,7 +156,7 @@ async def test_admin_token_alone_403_without_or_with_a_wrong_one(
 async def test_the_read_token_is_not_an_admin_token(broker: Broker) -> None:
     broker.settings.admin_token = "admin"
     broker.settings.read_token = "reader"
-    response, body = await get(broker.port, "/add_checkpoint?cpname=c&qname=q", [bearer("reader")])
+    response, body = await post(broker.port, "/add_checkpoint?cpname=c&qname=q", [bearer("reader")])
     assert_refused(response, body, 403)
     # Without http_auth_reads the reads stay open, with or without a token.
     for target in READ_TARGETS:
@@ -161,12 +168,12 @@ async def test_shutdown_refused_then_done_with_the_token(settings: Settings) -> 
     settings.http_shutdown = True
     settings.admin_token = "t"
     async with running(settings) as broker:
-        response, body = await get(broker.port, "/shutdown")
+        response, body = await post(broker.port, "/shutdown")
         assert_refused(response, body, 403)
-        response, body = await get(broker.port, "/shutdown", [bearer("nope")])
+        response, body = await post(broker.port, "/shutdown", [bearer("nope")])
         assert_refused(response, body, 403)
         assert not broker.shutdown_requested.is_set()
-        response, _ = await get(broker.port, "/shutdown", [bearer("t")])
+        response, _ = await post(broker.port, "/shutdown", [bearer("t")])
         assert response.status_code == 200
         assert broker.shutdown_requested.is_set()
 
@@ -233,7 +240,7 @@ async def test_protected_reads_from_the_toml_file(tmp_path: Path, procs: list[Pr
     assert_refused(response, body, 401)
     response, _ = await get(port, "/metrics", [bearer("prom")])
     assert response.status_code == 200
-    response, body = await get(port, "/add_checkpoint?cpname=c&qname=q", [bearer("prom")])
+    response, body = await post(port, "/add_checkpoint?cpname=c&qname=q", [bearer("prom")])
     assert_refused(response, body, 403)
 
 
@@ -298,10 +305,10 @@ async def test_admin_token_still_works_beside_users(settings: Settings) -> None:
     settings.auth = "password"
     settings.admin_token = "tok"
     async with running(settings) as broker:
-        response, body = await get(broker.port, "/add_checkpoint?cpname=c&qname=q")
+        response, body = await post(broker.port, "/add_checkpoint?cpname=c&qname=q")
         assert_refused(response, body, 401)
         assert len(challenges(response)) == 2  # Basic and Bearer both accepted
-        response, _ = await get(broker.port, "/add_checkpoint?cpname=c&qname=q", [bearer("tok")])
+        response, _ = await post(broker.port, "/add_checkpoint?cpname=c&qname=q", [bearer("tok")])
         assert response.status_code == 200
 
 
@@ -329,10 +336,10 @@ async def test_a_removed_user_is_refused_without_a_restart(with_users: Broker) -
 
     broker = with_users
     path = "/add_checkpoint?cpname=c&qname=q"
-    response, _ = await get(broker.port, path, [basic("root", "rootpw")])
+    response, _ = await post(broker.port, path, [basic("root", "rootpw")])
     assert response.status_code == 200
     Users(broker.settings.config_db).remove("root")
-    response, body = await get(broker.port, path, [basic("root", "rootpw")])
+    response, body = await post(broker.port, path, [basic("root", "rootpw")])
     assert_refused(response, body, 401)
 
 
@@ -455,12 +462,12 @@ async def test_an_operator_makes_an_admin_with_fq_admin(tmp_path: Path, procs: l
         fqd, port = await Proc.start_fqd(tmp_path, "--auth", "password")
         procs.append(fqd)
         path = "/add_checkpoint?cpname=c&qname=q"
-        response, body = await get(port, path)
+        response, body = await post(port, path)
         assert_refused(response, body, 401)
-        response, body = await get(port, path, [basic("ops", "opspw")])
+        response, body = await post(port, path, [basic("ops", "opspw")])
         assert_refused(response, body, 403)
         await fq_admin(tmp_path, procs, "allow", "ops", "admin", "*")
-        response, body = await get(port, path, [basic("ops", "opspw")])
+        response, body = await post(port, path, [basic("ops", "opspw")])
         assert response.status_code == 200, body
         assert json.loads(body)["message"] == "Cannot find registered queue 'q'"
         response, _ = await get(port, "/stats.json")  # reads stay open by default

@@ -13,7 +13,7 @@ from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from fqbroker.storage.configdb import checkpoints
 from tests.conftest import open_session, wait_for
-from tests.e2e.http.test_http import HttpConn, get, header
+from tests.e2e.http.test_http import HttpConn, get, header, post
 
 
 def checkpoint_body(status: str, message: str) -> dict[str, str]:
@@ -36,7 +36,7 @@ async def test_checkpoint_errors(broker: Broker, endpoint: str) -> None:
     ]
     conn = await HttpConn.open(broker.port)
     for query, message in cases:
-        response, body = await conn.request("GET", f"/{endpoint}?{query}&chkptid=1:1")
+        response, body = await conn.request("POST", f"/{endpoint}?{query}&chkptid=1:1")
         assert response.status_code == 200
         assert header(response, b"content-type") == b"application/json"
         assert json.loads(body) == checkpoint_body("error", message), query
@@ -46,7 +46,7 @@ async def test_checkpoint_errors(broker: Broker, endpoint: str) -> None:
 
 
 async def checkpoint_call(port: int, endpoint: str, **query: str) -> dict[str, str]:
-    response, body = await get(port, f"/{endpoint}?{urlencode(query)}")
+    response, body = await post(port, f"/{endpoint}?{urlencode(query)}")
     assert response.status_code == 200
     assert header(response, b"content-type") == b"application/json"
     answer: dict[str, str] = json.loads(body)

@@ -44,7 +44,8 @@ class HttpConn:
         headers: Sequence[tuple[str, str]] = (),
         body: bytes | None = None,
     ) -> tuple[h11.Response, bytes]:
-        hdrs = [("host", "localhost"), *headers]
+        given = any(name.lower() == "host" for name, _ in headers)
+        hdrs = [*([] if given else [("host", "localhost")]), *headers]
         if body is not None:
             hdrs.append(("content-length", str(len(body))))
         if self.conn.our_state is h11.DONE:
@@ -114,6 +115,20 @@ async def get(
     conn = await HttpConn.open(port)
     try:
         return await conn.request("GET", target, headers, body)
+    finally:
+        await conn.close()
+
+
+async def post(
+    port: int,
+    target: str,
+    headers: Sequence[tuple[str, str]] = (),
+    body: bytes | None = None,
+) -> tuple[h11.Response, bytes]:
+    """POST on a connection of its own: the checkpoint endpoints and /shutdown take no GET."""
+    conn = await HttpConn.open(port)
+    try:
+        return await conn.request("POST", target, headers, body)
     finally:
         await conn.close()
 
@@ -205,7 +220,7 @@ async def test_admin_token_protects_admin_endpoints_only(broker: Broker) -> None
     for headers in ([], [("Authorization", "Bearer wrong")], [("X-Fq-Token", "s3cre")]):
         response, body = await conn.request("POST", "/submit", [*OK_HEADERS, *headers], b"x")
         assert response.status_code == 403 and json.loads(body) == {"error": "forbidden"}
-        response, _ = await conn.request("GET", "/add_checkpoint?cpname=a&qname=b&chkptid=1:1")
+        response, _ = await conn.request("POST", "/add_checkpoint?cpname=a&qname=b&chkptid=1:1")
         assert response.status_code == 403
     assert broker.router.aggregate.messages == 0
     for headers in ([("Authorization", "Bearer s3cret")], [("X-Fq-Token", "s3cret")]):
@@ -232,9 +247,9 @@ async def test_shutdown_when_enabled_needs_the_token(broker: Broker) -> None:
     broker.settings.http_shutdown = True
     broker.settings.admin_token = "t"
     requested = broker.shutdown_requested
-    response, _ = await get(broker.port, "/shutdown")
+    response, _ = await post(broker.port, "/shutdown")
     assert response.status_code == 403 and not requested.is_set()
-    response, body = await get(broker.port, "/shutdown", headers=[("X-Fq-Token", "t")])
+    response, body = await post(broker.port, "/shutdown", headers=[("X-Fq-Token", "t")])
     assert response.status_code == 200
     assert json.loads(body)["status"] == "success"
     assert header(response, b"connection") == b"close"
@@ -247,7 +262,7 @@ async def test_shutdown_stops_the_fqd_process(tmp_path: Path, procs: list[Proc])
     conf.write_text('[fqd]\nhttp_shutdown = true\nadmin_token = "t"\n')
     fqd, port = await Proc.start_fqd(tmp_path, "--config", str(conf))
     procs.append(fqd)
-    response, _ = await get(port, "/shutdown", headers=[("X-Fq-Token", "t")])
+    response, _ = await post(port, "/shutdown", headers=[("X-Fq-Token", "t")])
     assert response.status_code == 200
     async with asyncio.timeout(TIMEOUT):
         status, _, _ = await fqd.finish()

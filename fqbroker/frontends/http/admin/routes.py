@@ -23,7 +23,7 @@ from fqbroker.frontends.http.admin.base import PREFIX, ROUTES, Params, Refused, 
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.stats.node import node_status
 
-__all__ = ["PREFIX", "body_limit", "respond"]
+__all__ = ["PREFIX", "allowed_methods", "body_limit", "respond"]
 
 # Their endpoints are filed in ROUTES as they are imported.
 _ENDPOINT_MODULES = (adminqueues, adminconfig)
@@ -49,7 +49,8 @@ async def respond(
     Every path here is an admin path (:mod:`fqbroker.frontends.http.auth`: the
     ``admin_token`` or an admin user, once either exists), checked before this runs. Reads
     are GET with their parameters in the query string; changes are POST with a JSON object
-    body (the listener sniffs GET, HEAD, POST and PUT only). Success is
+    body, ``Content-Type: application/json`` (checked before this runs, with the request's
+    origin: docs/security.md; the listener sniffs GET, HEAD, POST and PUT only). Success is
     ``{"status": "success", ...}`` with 200; a refusal is
     ``{"status": "error", "error": "<one line>"}`` with 400 (bad request), 404 (no such
     queue, binding, ...), 405 (wrong method) or 409 (a conflict).
@@ -66,6 +67,14 @@ async def respond(
     except Refused as exc:
         return exc.status, {"status": "error", "error": exc.text}
     return 200, {"status": "success", **answer}
+
+
+def allowed_methods(path: str) -> str:
+    """The methods ``path`` takes, as a 405's ``Allow`` header says them."""
+    found = ROUTES.get(path)
+    if found is None or found.method == "GET":
+        return "GET, HEAD"
+    return found.method
 
 
 def _params(query: str) -> Params:

@@ -45,8 +45,11 @@ function setAdmin(on) {
 async function api(path, body) {
   // With credentials of our own, the browser's are left out: a 401 to those then raises
   // no login prompt of the browser's (the fetch standard prompts only when it sent its own).
+  // Same-origin only, and changes as JSON: what the broker takes from a browser
+  // (docs/security.md, "Cross-site requests and the admin API").
   const init = {
     method: body === undefined ? "GET" : "POST",
+    mode: "same-origin",
     cache: "no-store",
     headers: {},
     credentials: auth ? "omit" : "same-origin",
