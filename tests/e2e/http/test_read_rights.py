@@ -99,7 +99,8 @@ def guarded_settings(settings: Settings, *, reads: bool) -> Settings:
     settings.admin_token = ADMIN_TOKEN
     settings.read_token = READ_TOKEN
     settings.http_auth_reads = reads
-    return on(settings, "figg")
+    # The topics are published over a plain Figg port: anonymous, said so outright.
+    return on(settings, "figg", anonymous=True)
 
 
 async def fill(broker: Broker) -> None:
