@@ -78,6 +78,8 @@ class BrokerOptions:
             self.host,
             self.port,
             token=self.token,
+            user=self.user,
+            password=self.password,
             retry_seconds=BROKER_RETRY,
             tls=self.tls,
             cafile=self.cafile,

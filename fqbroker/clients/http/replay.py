@@ -11,6 +11,7 @@ stay picklable. A topic is read by 0-based message index, which an entry's ``seq
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
@@ -61,7 +62,11 @@ class TopicInfo:
 class ReplayClient:
     host: str = "127.0.0.1"
     port: int = 8765
-    token: str = ""  # the broker's admin token, for checkpoints; reads need none
+    token: str = ""  # the broker's admin token, for checkpoints
+    # A user's login for HTTP (Basic), when no token is given: under auth = "password"
+    # a queue's contents need the queue right, a checkpoint the admin right.
+    user: str = ""
+    password: str = ""
     timeout: float = 30.0
     # How long an HTTP request keeps trying while the broker cannot be reached (a
     # restart); every request this client makes is safe to repeat. 0: one try.
@@ -251,7 +256,6 @@ class ReplayClient:
     def _get_once(
         self, path: str, args: Mapping[str, object], method: str
     ) -> tuple[int, bytes, str]:
-        headers = {"X-Fq-Token": self.token} if self.token else {}
         context = self._ssl()
         conn = (
             http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
@@ -261,12 +265,20 @@ class ReplayClient:
             )
         )
         try:
-            conn.request(method, f"{path}?{urlencode(args)}", headers=headers)
+            conn.request(method, f"{path}?{urlencode(args)}", headers=self._credentials())
             response = conn.getresponse()
             body = response.read()
             return response.status, body, response.getheader("content-type", "")
         finally:
             conn.close()
+
+    def _credentials(self) -> dict[str, str]:
+        if self.token:
+            return {"X-Fq-Token": self.token}
+        if self.user and self.password:
+            login = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
+            return {"Authorization": f"Basic {login}"}
+        return {}
 
 
 def _next_event(
