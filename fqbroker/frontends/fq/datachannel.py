@@ -225,6 +225,18 @@ class DataChannel:
             return 0
         return decoder.in_flight * (PEER_COPIES if self.is_peer else 1)
 
+    @property
+    def received(self) -> int:
+        """Grows as a partial message arrives (:attr:`MessageDecoder.received`)."""
+        decoder = self._decoder
+        return 0 if decoder is None else decoder.received
+
+    def announced_exchange(self) -> bytes | None:
+        """The exchange of the message :attr:`in_flight` announces, before any of its
+        payload is reserved for; None: none, or a peer's."""
+        decoder = self._decoder
+        return None if decoder is None else decoder.head_exchange()
+
     def _decode(self, decoder: MessageDecoder) -> Batch:
         if not self.is_peer:
             runs = decoder.runs(self._user, self._stamp)
