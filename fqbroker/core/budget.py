@@ -160,6 +160,12 @@ class Share:
     user's others hold nothing may grow to its own cap (one large message is never
     refused for the user's cap, only made to wait for the user's others). A reservation
     over :attr:`cap` can never be granted: the connection refuses what it is for instead.
+
+    Two of a user's connections must never wait for each other. A reservation made for
+    an announced size (the message's bytes are read only once it is granted, so the
+    connection has at most a read of them in memory) lets go of what it held while it
+    waits; one that grows with bytes already in memory (``gradual``: nothing announced
+    them) grows past the user's cap instead, bounded by its own.
     """
 
     __slots__ = ("_budget", "_user", "held", "user")
@@ -175,14 +181,24 @@ class Share:
         """The most this connection may hold."""
         return self._budget.per_connection
 
-    def resize(self, need: int, *, behind_waiters: bool = False) -> int | None:
+    def resize(
+        self, need: int, *, behind_waiters: bool = False, gradual: bool = False
+    ) -> int | None:
         """Move the reservation to ``need`` bytes: None once it holds them, or how many
         more to :meth:`acquire` first (:meth:`MemoryBudget.resize`)."""
         budget = self._budget
         held = self.held
         entry = self._user
-        if need > held and entry.held + need - held > budget.per_user and entry.held > held:
-            return need - held  # over the user's cap while its others hold some
+        if (
+            need > held
+            and entry.held + need - held > budget.per_user
+            and entry.held > held
+            and not gradual
+        ):
+            # Over the user's cap while its others hold some: wait for them, holding
+            # nothing meanwhile, so that none of them waits for this one.
+            self.release()
+            return need
         self.held, grow = budget.resize(held, need, behind_waiters=behind_waiters)
         entry.held += self.held - held
         if self.held < held and entry.waiters:
@@ -193,7 +209,7 @@ class Share:
         """Wait until ``n`` more bytes fit the user's cap and the budget, and hold them."""
         budget = self._budget
         entry = self._user
-        while entry.held + n > budget.per_user and entry.held > self.held:
+        while entry.held + n > budget.per_user and entry.held > self.held and not self.held:
             future = asyncio.get_running_loop().create_future()
             entry.waiters.append(future)
             budget.paused += 1

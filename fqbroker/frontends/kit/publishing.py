@@ -53,6 +53,12 @@ class PublishingMachine(Protocol):
         ...
 
     @property
+    def in_flight(self) -> int:
+        """What those bytes will take once the frame they start is whole, as far as its
+        head announces it (at least :attr:`buffered`): what is reserved."""
+        ...
+
+    @property
     def ack_due(self) -> int | None:
         """How many messages the oldest ACK owed waits for; None when none is owed."""
         ...
@@ -254,20 +260,25 @@ class PublishingSession(HeldReading, RemotePeer):
 
     def _reserve(self) -> None:
         """Hold budget for what the machine buffers; pause reading while it cannot."""
-        need = self.machine.buffered
+        machine = self.machine
+        need = machine.in_flight
         share = self._share
         if share is None:
             budget = self.broker.budget
             if not need and budget.used <= budget.limit:
                 return  # nothing to hold, nothing to wait for: the common case
-            if need > UNRESERVED and not may_reserve(self.broker.settings, self.user):
-                self._refuse(f"a partial frame of {need} bytes from a connection with no user")
+            if not may_reserve(self.broker.settings, self.user):
+                # Reserves nothing: a partial frame of one read is all it may hold.
+                if need > UNRESERVED:
+                    self._refuse(f"a partial frame of {need} bytes, and no user to reserve for")
                 return
             share = self._share = budget.share(self.user)
         if need > share.cap:
             self._refuse(f"a frame of {need} bytes or more, over max_reserved_per_connection")
             return
-        grow = share.resize(need)
+        # An announced size is reserved before its bytes are read; otherwise the bytes
+        # are in memory already and the reservation grows with them.
+        grow = share.resize(need, gradual=need <= machine.buffered)
         if grow is None:
             if share.held:
                 self._watch()
