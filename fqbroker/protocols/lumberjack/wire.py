@@ -239,6 +239,7 @@ class Receiver:
         if have < 6 or self._violation is not None:
             return have
         kind = buf[pos + 1]
+        n: int
         if kind == _C:
             n = 6 + _u32_from(buf, pos + 2)[0]
         elif kind == _J and have >= 10:
