@@ -15,6 +15,7 @@ import contextlib
 import struct
 
 from fqbroker.clients.fq.client import Client
+from fqbroker.core.message import Message
 from fqbroker.protocols.fq import wire
 from fqbroker.protocols.lumberjack import encoder
 from fqbroker.server.broker import Broker
@@ -214,3 +215,31 @@ async def test_an_anonymous_shipper_reserves_nothing_under_password_auth(
         assert broker.budget.used == 0
         assert broker.limits.bad_input["lumberjack"] == 1
         writer.close()
+
+
+async def test_a_peer_reserves_what_it_announces(settings: Settings) -> None:
+    """A peer-mode data channel holds what its message announces while the message
+    arrives (its decode copies are reserved only once it is whole), and the message is
+    delivered once it is."""
+    settings.memory_budget = 64 * MiB
+    async with running(settings) as broker:
+        async with Client(port=broker.port, source="c/pq/mem:private") as c:
+            await c.bind(b"ex", b"prefix:")
+            cmd = await authenticate(broker.port, b"peer")
+            reply = await cmd.frame()
+            assert isinstance(reply, wire.AuthResponse)
+            data = await RawConn.open(broker.port)
+            await data.send(wire.encode_hello(wire.Mode.PEER, reply.key, bytes([10, 9, 9, 9])))
+            payload = bytes(4 * MiB)
+            frame = Message(b"ex", b"r", payload, sender=b"s", hops=bytes([10, 9, 9, 9]))
+            wire_frame = frame.peer_frame()
+            await data.send(wire_frame[: 1 * MiB])
+            await wait_for(lambda: broker.budget.used > 0)
+            await asyncio.sleep(0.1)
+            assert broker.budget.used == len(wire_frame)
+            await data.send(wire_frame[1 * MiB :])
+            async with asyncio.timeout(TIMEOUT):
+                assert (await c.receive()).payload == payload
+            await cmd.close()
+            await data.close()
+        await wait_for(lambda: broker.budget.used == 0)

@@ -237,6 +237,8 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             channel.receive_data(data)
             # _fed(), inline: the latency row's every read comes this way.
             if input_.waiting is None:
+                if input_.share.held and channel.is_peer and not self._reserve_decode():
+                    return  # a large peer message is whole: decoded once granted
                 self._pump()
                 if input_.waiting is None and channel.phase is Phase.STREAMING:
                     self._reserve()
@@ -508,6 +510,37 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
         if input_.eof:
             self.close()
         else:
+            self.transport.resume_reading()
+
+    def _reserve_decode(self) -> bool:
+        """A peer's large message is whole: hold what decoding it takes before it is
+        decoded; False: reading waits, and the decode with it, until it is granted."""
+        need = self.channel.decode_size()
+        input_ = self._input()
+        share = input_.share
+        if need <= share.held:
+            return True
+        grow = share.resize(min(need, share.cap), behind_waiters=True)
+        if grow is None:
+            return True
+        self.transport.pause_reading()
+        input_.waiting = asyncio.ensure_future(self._wait_to_decode(grow))
+        return False
+
+    async def _wait_to_decode(self, grow: int) -> None:
+        input_ = self._input()
+        share = input_.share
+        await share.acquire(grow)
+        input_.waiting = None
+        if self.phase is Phase.CLOSED:
+            share.release()  # closed between its wake-up and now
+            return
+        self._pump()  # decoded now; the queues count what it published
+        if input_.waiting is not None or self.phase is Phase.CLOSED:
+            return
+        if input_.eof:
+            self.close()
+        elif self._reserve():
             self.transport.resume_reading()
 
     async def confirm(self, count: int) -> str | None:

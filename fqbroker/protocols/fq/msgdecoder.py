@@ -237,6 +237,13 @@ class MessageDecoder(Decoder):
             + (0 if large is None else large.filled)
         )
 
+    @property
+    def ready(self) -> int:
+        """Bytes buffered once the first frame is whole (what a decode now goes over);
+        0 while it is partial."""
+        self._settle()
+        return len(self._buf) if self._first_is_whole() else 0
+
     def head_exchange(self) -> bytes | None:
         """The exchange of the publisher frame the buffer starts with, once its head is
         whole (before its payload is reserved for); None if there is none yet."""
