@@ -536,7 +536,7 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             share.release()  # closed between its wake-up and now
             return
         self._pump()  # decoded now; the queues count what it published
-        if input_.waiting is not None or self.phase is Phase.CLOSED:
+        if input_.waiting is not None or self.phase is not Phase.STREAMING:
             return
         if input_.eof:
             self.close()
