@@ -209,10 +209,11 @@ class Share:
         """Wait until ``n`` more bytes fit the user's cap and the budget, and hold them."""
         budget = self._budget
         entry = self._user
+        if entry.held + n > budget.per_user and entry.held > self.held and not self.held:
+            budget.paused += 1
         while entry.held + n > budget.per_user and entry.held > self.held and not self.held:
             future = asyncio.get_running_loop().create_future()
             entry.waiters.append(future)
-            budget.paused += 1
             try:
                 await future
             except BaseException:
@@ -226,6 +227,7 @@ class Share:
             entry.held -= n
             if entry.waiters:
                 entry.wake()
+            self._forget_if_idle()  # the connection may have closed while it waited
             raise
         self.held += n
 
@@ -243,10 +245,15 @@ class Share:
     def close(self) -> None:
         """The connection is gone: give back what it holds, and forget it."""
         self.release()
+        self._user.shares -= 1
+        self._forget_if_idle()
+
+    def _forget_if_idle(self) -> None:
         entry = self._user
-        entry.shares -= 1
         if not entry.shares and not entry.held:
-            self._budget._users.pop(self.user, None)
+            users = self._budget._users
+            if users.get(self.user) is entry:
+                del users[self.user]
 
 
 def fitting(frames: list[bytes], room_bytes: int) -> int:

@@ -98,3 +98,18 @@ async def test_a_user_waiter_granted_by_the_user_then_waits_in_the_budgets_line(
     assert share.held == budget.used == 2 * MiB
     share.close()
     assert budget.used == 0
+
+
+async def test_a_share_closed_while_it_waits_leaves_nothing_behind() -> None:
+    budget = MemoryBudget(4 * MiB)
+    hog = budget.share(b"v")
+    assert hog.resize(4 * MiB) is None
+    share = budget.share(b"u")
+    waiter = asyncio.ensure_future(share.acquire(1 * MiB))
+    await asyncio.sleep(0)
+    share.close()  # the connection is gone; its wait is cancelled after
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+    assert b"u" not in budget._users and budget.used == 4 * MiB
+    hog.close()
+    assert budget.used == 0 and not budget._users

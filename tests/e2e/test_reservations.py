@@ -243,3 +243,26 @@ async def test_a_peer_reserves_what_it_announces(settings: Settings) -> None:
             await cmd.close()
             await data.close()
         await wait_for(lambda: broker.budget.used == 0)
+
+
+async def test_a_submit_over_the_connections_cap_gets_413(settings: Settings) -> None:
+    """/submit reserves through the same share: a body over what one connection may
+    reserve is refused before it is read; one under it is published."""
+    settings.max_reserved_per_connection = 1 * MiB
+    async with running(settings) as broker:
+        async with Client(port=broker.port, source="u") as c:
+            await c.bind(b"ex", b"prefix:")
+            for size, status in ((MiB, b"413"), (256 * KiB, b"200")):
+                reader, writer = await asyncio.open_connection("127.0.0.1", broker.port)
+                body = b"x" * size  # reserved twice: the body and its message
+                writer.write(
+                    b"POST /submit HTTP/1.0\r\nX-Fq-Exchange: ex\r\nX-Fq-Route: r\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body) + body
+                )
+                async with asyncio.timeout(TIMEOUT):
+                    reply = await reader.read()
+                assert reply.startswith(b"HTTP/1.1 " + status), reply[:80]
+                writer.close()
+            async with asyncio.timeout(TIMEOUT):
+                assert (await c.receive()).payload == b"x" * (256 * KiB)
+        assert broker.budget.used == 0
