@@ -312,8 +312,10 @@ class PublishingSession(HeldReading, RemotePeer):
 
     def _progress(self) -> tuple[int, int] | None:
         share = self._share
-        if self.closing or self._holds or share is None or not share.held:
-            return None  # nothing held, or held back by us: not the sender's fault
+        if self.closing or self._holds & (ROOM | BUDGET) or share is None or not share.held:
+            # Nothing held, or held back by a full queue or the budget: not the sender's
+            # fault. (One that does not read what we write is held back by its own.)
+            return None
         return self.machine.buffered, self.publisher.handled
 
     def _stalled(self) -> None:
