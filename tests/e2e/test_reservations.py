@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import struct
+from pathlib import Path
 
 from fqbroker.clients.fq.client import Client
 from fqbroker.core.message import Message
@@ -21,6 +23,7 @@ from fqbroker.protocols.lumberjack import encoder
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from tests.conftest import TIMEOUT, RawConn, authenticate, on, port_of, running, wait_for
+from tests.pki import password_logins
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -200,11 +203,12 @@ async def test_a_stalled_fq_message_is_closed_and_given_back(settings: Settings)
 async def test_an_anonymous_shipper_reserves_nothing_under_password_auth(
     settings: Settings,
 ) -> None:
-    """Under auth = "password" a Lumberjack connection has no user: a partial frame
-    beyond one read closes it, nothing reserved."""
+    """Under auth = "password" a Lumberjack listener opened with ``anonymous = true`` has
+    connections with no user: a partial frame beyond one read closes one, nothing
+    reserved."""
     settings.auth = "password"
     settings.memory_budget = 16 * MiB
-    on(settings, "lumberjack", max_frame=4 * MiB)
+    on(settings, "lumberjack", max_frame=4 * MiB, anonymous=True)
     async with running(settings) as broker:
         reader, writer = await asyncio.open_connection("127.0.0.1", port_of(broker, "lumberjack"))
         frame = _lumberjack_frame(2 * MiB)
@@ -266,3 +270,28 @@ async def test_a_submit_over_the_connections_cap_gets_413(settings: Settings) ->
             async with asyncio.timeout(TIMEOUT):
                 assert (await c.receive()).payload == b"x" * (256 * KiB)
         assert broker.budget.used == 0
+
+
+async def test_a_certificate_shipper_reserves_as_its_user(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A shipper logged in by its client certificate reserves from its user's share, the
+    one that user's fq connections count against."""
+    logins = password_logins(settings, tmp_path, {"shipper": [("publish", "logging")]})
+    on(settings, "lumberjack", tls_cert=logins.cert, tls_key=logins.key, max_frame=4 * MiB)
+    settings.memory_budget = 16 * MiB
+    async with running(settings) as broker:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1",
+            port_of(broker, "lumberjack"),
+            ssl=logins.context("shipper"),
+            server_hostname="127.0.0.1",
+        )
+        frame = _lumberjack_frame(2 * MiB)
+        writer.write(frame[: 1 * MiB])
+        await wait_for(lambda: broker.budget.held_by(b"shipper") >= 2 * MiB)
+        assert broker.budget.held_by(None) == 0
+        writer.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            await writer.wait_closed()
+        await wait_for(lambda: broker.budget.used == 0)

@@ -139,9 +139,10 @@ class PublishingSession(HeldReading, RemotePeer):
         self._holds = 0  # ROOM, BUDGET, WRITE and the session's own: why reading is paused
         self._room: asyncio.Task[None] | None = None  # waiting for room or budget
         self._durable: asyncio.Task[None] | None = None  # waiting for an fsync to ACK
-        # Who the connection is (None: it has not said), and its share of the memory
-        # budget, made when it first reserves: what the machine's buffer holds.
-        self.user: bytes | None = None
+        # Who the connection is (None: it has not said; a client certificate names it),
+        # and its share of the memory budget, made when it first reserves: what the
+        # machine's buffer holds.
+        self.user: str | None = None
         self._share: Share | None = None
         self._stall: StallWatch | None = None
         # Bytes of a batch held while a full queue makes it wait, counted against the
@@ -272,7 +273,10 @@ class PublishingSession(HeldReading, RemotePeer):
                 if need > UNRESERVED:
                     self._refuse(f"a partial frame of {need} bytes, and no user to reserve for")
                 return
-            share = self._share = budget.share(self.user)
+            # Keyed as fq and HTTP key their users, so that one user's connections on
+            # every front end share its cap.
+            user = self.user
+            share = self._share = budget.share(None if user is None else user.encode())
         if need > share.cap:
             self._refuse(f"a frame of {need} bytes or more, over max_reserved_per_connection")
             return

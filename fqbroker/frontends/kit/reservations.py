@@ -8,9 +8,10 @@ size is known. Three rules keep such reservations from holding the budget hostag
   connection (a message needing more is refused, never waited for), and at most
   ``max_reserved_per_user`` for all of one user's connections (past it the connection
   waits for its user's own earlier reservations, and only it waits).
-* **Who.** Under ``auth = "password"`` a connection that has not said who it is
-  reserves nothing (:func:`may_reserve`): it may hold a partial frame of one read
-  (:data:`UNRESERVED`, the slack docs/memory.md allows every socket), no more.
+* **Who.** Under ``auth = "password"`` a connection that has not said who it is (a
+  listener opened with ``anonymous = true``) reserves nothing (:func:`may_reserve`): it
+  may hold a partial frame of one read (:data:`UNRESERVED`, the slack docs/memory.md
+  allows every socket), no more. One a client certificate named reserves as its user.
 * **Time.** A partial message whose bytes stop arriving for ``partial_message_seconds``
   closes its connection, which gives its reservation back (:class:`StallWatch`).
 """
