@@ -281,7 +281,7 @@ async def test_a_certificate_shipper_reserves_as_its_user(
     on(settings, "lumberjack", tls_cert=logins.cert, tls_key=logins.key, max_frame=4 * MiB)
     settings.memory_budget = 16 * MiB
     async with running(settings) as broker:
-        reader, writer = await asyncio.open_connection(
+        _, writer = await asyncio.open_connection(
             "127.0.0.1",
             port_of(broker, "lumberjack"),
             ssl=logins.context("shipper"),
