@@ -35,7 +35,7 @@ class _Host:
 
     def __init__(self, router: Router, budget: MemoryBudget | None = None) -> None:
         self.router = router
-        self.settings = SimpleNamespace(max_message_size=1 << 28)
+        self.settings = SimpleNamespace(max_message_size=1 << 28, partial_message_seconds=30.0)
         self.budget = MemoryBudget(1 << 34) if budget is None else budget
         self.limits = SimpleNamespace(bad=print, log=SimpleNamespace(log=print))
         self.clients: dict[bytes, Any] = {}

@@ -201,6 +201,11 @@ class Settings:
     backlog_bytes: int = 64 << 20  # a memory queue's backlog in bytes, unless it says; 0: none
     memory_budget: int = 1 << 30  # bytes held by memory queues and reads in flight, broker-wide
     http_max_body: int = 16 << 20  # largest HTTP request body (/submit); larger gets 413
+    # What one connection, and all of one user's connections, may reserve of the budget
+    # for messages still arriving; 0: the largest message (and its head), half the budget.
+    max_reserved_per_connection: int = 0
+    max_reserved_per_user: int = 0
+    partial_message_seconds: float = 30.0  # a partial message idle this long: closed; 0: never
     # --- security (docs/security.md) ---
     auth: str = "none"  # "none": fq's behaviour, no password checked; "password": users
     allow_open_network: bool = False  # listen beyond loopback with auth = "none" anyway
@@ -220,6 +225,14 @@ class Settings:
     sections: dict[str, Section] = field(default_factory=dict)
 
     # --- the front ends' tables -----------------------------------------------------------
+
+    def reservation_caps(self, limit: int) -> tuple[int, int]:
+        """What one connection and one user may reserve of a budget of ``limit`` bytes
+        (docs/memory.md): the settings, or else the largest message with room for its
+        head (what one connection must be able to read), and half the budget."""
+        per_connection = self.max_reserved_per_connection or self.max_message_size + (64 << 10)
+        per_user = self.max_reserved_per_user or limit // 2
+        return min(per_connection, limit), min(per_user, limit)
 
     def section(self, kind: type[S]) -> S:
         """The front end's table of kind ``kind``: as the file or the flags set it, else its
@@ -402,6 +415,7 @@ _NOT_NEGATIVE = (
     "default_backlog", "peer_dedupe", "max_connections", "max_connections_per_address",
     "max_queues_per_user", "disk_queues_per_second", "log_lines_per_second", "backlog_bytes",
     "memory_budget", "max_bindings_per_queue", "max_bindings_per_user",
+    "max_reserved_per_connection", "max_reserved_per_user", "partial_message_seconds",
 )  # fmt: skip
 _KIND_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
 

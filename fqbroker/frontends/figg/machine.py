@@ -117,6 +117,11 @@ class Machine(AckingMachine[int]):
         return self._decoder.buffered
 
     @property
+    def in_flight(self) -> int:
+        """What to reserve for: what is buffered (a frame's size is not announced)."""
+        return self._decoder.buffered
+
+    @property
     def messages(self) -> int:
         """Messages made so far."""
         return self._mapped

@@ -89,7 +89,7 @@ class FiggSession(PublishingSession, asyncio.Protocol):
     client while we read closes it too: the listeners' idle limit, told by ``last_input``.
     """
 
-    __slots__ = ("config", "delivered", "permissions", "subscriptions", "user", "writable")
+    __slots__ = ("config", "delivered", "permissions", "subscriptions", "writable")
 
     FRONTEND = "figg"
     TITLE = "Figg"

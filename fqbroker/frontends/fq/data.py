@@ -23,12 +23,13 @@ from fqbroker.frontends.fq.datachannel import (
     Phase,
 )
 from fqbroker.frontends.kit.connections import RemotePeer
+from fqbroker.frontends.kit.reservations import StallWatch
 from fqbroker.protocols.fq import wire
 from fqbroker.protocols.fq.largeframe import LARGE_FRAME
 from fqbroker.protocols.fq.msgdecoder import BIG_READ, SMALL_READ
 
 if TYPE_CHECKING:
-    from fqbroker.core.budget import MemoryBudget
+    from fqbroker.core.budget import MemoryBudget, Share
     from fqbroker.core.permissions import Permissions
     from fqbroker.core.publisher import Publisher
     from fqbroker.core.queue import Buffer, Notify
@@ -81,14 +82,15 @@ class _Input:
     """The publishing side of a session, made when it first sends or confirms: most
     consumers never do, and ten thousand idle ones should not carry it."""
 
-    __slots__ = ("bulk", "eof", "publisher", "reserved", "reserved_at", "waiting")
+    __slots__ = ("bulk", "eof", "publisher", "reserved_at", "share", "stall", "waiting")
 
-    def __init__(self, publisher: Publisher) -> None:
+    def __init__(self, publisher: Publisher, share: Share) -> None:
         self.publisher = publisher
         # Waiting for room in a block-policy queue, or for budget; reading is paused.
         self.waiting: asyncio.Task[None] | None = None
         self.eof = False  # the client hung up while it waited: close once it is done
-        self.reserved = 0  # bytes of the memory budget its input holds
+        self.share = share  # its share of the memory budget: what its input holds
+        self.stall: StallWatch | None = None  # made when it first holds a partial message
         self.reserved_at = 0  # messages handled when it was made
         self.bulk = False  # its last batch ended in a message of BULK_FROM or more
 
@@ -235,6 +237,8 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             channel.receive_data(data)
             # _fed(), inline: the latency row's every read comes this way.
             if input_.waiting is None:
+                if input_.share.held and channel.is_peer and not self._reserve_decode():
+                    return  # a large peer message is whole: decoded once granted
                 self._pump()
                 if input_.waiting is None and channel.phase is Phase.STREAMING:
                     self._reserve()
@@ -308,9 +312,9 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             if input_.waiting is not None:
                 input_.waiting.cancel()
                 input_.waiting = None
-            if input_.reserved:
-                self.broker.budget.release(input_.reserved)
-                input_.reserved = 0
+            input_.share.close()
+            if input_.stall is not None:
+                input_.stall.cancel()
         if self._ready is not None:
             self._ready.cancel()
             self._ready = None
@@ -346,7 +350,8 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
         host = self.broker
         # A message the whole budget could never hold is refused (skipped, size_dropped)
         # rather than waited for forever; the margin covers its head and our stamp.
-        budget = host.budget.limit // (PEER_COPIES if self.is_peer else 1) - 1024
+        # So is one over what a connection may reserve (max_reserved_per_connection).
+        budget = host.budget.per_connection // (PEER_COPIES if self.is_peer else 1) - 1024
         max_payload = min(host.settings.max_message_size, budget)
         channel = self.channel
         channel.start_reading(host.node_id, self.remote_addr, max_payload)
@@ -358,7 +363,7 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
             assert self.owner is not None
             publisher = self.broker.make_publisher(self.owner.stats, self.owner.permissions)
             publisher.closed = self.phase is Phase.CLOSED
-            input_ = self._in = _Input(publisher)
+            input_ = self._in = _Input(publisher, self.broker.budget.share(self.owner.user))
         return input_
 
     def _pump(self) -> None:
@@ -426,38 +431,116 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
         once messages have come in, what is left is a new reservation.
         """
         need = self.channel.in_flight
-        budget = self.broker.budget
         input_ = self._input()
+        share = input_.share
         handled = input_.publisher.handled
         if handled != input_.reserved_at:
             # The message reserved for is in a queue now, which counts it.
             input_.reserved_at = handled
-            if input_.reserved:
-                budget.release(input_.reserved)
-                input_.reserved = 0
-        if not need and not input_.reserved and budget.used <= budget.limit:
-            return True  # a read decoded whole, nothing held: what resize would answer
-        input_.reserved, grow = budget.resize(
-            input_.reserved, need, behind_waiters=need - input_.reserved >= LARGE_FRAME
-        )
+            if share.held:
+                share.release()
+        held = share.held
+        if not need and not held:
+            budget = self.broker.budget
+            if budget.used <= budget.limit:
+                return True  # a read decoded whole, nothing held: what resize would answer
+        if need - held > BIG_READ and not self._may_publish_announced():
+            return False
+        grow = share.resize(need, behind_waiters=need - held >= LARGE_FRAME)
         if grow is None:
+            if share.held:
+                self._watch(input_)
             return True
         self.transport.pause_reading()
         input_.waiting = asyncio.ensure_future(self._wait_for_budget(grow))
         return False
 
+    def _may_publish_announced(self) -> bool:
+        """Nothing is reserved for a message its user may not publish: the exchange comes
+        before the payload, so a large one is refused (and the channel closed) from its
+        head, before its size is held."""
+        owner = self.owner
+        assert owner is not None
+        permissions = owner.permissions
+        if permissions is None or permissions.everything:
+            return True
+        exchange = self.channel.announced_exchange()
+        if exchange is None or permissions.may_publish(exchange):
+            return True
+        self.broker.limits.bad(
+            "data", "closing data channel of %s: a %d-byte message announced on exchange %r, "
+            "which it may not publish to", self._name(), self.channel.in_flight, exchange,
+        )  # fmt: skip
+        self.close()
+        return False
+
+    def _watch(self, input_: _Input) -> None:
+        """A partial message holds budget: close the channel if it stops arriving."""
+        stall = input_.stall
+        if stall is None:
+            seconds = self.broker.settings.partial_message_seconds
+            stall = input_.stall = StallWatch(seconds, self._progress, self._stalled)
+        stall.arm()
+
+    def _progress(self) -> tuple[int, int] | None:
+        input_ = self._in
+        if input_ is None or input_.waiting is not None or not input_.share.held:
+            return None  # nothing held, or held back by us: not the sender's fault
+        if self.phase is not Phase.STREAMING:
+            return None
+        return self.channel.received, input_.publisher.handled
+
+    def _stalled(self) -> None:
+        self.broker.limits.bad(
+            "data", "closing data channel of %s: a partial message stalled for %g s "
+            "(partial_message_seconds), %d bytes reserved", self._name(),
+            self.broker.settings.partial_message_seconds, self.channel.in_flight,
+        )  # fmt: skip
+        self.close()
+
     async def _wait_for_budget(self, grow: int) -> None:
-        budget = self.broker.budget
-        await budget.acquire(grow)
         input_ = self._input()
+        share = input_.share
+        await share.acquire(grow)
         input_.waiting = None
         if self.phase is Phase.CLOSED:
-            budget.release(grow)  # closed between its wake-up and now
+            share.release()  # closed between its wake-up and now
             return
-        input_.reserved += grow
+        self._watch(input_)
         if input_.eof:
             self.close()
         else:
+            self.transport.resume_reading()
+
+    def _reserve_decode(self) -> bool:
+        """A peer's large message is whole: hold what decoding it takes before it is
+        decoded; False: reading waits, and the decode with it, until it is granted."""
+        need = self.channel.decode_size()
+        input_ = self._input()
+        share = input_.share
+        if need <= share.held:
+            return True
+        grow = share.resize(min(need, share.cap), behind_waiters=True)
+        if grow is None:
+            return True
+        self.transport.pause_reading()
+        input_.waiting = asyncio.ensure_future(self._wait_to_decode(grow))
+        return False
+
+    async def _wait_to_decode(self, grow: int) -> None:
+        input_ = self._input()
+        share = input_.share
+        await share.acquire(grow)
+        input_.waiting = None
+        if self.phase is Phase.CLOSED:
+            share.release()  # closed between its wake-up and now
+            return
+        self._pump()  # decoded now; the queues count what it published
+        if input_.waiting is not None or self.phase is not Phase.STREAMING:
+            return
+        if input_.eof:
+            self.close()
+        elif self._reserve():
             self.transport.resume_reading()
 
     async def confirm(self, count: int) -> str | None:

@@ -25,7 +25,8 @@ __all__ = ["PEER_COPIES", "BadInput", "Batch", "DataChannel", "Hello", "Oversize
 log = logging.getLogger("fqbroker.frontends.fq.data")
 
 # A peer's messages are decoded into Message objects and built into frames again: while
-# one is, it is in memory about this many times (measured), so it reserves that much.
+# one is, it is in memory about this many times (measured). It reserves what its frame
+# announces while it arrives, and this many times that only once it is whole, to decode.
 PEER_COPIES = 3
 NO_PEER = wire.NO_PEER
 
@@ -221,9 +222,28 @@ class DataChannel:
     def in_flight(self) -> int:
         """Bytes of memory what the decoder holds or expects will take."""
         decoder = self._decoder
-        if decoder is None:
+        return 0 if decoder is None else decoder.in_flight
+
+    def decode_size(self) -> int:
+        """A peer's: what decoding what is whole takes, when that is more than a read
+        (the copies a decode makes, held only while it runs); else 0."""
+        decoder = self._decoder
+        if not self.is_peer or decoder is None:
             return 0
-        return decoder.in_flight * (PEER_COPIES if self.is_peer else 1)
+        ready = decoder.ready
+        return ready * PEER_COPIES if ready > BIG_READ else 0
+
+    @property
+    def received(self) -> int:
+        """Grows as a partial message arrives (:attr:`MessageDecoder.received`)."""
+        decoder = self._decoder
+        return 0 if decoder is None else decoder.received
+
+    def announced_exchange(self) -> bytes | None:
+        """The exchange of the message :attr:`in_flight` announces, before any of its
+        payload is reserved for; None: none, or a peer's."""
+        decoder = self._decoder
+        return None if decoder is None else decoder.head_exchange()
 
     def _decode(self, decoder: MessageDecoder) -> Batch:
         if not self.is_peer:

@@ -443,19 +443,22 @@ class _Connection:
             # fqd needs the length up front; chunked bodies get the same answer.
             return _submit_error("no message")
         length = int(headers[b"content-length"])  # h11 has checked it is a number
-        # The body, and the frame made of it: what the budget holds while we read.
+        # The body, and the frame made of it: what the budget holds while we read, as the
+        # requester's share of it (capped per connection and per user, docs/memory.md).
         reserve = 2 * length
-        if length > min(broker.settings.max_message_size, broker.settings.http_max_body) or (
-            reserve > broker.budget.limit
-        ):
-            # fqd takes any size; we refuse before reading, as the data channel would, and
-            # the body is discarded as it arrives (docs/memory.md).
-            return Reply(413, b'{ "error": "message too large" }\n', close=True)
-        await broker.budget.acquire(reserve)  # publishers are slowed while it is spent
+        user = auth.credentials(headers).user
+        share = broker.budget.share(None if user is None else user.encode())
         try:
+            if length > min(broker.settings.max_message_size, broker.settings.http_max_body) or (
+                reserve > share.cap
+            ):
+                # fqd takes any size; we refuse before reading, as the data channel would,
+                # and the body is discarded as it arrives (docs/memory.md).
+                return Reply(413, b'{ "error": "message too large" }\n', close=True)
+            await share.acquire(reserve)  # publishers are slowed while it is spent
             return await self._publish_body(headers, length)
         finally:
-            broker.budget.release(reserve)
+            share.close()
 
     async def _publish_body(self, headers: dict[bytes, bytes], length: int) -> Reply:
         broker = self.broker

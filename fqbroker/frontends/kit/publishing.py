@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from fqbroker.frontends.kit.acks import BadInput, Batch
 from fqbroker.frontends.kit.connections import HeldReading, RemotePeer, peer_address
+from fqbroker.frontends.kit.reservations import UNRESERVED, StallWatch, may_reserve
 
 if TYPE_CHECKING:
-    from fqbroker.core.budget import MemoryBudget
+    from fqbroker.core.budget import MemoryBudget, Share
     from fqbroker.core.publisher import Publisher
     from fqbroker.core.router import ClientStats
     from fqbroker.frontends.kit.component import LiveFrontEnd
     from fqbroker.frontends.kit.limits import Limits as BrokerLimits
+    from fqbroker.settings.broker import Settings
 
 __all__ = ["BUDGET", "ROOM", "PublishingHost", "PublishingMachine", "PublishingSession"]
 
@@ -33,6 +35,7 @@ BUDGET = 2  # the memory budget is spent
 class PublishingHost(Protocol):
     """What a publishing session needs of the broker that accepted it."""
 
+    settings: Settings
     budget: MemoryBudget
     limits: BrokerLimits
 
@@ -47,6 +50,12 @@ class PublishingMachine(Protocol):
     @property
     def buffered(self) -> int:
         """Bytes received and not yet decoded."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """What those bytes will take once the frame they start is whole, as far as its
+        head announces it (at least :attr:`buffered`): what is reserved."""
         ...
 
     @property
@@ -72,8 +81,10 @@ class PublishingSession(HeldReading, RemotePeer):
       (:data:`ROOM`) and a task waits for room, publishes the rest of the batch, and goes on
       with what was read meanwhile. Earlier batches are acknowledged while a later one waits.
     * **Budget.** What the machine buffers (a partial frame) is reserved against the broker's
-      memory budget; while the budget cannot take it, reading pauses (:data:`BUDGET`) and a
-      task waits for it.
+      memory budget, through the connection's share of it (kit/reservations.py: within the
+      per-connection and per-user caps, not at all for a connection with no user under
+      ``auth = "password"``, and closed if the frame stalls); while the budget cannot
+      take it, reading pauses (:data:`BUDGET`) and a task waits for it.
     * **ACKs.** The machine's ACKs are sent strictly in order, each once the messages it
       covers are handled by the publisher and, where disk stores took them, durable under
       the broker's fsync policy (``Publisher.durable``: a task waits for the fsync).
@@ -88,8 +99,9 @@ class PublishingSession(HeldReading, RemotePeer):
         "_durable",
         "_eof",
         "_holds",
-        "_reserved",
         "_room",
+        "_share",
+        "_stall",
         "_waiting_bytes",
         "broker",
         "closing",
@@ -97,6 +109,7 @@ class PublishingSession(HeldReading, RemotePeer):
         "machine",
         "publisher",
         "transport",
+        "user",
     )
 
     # The front end's name (its bad-input counter and log kind), its name in log lines,
@@ -126,7 +139,12 @@ class PublishingSession(HeldReading, RemotePeer):
         self._holds = 0  # ROOM, BUDGET, WRITE and the session's own: why reading is paused
         self._room: asyncio.Task[None] | None = None  # waiting for room or budget
         self._durable: asyncio.Task[None] | None = None  # waiting for an fsync to ACK
-        self._reserved = 0  # bytes of the memory budget the machine's buffer holds
+        # Who the connection is (None: it has not said; a client certificate names it),
+        # and its share of the memory budget, made when it first reserves: what the
+        # machine's buffer holds.
+        self.user: str | None = None
+        self._share: Share | None = None
+        self._stall: StallWatch | None = None
         # Bytes of a batch held while a full queue makes it wait, counted against the
         # budget (in memory and in no queue yet) until it is published (HOLD_WAITING).
         self._waiting_bytes = 0
@@ -167,9 +185,13 @@ class PublishingSession(HeldReading, RemotePeer):
             if task is not None:
                 task.cancel()
         self._room = self._durable = None
-        if self._reserved or self._waiting_bytes:
-            self.broker.budget.release(self._reserved + self._waiting_bytes)
-            self._reserved = self._waiting_bytes = 0
+        if self._share is not None:
+            self._share.close()
+        if self._stall is not None:
+            self._stall.cancel()
+        if self._waiting_bytes:
+            self.broker.budget.release(self._waiting_bytes)
+            self._waiting_bytes = 0
         return True
 
     def _name(self) -> str:
@@ -239,21 +261,72 @@ class PublishingSession(HeldReading, RemotePeer):
 
     def _reserve(self) -> None:
         """Hold budget for what the machine buffers; pause reading while it cannot."""
-        self._reserved, grow = self.broker.budget.resize(self._reserved, self.machine.buffered)
+        machine = self.machine
+        need = machine.in_flight
+        share = self._share
+        if share is None:
+            budget = self.broker.budget
+            if not need and budget.used <= budget.limit:
+                return  # nothing to hold, nothing to wait for: the common case
+            if not may_reserve(self.broker.settings, self.user):
+                # Reserves nothing: a partial frame of one read is all it may hold.
+                if need > UNRESERVED:
+                    self._refuse(f"a partial frame of {need} bytes, and no user to reserve for")
+                return
+            # Keyed as fq and HTTP key their users, so that one user's connections on
+            # every front end share its cap.
+            user = self.user
+            share = self._share = budget.share(None if user is None else user.encode())
+        if need > share.cap:
+            self._refuse(f"a frame of {need} bytes or more, over max_reserved_per_connection")
+            return
+        # An announced size is reserved before its bytes are read; otherwise the bytes
+        # are in memory already and the reservation grows with them.
+        grow = share.resize(need, gradual=need <= machine.buffered)
         if grow is None:
+            if share.held:
+                self._watch()
             return
         self._hold(BUDGET)
-        self._room = asyncio.ensure_future(self._wait_for_budget(grow))
+        self._room = asyncio.ensure_future(self._wait_for_budget(share, grow))
 
-    async def _wait_for_budget(self, grow: int) -> None:
-        await self.broker.budget.acquire(grow)
+    async def _wait_for_budget(self, share: Share, grow: int) -> None:
+        await share.acquire(grow)
         self._room = None
         if self.closing:
-            self.broker.budget.release(grow)  # closed between its wake-up and now
+            share.release()  # closed between its wake-up and now
             return
-        self._reserved += grow
         self._release(BUDGET)
         self._pump()  # whatever arrived while reading was paused
+
+    def _refuse(self, what: str) -> None:
+        """Close for a reservation the connection may not have (no one else's share)."""
+        self.broker.limits.bad(
+            self.FRONTEND, f"closing {self.TITLE} connection from %s: %s", self._name(), what
+        )
+        self.close()
+
+    def _watch(self) -> None:
+        """A partial frame holds budget: close the connection if it stops arriving."""
+        stall = self._stall
+        if stall is None:
+            seconds = self.broker.settings.partial_message_seconds
+            stall = self._stall = StallWatch(seconds, self._progress, self._stalled)
+        stall.arm()
+
+    def _progress(self) -> tuple[int, int] | None:
+        share = self._share
+        if self.closing or self._holds & (ROOM | BUDGET) or share is None or not share.held:
+            # Nothing held, or held back by a full queue or the budget: not the sender's
+            # fault. (One that does not read what we write is held back by its own.)
+            return None
+        return self.machine.buffered, self.publisher.handled
+
+    def _stalled(self) -> None:
+        self._refuse(
+            f"a partial frame of {self.machine.buffered} bytes stalled for "
+            f"{self.broker.settings.partial_message_seconds:g} s (partial_message_seconds)"
+        )
 
     # --- out: acknowledge -----------------------------------------------------------------
 

@@ -99,7 +99,9 @@ def _open(
         permissions = None
     if permissions is None:
         return Refused(host, transport)
-    return LumberjackSession(host, live, transport, config)
+    session = LumberjackSession(host, live, transport, config)
+    session.user = user  # whose share of the memory budget it reserves from
+    return session
 
 
 def _describe(protocol: asyncio.BaseProtocol) -> Facts:

@@ -118,6 +118,11 @@ class Machine(AckingMachine[tuple[int, int]]):
         return self._receiver.buffered
 
     @property
+    def in_flight(self) -> int:
+        """What the partial frame will take once whole, as far as its head says."""
+        return self._receiver.in_flight
+
+    @property
     def events(self) -> int:
         """Events made into messages so far."""
         return self._mapped

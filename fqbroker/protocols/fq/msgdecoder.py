@@ -18,6 +18,7 @@ from fqbroker.core.frames import (
     MAX_MESSAGE_SIZE,
     MAX_RK_LEN,
     frame_length,
+    publish_head,
     read_head,
     scan_messages,
     scan_runs,
@@ -223,6 +224,36 @@ class MessageDecoder(Decoder):
         if not n or self._skipping or (length := self._head_length()) is None:
             return n + extra
         return max(n, min(length, self.max_payload + 1024)) + extra
+
+    @property
+    def received(self) -> int:
+        """Bytes taken in and still held, the large frame's too: it grows as a partial
+        message arrives (how a reader tells one that stalled)."""
+        pending = self._pending
+        large = self._large
+        return (
+            len(self._buf)
+            + (0 if pending is None else len(pending))
+            + (0 if large is None else large.filled)
+        )
+
+    @property
+    def ready(self) -> int:
+        """Bytes buffered once the first frame is whole (what a decode now goes over);
+        0 while it is partial."""
+        self._settle()
+        return len(self._buf) if self._first_is_whole() else 0
+
+    def head_exchange(self) -> bytes | None:
+        """The exchange of the publisher frame the buffer starts with, once its head is
+        whole (before its payload is reserved for); None if there is none yet."""
+        if self.peer_format or self._large is not None or self._skipping:
+            return None
+        self._settle()
+        if self._head_length() is None:
+            return None
+        buf = self._buf
+        return publish_head(buf.data, buf.pos)[0]
 
     def _head_length(self) -> int | None:
         """The length of the frame the buffer starts with; None while its head is partial."""

@@ -229,6 +229,25 @@ class Receiver:
         """Bytes received and not yet decoded (a partial frame), for the memory budget."""
         return len(self._buf) - self._pos
 
+    @property
+    def in_flight(self) -> int:
+        """What the partial frame will take once whole, from its length field when that
+        has arrived (a J or C frame's; a D frame has none): what the shell reserves before
+        more of it is read. Within ``max_frame``, which the frame is checked against first."""
+        buf, pos = self._buf, self._pos
+        have = len(buf) - pos
+        if have < 6 or self._violation is not None:
+            return have
+        kind = buf[pos + 1]
+        n: int
+        if kind == _C:
+            n = 6 + _u32_from(buf, pos + 2)[0]
+        elif kind == _J and have >= 10:
+            n = 10 + _u32x2_from(buf, pos + 2)[1]
+        else:
+            return have
+        return max(have, min(n, 10 + self._limits.max_frame))
+
     def receive_data(self, data: bytes) -> None:
         if self._violation is not None:
             return

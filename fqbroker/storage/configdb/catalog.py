@@ -38,9 +38,8 @@ class Catalog:
         # Disk stores with appended, unwritten messages; publishers flush them.
         self.dirty: set[DiskStore] = set()
         # What memory queues and reads in flight hold, against the broker's limit.
-        self.budget = MemoryBudget(
-            settings.memory_budget if settings.memory_budget > 0 else UNLIMITED_BYTES
-        )
+        limit = settings.memory_budget if settings.memory_budget > 0 else UNLIMITED_BYTES
+        self.budget = MemoryBudget(limit, *settings.reservation_caps(limit))
 
     # --- start-up -------------------------------------------------------------------------
 

@@ -51,12 +51,12 @@ async def test_a_read_decoded_whole_reserves_nothing_and_reads_on() -> None:
     session.data_received(b"".join(m.publish_frame() for m in msgs))
     assert queue.backlog == 10
     assert transport.paused == 0
-    assert session._in is not None and session._in.reserved == 0
+    assert session._in is not None and session._in.share.held == 0
     # A partial frame is held, and reserved for.
     session.data_received(msgs[0].publish_frame()[:7])
-    assert queue.backlog == 10 and session._in.reserved > 0
+    assert queue.backlog == 10 and session._in.share.held > 0
     session.data_received(msgs[0].publish_frame()[7:])
-    assert queue.backlog == 11 and session._in.reserved == 0 and transport.paused == 0
+    assert queue.backlog == 11 and session._in.share.held == 0 and transport.paused == 0
 
 
 async def test_a_read_decoded_whole_waits_while_the_budget_is_spent() -> None:

@@ -50,6 +50,10 @@ class LineMachine(AckingMachine[int]):
     def buffered(self) -> int:
         return len(self._buf)
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._buf)  # a line announces no size
+
     def receive_data(self, data: bytes, now: float) -> None:
         self._buf += data
 

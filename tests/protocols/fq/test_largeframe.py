@@ -46,7 +46,7 @@ def _session(budget: MemoryBudget) -> DataSession:
 
 
 def _publishing(session: DataSession, bulk: bool) -> None:
-    session._in = _Input(cast("Publisher", None))
+    session._in = _Input(cast("Publisher", None), session.broker.budget.share(None))
     session._in.bulk = bulk
 
 
@@ -72,7 +72,7 @@ def test_a_batch_ending_in_a_large_message_makes_reads_bulk() -> None:
     session = _session(MemoryBudget(64 << 20))
     published: list[int] = []
     publisher: Any = SimpleNamespace(publish=lambda runs, octets: published.append(octets) or True)
-    session._in = _Input(publisher)
+    session._in = _Input(publisher, session.broker.budget.share(None))
     channel = session.channel = streaming()
     for size, bulk in [(100, False), (BULK_FROM, True), (1000, False), (128 * KIB, True)]:
         channel.receive_data(encode_publish(b"ex", b"r", bytes(16), bytes(size)) * 2)
