@@ -2,8 +2,9 @@
 
 The protocol itself (phases, hello, message format, stamp, loop prevention) is the sans-I/O
 :class:`~fqbroker.frontends.fq.datachannel.DataChannel`; this module moves bytes between it
-and the transport, publishes what it decodes, and writes what the queue holds. Its theory
-of operation is :class:`DataSession`'s docstring.
+and the transport, publishes what it decodes (the input side,
+:class:`~fqbroker.frontends.fq.datainput.InputSide`), and writes what the queue holds. Its
+theory of operation is :class:`DataSession`'s docstring.
 """
 
 from __future__ import annotations
@@ -13,30 +14,15 @@ import logging
 import mmap
 from typing import TYPE_CHECKING, Protocol
 
-from fqbroker.frontends.fq.datachannel import (
-    PEER_COPIES,
-    BadInput,
-    Batch,
-    DataChannel,
-    Hello,
-    Oversized,
-    Phase,
-)
+from fqbroker.frontends.fq.datachannel import DataChannel, Hello, Phase
+from fqbroker.frontends.fq.datainput import InputHost, InputSide
 from fqbroker.frontends.kit.connections import RemotePeer
-from fqbroker.frontends.kit.reservations import StallWatch
 from fqbroker.protocols.fq import wire
-from fqbroker.protocols.fq.largeframe import LARGE_FRAME
 from fqbroker.protocols.fq.msgdecoder import BIG_READ, SMALL_READ
 
 if TYPE_CHECKING:
-    from fqbroker.core.budget import MemoryBudget, Share
-    from fqbroker.core.permissions import Permissions
-    from fqbroker.core.publisher import Publisher
     from fqbroker.core.queue import Buffer, Notify
-    from fqbroker.core.router import ClientStats
     from fqbroker.frontends.fq.command import CommandSession
-    from fqbroker.frontends.kit.limits import Limits
-    from fqbroker.settings.broker import Settings
 
 __all__ = ["DataHost", "DataSession", "Phase"]
 
@@ -48,51 +34,26 @@ OUT_CHUNK = 256 << 10  # a larger batch goes to the transport in pieces of this 
 # large messages goes out several a syscall instead of one each (the batch holds them
 # anyway). The figures behind these sizes: bench/RESULTS.md, "Figures behind comments".
 WRITE_GROUP = 1 << 20
-# An ordinary read takes up to this much, four times uvloop's 256 KiB, so several large
-# messages a read instead of two. Each read of a loopback socket also runs the publisher's
-# transmit in the broker's context (the window update), so fewer reads cost less in the
-# kernel, not only in syscalls; and the partial frame a read ends with, copied into the
-# decoder's buffer, is copied once per read.
+# An ordinary read of a stream of large messages (its last batch ended in one of BULK_FROM
+# or more, datainput.py) takes up to this much, four times uvloop's 256 KiB, so several
+# large messages a read instead of two. Each read of a loopback socket also runs the
+# publisher's transmit in the broker's context (the window update), so fewer reads cost
+# less in the kernel, not only in syscalls; and the partial frame a read ends with, copied
+# into the decoder's buffer, is copied once per read. Not for small messages: they gain no
+# CPU from it, and reads this large cost the memory row (a million queued 100-byte
+# messages) a few bytes of RSS a message.
 BULK_READ = 1 << 20
-# ... for a stream of messages this large. Not for small ones: they gain no CPU from it,
-# and reads this large cost the memory row (a million queued 100-byte messages) a few
-# bytes of RSS a message.
-BULK_FROM = 2048
 # A batch whose first frame has this size is written as it is (writev); else joined.
 SCATTER_FROM = 2048
 
 
-class DataHost(Protocol):
-    """What a data session needs of the broker that accepted it."""
+class DataHost(InputHost, Protocol):
+    """What a data session needs of the broker that accepted it: what its input side
+    needs (:class:`~fqbroker.frontends.fq.datainput.InputHost`), and these."""
 
-    node_id: bytes
-    settings: Settings  # max_message_size
-    budget: MemoryBudget
-    limits: Limits
     clients: dict[bytes, CommandSession]  # key -> the command session it pairs with
 
     def closed(self, transport: asyncio.Transport) -> None: ...
-
-    def make_publisher(
-        self, stats: ClientStats | None = None, permissions: Permissions | None = None
-    ) -> Publisher: ...
-
-
-class _Input:
-    """The publishing side of a session, made when it first sends or confirms: most
-    consumers never do, and ten thousand idle ones should not carry it."""
-
-    __slots__ = ("bulk", "eof", "publisher", "reserved_at", "share", "stall", "waiting")
-
-    def __init__(self, publisher: Publisher, share: Share) -> None:
-        self.publisher = publisher
-        # Waiting for room in a block-policy queue, or for budget; reading is paused.
-        self.waiting: asyncio.Task[None] | None = None
-        self.eof = False  # the client hung up while it waited: close once it is done
-        self.share = share  # its share of the memory budget: what its input holds
-        self.stall: StallWatch | None = None  # made when it first holds a partial message
-        self.reserved_at = 0  # messages handled when it was made
-        self.bulk = False  # its last batch ended in a message of BULK_FROM or more
 
 
 class _LargeBatch:
@@ -120,20 +81,21 @@ _BIG = _SCRATCH[:BIG_READ]
 _SMALL = _SCRATCH[:SMALL_READ]
 
 
-class DataSession(RemotePeer, asyncio.BufferedProtocol):
+class DataSession(InputSide, RemotePeer, asyncio.BufferedProtocol):
     """One fq data channel: publishes what it reads, writes what its queue holds.
 
     Once paired with its command session by key (docs/fq-protocol.md §1.4), the session is
     a protocol with two independent sides, and no task of its own while idle:
 
-    * In (:meth:`_pump`): whatever arrives is fed to the channel and its events handled;
-      each batch goes to this channel's :class:`~fqbroker.core.publisher.Publisher`. After
-      a block-policy queue fills up, reading pauses and a task waits for room; then the
-      rest of the batch is published and reading resumes. That pushes back on this
-      publisher only. What the decoder holds or has been told to expect (the rest of a
-      large message) is reserved against the broker's memory budget before more is read;
-      when the budget cannot grant it, or is spent while this publisher holds nothing,
-      reading pauses until consumers drain (docs/memory.md).
+    * In (:class:`~fqbroker.frontends.fq.datainput.InputSide`): whatever arrives is fed
+      to the channel and its events handled; each batch goes to this channel's
+      :class:`~fqbroker.core.publisher.Publisher`. After a block-policy queue fills up,
+      reading pauses and a task waits for room; then the rest of the batch is published
+      and reading resumes. That pushes back on this publisher only. What the decoder holds
+      or has been told to expect (the rest of a large message) is reserved against the
+      broker's memory budget before more is read; when the budget cannot grant it, or is
+      spent while this publisher holds nothing, reading pauses until consumers drain
+      (docs/memory.md).
     * Out (:meth:`queue_ready`): the queue calls back when it has messages; they are
       taken, those the peer at the other end already saw are dropped
       (docs/fq-protocol.md §5.3), and the rest written in peer format, one write per batch
@@ -156,7 +118,6 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
     # sniffer read before handing the connection over.
     __slots__ = (
         "_draining",
-        "_in",
         "_into_room",
         "_out",
         "_paused",
@@ -170,11 +131,11 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
 
     def __init__(self, host: DataHost, mode: wire.Mode, transport: asyncio.Transport) -> None:
         # Named so because the loop's exception handler asks a protocol for its broker.
-        self.broker = host
+        self.broker: DataHost = host
         self.transport = transport
         self.channel = DataChannel(mode)
         self.owner: CommandSession | None = None
-        self._in: _Input | None = None
+        self._in = None  # the input side's state (datainput.py), made when first needed
         self._draining = False
         # Output: the queue's wake-up while it is empty, the write side's pause, and the
         # last batch written while the transport said pause (acked once it takes more).
@@ -343,209 +304,6 @@ class DataSession(RemotePeer, asyncio.BufferedProtocol):
         self.queue_ready()
         if leftover and self.phase is Phase.STREAMING:
             self.data_received(leftover)
-
-    # --- in: decode and publish -----------------------------------------------------------
-
-    def _start_reading(self) -> None:
-        host = self.broker
-        # A message the whole budget could never hold is refused (skipped, size_dropped)
-        # rather than waited for forever; the margin covers its head and our stamp.
-        # So is one over what a connection may reserve (max_reserved_per_connection).
-        budget = host.budget.per_connection // (PEER_COPIES if self.is_peer else 1) - 1024
-        max_payload = min(host.settings.max_message_size, budget)
-        channel = self.channel
-        channel.start_reading(host.node_id, self.remote_addr, max_payload)
-        self._input().publisher.stamp_size = channel.stamp_size
-
-    def _input(self) -> _Input:
-        input_ = self._in
-        if input_ is None:
-            assert self.owner is not None
-            publisher = self.broker.make_publisher(self.owner.stats, self.owner.permissions)
-            publisher.closed = self.phase is Phase.CLOSED
-            input_ = self._in = _Input(publisher, self.broker.budget.share(self.owner.user))
-        return input_
-
-    def _pump(self) -> None:
-        """Handle the channel's events until it has none, or a full block-policy queue
-        holds this publisher (``_wait_for_room`` carries on)."""
-        channel = self.channel
-        while (event := channel.next_event()) is not None:
-            if isinstance(event, Batch):
-                input_ = self._input()
-                publisher = input_.publisher
-                if event.runs and (last := event.runs[-1][2]):
-                    input_.bulk = len(last[-1]) >= BULK_FROM
-                if event.octets < 0:
-                    publisher.received(event.read, event.read_octets)
-                if not publisher.publish(event.runs, event.octets):
-                    self._hold()
-                    return
-                if event.last:
-                    return  # nothing follows it until more is read: no need to ask
-            elif isinstance(event, Oversized):
-                # The line shares the bad-input rate limit, so a publisher of oversized
-                # messages cannot flood the log.
-                self.broker.limits.log.log(
-                    logging.INFO, "data", "dropped %d message(s) from %s over the size limit of %d",
-                    event.count, self._name(), event.limit,
-                )  # fmt: skip
-                self._input().publisher.size_dropped(event.count)
-            elif isinstance(event, Hello):
-                self._pair(event)
-                return
-            else:
-                assert isinstance(event, BadInput)
-                self.broker.limits.bad(
-                    "data", "closing data channel of %s: %s", self._name(), event.reason
-                )
-                self.close()
-                return
-
-    def _hold(self) -> None:
-        """Block policy: hold this publisher, and only it, until there is room."""
-        self.transport.pause_reading()
-        self._input().waiting = asyncio.ensure_future(self._wait_for_room())
-
-    async def _wait_for_room(self) -> None:
-        input_ = self._input()
-        publisher = input_.publisher
-        await publisher.wait_for_room()
-        input_.waiting = None
-        if not publisher.carry_on():
-            self._hold()
-            return
-        self._pump()
-        if input_.waiting is not None or self.phase is Phase.CLOSED:
-            return
-        if input_.eof:
-            self.close()
-        elif self._reserve():
-            self.transport.resume_reading()
-
-    def _reserve(self) -> bool:
-        """Hold budget for what the decoder holds or expects; False: reading waits for it.
-
-        A channel still reading the message its reservation covers reads on even while the
-        budget is spent, so a message it started always completes (and frees the budget);
-        once messages have come in, what is left is a new reservation.
-        """
-        need = self.channel.in_flight
-        input_ = self._input()
-        share = input_.share
-        handled = input_.publisher.handled
-        if handled != input_.reserved_at:
-            # The message reserved for is in a queue now, which counts it.
-            input_.reserved_at = handled
-            if share.held:
-                share.release()
-        held = share.held
-        if not need and not held:
-            budget = self.broker.budget
-            if budget.used <= budget.limit:
-                return True  # a read decoded whole, nothing held: what resize would answer
-        if need - held > BIG_READ and not self._may_publish_announced():
-            return False
-        grow = share.resize(need, behind_waiters=need - held >= LARGE_FRAME)
-        if grow is None:
-            if share.held:
-                self._watch(input_)
-            return True
-        self.transport.pause_reading()
-        input_.waiting = asyncio.ensure_future(self._wait_for_budget(grow))
-        return False
-
-    def _may_publish_announced(self) -> bool:
-        """Nothing is reserved for a message its user may not publish: the exchange comes
-        before the payload, so a large one is refused (and the channel closed) from its
-        head, before its size is held."""
-        owner = self.owner
-        assert owner is not None
-        permissions = owner.permissions
-        if permissions is None or permissions.everything:
-            return True
-        exchange = self.channel.announced_exchange()
-        if exchange is None or permissions.may_publish(exchange):
-            return True
-        self.broker.limits.bad(
-            "data", "closing data channel of %s: a %d-byte message announced on exchange %r, "
-            "which it may not publish to", self._name(), self.channel.in_flight, exchange,
-        )  # fmt: skip
-        self.close()
-        return False
-
-    def _watch(self, input_: _Input) -> None:
-        """A partial message holds budget: close the channel if it stops arriving."""
-        stall = input_.stall
-        if stall is None:
-            seconds = self.broker.settings.partial_message_seconds
-            stall = input_.stall = StallWatch(seconds, self._progress, self._stalled)
-        stall.arm()
-
-    def _progress(self) -> tuple[int, int] | None:
-        input_ = self._in
-        if input_ is None or input_.waiting is not None or not input_.share.held:
-            return None  # nothing held, or held back by us: not the sender's fault
-        if self.phase is not Phase.STREAMING:
-            return None
-        return self.channel.received, input_.publisher.handled
-
-    def _stalled(self) -> None:
-        self.broker.limits.bad(
-            "data", "closing data channel of %s: a partial message stalled for %g s "
-            "(partial_message_seconds), %d bytes reserved", self._name(),
-            self.broker.settings.partial_message_seconds, self.channel.in_flight,
-        )  # fmt: skip
-        self.close()
-
-    async def _wait_for_budget(self, grow: int) -> None:
-        input_ = self._input()
-        share = input_.share
-        await share.acquire(grow)
-        input_.waiting = None
-        if self.phase is Phase.CLOSED:
-            share.release()  # closed between its wake-up and now
-            return
-        self._watch(input_)
-        if input_.eof:
-            self.close()
-        else:
-            self.transport.resume_reading()
-
-    def _reserve_decode(self) -> bool:
-        """A peer's large message is whole: hold what decoding it takes before it is
-        decoded; False: reading waits, and the decode with it, until it is granted."""
-        need = self.channel.decode_size()
-        input_ = self._input()
-        share = input_.share
-        if need <= share.held:
-            return True
-        grow = share.resize(min(need, share.cap), behind_waiters=True)
-        if grow is None:
-            return True
-        self.transport.pause_reading()
-        input_.waiting = asyncio.ensure_future(self._wait_to_decode(grow))
-        return False
-
-    async def _wait_to_decode(self, grow: int) -> None:
-        input_ = self._input()
-        share = input_.share
-        await share.acquire(grow)
-        input_.waiting = None
-        if self.phase is Phase.CLOSED:
-            share.release()  # closed between its wake-up and now
-            return
-        self._pump()  # decoded now; the queues count what it published
-        if input_.waiting is not None or self.phase is not Phase.STREAMING:
-            return
-        if input_.eof:
-            self.close()
-        elif self._reserve():
-            self.transport.resume_reading()
-
-    async def confirm(self, count: int) -> str | None:
-        """Wait until the first ``count`` messages are routed and durable; None, or why not."""
-        return await self._input().publisher.confirm(count)
 
     # --- out: take and write --------------------------------------------------------------
 

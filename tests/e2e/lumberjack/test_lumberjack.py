@@ -5,7 +5,7 @@ What an ACK promises (docs/lumberjack.md) is checked from the shipper's side: it
 batch's version and last seq, comes in order for pipelined batches, after idle input for a
 window that never fills, and only once the events are in their queues; a full block-policy
 queue holds it back while ACK(0) keepalives flow. Each limit closes only the offending
-connection, and another shipper publishes right after.
+connection, and another shipper publishes right after. Its settings: test_lumberjack_settings.py.
 """
 
 from __future__ import annotations
@@ -15,17 +15,14 @@ import contextlib
 import json
 import ssl
 import zlib
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fqbroker.cli.fqd import settings_from_args
 from fqbroker.clients.fq.client import Client
 from fqbroker.core.message import Message, hop_addresses
 from fqbroker.frontends.lumberjack.session import LumberjackSession
-from fqbroker.frontends.lumberjack.settings import Lumberjack
 from fqbroker.protocols.lumberjack import encoder
 from fqbroker.protocols.lumberjack.encoder import AckReader
 from fqbroker.server.broker import Broker
@@ -33,7 +30,6 @@ from fqbroker.settings.broker import Settings
 from fqbroker.storage.segments import log as segmentlog
 from tests.conftest import NODE_ID, TIMEOUT, FailingFsync, on, port_of, running, wait_for
 from tests.e2e.http.test_http import get
-from tests.procs import Proc
 from tests.server.test_frontends import front_ends_json, self_signed
 
 EXCHANGE = b"logging"
@@ -469,103 +465,7 @@ async def test_a_zip_bomb_stops_at_the_limit(settings: Settings) -> None:
         await fresh.close()
 
 
-# --- settings -------------------------------------------------------------------------------
-
-
-def test_off_by_default_and_on_by_flag_or_table(tmp_path: Path) -> None:
-    assert Settings().section(Lumberjack).address("127.0.0.1") is None
-    s = settings_from_args(["--lumberjack", "0.0.0.0:5044"])
-    assert s.section(Lumberjack).address(s.bind) == ("0.0.0.0", 5044)
-    conf = tmp_path / "fqd.toml"
-    conf.write_text(
-        '[fqd]\nport = 1\n\n[lumberjack]\nlisten = "5055"\nexchange = "beats"\n'
-        'route = "{type}"\nmax_window = 10\ntls_cert = "c.pem"\n'
-    )
-    s = Settings.from_toml(conf)
-    assert s.section(Lumberjack) == Lumberjack(listen="5055", exchange="beats", route="{type}",
-                                      max_window=10, tls_cert=Path("c.pem"))  # fmt: skip
-    assert s.section(Lumberjack).address("10.0.0.1") == ("10.0.0.1", 5055)
-    # The flag overrides the table's address and keeps the rest.
-    s = settings_from_args(["--config", str(conf), "--lumberjack", "[::1]:0"])
-    lumberjack = s.section(Lumberjack)
-    assert lumberjack.address(s.bind) == ("::1", 0) and lumberjack.exchange == "beats"
-
-
-@pytest.mark.parametrize(
-    ("table", "error"),
-    [
-        ('listn = "1"', "listn"),
-        ('listen = "a:b"', "HOST:PORT"),
-        ('listen = "::1:5"', "IPv6"),
-        ('listen = "70000"', "range"),
-        ("max_window = 0", "max_window"),
-        ('exchange = ""', "exchange"),
-        ("exchange = 5", "exchange"),
-        ('ack_idle_ms = "soon"', "ack_idle_ms"),
-        ('tls_key = "k.pem"', "tls_cert"),
-    ],
-)
-def test_bad_lumberjack_table(tmp_path: Path, table: str, error: str) -> None:
-    conf = tmp_path / "fqd.toml"
-    conf.write_text(f"[fqd]\n\n[lumberjack]\n{table}\n")
-    with pytest.raises(ValueError, match=error):
-        Settings.from_toml(conf)
-
-
-async def test_a_bad_route_template_stops_the_start(settings: Settings) -> None:
-    with_lumberjack(settings, route="{unclosed")
-    broker = Broker(settings)
-    with pytest.raises(ValueError):
-        await broker.start()
-    await broker.stop()
-
-
-async def test_off_means_no_port(broker: Broker) -> None:
-    fe = (await front_ends_json(broker))["lumberjack"]
-    assert fe["host"] is None and fe["port"] is None and fe["connections"] == []
-    assert fe["transport"] == "tcp"  # off: listed as a plain port
-    assert broker.settings.section(Lumberjack).listen == ""
-
-
-async def test_a_plain_listener_says_tcp(lj: Broker) -> None:
-    fe = (await front_ends_json(lj))["lumberjack"]
-    assert (fe["transport"], fe["host"], fe["port"]) == (
-        "tcp",
-        "127.0.0.1",
-        port_of(lj, "lumberjack"),
-    )
-
-
-def test_the_shipped_config_lists_every_lumberjack_setting() -> None:
-    text = (Path(__file__).resolve().parents[3] / "conf" / "fqd.toml").read_text()
-    table = text[text.index("[lumberjack]") :]
-    for f in fields(Lumberjack):
-        assert f"\n{f.name} = " in table or f"\n# {f.name} = " in table, f.name
-
-
-async def test_fqd_says_where_it_listens_and_refuses_a_bad_template(
-    tmp_path: Path, procs: list[Proc]
-) -> None:
-    fqd, port = await Proc.start_fqd(tmp_path, "--lumberjack", "127.0.0.1:0")
-    procs.append(fqd)
-    line = await fqd.wait_stderr("Lumberjack listening on port: ")
-    lj_port = int(line.rsplit(" ", 1)[1])
-    assert lj_port not in (0, port)
-    reader, writer = await asyncio.open_connection("127.0.0.1", lj_port)
-    writer.write(encoder.batch(events(1)))
-    async with asyncio.timeout(TIMEOUT):
-        assert AckReader().feed(await reader.readexactly(6)) == [(2, 1)]
-    writer.close()
-    fqd.kill()
-
-    conf = tmp_path / "bad.toml"
-    conf.write_text('[fqd]\n\n[lumberjack]\nlisten = "127.0.0.1:0"\nroute = "{unclosed"\n')
-    state = ["-c", str(tmp_path / "b.sqlite"), "-q", str(tmp_path / "bq")]
-    bad = await Proc.start("-m", "fqbroker", "--config", str(conf), "-p", "0", *state)
-    procs.append(bad)
-    async with asyncio.timeout(TIMEOUT * 2):
-        status, _, err = await bad.finish()
-    assert status == 2 and "fqd: " in err and "Traceback" not in err, err
+# --- durability, idle connections -----------------------------------------------------------
 
 
 async def test_no_ack_when_a_disk_queue_fsync_fails(

@@ -19,7 +19,8 @@ from fqbroker.core.frames import encode_publish
 from fqbroker.core.message import Message
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueSpec
-from fqbroker.frontends.fq.data import BULK_FROM, BULK_READ, WRITE_GROUP, DataSession, _Input
+from fqbroker.frontends.fq.data import BULK_READ, WRITE_GROUP, DataSession
+from fqbroker.frontends.fq.datainput import BULK_FROM, _Input
 from fqbroker.protocols.fq import wire
 from fqbroker.protocols.fq.msgdecoder import BIG_READ
 from fqbroker.settings.broker import Settings
