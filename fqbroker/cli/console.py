@@ -9,6 +9,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from fqbroker.accel import describe
 from fqbroker.version import FQ_COMPAT_VERSION, __version__
@@ -17,10 +18,12 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_USAGE",
     "Parser",
+    "add_tls_options",
     "address_type",
     "port_type",
     "run_script",
     "say_error",
+    "tls_options",
     "version_text",
 ]
 
@@ -58,6 +61,30 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         say_error(self.prog, message)
         sys.exit(EXIT_USAGE)
+
+
+TLS_OPTIONS = ("tls", "cafile", "certfile", "keyfile")
+
+
+def add_tls_options(p: argparse.ArgumentParser, *, top: bool = True) -> None:
+    """A client tool's TLS flags; ``top=False`` for a subcommand, which takes them too
+    without overriding what the tool's own flags said."""
+    if not top:
+        p.add_argument("--tls", action="store_true", default=argparse.SUPPRESS)
+        for name in TLS_OPTIONS[1:]:
+            p.add_argument(f"--{name}", default=argparse.SUPPRESS)
+        return
+    p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
+    p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
+    p.add_argument(
+        "--certfile", help="PEM client certificate: the login under auth = password (implies --tls)"
+    )
+    p.add_argument("--keyfile", help="its PEM private key (default: in --certfile)")
+
+
+def tls_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The TLS flags ``add_tls_options`` made, as a client's keyword arguments."""
+    return {name: getattr(args, name) for name in TLS_OPTIONS}
 
 
 def port_type(*, zero: bool = False) -> Callable[[str], int]:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from fqbroker.cli.console import Parser, port_type, run_script
+from fqbroker.cli.console import Parser, add_tls_options, port_type, run_script, tls_options
 from fqbroker.cli.fqtools import _stdin_chunks, json_line, reader_went_away, run_tool
 from fqbroker.clients.figg.client import DEFAULT_PORT, FiggClient, Message
 from fqbroker.errors import FqError
@@ -62,12 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser("figg", description="Publish to and read Figg topics.")
     p.add_argument("--host", default="127.0.0.1", help="broker host")
     p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its Figg port")
-    p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
-    p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
-    p.add_argument(
-        "--certfile", help="PEM client certificate: the login under auth = password (implies --tls)"
-    )
-    p.add_argument("--keyfile", help="its PEM private key (default: in --certfile)")
+    add_tls_options(p)
     sub = p.add_subparsers(dest="command", required=True)
     pub = sub.add_parser("pub", help="publish each line of stdin to TOPIC")
     sub_ = sub.add_parser("sub", help="print the messages of TOPIC")
@@ -75,10 +70,7 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("topic", type=_topic)
         q.add_argument("--host", default=argparse.SUPPRESS)
         q.add_argument("--port", type=port_type(), default=argparse.SUPPRESS)
-        q.add_argument("--tls", action="store_true", default=argparse.SUPPRESS)
-        q.add_argument("--cafile", default=argparse.SUPPRESS)
-        q.add_argument("--certfile", default=argparse.SUPPRESS)
-        q.add_argument("--keyfile", default=argparse.SUPPRESS)
+        add_tls_options(q, top=False)
         q.add_argument("--count", type=_count, help="stop after COUNT messages")
     sub_.add_argument("--offset", type=_offset, help="start after this offset (0: the whole topic)")
     sub_.add_argument("--json", action="store_true", help="one JSON object per message")
@@ -97,14 +89,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 async def _pub(args: argparse.Namespace) -> int:
-    client = FiggClient(
-        args.host,
-        args.port,
-        tls=args.tls,
-        cafile=args.cafile,
-        certfile=args.certfile,
-        keyfile=args.keyfile,
-    )
+    client = FiggClient(args.host, args.port, **tls_options(args))
     await client.connect()
     sent = 0
     start = time.monotonic()
@@ -148,14 +133,7 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _sub(args: argparse.Namespace) -> int:
-    client = FiggClient(
-        args.host,
-        args.port,
-        tls=args.tls,
-        cafile=args.cafile,
-        certfile=args.certfile,
-        keyfile=args.keyfile,
-    )
+    client = FiggClient(args.host, args.port, **tls_options(args))
     await client.connect()
     out = sys.stdout.buffer
     total = 0

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from fqbroker.cli.console import Parser, port_type, run_script
+from fqbroker.cli.console import Parser, add_tls_options, port_type, run_script, tls_options
 from fqbroker.cli.fqtools import run_tool
 from fqbroker.clients.opencluster.client import DEFAULT_PORT, OpenClusterClient
 from fqbroker.clients.opencluster.machine import I32_MAX, I32_MIN
@@ -47,12 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser("opencluster", description="Get and set values on an OpenCluster server.")
     p.add_argument("--host", default="127.0.0.1", help="server host")
     p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its OpenCluster port")
-    p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
-    p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
-    p.add_argument(
-        "--certfile", help="PEM client certificate: the login under auth = password (implies --tls)"
-    )
-    p.add_argument("--keyfile", help="its PEM private key (default: in --certfile)")
+    add_tls_options(p)
     sub = p.add_subparsers(dest="command", required=True)
     get = sub.add_parser("get", help="print the value of NAME")
     get.add_argument("name")
@@ -90,14 +85,7 @@ def _say(text: str) -> None:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    client = await OpenClusterClient.connect(
-        args.host,
-        args.port,
-        tls=args.tls,
-        cafile=args.cafile,
-        certfile=args.certfile,
-        keyfile=args.keyfile,
-    )
+    client = await OpenClusterClient.connect(args.host, args.port, **tls_options(args))
     try:
         if args.command == "ping":
             await client.ping()
