@@ -5,11 +5,17 @@ A front end's :class:`~fqbroker.frontends.kit.component.ConnectionLimits` may gi
 connection logged in) and ``idle_seconds`` (its sessions say when input last came,
 :class:`~fqbroker.frontends.kit.component.Watched`). The listeners keep them here, for
 every front end alike, so no session keeps a timer of its own for them.
+
+A front end with a login deadline and no idle one (fq's channels) costs one entry in a
+queue per front end while a connection has not logged in, under one timer for the queue:
+every connection starts one, and ten thousand clients connecting at once should not each
+carry a timer and a watch until it fires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 from typing import cast
 
@@ -28,18 +34,25 @@ class Deadlines:
     one timer per connection, moved on only when it fires, never per read.
     """
 
-    __slots__ = ("_watches", "limits")
+    __slots__ = ("_logins", "_watches", "limits")
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._watches: dict[asyncio.Transport, _Watch] = {}
+        self._logins: dict[LiveFrontEnd, _Logins] = {}
 
     def watch(
         self, live: LiveFrontEnd, transport: asyncio.Transport, protocol: asyncio.BaseProtocol
     ) -> None:
         """Start the deadlines ``live`` declares for a connection it has just taken over."""
         limits = live.limits
-        if limits.login_seconds is None and limits.idle_seconds is None:
+        if limits.idle_seconds is None:
+            if limits.login_seconds is None:
+                return
+            logins = self._logins.get(live)
+            if logins is None:
+                logins = self._logins[live] = _Logins(self, live, limits.login_seconds)
+            logins.add(transport, protocol)
             return
         self._watches[transport] = _Watch(self, live, transport, protocol)
 
@@ -54,6 +67,74 @@ class Deadlines:
         for watch in self._watches.values():
             watch.cancel()
         self._watches.clear()
+        for logins in self._logins.values():
+            logins.cancel()
+        self._logins.clear()
+
+    def expired(self, live: LiveFrontEnd, transport: asyncio.Transport, why: str) -> None:
+        """Close a connection past one of its deadlines, in one rate-limited line."""
+        seconds = live.limits.login_seconds if why == _NOT_LOGGED_IN else live.limits.idle_seconds
+        self.limits.log.log(
+            logging.INFO,
+            live.name,
+            "closing %s connection from %s: " + why,
+            live.spec.title or live.name,
+            "{}:{}".format(*peer_address(transport)),
+            seconds,
+        )
+        self.forget(transport)
+        transport.close()
+
+
+_NOT_LOGGED_IN = "not logged in after %gs"
+
+
+class _Logins:
+    """The connections of one front end that have yet to log in, oldest first.
+
+    They share one deadline length, so arrival order is deadline order: one timer, for
+    the oldest. A connection that logs in or ends stays queued until its time comes and
+    is then passed over (a connection that ends is not told apart here: the listeners
+    forget it, and a closed transport is skipped).
+    """
+
+    __slots__ = ("deadlines", "live", "queue", "seconds", "timer")
+
+    def __init__(self, deadlines: Deadlines, live: LiveFrontEnd, seconds: float) -> None:
+        self.deadlines = deadlines
+        self.live = live
+        self.seconds = seconds
+        self.queue: collections.deque[tuple[float, asyncio.Transport, asyncio.BaseProtocol]] = (
+            collections.deque()
+        )
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self.seconds
+        self.queue.append((due, transport, protocol))
+        if self.timer is None:
+            self.timer = loop.call_at(due, self._due)
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.queue.clear()
+
+    def _due(self) -> None:
+        self.timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        queue = self.queue
+        logged_in = self.live.spec.auth.logged_in
+        while queue and queue[0][0] <= now:
+            _due, transport, protocol = queue.popleft()
+            if transport.is_closing() or logged_in is None or logged_in(protocol):
+                continue
+            self.deadlines.expired(self.live, transport, _NOT_LOGGED_IN)
+        if queue:
+            self.timer = loop.call_at(queue[0][0], self._due)
 
 
 class _Watch:
@@ -92,7 +173,7 @@ class _Watch:
         logged_in = self.live.spec.auth.logged_in
         if logged_in is None or logged_in(self.protocol):
             return
-        self._close("not logged in after %gs", self.live.limits.login_seconds)
+        self.deadlines.expired(self.live, self.transport, _NOT_LOGGED_IN)
 
     def _on_idle(self) -> None:
         self.idle = None
@@ -107,17 +188,4 @@ class _Watch:
         if wait > 0.001:
             self.idle = loop.call_later(max(wait, idle / 4), self._on_idle)
             return
-        self._close("nothing received for %gs", idle)
-
-    def _close(self, why: str, seconds: float | None) -> None:
-        live = self.live
-        self.deadlines.limits.log.log(
-            logging.INFO,
-            live.name,
-            "closing %s connection from %s: " + why,
-            live.spec.title or live.name,
-            "{}:{}".format(*peer_address(self.transport)),
-            seconds,
-        )
-        self.deadlines.forget(self.transport)
-        self.transport.close()
+        self.deadlines.expired(self.live, self.transport, "nothing received for %gs")

@@ -66,6 +66,26 @@ async def test_a_command_channel_that_never_logs_in_is_closed(
         assert broker.front_ends["fq-command"].counters.open == 0
 
 
+async def test_each_connection_gets_its_own_login_time_and_a_login_is_kept(
+    settings: Settings,
+) -> None:
+    # One queue and one timer per front end: a later arrival still gets its whole
+    # deadline, and a session that logged in meanwhile is passed over.
+    settings.login_timeout = 1.0
+    async with running(settings) as broker:
+        early = await RawConn.open(broker.port)
+        await early.send(CMD)
+        await asyncio.sleep(0.7)
+        session = await open_session(broker.port)
+        late = await RawConn.open(broker.port)
+        await late.send(CMD)
+        await closes(early)
+        assert not late.reader.at_eof()  # its time is not up yet
+        await closes(late)
+        assert await session.status()  # logged in: still served
+        await session.close()
+
+
 async def test_a_tls_command_channel_that_never_logs_in_is_closed(
     settings: Settings, pki: dict[str, Path]
 ) -> None:
