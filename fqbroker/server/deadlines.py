@@ -62,6 +62,13 @@ class Deadlines:
             watch = self._watches.pop(transport, None)
             if watch is not None:
                 watch.cancel()
+        for logins in self._logins.values():
+            # Not kept to its deadline: a closed connection's buffers go with it now.
+            logins.queue.pop(transport, None)
+
+    def kept(self) -> int:
+        """How many connections have deadlines kept here now."""
+        return len(self._watches) + sum(len(logins.queue) for logins in self._logins.values())
 
     def close(self) -> None:
         for watch in self._watches.values():
@@ -93,9 +100,8 @@ class _Logins:
     """The connections of one front end that have yet to log in, oldest first.
 
     They share one deadline length, so arrival order is deadline order: one timer, for
-    the oldest. A connection that logs in or ends stays queued until its time comes and
-    is then passed over (a connection that ends is not told apart here: the listeners
-    forget it, and a closed transport is skipped).
+    the oldest. A connection that logs in stays queued until its time comes and is then
+    passed over; one that ends leaves the queue at once (``Deadlines.forget``).
     """
 
     __slots__ = ("deadlines", "live", "queue", "seconds", "timer")
@@ -104,15 +110,16 @@ class _Logins:
         self.deadlines = deadlines
         self.live = live
         self.seconds = seconds
-        self.queue: collections.deque[tuple[float, asyncio.Transport, asyncio.BaseProtocol]] = (
-            collections.deque()
-        )
+        # transport -> (its deadline, its protocol), oldest first
+        self.queue: collections.OrderedDict[
+            asyncio.Transport, tuple[float, asyncio.BaseProtocol]
+        ] = collections.OrderedDict()
         self.timer: asyncio.TimerHandle | None = None
 
     def add(self, transport: asyncio.Transport, protocol: asyncio.BaseProtocol) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time() + self.seconds
-        self.queue.append((due, transport, protocol))
+        self.queue[transport] = (due, protocol)
         if self.timer is None:
             self.timer = loop.call_at(due, self._due)
 
@@ -128,13 +135,15 @@ class _Logins:
         now = loop.time()
         queue = self.queue
         logged_in = self.live.spec.auth.logged_in
-        while queue and queue[0][0] <= now:
-            _due, transport, protocol = queue.popleft()
+        while queue:
+            transport, (due, protocol) = next(iter(queue.items()))
+            if due > now:
+                self.timer = loop.call_at(due, self._due)
+                return
+            del queue[transport]
             if transport.is_closing() or logged_in is None or logged_in(protocol):
                 continue
             self.deadlines.expired(self.live, transport, _NOT_LOGGED_IN)
-        if queue:
-            self.timer = loop.call_at(queue[0][0], self._due)
 
 
 class _Watch:

@@ -86,6 +86,20 @@ async def test_each_connection_gets_its_own_login_time_and_a_login_is_kept(
         await session.close()
 
 
+async def test_a_connection_that_ends_leaves_its_deadline_at_once(settings: Settings) -> None:
+    # Kept to its deadline, a closed connection would hold its session and buffers for
+    # login_timeout: a reconnect storm's worth of them.
+    async with running(settings) as broker:
+        conns = [await RawConn.open(broker.port) for _ in range(20)]
+        for conn in conns:
+            await conn.send(CMD)
+        await wait_for(lambda: broker.listeners.deadlines.kept() == 20)
+        for conn in conns:
+            await conn.close()
+        await wait_for(lambda: broker.limits.connections == 0)
+        assert broker.listeners.deadlines.kept() == 0
+
+
 async def test_a_tls_command_channel_that_never_logs_in_is_closed(
     settings: Settings, pki: dict[str, Path]
 ) -> None:
