@@ -13,7 +13,8 @@ are ours, since what a shell block means is this project's business:
   ``--count``), ``figg sub`` and ``fyrehose sub`` run in the background too, once bound;
 * ``console`` blocks: each ``$ command`` runs, and the lines under it are what it must
   print on stdout and stderr, as a terminal shows them (``...`` stands for anything);
-* ``python`` blocks run as a file with the venv's Python; a ``# text`` comment on a
+* ``python`` blocks run as a file with the venv's Python (one with ``await`` at the top
+  level as the body of a coroutine, as ``python -m asyncio`` runs it); a ``# -> text`` comment on a
   ``print(...)`` line is a line it must print. A block that keeps running after printing
   (a subscriber) is left running like a terminal;
 * the prose after a block, "`tool` prints `text`", is checked against what that tool
@@ -70,10 +71,18 @@ class Proc:
     out: bytearray = field(default_factory=bytearray)
     err: bytearray = field(default_factory=bytearray)
     changed: threading.Condition = field(default_factory=threading.Condition)
+    drains: list[threading.Thread] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for pipe, buf in ((self.popen.stdout, self.out), (self.popen.stderr, self.err)):
-            threading.Thread(target=self._drain, args=(pipe, buf), daemon=True).start()
+            drain = threading.Thread(target=self._drain, args=(pipe, buf), daemon=True)
+            drain.start()
+            self.drains.append(drain)
+
+    def drained(self) -> None:
+        """After it exited: everything it printed is in ``out`` and ``err``."""
+        for drain in self.drains:
+            drain.join(TIMEOUT)
 
     def _drain(self, pipe: Any, buf: bytearray) -> None:
         for chunk in iter(lambda: os.read(pipe.fileno(), 65536), b""):
@@ -176,7 +185,7 @@ class Session:
         except subprocess.TimeoutExpired:
             proc.stop()
             raise AssertionError(f"did not end in {TIMEOUT * 2:.0f} s: {proc.said()}") from None
-        proc.wait_for(lambda: False, 0.0)
+        proc.drained()
         self.finished.append(proc)
         if proc.popen.returncode != 0:
             raise AssertionError(f"exit status {proc.popen.returncode}: {proc.said()}")
@@ -299,20 +308,47 @@ def evaluate_console(example: Example) -> None:
             )
 
 
+# A block written with ``await`` at the top level, as in ``python -m asyncio``, runs as the
+# body of a coroutine (compile's PyCF_ALLOW_TOP_LEVEL_AWAIT, what that REPL uses).
+AWAIT_AT_TOP_LEVEL = """
+import ast, asyncio, sys
+path = sys.argv[1]
+code = compile(open(path).read(), path, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+body = eval(code, {"__name__": "__main__"})
+if body is not None:
+    asyncio.run(body)
+"""
+
+
+def _awaits_at_top_level(source: str) -> bool:
+    try:
+        compile(source, "<block>", "exec")
+    except SyntaxError as exc:
+        return "outside" in str(exc.msg) and ("await" in str(exc.msg) or "async" in str(exc.msg))
+    return False
+
+
 def evaluate_python(example: Example) -> None:
     session: Session = example.namespace["session"]
     source = str(example.parsed)
     script = session.work / f"block_{example.line}.py"
     script.write_text(source, encoding="utf-8")
-    expected = [m.group(1).strip() for m in re.finditer(r"print\(.*\)\s*#\s*(.+)$", source, re.M)]
-    proc = session.start([str(Path(sys.prefix) / "bin" / "python"), script.name])
+    # "# -> text (a remark)": the remark in parentheses is not part of the line
+    expected = [
+        re.sub(r"\s+\([^)]*\)$", "", m.group(1).strip())
+        for m in re.finditer(r"print\(.*\)\s*#\s*->\s*(.+)$", source, re.M)
+    ]
+    python = [str(Path(sys.prefix) / "bin" / "python")]
+    if _awaits_at_top_level(source):
+        python += ["-c", AWAIT_AT_TOP_LEVEL]
+    proc = session.start([*python, script.name])
     lines_in = lambda: proc.out.count(b"\n") >= max(1, len(expected))  # noqa: E731
     proc.wait_for(lambda: proc.popen.poll() is not None or lines_in())
     if proc.popen.poll() is None:  # a subscriber: a moment to end by itself, else it runs on
         proc.wait_for(lambda: proc.popen.poll() is not None, 1.0)
     if proc.popen.poll() is not None:
         session.running.remove(proc)
-        proc.wait_for(lambda: False, 0.0)
+        proc.drained()
         if proc.popen.returncode != 0:
             raise AssertionError(f"exit status {proc.popen.returncode}: {proc.said()}")
     got = _lines(proc)
