@@ -1,4 +1,5 @@
-"""Runs the ``sh``, ``console`` and ``python`` blocks of a Markdown document as a reader would.
+"""Runs the ``sh``, ``console`` and ``python`` blocks of a Markdown document as a reader
+would, and loads its ``toml`` blocks as settings.
 
 Sybil (https://sybil.readthedocs.io) reads the document: its Markdown lexers find the
 fenced blocks, its ``<!-- skip: next "why" -->`` comment marks a block that does not run
@@ -18,7 +19,8 @@ are ours, since what a shell block means is this project's business:
   ``print(...)`` line is a line it must print. A block that keeps running after printing
   (a subscriber) is left running like a terminal;
 * the prose after a block, "`tool` prints `text`", is checked against what that tool
-  printed.
+  printed;
+* ``toml`` blocks are settings files, or parts of one: fqd's loader must take each.
 
 Every broker listens where the document says (127.0.0.1:8765 and the rest), so the run
 happens in a network namespace of its own (tests/docs/test_markdown.py); this module is
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +57,7 @@ from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
-RUN = ("sh", "console", "python")  # the languages that run; the others are read, not run
+RUN = ("sh", "console", "python", "toml")  # toml: loaded as settings; the rest are not read
 TIMEOUT = 30.0
 PASSWORD = "correct horse"  # $PASSWORD of the examples, and what fq-admin reads when it asks
 
@@ -357,6 +360,22 @@ def evaluate_python(example: Example) -> None:
             raise AssertionError(f"no line {want!r}: {proc.said()}")
 
 
+def evaluate_toml(example: Example) -> None:
+    """A TOML block is a settings file, or a part of one: fqd's loader must take it (a
+    pyproject.toml table, only TOML's parser)."""
+    from fqbroker.server.frontends import FRONT_ENDS
+    from fqbroker.settings.broker import Settings
+
+    source = str(example.parsed)
+    if re.match(r"\[+(project|tool|build-system)\b", source.lstrip()):  # a pyproject.toml's
+        tomllib.loads(source)
+        return
+    session: Session = example.namespace["session"]
+    path = session.work / f"block_{example.line}.toml"
+    path.write_text(source, encoding="utf-8")
+    Settings.from_toml(path, FRONT_ENDS)
+
+
 # "`fq-recv` prints `[test.prefix.boo] hello`": the prose after a block says what a tool shows.
 PRINTS = re.compile(r"`((?:[\w-]+)(?: sub)?)` prints `([^`]+)`")
 
@@ -387,6 +406,7 @@ def sybil() -> Sybil:
             CodeBlockParser("sh", evaluate_sh),
             CodeBlockParser("console", evaluate_console),
             CodeBlockParser("python", evaluate_python),
+            CodeBlockParser("toml", evaluate_toml),
             prints_parser,
         ],
         path=str(ROOT),
@@ -399,16 +419,14 @@ def parse(name: str) -> Document:
 
 
 def runnable_blocks(document: Document) -> list[Example]:
-    """The examples of ``sh``, ``console`` and ``python`` blocks (shown or invisible)."""
-    return [
-        e
-        for e in document.examples()
-        if e.region.evaluator in (evaluate_sh, evaluate_console, evaluate_python)
-    ]
+    """The examples of ``sh``, ``console``, ``python`` and ``toml`` blocks (shown or
+    invisible)."""
+    evaluators = (evaluate_sh, evaluate_console, evaluate_python, evaluate_toml)
+    return [e for e in document.examples() if e.region.evaluator in evaluators]
 
 
 def fences(text: str) -> list[int]:
-    """The lines of the ``sh``/``console``/``python`` fences, found without Sybil."""
+    """The lines of the fences of the languages that run, found without Sybil."""
     return [
         text.count("\n", 0, m.start()) + 1
         for m in re.finditer(rf"^```(?:{'|'.join(RUN)})[ \t]*$", text, re.M)
@@ -462,6 +480,7 @@ def run_document(name: str, work: Path) -> dict[int, list[str]]:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))  # fqbroker, for the TOML blocks
     name, work, where = sys.argv[1:4]
     if where == "netns":
         _lo_up()

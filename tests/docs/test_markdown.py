@@ -1,5 +1,6 @@
 """Every ``sh``, ``console`` and ``python`` block of README.md and docs/*.md runs as written,
-or carries a marker saying why not (``<!-- skip: next "needs a second host" -->``).
+or carries a marker saying why not (``<!-- skip: next "needs a second host" -->``); every
+``toml`` block loads as fqd's settings.
 
 Why Sybil: it reads Markdown (fenced blocks, and HTML comments for the markers and for the
 invisible setup a text takes for granted), its skip comment is visible in the raw file and
