@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fqbroker.cli.console import Parser, port_type, run_script
-from fqbroker.cli.figg import _lines
-from fqbroker.cli.fqtools import _stdin_chunks, json_line, reader_went_away, run_tool
+from fqbroker.cli.fqtools import json_line, reader_went_away, run_tool
+from fqbroker.cli.stdin import lines, stdin_chunks
 from fqbroker.clients.fyrehose.client import DEFAULT_PORT, Delivered, FyrehoseClient
 from fqbroker.errors import FqError
 from fqbroker.protocols.fyrehose.wire import MAX_DATA, MAX_SEQUENCE
@@ -95,9 +95,7 @@ async def _push(args: argparse.Namespace) -> int:
     pushed = 0
     try:
         waiting: set[asyncio.Future[int | None]] = set()
-        async for line in _lines(_stdin_chunks()):
-            if len(line) > MAX_DATA:
-                raise ValueError(f"line {pushed + len(waiting) + 1} is over {MAX_DATA} bytes")
+        async for line in lines(stdin_chunks(), max_line=MAX_DATA):
             while len(waiting) >= IN_FLIGHT:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 pushed += len(done)
