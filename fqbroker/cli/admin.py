@@ -23,6 +23,7 @@ from typing import Any
 from fqbroker.cli.admintables import print_answer
 from fqbroker.cli.console import Parser, add_tls_options, run_script, tls_options
 from fqbroker.clients.http.admin import DEFAULT_URL, AdminClient
+from fqbroker.core.frames import MAX_MESSAGE_SIZE
 from fqbroker.core.permissions import KINDS
 from fqbroker.errors import AdminError, BrokerError
 from fqbroker.storage.configdb.users import DEFAULT_ITERATIONS, Users
@@ -262,7 +263,11 @@ def _payload(args: argparse.Namespace) -> str | bytes:
         if args.payload is not None:
             raise ValueError("give the payload or --file, not both")
         if str(args.file) == "-":
-            return sys.stdin.buffer.read()
+            # Bounded: an endless stdin (/dev/zero, `yes`) is no message.
+            data = sys.stdin.buffer.read(MAX_MESSAGE_SIZE + 1) if sys.stdin is not None else b""
+            if len(data) > MAX_MESSAGE_SIZE:
+                raise ValueError(f"--file -: stdin is over {MAX_MESSAGE_SIZE} bytes")
+            return data
         path: Path = args.file
         try:
             return path.read_bytes()
