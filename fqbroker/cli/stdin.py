@@ -17,13 +17,9 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 
-__all__ = ["READ_SIZE", "LineTooLong", "lines", "stdin_chunks"]
+__all__ = ["READ_SIZE", "lines", "stdin_chunks"]
 
 READ_SIZE = 64 * 1024
-
-
-class LineTooLong(ValueError):
-    """A line of input is over what one message can carry (bad input: exit 2)."""
 
 
 async def stdin_chunks(fd: int | None = None, size: int = READ_SIZE) -> AsyncIterator[bytes]:
@@ -102,7 +98,8 @@ async def lines(
     chunks: AsyncIterator[bytes], *, max_line: int, keep_newline: bool = False
 ) -> AsyncIterator[bytes]:
     """The lines of ``chunks`` (with their newline when ``keep_newline``); a last line
-    without one is kept. A line longer than ``max_line`` bytes raises LineTooLong."""
+    without one is kept. A line longer than ``max_line`` bytes is bad input (ValueError:
+    exit 2, as a bad flag)."""
     buf = bytearray()
     scanned = 0  # bytes of buf already searched for a newline
     number = 0
@@ -124,7 +121,7 @@ async def lines(
         yield bytes(buf)
 
 
-def _too_long(number: int, max_line: int) -> LineTooLong:
-    return LineTooLong(
+def _too_long(number: int, max_line: int) -> ValueError:
+    return ValueError(
         f"line {number} of stdin is over {max_line} bytes, the most one message takes"
     )
