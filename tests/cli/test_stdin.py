@@ -244,3 +244,18 @@ async def test_opencluster_ignores_its_stdin(
         args = ("-m", "fqbroker.cli.opencluster", "--port", port, "ping")
         status, _, err = await run_with(procs, stdins, tmp_path, args, kind)
     assert status == 0, err
+
+
+async def test_lines_are_bounded_and_scanned_once() -> None:
+    from fqbroker.cli.stdin import lines
+
+    async def chunks(*parts: bytes) -> AsyncIterator[bytes]:
+        for part in parts:
+            yield part
+
+    got = [x async for x in lines(chunks(b"ab", b"c\nde", b"f\n", b"g"), max_line=3)]
+    assert got == [b"abc", b"def", b"g"]
+    with pytest.raises(ValueError, match="line 2 of stdin is over 3 bytes"):
+        [x async for x in lines(chunks(b"abc\nde", b"fg"), max_line=3)]
+    with pytest.raises(ValueError, match="line 1 of stdin is over 3 bytes"):
+        [x async for x in lines(chunks(b"abcd\n"), max_line=3)]
