@@ -61,7 +61,7 @@ def run_tool(
     *,
     on_timeout: str = "cannot reach {where}: timed out",
 ) -> int:
-    """Run a console tool's ``work`` until it ends or SIGINT/SIGTERM (a clean exit); a
+    """Run a console tool's ``work`` until it ends or SIGINT/SIGTERM (a quiet exit); a
     broker that refuses or cannot be reached is one line on stderr and status 1."""
     where = f"{host}:{port}"
     try:
@@ -76,18 +76,25 @@ def run_tool(
 
 
 async def _until_signal(work: Coroutine[Any, Any, int]) -> int:
-    """Run ``work``; SIGINT or SIGTERM cancels it, and that is a clean exit (status 0)."""
+    """Run ``work``; SIGINT or SIGTERM cancels it, a quiet exit with the status a shell
+    gives a command the signal ended (128 + its number: 130, 143)."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
+    caught: list[int] = []
+
+    def stop(sig: int) -> None:
+        caught.append(sig)
+        task.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, stop, sig)
     try:
         return await task
     except asyncio.CancelledError:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
-        return 0
+        return 128 + caught[0] if caught else 1
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

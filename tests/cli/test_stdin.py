@@ -204,7 +204,7 @@ async def test_a_signal_ends_a_tool_reading_a_terminal(
         await asyncio.sleep(0.2)  # not needed for the outcome: a line may be in flight
         proc.proc.send_signal(sig)
         status, _, err = await proc.finish()
-    assert status == 0, err
+    assert status == 128 + sig, err
     assert "Traceback" not in err, err
 
 
