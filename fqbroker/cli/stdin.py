@@ -33,14 +33,24 @@ async def stdin_chunks(fd: int | None = None, size: int = READ_SIZE) -> AsyncIte
     except OSError:
         return  # stdin closed (`<&-`): nothing to read
     if stat.S_ISREG(mode):
-        while chunk := os.read(fd, size):
-            yield chunk
+        chunks = _direct(fd, size)
     elif stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd):
-        async for chunk in _watched(fd, size):
-            yield chunk
+        chunks = _watched(fd, size)
     else:
-        async for chunk in _threaded(fd, size):
+        chunks = _threaded(fd, size)
+    try:
+        async for chunk in chunks:
             yield chunk
+    except OSError as exc:
+        # Input that cannot be read (a directory, a device's error) is bad input, not a
+        # broker that cannot be reached.
+        raise ValueError(f"cannot read stdin: {exc.strerror or exc}") from None
+
+
+async def _direct(fd: int, size: int) -> AsyncIterator[bytes]:
+    # A regular file never blocks, and the event loop cannot watch one anyway.
+    while chunk := os.read(fd, size):
+        yield chunk
 
 
 async def _watched(fd: int, size: int) -> AsyncIterator[bytes]:
