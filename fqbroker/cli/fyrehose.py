@@ -45,7 +45,9 @@ def _number(low: int, high: int, what: str) -> Callable[[str], int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser("fyrehose", description="Publish to and read a fyrehose backbone (UDP, IPv4).")
+    p = Parser(
+        "fyrehose", description="Publish to and read a fyrehose backbone (UDP, IPv4: no TLS)."
+    )
     p.add_argument("--host", default="127.0.0.1", help="broker host (IPv4)")
     p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its fyrehose UDP port")
     sub = p.add_subparsers(dest="command", required=True)
