@@ -81,15 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     work = _push(args) if args.command == "push" else _sub(args)
-    try:
-        return run_tool(
-            "fyrehose", args.host, args.port, work,
-            on_timeout="no answer from {where} (no KEEPALIVE-ACK)",
-        )  # fmt: skip
-    except ValueError as exc:
-        # A line of stdin too long for a datagram: the input, found while sending.
-        _log(f"fyrehose: {exc}")
-    return 1
+    # A line of stdin too long for a datagram is a ValueError: run_script's bad input.
+    return run_tool(
+        "fyrehose", args.host, args.port, work,
+        on_timeout="no answer from {where} (no KEEPALIVE-ACK)",
+    )  # fmt: skip
 
 
 async def _push(args: argparse.Namespace) -> int:

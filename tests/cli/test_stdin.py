@@ -153,7 +153,7 @@ async def test_fq_send_counts_and_ignores_an_endless_stdin(
 
 @pytest.mark.parametrize(
     ("tool", "status", "limit"),
-    [("figg pub", 2, 16 << 20), ("fyrehose push", 1, 65507)],
+    [("figg pub", 2, 16 << 20), ("fyrehose push", 2, 65507)],
 )
 async def test_an_endless_line_ends_with_the_limit(
     broker: Broker, procs: list[Proc], stdins: list[Stdin], tmp_path: Path,
