@@ -34,6 +34,8 @@ from fqbroker.frontends.kit.logins import THROTTLED_TEXT
 from fqbroker.protocols.fq import wire
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from fqbroker.core.queue import Queue
     from fqbroker.core.queuespec import QueueSpec
     from fqbroker.frontends.kit.heartbeats import Entry, HeartbeatClock
@@ -82,6 +84,11 @@ class BadInputLog(Protocol):
     @property
     def log(self) -> LogLimiter:
         """The rate-limited log, a few lines a second per kind."""
+        ...
+
+    @property
+    def refused(self) -> Counter[str]:
+        """Refusals counted so far, by reason."""
         ...
 
 
@@ -297,9 +304,14 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             case wire.BindRequest(flags, exchange, program):
                 assert self.queue is not None and self.permissions is not None
                 if self.permissions.may_consume(exchange):
+                    limited = _binding_refusals(host.limits.refused)
                     route_id = host.bind(exchange, program, self.queue, flags, self.user)
                     if route_id == BIND_ILLEGAL:
-                        self._bind_refused(exchange, program, _why_illegal(program))
+                        if _binding_refusals(host.limits.refused) > limited:
+                            why = "over a binding limit (docs/limits.md)"
+                        else:
+                            why = _why_illegal(program)
+                        self._bind_refused(exchange, program, why)
                     machine.bound(route_id)
                 else:
                     # fq's bind failure, so old clients report it as they would any.
@@ -546,11 +558,16 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             self._beat = self.host.heartbeats.schedule(self, when)
 
 
+def _binding_refusals(refused: Counter[str]) -> int:
+    return refused["bindings_per_queue"] + refused["bindings_per_user"]
+
+
 def _why_illegal(program: bytes) -> str:
-    """Why the broker answered a permitted bind with BIND_ILLEGAL: the program does not
-    compile, or a binding limit (counted and warned of by the limits) refused it."""
+    """Why the broker answered a permitted bind within the limits with BIND_ILLEGAL: the
+    program's compile error (as the built-in functions see it: the broker's -m modules
+    add functions, never take one away)."""
     try:
         compile_program(program)
     except ProgramError as exc:
         return f"bad program: {exc}"
-    return "over a binding limit (docs/limits.md)"
+    return "the program does not compile here"
