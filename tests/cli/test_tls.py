@@ -13,7 +13,7 @@ import trustme
 from fqbroker.server.broker import Broker
 from fqbroker.settings.broker import Settings
 from tests.conftest import on, port_of, running
-from tests.pki import Logins, make_pki, password_logins
+from tests.pki import Logins, client_cert, make_pki, password_logins
 from tests.procs import Proc
 
 TIMEOUT = 30.0
@@ -29,7 +29,10 @@ TOOLS = {
 
 @pytest.fixture
 def pki(tmp_path: Path) -> dict[str, Path]:
-    return make_pki(trustme.CA(), tmp_path)
+    ca = trustme.CA()
+    files = make_pki(ca, tmp_path)
+    files["client"] = client_cert(ca, "someone", tmp_path)  # certificate and key in one
+    return files
 
 
 @pytest.fixture
@@ -73,7 +76,15 @@ async def test_fq_admin_reaches_a_broker_with_a_private_ca(
         )
         assert status == 0, err
         assert '"version"' in out
-    # Without it the system's CAs do not know the broker's: one line, exit 1.
+    # A client certificate goes along when the broker asks; this one does not, and the
+    # flags are taken all the same.
+    client = str(pki["client"])
+    status, out, err = await run(
+        procs, *ADMIN, "--url", f"https://{where}", "--cafile", str(pki["ca"]),
+        "--cert", client, "--key", client, "--json", "status",
+    )  # fmt: skip
+    assert status == 0, err
+    # Without --cafile the system's CAs do not know the broker's: one line, exit 1.
     status, _, err = await run(procs, *ADMIN, "--url", f"https://{where}", "status")
     assert status == 1 and "Traceback" not in err
     assert err.startswith("fq-admin: ") and "certificate" in err, err
