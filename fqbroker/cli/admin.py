@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from fqbroker.cli.admintables import print_answer
-from fqbroker.cli.console import Parser, run_script
+from fqbroker.cli.console import Parser, add_tls_options, run_script, tls_options
 from fqbroker.clients.http.admin import DEFAULT_URL, AdminClient
+from fqbroker.core.frames import MAX_MESSAGE_SIZE
 from fqbroker.core.permissions import KINDS
 from fqbroker.errors import AdminError, BrokerError
 from fqbroker.storage.configdb.users import DEFAULT_ITERATIONS, Users
@@ -47,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
         help="work on this sqlite config database (fqd's -c) instead of a running broker: "
         "user commands only",
     )
-    p.add_argument("--url", default=DEFAULT_URL, help="the broker's HTTP address")
+    p.add_argument(
+        "--url", default=DEFAULT_URL, help="the broker's HTTP address (https://...: over TLS)"
+    )
     p.add_argument("--token", help=f"the broker's admin_token (better: ${TOKEN_ENV})")
     p.add_argument("--user", help="an admin user's name (its password: see --password-stdin)")
     p.add_argument(
@@ -58,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         "else a prompt)",
     )
     p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the broker")
+    add_tls_options(p, certificate="sent if the broker asks (it logs in --token or --user)")
     # Also after the command (fq-admin queues --json); SUPPRESS keeps the top's value.
     common = argparse.ArgumentParser(add_help=False)
     for parser, default in ((p, False), (common, argparse.SUPPRESS)):
@@ -174,7 +178,10 @@ def _user_parser(area: argparse.ArgumentParser, command: Any) -> None:
 
 
 def _line() -> str:
-    line = sys.stdin.readline()
+    line = sys.stdin.readline() if sys.stdin is not None else ""
+    if not line:
+        # /dev/null, a closed pipe: no line at all is not an empty password.
+        raise ValueError("stdin ended before the password line (--password-stdin)")
     return line.removesuffix("\n").removesuffix("\r")
 
 
@@ -242,7 +249,12 @@ def _client(args: argparse.Namespace) -> AdminClient:
     if args.timeout <= 0:
         raise ValueError("--timeout must be more than 0")
     return AdminClient(
-        args.url, token=token, user=args.user, password=password, timeout=args.timeout
+        args.url,
+        token=token,
+        user=args.user,
+        password=password,
+        timeout=args.timeout,
+        **tls_options(args),
     )
 
 
@@ -251,7 +263,11 @@ def _payload(args: argparse.Namespace) -> str | bytes:
         if args.payload is not None:
             raise ValueError("give the payload or --file, not both")
         if str(args.file) == "-":
-            return sys.stdin.buffer.read()
+            # Bounded: an endless stdin (/dev/zero, `yes`) is no message.
+            data = sys.stdin.buffer.read(MAX_MESSAGE_SIZE + 1) if sys.stdin is not None else b""
+            if len(data) > MAX_MESSAGE_SIZE:
+                raise ValueError(f"--file -: stdin is over {MAX_MESSAGE_SIZE} bytes")
+            return data
         path: Path = args.file
         try:
             return path.read_bytes()

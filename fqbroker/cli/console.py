@@ -66,25 +66,47 @@ class Parser(argparse.ArgumentParser):
 TLS_OPTIONS = ("tls", "cafile", "certfile", "keyfile")
 
 
-def add_tls_options(p: argparse.ArgumentParser, *, top: bool = True) -> None:
-    """A client tool's TLS flags; ``top=False`` for a subcommand, which takes them too
-    without overriding what the tool's own flags said."""
-    if not top:
-        p.add_argument("--tls", action="store_true", default=argparse.SUPPRESS)
-        for name in TLS_OPTIONS[1:]:
-            p.add_argument(f"--{name}", default=argparse.SUPPRESS)
-        return
-    p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
-    p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
+def add_tls_options(p: argparse.ArgumentParser, *, top: bool = True, certificate: str = "") -> None:
+    """Every client tool's TLS flags: ``--tls``, ``--cafile``, ``--cert`` and ``--key``
+    (``--certfile``/``--keyfile``, their first spelling, still work). ``top=False`` for a
+    subcommand, which takes them too without overriding what the tool's own flags said.
+    ``certificate``: what a client certificate is to this tool's server, for the help."""
+    default: Any = argparse.SUPPRESS if not top else None
     p.add_argument(
-        "--certfile", help="PEM client certificate: the login under auth = password (implies --tls)"
+        "--tls",
+        action="store_true",
+        default=argparse.SUPPRESS if not top else False,
+        help="connect over TLS, checking the server against the system's CAs",
     )
-    p.add_argument("--keyfile", help="its PEM private key (default: in --certfile)")
+    p.add_argument(
+        "--cafile",
+        metavar="FILE",
+        default=default,
+        help="trust only the CAs of this PEM file (implies --tls)",
+    )
+    said = f": {certificate}" if certificate else ""
+    for flag, alias, text in (
+        ("--cert", "--certfile", f"present this PEM client certificate{said} (implies --tls)"),
+        ("--key", "--keyfile", "the client certificate's PEM private key (default: in --cert)"),
+    ):
+        dest = alias[2:]
+        p.add_argument(flag, dest=dest, metavar="FILE", default=default, help=text)
+        p.add_argument(alias, dest=dest, default=default, help=argparse.SUPPRESS)
 
 
 def tls_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The TLS flags ``add_tls_options`` made, as a client's keyword arguments."""
-    return {name: getattr(args, name) for name in TLS_OPTIONS}
+    """The TLS flags ``add_tls_options`` made, as a client's keyword arguments
+    (``tls``, ``cafile``, ``certfile``, ``keyfile``)."""
+    options = {name: getattr(args, name, None) for name in TLS_OPTIONS}
+    for name, flag in (("cafile", "--cafile"), ("certfile", "--cert"), ("keyfile", "--key")):
+        path = options[name]
+        if path:
+            # Said here, naming the flag, rather than as a connection that failed.
+            try:
+                open(str(path), "rb").close()
+            except OSError as exc:
+                raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from None
+    return options
 
 
 def port_type(*, zero: bool = False) -> Callable[[str], int]:

@@ -14,17 +14,19 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from fqbroker.cli.console import Parser, add_tls_options, port_type, run_script, tls_options
-from fqbroker.cli.fqtools import _stdin_chunks, json_line, reader_went_away, run_tool
+from fqbroker.cli.fqtools import json_line, reader_went_away, run_tool
+from fqbroker.cli.stdin import lines, stdin_chunks
 from fqbroker.clients.figg.client import DEFAULT_PORT, FiggClient, Message
 from fqbroker.errors import FqError
-from fqbroker.protocols.figg.wire import MAX_TOPIC
+from fqbroker.protocols.figg.wire import MAX_FRAME, MAX_TOPIC
 
 __all__ = ["format_json", "main"]
 
 RATE_EVERY = 5.0  # seconds between rate lines of `figg pub`
+MAX_LINE = MAX_FRAME - 1024  # a frame holds the topic and a header too
 
 
 def _log(text: str) -> None:
@@ -62,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser("figg", description="Publish to and read Figg topics.")
     p.add_argument("--host", default="127.0.0.1", help="broker host")
     p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its Figg port")
-    add_tls_options(p)
+    add_tls_options(p, certificate='the login under auth = "password"')
     sub = p.add_subparsers(dest="command", required=True)
     pub = sub.add_parser("pub", help="publish each line of stdin to TOPIC")
     sub_ = sub.add_parser("sub", help="print the messages of TOPIC")
@@ -95,7 +97,7 @@ async def _pub(args: argparse.Namespace) -> int:
     start = time.monotonic()
     ticker = asyncio.create_task(_rates(lambda: sent, start))
     try:
-        async for line in _lines(_stdin_chunks()):
+        async for line in lines(stdin_chunks(), max_line=MAX_LINE):
             if args.count is not None and sent >= args.count:
                 break
             await client.publish(args.topic, line)
@@ -116,20 +118,6 @@ async def _rates(sent: Callable[[], int], start: float) -> None:
         now, count = time.monotonic(), sent()
         _log(f"published {count} messages ({(count - last) / (now - then):.0f} msg/s)")
         last, then = count, now
-
-
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Lines without their newline; a last line without one is kept."""
-    buf = bytearray()
-    async for chunk in chunks:
-        buf += chunk
-        start = 0
-        while (end := buf.find(b"\n", start)) >= 0:
-            yield bytes(buf[start:end])
-            start = end + 1
-        del buf[:start]
-    if buf:
-        yield bytes(buf)
 
 
 async def _sub(args: argparse.Namespace) -> int:

@@ -18,21 +18,31 @@ import os
 import signal
 import socket
 import ssl
-import stat
 import sys
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any
 
-from fqbroker.cli.console import Parser, address_type, port_type, run_script
+from fqbroker.cli.console import (
+    EXIT_FAILURE,
+    Parser,
+    add_tls_options,
+    address_type,
+    port_type,
+    run_script,
+    tls_options,
+)
+from fqbroker.cli.stdin import lines, stdin_chunks
 from fqbroker.clients.fq.client import Client, ClientError
+from fqbroker.core.frames import MAX_MESSAGE_SIZE
 from fqbroker.core.message import Message, hop_addresses
+from fqbroker.core.program import RuleFunction, RuleRegistry, compile_program
+from fqbroker.errors import ProgramError
 from fqbroker.protocols.fq import wire
 from fqbroker.settings.broker import DEFAULT_PORT
 
 __all__ = ["fq_recv", "fq_send", "main", "run_tool"]
 
-READ_SIZE = 64 * 1024
 FLUSH_EVERY = 1000  # messages published between waits for the socket (--count mode)
 PROGRESS_EVERY = 1.0  # seconds between progress lines of fq-send
 PASSWORD_ENV = "FQ_PASSWORD"  # the password, kept out of the process list
@@ -51,7 +61,7 @@ def run_tool(
     *,
     on_timeout: str = "cannot reach {where}: timed out",
 ) -> int:
-    """Run a console tool's ``work`` until it ends or SIGINT/SIGTERM (a clean exit); a
+    """Run a console tool's ``work`` until it ends or SIGINT/SIGTERM (a quiet exit); a
     broker that refuses or cannot be reached is one line on stderr and status 1."""
     where = f"{host}:{port}"
     try:
@@ -66,18 +76,25 @@ def run_tool(
 
 
 async def _until_signal(work: Coroutine[Any, Any, int]) -> int:
-    """Run ``work``; SIGINT or SIGTERM cancels it, and that is a clean exit (status 0)."""
+    """Run ``work``; SIGINT or SIGTERM cancels it, a quiet exit with the status a shell
+    gives a command the signal ended (128 + its number: 130, 143)."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
+    caught: list[int] = []
+
+    def stop(sig: int) -> None:
+        caught.append(sig)
+        task.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, stop, sig)
     try:
         return await task
     except asyncio.CancelledError:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
-        return 0
+        return 128 + caught[0] if caught else 1
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -127,8 +144,7 @@ def _connection_arguments(p: argparse.ArgumentParser, *, user: str, password: st
         " are the messages)",
     )
     p.set_defaults(default_password=password)
-    p.add_argument("--tls", action="store_true", help="connect over TLS (system CAs)")
-    p.add_argument("--cafile", help="trust only the CAs of this PEM file (implies --tls)")
+    add_tls_options(p, certificate="sent if the server asks (fq logs in with the password)")
 
 
 def _password(args: argparse.Namespace) -> str:
@@ -144,8 +160,13 @@ def _stdin_line() -> str:
     # A byte at a time from the descriptor: nothing past the newline is taken from what
     # fq-send then reads as messages.
     line = bytearray()
-    while (byte := os.read(0, 1)) and byte != b"\n":
-        line += byte
+    try:
+        while (byte := os.read(0, 1)) and byte != b"\n":
+            line += byte
+    except OSError as exc:  # stdin closed, or a directory
+        raise ValueError(f"--password-stdin: cannot read stdin: {os_reason(exc)}") from None
+    if not line and byte != b"\n":
+        raise ValueError("--password-stdin: stdin ended before a password line")
     return line.decode("utf-8", "surrogateescape").removesuffix("\r")
 
 
@@ -153,7 +174,7 @@ def _client(args: argparse.Namespace) -> Client:
     host, port = args.address or (DEFAULT_HOST, DEFAULT_PORT)
     host = args.host or host
     port = args.port if args.port is not None else port
-    return Client(host, port, args.user, _password(args), tls=args.tls, cafile=args.cafile)
+    return Client(host, port, args.user, _password(args), **tls_options(args))
 
 
 # --- fq-send ------------------------------------------------------------------------------
@@ -219,7 +240,7 @@ async def _send(client: Client, args: argparse.Namespace) -> int:
             _log(f"payload size -> {args.size}\nmessage count -> {args.count}")
             messages: AsyncIterator[bytes] = _repeat(bytes(args.size), args.count)
         else:
-            messages = _lines(_stdin_chunks())
+            messages = lines(stdin_chunks(), max_line=MAX_MESSAGE_SIZE, keep_newline=True)
         if args.progress:
             progress = asyncio.create_task(_progress(lambda: sent, args.count, start))
         async for payload in messages:
@@ -303,37 +324,6 @@ async def _publish(client: Client, exchange: bytes, route: bytes, payload: bytes
         await client.flush()
 
 
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Lines with their newline, as fqs sends them; a last line without one is kept."""
-    buf = bytearray()
-    async for chunk in chunks:
-        buf += chunk
-        start = 0
-        while (end := buf.find(b"\n", start)) >= 0:
-            yield bytes(buf[start : end + 1])
-            start = end + 1
-        del buf[:start]
-    if buf:
-        yield bytes(buf)
-
-
-async def _stdin_chunks() -> AsyncIterator[bytes]:
-    stdin = sys.stdin.buffer
-    if stat.S_ISREG(os.fstat(stdin.fileno()).st_mode):
-        # A regular file never blocks, and the event loop cannot watch one anyway.
-        while chunk := os.read(stdin.fileno(), READ_SIZE):
-            yield chunk
-        return
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), stdin)
-    try:
-        while chunk := await reader.read(READ_SIZE):
-            yield chunk
-    finally:
-        transport.close()
-
-
 # --- fq-recv ------------------------------------------------------------------------------
 
 
@@ -369,8 +359,30 @@ def _recv_main(argv: Sequence[str] | None) -> int:
     args = _recv_parser().parse_args(argv)
     if args.base64 and not args.json:
         raise ValueError("--base64 goes with --json")
+    check_program(args.program)
     client = _client(args)
     return run_tool("fq-recv", client.host, client.port, _recv(client, args))
+
+
+class _AnyFunction(RuleRegistry):
+    """The built-in rule functions, and any other: the broker may have it (``-m``, a
+    plugin), so only the broker can refuse an unknown one."""
+
+    def lookup(self, name: str, signature: str) -> RuleFunction | None:
+        return super().lookup(name, signature) or _true
+
+
+def _true(msg: Message) -> bool:
+    return True
+
+
+def check_program(program: str) -> None:
+    """Compile ``program`` as the broker will, before binding: a bad one is bad input
+    (exit 2), said with the compiler's reason."""
+    try:
+        compile_program(program.encode(), _AnyFunction())
+    except ProgramError as exc:
+        raise ValueError(f"bad program {program!r}: {exc}") from None
 
 
 async def _recv(client: Client, args: argparse.Namespace) -> int:
@@ -382,8 +394,13 @@ async def _recv(client: Client, args: argparse.Namespace) -> int:
         route_id = await client.bind(args.exchange.encode(), args.program.encode())
         _log(f"route set -> {route_id}")
         if route_id == wire.BIND_ILLEGAL:
-            _log("Failure to bind...")
-            return 255  # fq_rcvr's exit(-1)
+            _log("Failure to bind...")  # fq_rcvr's line, which scripts may look for
+            _log(
+                f"fq-recv: the broker refused to bind {args.program!r} on {args.exchange!r}:"
+                f" {client.user.decode(errors='replace')} may not consume from it, a binding"
+                " limit was reached, or a rule function is unknown there (its log says which)"
+            )
+            return EXIT_FAILURE
         if args.stats:
             ticker = asyncio.create_task(_rates(client, lambda: total))
         out = sys.stdout.buffer

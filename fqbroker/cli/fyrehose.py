@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from fqbroker.cli.console import Parser, port_type, run_script
-from fqbroker.cli.figg import _lines
-from fqbroker.cli.fqtools import _stdin_chunks, json_line, reader_went_away, run_tool
+from fqbroker.cli.fqtools import json_line, reader_went_away, run_tool
+from fqbroker.cli.stdin import lines, stdin_chunks
 from fqbroker.clients.fyrehose.client import DEFAULT_PORT, Delivered, FyrehoseClient
 from fqbroker.errors import FqError
 from fqbroker.protocols.fyrehose.wire import MAX_DATA, MAX_SEQUENCE
@@ -45,7 +45,9 @@ def _number(low: int, high: int, what: str) -> Callable[[str], int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = Parser("fyrehose", description="Publish to and read a fyrehose backbone (UDP, IPv4).")
+    p = Parser(
+        "fyrehose", description="Publish to and read a fyrehose backbone (UDP, IPv4: no TLS)."
+    )
     p.add_argument("--host", default="127.0.0.1", help="broker host (IPv4)")
     p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its fyrehose UDP port")
     sub = p.add_subparsers(dest="command", required=True)
@@ -79,15 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     work = _push(args) if args.command == "push" else _sub(args)
-    try:
-        return run_tool(
-            "fyrehose", args.host, args.port, work,
-            on_timeout="no answer from {where} (no KEEPALIVE-ACK)",
-        )  # fmt: skip
-    except ValueError as exc:
-        # A line of stdin too long for a datagram: the input, found while sending.
-        _log(f"fyrehose: {exc}")
-    return 1
+    # A line of stdin too long for a datagram is a ValueError: run_script's bad input.
+    return run_tool(
+        "fyrehose", args.host, args.port, work,
+        on_timeout="no answer from {where} (no KEEPALIVE-ACK)",
+    )  # fmt: skip
 
 
 async def _push(args: argparse.Namespace) -> int:
@@ -95,9 +93,7 @@ async def _push(args: argparse.Namespace) -> int:
     pushed = 0
     try:
         waiting: set[asyncio.Future[int | None]] = set()
-        async for line in _lines(_stdin_chunks()):
-            if len(line) > MAX_DATA:
-                raise ValueError(f"line {pushed + len(waiting) + 1} is over {MAX_DATA} bytes")
+        async for line in lines(stdin_chunks(), max_line=MAX_DATA):
             while len(waiting) >= IN_FLIGHT:
                 done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 pushed += len(done)

@@ -1,6 +1,6 @@
 """``opencluster``: get, set and ping an OpenCluster key/value server (fqd's listener).
 
-    opencluster [--host H] [--port P] [--tls] [--cafile F] [--certfile F] get NAME [--int]
+    opencluster [--host H] [--port P] [--tls] [--cafile F] [--cert F [--key F]] get NAME [--int]
     opencluster ... set NAME VALUE [--int] [--expires S]
     opencluster ... ping
 
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     p = Parser("opencluster", description="Get and set values on an OpenCluster server.")
     p.add_argument("--host", default="127.0.0.1", help="server host")
     p.add_argument("--port", type=port_type(), default=DEFAULT_PORT, help="its OpenCluster port")
-    add_tls_options(p)
+    add_tls_options(p, certificate='the login under auth = "password"')
     sub = p.add_subparsers(dest="command", required=True)
     get = sub.add_parser("get", help="print the value of NAME")
     get.add_argument("name")

@@ -112,6 +112,8 @@ class Client:
         peer_id: bytes | None = None,
         tls: bool | ssl.SSLContext = False,
         cafile: str | Path | None = None,
+        certfile: str | Path | None = None,
+        keyfile: str | Path | None = None,
     ) -> None:
         if not 0 <= heartbeat_ms <= 0xFFFF:
             raise ValueError("heartbeat_ms is a u16")
@@ -130,8 +132,9 @@ class Client:
             raise ValueError("a peer id is a 4-byte IPv4 address")
         self.peer_id = peer_id
         # Both channels over TLS when ``tls`` (or a CA file) says so; the broker's
-        # certificate is checked against the system's CAs or only ``cafile``'s.
-        self.ssl = client_ssl(tls, cafile)
+        # certificate is checked against the system's CAs or only ``cafile``'s; a client
+        # certificate (``certfile``) is presented to a server that asks for one.
+        self.ssl = client_ssl(tls, cafile, certfile, keyfile)
         self.connections = 0  # successful connects so far, reconnects included
         self.dropped = 0  # messages refused because the backlog was full
         self._state = _State.NEW

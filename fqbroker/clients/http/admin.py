@@ -17,6 +17,7 @@ import ssl
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from fqbroker.clients.tls import client_context
 from fqbroker.errors import AdminError
 
 __all__ = ["DEFAULT_URL", "AdminClient", "AdminError"]
@@ -37,6 +38,9 @@ class AdminClient:
         password: str | None = None,
         timeout: float = 30.0,
         cafile: str | None = None,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        tls: bool = False,
     ) -> None:
         parts = urlsplit(url if "://" in url else "http://" + url)
         if parts.scheme not in ("http", "https"):
@@ -47,12 +51,19 @@ class AdminClient:
             port = parts.port
         except ValueError:
             raise ValueError(f"--url: {url!r} has a bad port") from None
-        self.scheme = parts.scheme
+        # TLS asked for by the options: https, whatever the URL's scheme said.
+        self.scheme = "https" if tls or cafile or certfile else parts.scheme
         self.host = parts.hostname
         self.port = port or (443 if parts.scheme == "https" else 8765)
         self.base = parts.path.rstrip("/")  # a broker behind a proxy's path prefix
         self.timeout = timeout
-        self.context = ssl.create_default_context(cafile=cafile) if self.scheme == "https" else None
+        self.context: ssl.SSLContext | None = None
+        if self.scheme == "https":
+            try:
+                self.context = client_context(cafile, certfile, keyfile)
+            except (OSError, ssl.SSLError) as exc:
+                # A CA file or certificate that does not load: the options were wrong.
+                raise ValueError(f"TLS: {exc.strerror or exc}") from None
         self.headers = {"Accept": "application/json"}
         self.who: str | None = None  # whose credentials, for the refusals' texts
         if token:

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from fqbroker.core.bindflags import BIND_ILLEGAL
 from fqbroker.core.permissions import Permissions
+from fqbroker.core.program import compile_program
 from fqbroker.core.router import ClientStats
-from fqbroker.errors import AuthError, ProtocolError, QueueError
+from fqbroker.errors import AuthError, ProgramError, ProtocolError, QueueError
 from fqbroker.frontends.fq.commandmachine import (
     Authenticate,
     Broken,
@@ -33,9 +34,12 @@ from fqbroker.frontends.kit.logins import THROTTLED_TEXT
 from fqbroker.protocols.fq import wire
 
 if TYPE_CHECKING:
+    from collections import Counter
+
     from fqbroker.core.queue import Queue
     from fqbroker.core.queuespec import QueueSpec
     from fqbroker.frontends.kit.heartbeats import Entry, HeartbeatClock
+    from fqbroker.frontends.kit.limits import LogLimiter
     from fqbroker.frontends.kit.logins import Check, LoginThrottle
     from fqbroker.storage.configdb.users import Users
 
@@ -75,6 +79,16 @@ class BadInputLog(Protocol):
 
     def bug(self, exc: BaseException, where: str) -> None:
         """Count an unexpected exception that ended a connection, and say so in one line."""
+        ...
+
+    @property
+    def log(self) -> LogLimiter:
+        """The rate-limited log, a few lines a second per kind."""
+        ...
+
+    @property
+    def refused(self) -> Counter[str]:
+        """Refusals counted so far, by reason."""
         ...
 
 
@@ -290,10 +304,18 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             case wire.BindRequest(flags, exchange, program):
                 assert self.queue is not None and self.permissions is not None
                 if self.permissions.may_consume(exchange):
-                    machine.bound(host.bind(exchange, program, self.queue, flags, self.user))
+                    limited = _binding_refusals(host.limits.refused)
+                    route_id = host.bind(exchange, program, self.queue, flags, self.user)
+                    if route_id == BIND_ILLEGAL:
+                        if _binding_refusals(host.limits.refused) > limited:
+                            why = "over a binding limit (docs/limits.md)"
+                        else:
+                            why = _why_illegal(program)
+                        self._bind_refused(exchange, program, why)
+                    machine.bound(route_id)
                 else:
                     # fq's bind failure, so old clients report it as they would any.
-                    log.debug("bind on %r refused to %s: not permitted", exchange, self.pretty)
+                    self._bind_refused(exchange, program, "not permitted to consume from it")
                     machine.bound(BIND_ILLEGAL)
             case wire.UnbindRequest(route_id, exchange):
                 assert self.queue is not None
@@ -306,6 +328,20 @@ class CommandSession(RemotePeer, asyncio.Protocol):
                 self._refused(error)
             case Broken(error):
                 self._broken(error)
+
+    def _bind_refused(self, exchange: bytes, program: bytes, reason: str) -> None:
+        # The client hears only BIND_ILLEGAL (fq's wire has no reason): the log says why,
+        # a few lines a second at most, so a retrying client cannot flood it.
+        self.host.limits.log.log(
+            logging.INFO,
+            "bind",
+            "refused bind of %r on exchange %r to user %r (%s): %s",
+            program.partition(b"\0")[0].decode(errors="replace"),
+            exchange.decode(errors="replace"),
+            self.user.decode(errors="replace"),
+            self.pretty,
+            reason,
+        )
 
     # --- authentication (docs/security.md) ---------------------------------------------------
 
@@ -520,3 +556,18 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         self._flush(now)
         if when is not None:
             self._beat = self.host.heartbeats.schedule(self, when)
+
+
+def _binding_refusals(refused: Counter[str]) -> int:
+    return refused["bindings_per_queue"] + refused["bindings_per_user"]
+
+
+def _why_illegal(program: bytes) -> str:
+    """Why the broker answered a permitted bind within the limits with BIND_ILLEGAL: the
+    program's compile error (as the built-in functions see it: the broker's -m modules
+    add functions, never take one away)."""
+    try:
+        compile_program(program)
+    except ProgramError as exc:
+        return f"bad program: {exc}"
+    return "the program does not compile here"
