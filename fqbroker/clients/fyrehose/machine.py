@@ -2,10 +2,11 @@
 
 :class:`FyrehoseMachine` takes datagrams in (with their source address and the time) and
 gives datagrams out (with their destination) and events: KEEPALIVEs (the final form, with
-a random token), in-order delivery with gaps held and REQUESTed, the tail probe, the
-journal that answers FORWARDs, and PUSHes confirmed when their bytes come back in the
-stream. Every timer runs off the ``now`` its caller passes, so tests drive hours of
-protocol in microseconds. Events: :class:`Delivered`, :class:`Lost`, :class:`Confirmed`.
+a random token), in-order delivery with gaps held and REQUESTed, the tail probe (chased
+while its answers come back, so a replay runs at the speed of the wire), the journal that
+answers FORWARDs, and PUSHes confirmed when their bytes come back in the stream. Every timer
+runs off the ``now`` its caller passes, so tests drive hours of protocol in microseconds.
+Events: :class:`Delivered`, :class:`Lost`, :class:`Confirmed`.
 """
 
 from __future__ import annotations
@@ -167,6 +168,13 @@ class FyrehoseMachine:
         self._round_at = float("inf")
         self._heard_at = float("-inf")  # the last DELIVER: the probe waits for silence
         self._probe_at = now  # with ``start`` the first tick asks for history at once
+        # The last tail REQUEST (probe or chase) and its span. Once half of it has come
+        # back the broker has more history than we have seen: the next one goes at once,
+        # up to twice as long, so a replay keeps a REQUEST in flight instead of waiting a
+        # second of silence per probe.
+        self._tail = (0, -1)
+        self._tail_span = PROBE_SPAN
+        self._chased = True  # the last tail REQUEST's successor is asked (or never will be)
         self._keepalive_at = now
         self._journal: dict[int, bytes] = {}
         self._journal_order: deque[int] = deque()
@@ -242,8 +250,7 @@ class FyrehoseMachine:
             and self.subscribe
             and now >= max(self._probe_at, self._heard_at + self.probe_after)
         ):
-            first = self.top + 1
-            self._request(first, min(first + PROBE_SPAN - 1, wire.MAX_SEQUENCE))
+            self._ask_tail(self.top + 1, PROBE_SPAN)
             self.stats.probes += 1
             self._probe_at = now + self.probe_after
         self._resend(now)
@@ -282,6 +289,25 @@ class FyrehoseMachine:
         # Out of budget with gaps still due: the rest waits a whole interval, not a spin.
         spacing = self.request_interval if budget <= 0 else ROUND_SPACING
         self._round_at = max(soonest, now + spacing) if self._gaps else float("inf")
+
+    def _ask_tail(self, low: int, span: int) -> None:
+        if low > wire.MAX_SEQUENCE:
+            return
+        high = min(low + span - 1, wire.MAX_SEQUENCE)
+        self._request(low, high)
+        self._tail = (low, high)
+        self._tail_span = span
+        self._chased = False
+
+    def _chase(self, seq: int) -> None:
+        """``seq`` arrived: if it answers the upper half of the last tail REQUEST, ask for
+        the range after it now (the broker cuts each REQUEST at its request_limit)."""
+        low, high = self._tail
+        if seq > high:
+            self._chased = True  # the live stream is past it: gaps ask for the rest
+        elif seq >= low + self._tail_span // 2:
+            self._chased = True
+            self._ask_tail(high + 1, min(2 * self._tail_span, self.request_limit))
 
     def _request(self, low: int, high: int) -> None:
         addr, port = self.advertise
@@ -324,6 +350,8 @@ class FyrehoseMachine:
         if seq in self._held:
             self.stats.duplicates += 1
             return
+        if not self._chased:
+            self._chase(seq)
         if seq > self.top:
             if seq > self.top + 1:
                 gap = _Gap(self.top + 1, seq - 1, now, now + self.request_delay)

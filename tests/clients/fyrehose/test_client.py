@@ -204,6 +204,37 @@ def test_the_tail_probe_runs_after_a_second_of_silence() -> None:
     assert m.stats.probes == 2
 
 
+def test_a_replay_asks_for_the_next_range_as_soon_as_half_of_one_is_back() -> None:
+    m = machine(start=1, request_limit=200)
+    m.tick(0.0)
+    assert requests(m) == [(1, 64)]
+    for seq in range(1, 33):
+        deliver(m, seq, now=0.01)
+    assert requests(m) == []  # not half of it yet
+    deliver(m, 33, now=0.01)
+    assert requests(m) == [(65, 192)]  # at once, twice as long, not after a second
+    for seq in range(34, 129):
+        deliver(m, seq, now=0.02)
+    assert requests(m) == []
+    deliver(m, 129, now=0.02)
+    assert requests(m) == [(193, 392)]  # capped at the request limit
+    for seq in range(130, 294):
+        deliver(m, seq, now=0.03)
+    assert requests(m) == [(393, 592)]
+    assert seqs(events(m)) == list(range(1, 294)) and m.stats.probes == 1
+
+
+def test_the_live_stream_past_the_last_request_ends_the_chase() -> None:
+    m = machine(start=1)
+    m.tick(0.0)
+    assert requests(m) == [(1, 64)]
+    deliver(m, 100, now=0.01)  # live: no REQUEST asked for it
+    deliver(m, 50, now=0.01)
+    assert requests(m) == []
+    m.tick(0.1)
+    assert requests(m) == [(1, 49), (51, 99)]  # the gaps, as any gap
+
+
 def test_requests_name_the_advertised_address() -> None:
     m = machine(advertise=("10.0.0.1", 9000))
     deliver(m, 1)
@@ -337,6 +368,27 @@ async def test_start_reads_the_history_from_the_window(settings: Settings) -> No
                 got = [await late.next() for _ in range(200)]
         assert got == [Delivered(seq, b"h%d" % (seq - 1)) for seq in range(101, 301)]
         assert state.served >= 200
+
+
+async def test_start_replays_thousands_of_retained_messages_once_in_order(
+    settings: Settings,
+) -> None:
+    count = 5000
+    async with backbone(settings) as (broker, state):
+        host, port = fyrehose_address(broker)
+        async with await FyrehoseClient.connect(host, port) as pub, asyncio.timeout(TIMEOUT):
+            for first in range(0, count, 500):
+                got = await asyncio.gather(
+                    *(pub.publish_nowait(b"r%d" % i) for i in range(first, first + 500))
+                )
+                assert sorted(got) == list(range(first + 1, first + 501))  # type: ignore[type-var]
+        assert state.retained_messages == count
+        # Generous: the replay takes well under a second; at a probe a second it took 78 s.
+        async with await FyrehoseClient.connect(host, port, start=1) as late:
+            async with asyncio.timeout(60):
+                got_all = [await late.next() for _ in range(count)]
+            assert got_all == [Delivered(seq, b"r%d" % (seq - 1)) for seq in range(1, count + 1)]
+            assert late.lost == []
 
 
 async def test_close_unsubscribes_at_once_and_ends_everything(settings: Settings) -> None:
