@@ -96,6 +96,7 @@ class _Gap:
     since: float  # when it appeared: given up at since + gap_seconds
     due: float  # next REQUEST
     requested: bool = False
+    asked_to: int = 0  # asked up to here since ``due`` was set: the rest need not wait for it
 
 
 @dataclass(eq=False, slots=True)
@@ -165,6 +166,7 @@ class FyrehoseMachine:
         self.top = 0 if start is None else start - 1
         self._held: dict[int, bytes] = {}
         self._gaps: list[_Gap] = []
+        self._recovered = 0  # requested messages come back since the last request round
         self._round_at = float("inf")
         self._heard_at = float("-inf")  # the last DELIVER: the probe waits for silence
         self._probe_at = now  # with ``start`` the first tick asks for history at once
@@ -275,16 +277,25 @@ class FyrehoseMachine:
     def _request_round(self, now: float) -> None:
         budget = self.request_budget
         soonest = float("inf")
+        self._recovered = 0
         for gap in self._gaps:
-            if gap.due <= now and budget > 0:
-                low = gap.start
+            if budget > 0:
+                if gap.due <= now:
+                    low = gap.start
+                    gap.due = now + self.request_interval
+                elif gap.requested:  # asked in part, the budget spent: the rest need not wait
+                    low = max(gap.start, gap.asked_to + 1)
+                    if low <= gap.end:  # answers are coming: ask its start again only later
+                        gap.due = now + self.request_interval
+                else:  # new: it waits request_delay, for reordered datagrams to fill it
+                    low = gap.end + 1
                 while low <= gap.end and budget > 0:
                     high = min(gap.end, low + min(self.request_limit, budget) - 1)
                     self._request(low, high)
                     budget -= high - low + 1
+                    gap.asked_to = high
+                    gap.requested = True
                     low = high + 1
-                gap.requested = True
-                gap.due = now + self.request_interval
             soonest = min(soonest, gap.due)
         # Out of budget with gaps still due: the rest waits a whole interval, not a spin.
         spacing = self.request_interval if budget <= 0 else ROUND_SPACING
@@ -360,6 +371,10 @@ class FyrehoseMachine:
             self.top = seq
         else:
             self._fill(seq)
+            # Half a round's budget came back: the next round goes now, not after a whole
+            # request_interval, so a large gap is recovered as fast as its answers come.
+            if self._recovered >= self.request_budget // 2:
+                self._round_at = min(self._round_at, now)
         self._held[seq] = data
         if seq == self.next:
             self._drain()
@@ -374,6 +389,7 @@ class FyrehoseMachine:
         assert gap.start <= seq <= gap.end, (seq, gap)
         if gap.requested:
             self.stats.recovered += 1
+            self._recovered += 1
         else:
             self.stats.reordered += 1
         if gap.start == gap.end:
@@ -383,7 +399,7 @@ class FyrehoseMachine:
         elif seq == gap.end:
             gap.end -= 1
         else:
-            after = _Gap(seq + 1, gap.end, gap.since, gap.due, gap.requested)
+            after = _Gap(seq + 1, gap.end, gap.since, gap.due, gap.requested, gap.asked_to)
             gap.end = seq - 1
             gaps.insert(i + 1, after)
         if not gaps:

@@ -149,6 +149,32 @@ def test_requests_are_capped_at_the_request_limit_and_budget() -> None:
     assert m.next_tick() == pytest.approx(0.25)
 
 
+def test_the_rest_of_a_large_gap_is_asked_once_half_the_budget_came_back() -> None:
+    m = machine(request_limit=1000, request_budget=2000)
+    deliver(m, 1)
+    deliver(m, 10_002)  # 10,000 missing
+    m.tick(0.05)
+    assert requests(m) == [(2, 1001), (1002, 2001)]
+    deliver(m, 20_000, now=0.06)  # a new gap: it waits its request_delay
+    for seq in range(2, 1001):
+        deliver(m, seq, now=0.07)
+    assert m.next_tick() > 0.07
+    deliver(m, 1001, now=0.07)  # half the budget back: the next round is due now
+    assert m.next_tick() == 0.07
+    m.tick(0.07)
+    assert requests(m) == [(2002, 3001), (3002, 4001)]  # never asked yet; no re-asking
+    m.tick(0.11)
+    assert requests(m) == []  # the budget is spent again
+    for seq in range(1002, 3002):
+        deliver(m, seq, now=0.12)
+    m.tick(0.12)
+    assert requests(m) == [(4002, 5001), (5002, 6001)]
+    m.tick(0.31)
+    assert requests(m) == []  # a spent budget waits a whole interval
+    m.tick(0.32)  # the first gap is due again: asked from its start
+    assert requests(m) == [(3002, 4001), (4002, 5001)]
+
+
 def test_an_unfilled_gap_is_lost_after_gap_seconds_and_delivery_moves_on() -> None:
     m = machine(gap_seconds=3.0)
     deliver(m, 1, now=0.0)
