@@ -24,3 +24,13 @@ def test_make_help_lists_every_phony_target_once() -> None:
     assert sorted(listed) == sorted(phony)
     assert all(len(line.split(maxsplit=1)) == 2 for line in out.splitlines())  # with its text
     assert "PORT=" in out and "VARDIR=" in out  # how to run a second broker
+
+
+def test_the_readme_runs_a_second_broker_with_the_run_targets_variables() -> None:
+    text = (ROOT / "Makefile").read_text()
+    run = re.search(r"^run:.*\n((?:\t.*\n)+)", text, re.M)
+    assert run is not None
+    assert "-p $(PORT)" in run.group(1) and "$(VARDIR)/" in run.group(1)
+    readme = (ROOT / "README.md").read_text()
+    assert "make run PORT=8766 VARDIR=var2" in readme
+    assert "fqd -p 8766 --data-dir var2" in readme
