@@ -177,6 +177,7 @@ class FyrehoseMachine:
         self._tail = (0, -1)
         self._tail_span = PROBE_SPAN
         self._chased = True  # the last tail REQUEST's successor is asked (or never will be)
+        self._tail_limit = request_limit  # lowered when the broker cuts a tail REQUEST short
         self._keepalive_at = now
         self._journal: dict[int, bytes] = {}
         self._journal_order: deque[int] = deque()
@@ -252,6 +253,11 @@ class FyrehoseMachine:
             and self.subscribe
             and now >= max(self._probe_at, self._heard_at + self.probe_after)
         ):
+            low, high = self._tail
+            if not self._chased and low + PROBE_SPAN <= self.top < high:
+                # The chase stalled part way: the broker's request_limit is below ours (or
+                # the stream ended there). Asking no more than it gave keeps the chase going.
+                self._tail_limit = self.top - low + 1
             self._ask_tail(self.top + 1, PROBE_SPAN)
             self.stats.probes += 1
             self._probe_at = now + self.probe_after
@@ -318,7 +324,7 @@ class FyrehoseMachine:
             self._chased = True  # the live stream is past it: gaps ask for the rest
         elif seq >= low + self._tail_span // 2:
             self._chased = True
-            self._ask_tail(high + 1, min(2 * self._tail_span, self.request_limit))
+            self._ask_tail(high + 1, min(2 * self._tail_span, self._tail_limit))
 
     def _request(self, low: int, high: int) -> None:
         addr, port = self.advertise

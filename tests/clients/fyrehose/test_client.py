@@ -250,6 +250,37 @@ def test_a_replay_asks_for_the_next_range_as_soon_as_half_of_one_is_back() -> No
     assert seqs(events(m)) == list(range(1, 294)) and m.stats.probes == 1
 
 
+def test_a_chase_cut_short_by_the_brokers_request_limit_goes_on_below_it() -> None:
+    m = machine(start=1)
+    m.tick(0.0)
+    assert requests(m) == [(1, 64)]
+    for seq in range(1, 130):
+        deliver(m, seq, now=0.01)
+    assert requests(m) == [(65, 192), (193, 448)]
+    for seq in range(130, 493):  # the broker gives 300 of each REQUEST
+        deliver(m, seq, now=0.02)
+    assert requests(m) == [(449, 960)]
+    for seq in range(493, 749):
+        deliver(m, seq, now=0.03)
+    assert requests(m) == [(961, 1984)]
+    for seq in range(961, 1261):
+        deliver(m, seq, now=0.04)
+    assert requests(m) == []  # 300 back, not half of 1024: stalled
+    m.tick(1.04)  # the gap the cut left, and the probe after a second of silence
+    assert requests(m) == [(749, 960), (1261, 1324)]
+    for seq in range(749, 961):
+        deliver(m, seq, now=1.05)
+    for seq in range(1261, 1294):
+        deliver(m, seq, now=1.05)
+    assert requests(m) == [(1325, 1452)]
+    for seq in range(1294, 1390):
+        deliver(m, seq, now=1.05)
+    assert requests(m) == [(1453, 1708)]
+    for seq in range(1390, 1582):
+        deliver(m, seq, now=1.05)
+    assert requests(m) == [(1709, 2008)]  # no more than the broker gave
+
+
 def test_the_live_stream_past_the_last_request_ends_the_chase() -> None:
     m = machine(start=1)
     m.tick(0.0)
@@ -396,11 +427,12 @@ async def test_start_reads_the_history_from_the_window(settings: Settings) -> No
         assert state.served >= 200
 
 
+@pytest.mark.parametrize("request_limit", [4096, 300])
 async def test_start_replays_thousands_of_retained_messages_once_in_order(
-    settings: Settings,
+    settings: Settings, request_limit: int
 ) -> None:
     count = 5000
-    async with backbone(settings) as (broker, state):
+    async with backbone(settings, request_limit=request_limit) as (broker, state):
         host, port = fyrehose_address(broker)
         async with await FyrehoseClient.connect(host, port) as pub, asyncio.timeout(TIMEOUT):
             for first in range(0, count, 500):
