@@ -10,11 +10,11 @@ PORT   ?= 8765
 VARDIR ?= var
 LINTED := fqbroker tests bench pyspark_fqbroker examples/spark setup.py
 
-.PHONY: install accel run test test-pure lint types fmt check bench bench-peers clean node chromium
+.PHONY: install accel run test test-pure lint types fmt check bench bench-peers clean node chromium help
 .PHONY: spark java
 .PHONY: fuzz soak storm authstorm
 
-install: $(STAMP) $(ACCEL_STAMP)
+install: $(STAMP) $(ACCEL_STAMP) ## make the virtualenv (.venv) and install fqbroker in it (the default goal)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,14 +30,14 @@ $(STAMP): pyproject.toml
 ACCEL_SOURCES = $(shell $(PYTHON) -c 'import sys; sys.path.insert(0, "."); \
   from fqbroker.accel import MODULES, source_path; print(*map(source_path, MODULES))')
 
-accel: $(ACCEL_STAMP)
+accel: $(ACCEL_STAMP) ## compile the hot modules with mypyc (pure Python where that fails)
 
 $(ACCEL_STAMP): $(STAMP) setup.py fqbroker/accel.py $(ACCEL_SOURCES)
 	$(PY) setup.py --quiet build_ext --inplace || echo "fqbroker accelerator: not built" >&2
 	touch $@
 
 # The spark extra (pyspark, pyarrow) for fqbroker.spark and tests/spark, and Java for Spark.
-spark: $(SPARK_STAMP) java
+spark: $(SPARK_STAMP) java ## the spark extra (pyspark, pyarrow) and Java 17, for tests/spark
 
 $(SPARK_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,uvloop,spark]'
@@ -45,7 +45,7 @@ $(SPARK_STAMP): $(STAMP)
 
 # Java 17+ for Spark, with apt-get (root, as on CI). Without it tests/spark skip and say
 # why; with CI set this target fails instead, and so would the tests (tests/prereqs.py).
-java:
+java: ## Java 17 with apt-get (root), for Spark
 	@java -version 2>&1 | grep -Eq 'version "(1[7-9]|[2-9][0-9])' || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq openjdk-17-jre-headless </dev/null >/dev/null; } || \
@@ -55,7 +55,7 @@ java:
 # The npm clients the interop tests drive (tests/interop/package.json): fq for the wire
 # tests, lumberjack-protocol and lumberjack-client for the Lumberjack listener. The Python
 # ones (pylogbeat, python-logstash-async, trustme) come with the dev extra in `install`.
-node: $(NODE_STAMP)
+node: $(NODE_STAMP) ## the npm clients the interop tests drive
 
 $(NODE_STAMP): tests/interop/package.json
 	cd tests/interop && npm install --no-audit --no-fund --loglevel=error
@@ -63,15 +63,15 @@ $(NODE_STAMP): tests/interop/package.json
 
 # Headless Chromium for tests/e2e/webui/test_webui.py (needs root for apt-get). Without it the test
 # skips and says why, except with CI set, where it fails (tests/prereqs.py).
-chromium:
+chromium: ## headless Chromium with apt-get (root), for the web UI tests
 	command -v chromium >/dev/null 2>&1 || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium </dev/null; }
 
-run: install
+run: install ## start a broker: make run [PORT=8765] [VARDIR=var]
 	mkdir -p $(VARDIR)
 	exec $(VENV)/bin/fqd -p $(PORT) -n 127.0.0.1 -c $(VARDIR)/fqd.sqlite -q $(VARDIR)/queues
 
-test: install spark node
+test: install spark node ## run every test
 	$(PY) -m pytest -q
 
 # The tests of the compiled modules again, in pure Python (`make test` runs them compiled
@@ -81,25 +81,25 @@ ACCEL_TESTS = $(shell $(PYTHON) -c 'import sys, glob; sys.path.insert(0, "."); \
   from fqbroker.accel import MODULES; \
   print("tests/test_accel.py", *sorted({t for m in MODULES for t in glob.glob( \
     "tests/" + "/".join(m.split(".")[1:-1]) + "/test_" + m.split(".")[-1] + "*.py")}))')
-test-pure: install
+test-pure: install ## the compiled modules' tests again, in pure Python
 	FQBROKER_PURE=1 $(PY) -m pytest -q $(ACCEL_TESTS)
 
-lint: install
+lint: install ## ruff format --check, ruff check and mypy
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/mypy
 
-types: install
+types: install ## mypy
 	$(VENV)/bin/mypy
 
-fmt: install
+fmt: install ## ruff format and ruff check --fix
 	$(VENV)/bin/ruff format $(LINTED)
 	$(VENV)/bin/ruff check --fix $(LINTED)
 
 # What CI runs (.ci/run): lint, types, every test (compiled where the accelerator is built)
 # and the compiled modules' tests in pure Python. Each part runs even when one before
 # it failed, so one run shows every problem; the target fails if any part did.
-check: install
+check: install ## what CI runs: lint, types, test, test-pure
 	@failed=""; \
 	$(VENV)/bin/ruff format --check $(LINTED) || failed="$$failed ruff-format"; \
 	$(VENV)/bin/ruff check $(LINTED) || failed="$$failed ruff-check"; \
@@ -109,12 +109,12 @@ check: install
 	if [ -n "$$failed" ]; then echo "make check failed:$$failed" >&2; exit 1; fi
 
 # The whole table, or some scenarios: make bench BENCH="1to1-100 latency" (see bench/__main__.py).
-bench: install
+bench: install ## the bench table, or some rows: make bench BENCH="1to1-100 latency"
 	$(PY) -m bench $(BENCH)
 
 # The peers the table compares against, from Debian's packages (needs root for apt-get);
 # without them the table says "skipped: not installed".
-bench-peers:
+bench-peers: ## redis-server and nats-server with apt-get (root), for the bench
 	command -v redis-server >/dev/null 2>&1 && command -v nats-server >/dev/null 2>&1 || { \
 	  apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server </dev/null; }
@@ -122,18 +122,22 @@ bench-peers:
 # The reliability suite (docs/reliability.md): each exits non-zero on a failed check.
 # Options after the target's variable, e.g. make soak SOAK="--minutes 5"; broker settings
 # pass through as --setting KEY=VALUE (TOML value) or --fqd-arg ARG.
-fuzz: install
+fuzz: install ## the reliability suite's fuzzer: make fuzz FUZZ="..."
 	$(PY) -m bench.fuzz $(FUZZ)
 
-soak: install
+soak: install ## the soak test: make soak SOAK="--minutes 5"
 	$(PY) -m bench.soak $(SOAK)
 
-storm: install
+storm: install ## the connection storm: make storm STORM="..."
 	$(PY) -m bench.storm $(STORM)
 
-authstorm: install
+authstorm: install ## the login storm: make authstorm AUTHSTORM="..."
 	$(PY) -m bench.authstorm $(AUTHSTORM)
 
-clean:
+# Every target with its `## ` text, one a line.
+help: ## list the targets
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+clean: ## remove the virtualenv, var/, node_modules and build files
 	rm -rf $(VENV) var tests/interop/node_modules .pytest_cache .mypy_cache .ruff_cache build
 	find fqbroker -name '*.so' -delete; rm -f fqbroker/_compiled.json

@@ -21,6 +21,10 @@ See docs/spark-cluster.md for running it with spark-submit on a standalone clust
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
+import threading
+import time
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -98,6 +102,37 @@ def start(spark: SparkSession, args: argparse.Namespace) -> Any:
     return writer.trigger(processingTime=f"{args.trigger_seconds} seconds").start()
 
 
+def run_until_interrupted(query: Any) -> bool:
+    """Wait for the query to end; True if Ctrl-C (SIGINT) ended the wait instead.
+
+    The signal only sets a flag: raised inside py4j's read (what pyspark's own handler
+    does) it leaves pages of traceback and a gateway mid-answer. The wait polls
+    once a second so the flag is seen; a second Ctrl-C interrupts at once."""
+    interrupted = threading.Event()
+
+    def on_sigint(signum: int, frame: object) -> None:
+        interrupted.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        while not interrupted.is_set():
+            if query.awaitTermination(1):
+                return False
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return True
+
+
+def stop_between_batches(query: Any, wait: float = 30.0) -> None:
+    """Stop the query while it waits for its next trigger: interrupted inside one, Spark
+    prints pages of Java stack on its way out."""
+    deadline = time.monotonic() + wait
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    query.stop()
+
+
 def totals(spark: SparkSession, output: str) -> DataFrame:
     """The batches' counts summed: one row per minute, exchange and route."""
     return (
@@ -118,7 +153,13 @@ def main(argv: list[str] | None = None) -> None:
     # Not needed where pyspark_fqbroker is installed (Spark finds "fq" itself); harmless.
     spark.dataSource.register(FqDataSource)
     query = start(spark, args)
-    query.awaitTermination()
+    if run_until_interrupted(query):
+        spark.sparkContext.setLogLevel("ERROR")  # its warnings about stopping: we mean to
+        stop_between_batches(query)
+        spark.stop()
+        print("route_stats: stopped (Ctrl-C); run it again to go on from the checkpoint",
+              file=sys.stderr)  # fmt: skip
+        return
     if query.exception() is not None:
         raise SystemExit(f"query failed: {query.exception()}")
     if args.show:

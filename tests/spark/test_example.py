@@ -1,15 +1,21 @@
-"""The example pipeline (examples/spark/route_stats.py) on a small input, output checked."""
+"""The example pipeline (examples/spark/route_stats.py) on a small input, output checked;
+and stopped with Ctrl-C as the README says, with one line."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.procs import ROOT
+from tests.procs import ENV, ROOT
 from tests.spark.conftest import QUERY_TIMEOUT, FqBroker, publish
 
 pytestmark = pytest.mark.spark
@@ -53,3 +59,38 @@ def test_route_stats_counts_messages_and_bytes_per_route_and_minute(
         counts[0] += row.messages
         counts[1] += row.bytes
     assert per_route == {route: [n, n * size] for route, (n, size) in sizes.items()}
+
+
+def test_route_stats_stops_on_ctrl_c_with_one_line(fq: FqBroker, tmp_path: Path) -> None:
+    # As the README runs it, in a process group of its own that gets the SIGINT a
+    # terminal's Ctrl-C sends (Spark's JVM, started by pyspark, ignores it).
+    err_path = tmp_path / "stderr"
+    checkpoint = tmp_path / "ckpt"
+    env = {**ENV, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    with err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "examples" / "spark" / "route_stats.py"),
+             "--port", str(fq.port), "--exchange", "ctrl-c", "--trigger-seconds", "1",
+             "--output", str(tmp_path / "out"), "--checkpoint", str(checkpoint)],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + QUERY_TIMEOUT
+        while not (checkpoint / "metadata").exists():  # the query has started
+            assert proc.poll() is None, err_path.read_text()
+            assert time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.2)
+        time.sleep(2)  # a trigger or two
+        before = err_path.stat().st_size
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    after = err_path.read_bytes()[before:].decode(errors="replace")
+    # What a terminal shows: a progress bar redrawn with \r leaves its last state only.
+    lines = [s for line in after.split("\n") if (s := line.split("\r")[-1].strip())]
+    assert "Traceback" not in after and "Exception" not in after, after
+    assert len(lines) <= 3, after
+    assert lines[-1].startswith("route_stats: stopped (Ctrl-C)"), after

@@ -2,10 +2,11 @@
 
 :class:`FyrehoseMachine` takes datagrams in (with their source address and the time) and
 gives datagrams out (with their destination) and events: KEEPALIVEs (the final form, with
-a random token), in-order delivery with gaps held and REQUESTed, the tail probe, the
-journal that answers FORWARDs, and PUSHes confirmed when their bytes come back in the
-stream. Every timer runs off the ``now`` its caller passes, so tests drive hours of
-protocol in microseconds. Events: :class:`Delivered`, :class:`Lost`, :class:`Confirmed`.
+a random token), in-order delivery with gaps held and REQUESTed, the tail probe (chased
+while its answers come back, so a replay runs at the speed of the wire), the journal that
+answers FORWARDs, and PUSHes confirmed when their bytes come back in the stream. Every timer
+runs off the ``now`` its caller passes, so tests drive hours of protocol in microseconds.
+Events: :class:`Delivered`, :class:`Lost`, :class:`Confirmed`.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class _Gap:
     since: float  # when it appeared: given up at since + gap_seconds
     due: float  # next REQUEST
     requested: bool = False
+    asked_to: int = 0  # asked up to here since ``due`` was set: the rest need not wait for it
 
 
 @dataclass(eq=False, slots=True)
@@ -164,9 +166,18 @@ class FyrehoseMachine:
         self.top = 0 if start is None else start - 1
         self._held: dict[int, bytes] = {}
         self._gaps: list[_Gap] = []
+        self._recovered = 0  # requested messages come back since the last request round
         self._round_at = float("inf")
         self._heard_at = float("-inf")  # the last DELIVER: the probe waits for silence
         self._probe_at = now  # with ``start`` the first tick asks for history at once
+        # The last tail REQUEST (probe or chase) and its span. Once half of it has come
+        # back the broker has more history than we have seen: the next one goes at once,
+        # up to twice as long, so a replay keeps a REQUEST in flight instead of waiting a
+        # second of silence per probe.
+        self._tail = (0, -1)
+        self._tail_span = PROBE_SPAN
+        self._chased = True  # the last tail REQUEST's successor is asked (or never will be)
+        self._tail_limit = request_limit  # lowered when the broker cuts a tail REQUEST short
         self._keepalive_at = now
         self._journal: dict[int, bytes] = {}
         self._journal_order: deque[int] = deque()
@@ -242,8 +253,12 @@ class FyrehoseMachine:
             and self.subscribe
             and now >= max(self._probe_at, self._heard_at + self.probe_after)
         ):
-            first = self.top + 1
-            self._request(first, min(first + PROBE_SPAN - 1, wire.MAX_SEQUENCE))
+            low, high = self._tail
+            if not self._chased and low + PROBE_SPAN <= self.top < high:
+                # The chase stalled part way: the broker's request_limit is below ours (or
+                # the stream ended there). Asking no more than it gave keeps the chase going.
+                self._tail_limit = self.top - low + 1
+            self._ask_tail(self.top + 1, PROBE_SPAN)
             self.stats.probes += 1
             self._probe_at = now + self.probe_after
         self._resend(now)
@@ -268,20 +283,48 @@ class FyrehoseMachine:
     def _request_round(self, now: float) -> None:
         budget = self.request_budget
         soonest = float("inf")
+        self._recovered = 0
         for gap in self._gaps:
-            if gap.due <= now and budget > 0:
-                low = gap.start
+            if budget > 0:
+                if gap.due <= now:
+                    low = gap.start
+                    gap.due = now + self.request_interval
+                elif gap.requested:  # asked in part, the budget spent: the rest need not wait
+                    low = max(gap.start, gap.asked_to + 1)
+                    if low <= gap.end:  # answers are coming: ask its start again only later
+                        gap.due = now + self.request_interval
+                else:  # new: it waits request_delay, for reordered datagrams to fill it
+                    low = gap.end + 1
                 while low <= gap.end and budget > 0:
                     high = min(gap.end, low + min(self.request_limit, budget) - 1)
                     self._request(low, high)
                     budget -= high - low + 1
+                    gap.asked_to = high
+                    gap.requested = True
                     low = high + 1
-                gap.requested = True
-                gap.due = now + self.request_interval
             soonest = min(soonest, gap.due)
         # Out of budget with gaps still due: the rest waits a whole interval, not a spin.
         spacing = self.request_interval if budget <= 0 else ROUND_SPACING
         self._round_at = max(soonest, now + spacing) if self._gaps else float("inf")
+
+    def _ask_tail(self, low: int, span: int) -> None:
+        if low > wire.MAX_SEQUENCE:
+            return
+        high = min(low + span - 1, wire.MAX_SEQUENCE)
+        self._request(low, high)
+        self._tail = (low, high)
+        self._tail_span = span
+        self._chased = False
+
+    def _chase(self, seq: int) -> None:
+        """``seq`` arrived: if it answers the upper half of the last tail REQUEST, ask for
+        the range after it now (the broker cuts each REQUEST at its request_limit)."""
+        low, high = self._tail
+        if seq > high:
+            self._chased = True  # the live stream is past it: gaps ask for the rest
+        elif seq >= low + self._tail_span // 2:
+            self._chased = True
+            self._ask_tail(high + 1, min(2 * self._tail_span, self._tail_limit))
 
     def _request(self, low: int, high: int) -> None:
         addr, port = self.advertise
@@ -324,6 +367,8 @@ class FyrehoseMachine:
         if seq in self._held:
             self.stats.duplicates += 1
             return
+        if not self._chased:
+            self._chase(seq)
         if seq > self.top:
             if seq > self.top + 1:
                 gap = _Gap(self.top + 1, seq - 1, now, now + self.request_delay)
@@ -332,6 +377,10 @@ class FyrehoseMachine:
             self.top = seq
         else:
             self._fill(seq)
+            # Half a round's budget came back: the next round goes now, not after a whole
+            # request_interval, so a large gap is recovered as fast as its answers come.
+            if self._recovered >= self.request_budget // 2:
+                self._round_at = min(self._round_at, now)
         self._held[seq] = data
         if seq == self.next:
             self._drain()
@@ -346,6 +395,7 @@ class FyrehoseMachine:
         assert gap.start <= seq <= gap.end, (seq, gap)
         if gap.requested:
             self.stats.recovered += 1
+            self._recovered += 1
         else:
             self.stats.reordered += 1
         if gap.start == gap.end:
@@ -355,7 +405,7 @@ class FyrehoseMachine:
         elif seq == gap.end:
             gap.end -= 1
         else:
-            after = _Gap(seq + 1, gap.end, gap.since, gap.due, gap.requested)
+            after = _Gap(seq + 1, gap.end, gap.since, gap.due, gap.requested, gap.asked_to)
             gap.end = seq - 1
             gaps.insert(i + 1, after)
         if not gaps:

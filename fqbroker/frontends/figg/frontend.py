@@ -103,7 +103,7 @@ FIGG: FrontEnd[Any] = FrontEnd(
     name="figg",
     reach=OwnPort(_address, _open, tls=_tls),
     describe=_describe,
-    summary="Figg (seed 004): retained topics, publish with ACK, subscribe from an offset",
+    summary="Figg: retained topics, publish with ACK, subscribe from an offset",
     settings=Figg,
     flags=(
         Flag(

@@ -73,7 +73,7 @@ def _counters() -> Counters[Any, Any]:
 FYREHOSE: FrontEnd[Any] = FrontEnd(
     name="fyrehose",
     reach=Datagrams(_address, _open),
-    summary="fyrehose (seed 000): sequenced UDP pub/sub with gap recovery, bridged to an exchange",
+    summary="fyrehose: sequenced UDP pub/sub with gap recovery, bridged to an exchange",
     settings=Fyrehose,
     flags=(
         Flag(

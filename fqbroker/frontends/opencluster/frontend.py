@@ -119,7 +119,7 @@ OPENCLUSTER: FrontEnd[Any] = FrontEnd(
     reach=OwnPort(_address, _open, tls=_tls),
     describe=_describe,
     state=_state,
-    summary="OpenCluster (seed 001): a durable key/value store, int and string values with expiry",
+    summary="OpenCluster: a durable key/value store, int and string values with expiry",
     settings=OpenCluster,
     flags=(
         Flag(

@@ -149,6 +149,32 @@ def test_requests_are_capped_at_the_request_limit_and_budget() -> None:
     assert m.next_tick() == pytest.approx(0.25)
 
 
+def test_the_rest_of_a_large_gap_is_asked_once_half_the_budget_came_back() -> None:
+    m = machine(request_limit=1000, request_budget=2000)
+    deliver(m, 1)
+    deliver(m, 10_002)  # 10,000 missing
+    m.tick(0.05)
+    assert requests(m) == [(2, 1001), (1002, 2001)]
+    deliver(m, 20_000, now=0.06)  # a new gap: it waits its request_delay
+    for seq in range(2, 1001):
+        deliver(m, seq, now=0.07)
+    assert m.next_tick() > 0.07
+    deliver(m, 1001, now=0.07)  # half the budget back: the next round is due now
+    assert m.next_tick() == 0.07
+    m.tick(0.07)
+    assert requests(m) == [(2002, 3001), (3002, 4001)]  # never asked yet; no re-asking
+    m.tick(0.11)
+    assert requests(m) == []  # the budget is spent again
+    for seq in range(1002, 3002):
+        deliver(m, seq, now=0.12)
+    m.tick(0.12)
+    assert requests(m) == [(4002, 5001), (5002, 6001)]
+    m.tick(0.31)
+    assert requests(m) == []  # a spent budget waits a whole interval
+    m.tick(0.32)  # the first gap is due again: asked from its start
+    assert requests(m) == [(3002, 4001), (4002, 5001)]
+
+
 def test_an_unfilled_gap_is_lost_after_gap_seconds_and_delivery_moves_on() -> None:
     m = machine(gap_seconds=3.0)
     deliver(m, 1, now=0.0)
@@ -202,6 +228,68 @@ def test_the_tail_probe_runs_after_a_second_of_silence() -> None:
     m.tick(7.0)
     assert requests(m) == [(42, 105)]
     assert m.stats.probes == 2
+
+
+def test_a_replay_asks_for_the_next_range_as_soon_as_half_of_one_is_back() -> None:
+    m = machine(start=1, request_limit=200)
+    m.tick(0.0)
+    assert requests(m) == [(1, 64)]
+    for seq in range(1, 33):
+        deliver(m, seq, now=0.01)
+    assert requests(m) == []  # not half of it yet
+    deliver(m, 33, now=0.01)
+    assert requests(m) == [(65, 192)]  # at once, twice as long, not after a second
+    for seq in range(34, 129):
+        deliver(m, seq, now=0.02)
+    assert requests(m) == []
+    deliver(m, 129, now=0.02)
+    assert requests(m) == [(193, 392)]  # capped at the request limit
+    for seq in range(130, 294):
+        deliver(m, seq, now=0.03)
+    assert requests(m) == [(393, 592)]
+    assert seqs(events(m)) == list(range(1, 294)) and m.stats.probes == 1
+
+
+def test_a_chase_cut_short_by_the_brokers_request_limit_goes_on_below_it() -> None:
+    m = machine(start=1)
+    m.tick(0.0)
+    assert requests(m) == [(1, 64)]
+    for seq in range(1, 130):
+        deliver(m, seq, now=0.01)
+    assert requests(m) == [(65, 192), (193, 448)]
+    for seq in range(130, 493):  # the broker gives 300 of each REQUEST
+        deliver(m, seq, now=0.02)
+    assert requests(m) == [(449, 960)]
+    for seq in range(493, 749):
+        deliver(m, seq, now=0.03)
+    assert requests(m) == [(961, 1984)]
+    for seq in range(961, 1261):
+        deliver(m, seq, now=0.04)
+    assert requests(m) == []  # 300 back, not half of 1024: stalled
+    m.tick(1.04)  # the gap the cut left, and the probe after a second of silence
+    assert requests(m) == [(749, 960), (1261, 1324)]
+    for seq in range(749, 961):
+        deliver(m, seq, now=1.05)
+    for seq in range(1261, 1294):
+        deliver(m, seq, now=1.05)
+    assert requests(m) == [(1325, 1452)]
+    for seq in range(1294, 1390):
+        deliver(m, seq, now=1.05)
+    assert requests(m) == [(1453, 1708)]
+    for seq in range(1390, 1582):
+        deliver(m, seq, now=1.05)
+    assert requests(m) == [(1709, 2008)]  # no more than the broker gave
+
+
+def test_the_live_stream_past_the_last_request_ends_the_chase() -> None:
+    m = machine(start=1)
+    m.tick(0.0)
+    assert requests(m) == [(1, 64)]
+    deliver(m, 100, now=0.01)  # live: no REQUEST asked for it
+    deliver(m, 50, now=0.01)
+    assert requests(m) == []
+    m.tick(0.1)
+    assert requests(m) == [(1, 49), (51, 99)]  # the gaps, as any gap
 
 
 def test_requests_name_the_advertised_address() -> None:
@@ -337,6 +425,28 @@ async def test_start_reads_the_history_from_the_window(settings: Settings) -> No
                 got = [await late.next() for _ in range(200)]
         assert got == [Delivered(seq, b"h%d" % (seq - 1)) for seq in range(101, 301)]
         assert state.served >= 200
+
+
+@pytest.mark.parametrize("request_limit", [4096, 300])
+async def test_start_replays_thousands_of_retained_messages_once_in_order(
+    settings: Settings, request_limit: int
+) -> None:
+    count = 5000
+    async with backbone(settings, request_limit=request_limit) as (broker, state):
+        host, port = fyrehose_address(broker)
+        async with await FyrehoseClient.connect(host, port) as pub, asyncio.timeout(TIMEOUT):
+            for first in range(0, count, 500):
+                got = await asyncio.gather(
+                    *(pub.publish_nowait(b"r%d" % i) for i in range(first, first + 500))
+                )
+                assert sorted(got) == list(range(first + 1, first + 501))  # type: ignore[type-var]
+        assert state.retained_messages == count
+        # Generous: the replay takes well under a second; at a probe a second it took 78 s.
+        async with await FyrehoseClient.connect(host, port, start=1) as late:
+            async with asyncio.timeout(60):
+                got_all = [await late.next() for _ in range(count)]
+            assert got_all == [Delivered(seq, b"r%d" % (seq - 1)) for seq in range(1, count + 1)]
+            assert late.lost == []
 
 
 async def test_close_unsubscribes_at_once_and_ends_everything(settings: Settings) -> None:

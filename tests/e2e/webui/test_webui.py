@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fqbroker.server.broker import Broker
+from fqbroker.version import FQ_COMPAT_VERSION, __version__
 from tests.conftest import Session, open_session
 from tests.e2e.webui.browser import Chromium as Chromium
 from tests.e2e.webui.browser import Page as Page
@@ -57,11 +58,21 @@ FRONTENDS_STATE = """
     name: card.dataset.frontend,
     transport: card.dataset.transport,
     address: card.querySelector(".address").textContent,
+    summary: card.querySelector(".summary").textContent,
     open: Number(card.querySelector('[data-field="open"]').dataset.value),
     heads: [...card.querySelectorAll("thead th")].map(th => th.textContent),
     rows: [...card.querySelectorAll("tbody tr")].map(
       tr => [...tr.children].map(td => td.textContent)),
   }));
+})()
+"""
+
+# The header's version, once /node.json has come (the node panel shows then).
+HEADER_VERSION = """
+(() => {
+  if (document.getElementById("node-panel").hidden) return null;
+  const el = document.getElementById("version");
+  return { text: el.textContent, title: el.title };
 })()
 """
 
@@ -138,6 +149,18 @@ async def test_web_ui_shows_a_new_queue_and_its_live_rate(broker: Broker, tmp_pa
                 " return s && s.length && s[0].open >= 2 ? s : null; })()"
             )
             names = [f["name"] for f in fronts]
+            # Plain names: what people call the protocols, nothing of where they came from.
+            summaries = {f["name"]: f["summary"] for f in fronts}
+            assert summaries["figg"].startswith("Figg: "), summaries
+            assert summaries["opencluster"].startswith("OpenCluster: "), summaries
+            assert summaries["fyrehose"].startswith("fyrehose: "), summaries
+            assert not [s for s in summaries.values() if "seed" in s], summaries
+            # The header names fqbroker's release, not the fq protocol's version.
+            header = await page.wait_for(HEADER_VERSION)
+            assert header == {
+                "text": f"fqbroker {__version__}",
+                "title": f"fq protocol {FQ_COMPAT_VERSION}",
+            }
             assert names == [
                 "fq-command",
                 "fq-data",

@@ -353,7 +353,6 @@ function render(stats, r) {
   lastStats = stats;
   lastRates = r;
   const agg = stats.exchanges._aggregate || {};
-  setText(document.getElementById("version"), "v" + stats.version);
   const aggRate = document.getElementById("agg-rate");
   aggRate.dataset.value = String(r.get("a:messages"));
   setText(aggRate, fmtRate(r.get("a:messages")));

@@ -31,7 +31,11 @@ function render(node) {
   field("node-id", node.node_id, node.node_id, `${node.hostname} · pid ${node.pid}`);
   field("hostname", node.hostname, `${node.hostname} · pid ${node.pid}`);
   field("version", node.version, "fqbroker " + node.version, `Python ${node.python}`);
-  field("fq-version", node.fq_version, "fq " + node.fq_version);
+  field("fq-version", node.fq_version, "fq protocol " + node.fq_version);
+  // The header names this broker's release; the fq protocol it speaks is its title.
+  const header = document.getElementById("version");
+  setText(header, "fqbroker " + node.version);
+  header.title = "fq protocol " + node.fq_version;
   tickUptime();
   field("rss", node.rss_bytes, node.rss_bytes == null ? "–" : fmtBytes(node.rss_bytes));
   field(
