@@ -85,6 +85,13 @@ async def test_a_second_fqd_on_a_store_in_use_refuses_and_the_first_keeps_it(
                 f"fqd: {taken} is in use by another fqd (pid {first.proc.pid}): {ADVICE}"
             )
 
+            # fq-admin -c on the running broker's database takes no lock and works on.
+            admin = await Proc.start(
+                "-m", "fqbroker.cli.admin", "-c", str(config_db), "user", "list"
+            )
+            status, _out, err = await admin.finish()
+            assert status == 0, err
+
             await publish_confirmed(port, 501, 500)  # the first serves on
             await stop(first)
             first = await start(config_db, queue_dir)
