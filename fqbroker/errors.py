@@ -173,6 +173,15 @@ class ConfigError(FqError, ValueError):
     message names the file (settings/broker.py, cli/fqd.py)."""
 
 
+class StoreInUse(FqError, OSError):
+    """Another fqd holds the lock of a queue directory or config database this one was
+    given: fqd does not start (storage/lock.py). ``pid`` is the holder's, or None."""
+
+    def __init__(self, text: str, pid: int | None) -> None:
+        super().__init__(text)
+        self.pid = pid
+
+
 # --- the clients': what a broker's answer can cause ----------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 Bad input (a flag, a setting, a settings file, a config database fqd cannot open, two
 front ends on one address) is one line on stderr and exit 2; a failure to run (a port in
-use) one line and exit 1; ``FQBROKER_DEBUG=1`` adds the traceback (fqbroker/cli/console.py).
+use, a store another fqd holds) one line and exit 1; ``FQBROKER_DEBUG=1`` adds the
+traceback (fqbroker/cli/console.py).
 
 The front ends' part of fqd (their flags, their tables in ``--print-config``, their
 "listening on port" lines, the files and addresses checked at start) comes from the
@@ -35,6 +36,7 @@ from fqbroker.settings.broker import DEFAULT_PORT, Settings, debug_flags
 from fqbroker.settings.datadir import sample_config
 from fqbroker.settings.section import reference, sample
 from fqbroker.storage.files import private_dirs
+from fqbroker.storage.lock import held
 
 __all__ = ["fqd", "printed_config", "settings_from_args", "settings_reference"]
 
@@ -347,9 +349,12 @@ def _main(argv: Sequence[str] | None, front_ends: Table = FRONT_ENDS) -> int:
     _check_settings(settings, front_ends)
     _raise_descriptor_limit()
     _fix_malloc_thresholds()
-    runner = _event_loop_runner()
-    with runner:
-        runner.run(_run(settings, front_ends))
+    # Before anything opens the store: a second fqd on it would write over this one's
+    # records (storage/lock.py).
+    with held(settings):
+        runner = _event_loop_runner()
+        with runner:
+            runner.run(_run(settings, front_ends))
     return 0
 
 
