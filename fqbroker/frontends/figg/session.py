@@ -86,10 +86,11 @@ class FiggSession(PublishingSession, asyncio.Protocol):
     **Ending.** Bad input (a bad frame, a topic name empty or over 127 bytes, a server's
     frame) is logged, counted as bad input and closes the connection; so does a topic the
     broker cannot create (past ``max_topics``). ``idle_seconds`` without a byte from the
-    client while we read closes it too: the listeners' idle limit, told by ``last_input``.
+    client while we read, and no DATA to it, closes it too: the listeners' idle limit,
+    told by ``last_input``.
     """
 
-    __slots__ = ("config", "delivered", "permissions", "subscriptions", "writable")
+    __slots__ = ("_looked", "config", "delivered", "permissions", "subscriptions", "writable")
 
     FRONTEND = "figg"
     TITLE = "Figg"
@@ -118,6 +119,7 @@ class FiggSession(PublishingSession, asyncio.Protocol):
         self.writable = asyncio.Event()
         self.writable.set()
         self.delivered = 0  # DATA frames sent, for /frontends.json
+        self._looked = 0  # ``delivered`` when the idle limit last looked
 
     # --- what /frontends.json shows -------------------------------------------------------
 
@@ -133,8 +135,18 @@ class FiggSession(PublishingSession, asyncio.Protocol):
 
     def last_input(self) -> float | None:
         """When input last came (loop time), or None while we are the ones not reading it:
-        what the listeners' idle limit reads (server.frontend.Watched)."""
-        return None if self._holds else self.machine.last_input
+        what the listeners' idle limit reads (server.frontend.Watched).
+
+        DATA sent since the limit last looked counts as now: the Figg protocol has no
+        PING, so a subscriber that only reads is not idle while messages reach it. The
+        limit looks once a period, so this costs nothing per message."""
+        if self._holds:
+            return None
+        delivered = self.delivered
+        if delivered != self._looked:
+            self._looked = delivered
+            return asyncio.get_running_loop().time()
+        return self.machine.last_input
 
     # --- protocol -------------------------------------------------------------------------
 

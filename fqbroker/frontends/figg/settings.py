@@ -34,7 +34,7 @@ segment being written always stays. Segments are segment_bytes each."""
 _MAX_TOPICS = "Topics the broker keeps; past it, messages to new topics are dropped and counted."
 _MAX_FRAME = """\
 A Figg frame whose payload is longer closes that connection; so does a connection that
-sent nothing, not even a PING, for idle_seconds."""
+sent nothing, not even a PING, and was sent no DATA, for idle_seconds."""
 # "always" by default, where disk queues default to "interval": every Figg publish waits
 # for its ACK, and an ACK waits for the fsync, so "interval" caps a client's window.
 _FSYNC = """\
@@ -132,7 +132,10 @@ class Figg(Section):
         positive=True,
     )  # fmt: skip
     idle_seconds: float = setting(
-        30.0, "a connection that sent nothing this long is closed", comment="", positive=True
+        30.0,
+        "a connection with no frame either way this long is closed",
+        comment="",
+        positive=True,
     )
     fsync: str = setting(
         "always", "topics' fsync: always, interval or never", comment=_FSYNC,

@@ -344,6 +344,27 @@ async def test_idle_connections_close_and_pinging_ones_stay_10_seconds(
             assert await pinging.next() == Pong(n)
 
 
+async def test_a_subscriber_that_only_reads_stays_while_data_flows_to_it(
+    settings: Settings,
+) -> None:
+    # The Figg protocol text has no PING: a reader that sends nothing but its ATTACH is
+    # not idle while DATA reaches it, only once nothing flows either way.
+    figg = on(settings, "figg", idle_seconds=1.0)
+    async with running(figg) as broker, conn(broker) as reader, conn(broker) as writer:
+        await reader.send(Attach(b"live", None))
+        assert isinstance(await reader.next(), Attached)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 4.0
+        seq = 0
+        while loop.time() < end:
+            await publish(writer, b"live", [b"m%d" % seq], seq)
+            frame = await reader.next()
+            assert isinstance(frame, Data) and frame.data == b"m%d" % seq, frame
+            seq += 1
+            await asyncio.sleep(0.3)
+        await reader.closed_by_broker()  # nothing flows now: idle as any connection
+
+
 @pytest.mark.parametrize(
     "bad",
     [
