@@ -249,13 +249,20 @@ class InputSide:
         )  # fmt: skip
         self.close()
 
-    async def _wait_for_budget(self, grow: int) -> None:
+    async def _acquire(self, grow: int) -> _Input | None:
+        """Wait for ``grow`` more of the share; the input, or None if the channel closed
+        meanwhile (what was granted is given back)."""
         input_ = self._input()
-        share = input_.share
-        await share.acquire(grow)
+        await input_.share.acquire(grow)
         input_.waiting = None
         if self.phase is Phase.CLOSED:
-            share.release()  # closed between its wake-up and now
+            input_.share.release()  # closed between its wake-up and now
+            return None
+        return input_
+
+    async def _wait_for_budget(self, grow: int) -> None:
+        input_ = await self._acquire(grow)
+        if input_ is None:
             return
         self._watch(input_)
         if input_.eof:
@@ -279,12 +286,8 @@ class InputSide:
         return False
 
     async def _wait_to_decode(self, grow: int) -> None:
-        input_ = self._input()
-        share = input_.share
-        await share.acquire(grow)
-        input_.waiting = None
-        if self.phase is Phase.CLOSED:
-            share.release()  # closed between its wake-up and now
+        input_ = await self._acquire(grow)
+        if input_ is None:
             return
         self._pump()  # decoded now; the queues count what it published
         if input_.waiting is not None or self.phase is not Phase.STREAMING:
