@@ -54,6 +54,16 @@ async def stop(fqd: Proc) -> None:
     await fqd.proc.wait()
 
 
+async def filled(proc: Proc, count: int) -> int:
+    """Once ``proc`` listens: its queue bound for good and ``count`` messages confirmed
+    into it (1 to ``count``); its port."""
+    port = await listening(proc)
+    async with Client(port=port, source=SOURCE, reconnect=False) as setup:
+        await setup.bind(b"keep", b"prefix:", 0x0110)
+    await publish_confirmed(port, 1, count)
+    return port
+
+
 # What the second fqd shares with the first: both, only the queue directory, only the
 # config database (each case names the one it finds taken first).
 SHARED = ["both", "queue_dir", "config_db"]
@@ -70,10 +80,7 @@ async def test_a_second_fqd_on_a_store_in_use_refuses_and_the_first_keeps_it(
     first = await start(config_db, queue_dir)
     try:
         async with asyncio.timeout(60):
-            port = await listening(first)
-            async with Client(port=port, source=SOURCE, reconnect=False) as setup:
-                await setup.bind(b"keep", b"prefix:", 0x0110)
-            await publish_confirmed(port, 1, 500)
+            port = await filled(first, 500)
 
             second = await start(other_db, other_q)
             try:
@@ -107,10 +114,7 @@ async def test_after_kill_9_a_new_fqd_starts_on_the_same_store(tmp_path: Path) -
     first = await start(config_db, queue_dir)
     try:
         async with asyncio.timeout(60):
-            port = await listening(first)
-            async with Client(port=port, source=SOURCE, reconnect=False) as setup:
-                await setup.bind(b"keep", b"prefix:", 0x0110)
-            await publish_confirmed(port, 1, 100)
+            port = await filled(first, 100)
             first.proc.kill()
             await first.proc.wait()
             # The kernel dropped the lock with the process; its pid left in the file is stale.
