@@ -35,6 +35,7 @@ from fqbroker.settings.broker import Settings, is_loopback, resolve_node_id
 from fqbroker.storage.configdb.catalog import Catalog
 from fqbroker.storage.configdb.state import ConfigStore
 from fqbroker.storage.configdb.users import Users
+from fqbroker.storage.diskalarm import DiskAlarm
 from fqbroker.storage.files import exposed
 
 if TYPE_CHECKING:
@@ -66,8 +67,16 @@ class Broker:
         self.settings = settings or Settings()
         self.node_id = resolve_node_id(self.settings.node_id)
         self.router = Router(self._rule_registry())
+        # Free space of what the broker writes to, below which writes are refused or held
+        # back (docs/reliability.md, "Disk alarm"); the stores add their directories.
+        self.disk_alarm = DiskAlarm(
+            self.settings.disk_free_limit,
+            (self.settings.queue_dir, self.settings.config_db.parent),
+        )
         log.info("Opening configdb %s", self.settings.config_db)
-        self.catalog = Catalog(self.settings, self.router, ConfigStore(self.settings.config_db))
+        self.catalog = Catalog(
+            self.settings, self.router, ConfigStore(self.settings.config_db), self.disk_alarm
+        )
         self.queues: dict[bytes, Queue] = self.catalog.queues
         self.budget = self.catalog.budget  # memory held for publishers (docs/memory.md)
         self.established = self.catalog.restore()
@@ -80,7 +89,9 @@ class Broker:
             from fqbroker.storage.topics.retained import Topics
 
             config = topic_config(self.settings)
-            self.topics = Topics(config, self.router, self.catalog.dirty, self.catalog.budget)
+            self.topics = Topics(
+                config, self.router, self.catalog.dirty, self.catalog.budget, self.disk_alarm
+            )
         self.limits = Limits(self.settings, self.queues)
         # Users and their permissions under auth = "password" (docs/security.md); their
         # tables live in the config database beside fqd's.
@@ -153,6 +164,7 @@ class Broker:
         install_exception_handler(loop, self.limits, self._is_ours)
         if self.topics is not None:
             self.topics.start()
+        self.disk_alarm.start()  # looks once now: set before the first publisher comes
         await self.listeners.start()
         self.port = self.listeners.port
         log.info("Listening on port: %d", self.port)
@@ -166,6 +178,7 @@ class Broker:
         if self._stopped:
             return
         self._stopped = True
+        self.disk_alarm.stop()
         if self._route_sampler is not None:
             self._route_sampler.cancel()
             self._loop = None

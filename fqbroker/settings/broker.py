@@ -27,6 +27,7 @@ __all__ = [
     "Settings",
     "Upstream",
     "debug_flags",
+    "free_limit",
     "register",
     "registered",
     "resolve_node_id",
@@ -172,6 +173,10 @@ class Settings:
     fsync: str = "interval"  # disk queues: always | interval | never
     fsync_interval_ms: float = 5.0  # group-commit window for fsync = "interval"
     segment_bytes: int = 64 << 20  # disk-queue segment file size
+    # Free space below which publishers into disk queues and topics are held back or
+    # refused (docs/reliability.md, "Disk alarm"): bytes, a size ("1GiB") or a share of
+    # the file system ("5%"); 0: off.
+    disk_free_limit: int | str = "256MiB"
     admin_token: str = ""  # when set, /submit, checkpoints and /shutdown need it
     # --- HTTP reads (docs/security.md) ---
     http_auth_reads: bool = False  # /stats.json, /metrics, /queue/*, /topic/*, the UI need auth
@@ -351,6 +356,7 @@ class Settings:
         for name in _NOT_NEGATIVE:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be 0 or more, not {getattr(self, name)!r}")
+        free_limit(self.disk_free_limit)
         if self.fsync not in ("always", "interval", "never"):
             raise ValueError(f"fsync must be always, interval or never, not {self.fsync!r}")
         if not isinstance(self.modules, list) or not all(isinstance(m, str) for m in self.modules):
@@ -418,6 +424,45 @@ _NOT_NEGATIVE = (
     "max_reserved_per_connection", "max_reserved_per_user", "partial_message_seconds",
 )  # fmt: skip
 _KIND_NAMES = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false"}
+
+
+_UNITS = {
+    "": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
+    "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4,
+    "tib": 1 << 40,
+}  # fmt: skip
+
+
+def free_limit(value: object) -> tuple[int, float]:
+    """``disk_free_limit`` read: (bytes, 0.0) for a size, (0, fraction) for a share of the
+    file system ("5%"), (0, 0.0) for off; ValueError naming the setting otherwise."""
+    wrong = ValueError(
+        f'disk_free_limit must be bytes, a size such as "1GiB" or a share such as "5%",'
+        f" not {value!r}"
+    )
+    if isinstance(value, bool):
+        raise wrong
+    if isinstance(value, int):
+        if value < 0:
+            raise wrong
+        return value, 0.0
+    if not isinstance(value, str):
+        raise wrong
+    text = value.strip().lower().replace(" ", "")
+    try:
+        if text.endswith("%"):
+            percent = float(text[:-1])
+            if not 0 <= percent < 100:
+                raise wrong
+            return 0, percent / 100
+        number = text.rstrip("kmgtib")
+        unit = _UNITS.get(text[len(number) :])
+        size = float(number) * unit if unit is not None else -1.0
+    except ValueError:
+        raise wrong from None
+    if not 0 <= size < 2**63:
+        raise wrong
+    return int(size), 0.0
 
 
 def _bool_for_number(f: Any, value: object) -> bool:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.queue import Queue
     from fqbroker.settings.broker import Settings
+    from fqbroker.storage.diskalarm import DiskAlarm
 
 __all__ = [
     "DiskStore",
@@ -68,6 +69,7 @@ def open_disk_store(
     policy: str | None = None,
     dirty: set[DiskStore] | None = None,
     budget: MemoryBudget | None = None,
+    alarm: DiskAlarm | None = None,
 ) -> DiskStore:
     directory = queue_directory(Path(settings.queue_dir), name)
     return DiskStore(
@@ -76,6 +78,7 @@ def open_disk_store(
         interval_ms=settings.fsync_interval_ms,
         dirty=dirty,
         budget=budget,
+        alarm=alarm,
     )
 
 
@@ -144,6 +147,10 @@ class DiskStore:
     consumer's socket. After a crash at most the batches in flight are delivered again,
     never lost (fqd moves its checkpoint when it reads). Each delivered id carries the
     record's seq in bytes 8-15 (``LOG:MARKER`` in checkpoint terms).
+
+    While the broker's disk ``alarm`` is raised (free space below ``disk_free_limit``),
+    :meth:`flush` writes nothing and fails as a full disk would (``ENOSPC``), before the
+    disk is full: the publisher is told as of any failed write.
     """
 
     def __init__(
@@ -154,8 +161,10 @@ class DiskStore:
         interval_ms: float = 5.0,
         dirty: set[DiskStore] | None = None,
         budget: MemoryBudget | None = None,
+        alarm: DiskAlarm | None = None,
     ) -> None:
         self.log = segment_log
+        self.alarm = alarm
         self.policy = policy
         self.interval = interval_ms / 1000
         self._dirty = dirty if dirty is not None else set()
@@ -230,12 +239,17 @@ class DiskStore:
         frames, self._pending = self._pending, []
         if not frames:
             return
+        alarm = self.alarm
+        if alarm is not None and alarm.raised:
+            raise alarm.refused(len(frames))  # nothing written: not a write error
         # Arrival is when the publisher's read is written: the same loop turn it was read.
         first = self.log.next_seq
         try:
             self.log.append(encode_records(frames, time.time_ns() // 1000))
         except OSError:
             self.write_errors += len(frames)
+            if alarm is not None:
+                alarm.failed()  # a full disk, perhaps: look now, not in a second
             raise
         self._remember(first, frames)
         if self.policy is FsyncPolicy.NEVER:

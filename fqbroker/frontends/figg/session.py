@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from fqbroker.frontends.kit.limits import Limits as BrokerLimits
     from fqbroker.settings.broker import Settings
     from fqbroker.storage.configdb.users import Users
+    from fqbroker.storage.diskalarm import DiskAlarm
     from fqbroker.storage.topics.retained import Topics
 
 __all__ = ["Config", "FiggHost", "FiggSession", "sender_for"]
@@ -47,6 +48,7 @@ class FiggHost(Protocol):
 
     topics: Topics | None
     users: Users | None
+    disk_alarm: DiskAlarm
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fqbroker.core.loglines import LogLimiter
 from fqbroker.core.queuespec import QueueKind, QueueSpec
 from fqbroker.errors import FqError, QueueError
 
@@ -48,50 +49,6 @@ DISK_QUEUE_RATE_TEXT = "disk queue creation rate exceeded, try again later"
 # The whole package (this module is in fqbroker/frontends/kit/): a bug in any of its
 # modules is ours.
 PACKAGE_DIR = str(Path(__file__).resolve().parents[2])
-
-
-class LogLimiter:
-    """At most ``lines`` log lines per kind in any ``period`` seconds.
-
-    Lines over the limit are dropped and counted; the next line of that kind that goes
-    out ends with how many were dropped. Nothing is kept per event, so a flood costs a
-    counter, not memory.
-    """
-
-    def __init__(
-        self,
-        logger: logging.Logger,
-        lines: int = 5,
-        period: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.logger = logger
-        self.lines = lines
-        self.period = period
-        self._clock = clock
-        # kind -> [start of the current period, lines in it, lines dropped since the last]
-        self._state: dict[str, list[float]] = {}
-
-    def log(self, level: int, kind: str, msg: str, *args: object) -> bool:
-        """Log ``msg % args`` unless ``kind`` is over its limit; whether it went out."""
-        if not self.logger.isEnabledFor(level):
-            return False
-        now = self._clock()
-        state = self._state.get(kind)
-        if state is None:
-            state = self._state[kind] = [now, 0, 0]
-        elif now - state[0] >= self.period:
-            state[0], state[1] = now, 0
-        if state[1] >= self.lines:
-            state[2] += 1
-            return False
-        state[1] += 1
-        if state[2]:
-            msg += " (%d similar lines suppressed)"
-            args = (*args, int(state[2]))
-            state[2] = 0
-        self.logger.log(level, msg, *args)
-        return True
 
 
 class RateBucket:

@@ -24,12 +24,23 @@ if TYPE_CHECKING:
     from fqbroker.frontends.kit.component import LiveFrontEnd
     from fqbroker.frontends.kit.limits import Limits as BrokerLimits
     from fqbroker.settings.broker import Settings
+    from fqbroker.storage.diskalarm import DiskAlarm
 
-__all__ = ["BUDGET", "ROOM", "PublishingHost", "PublishingMachine", "PublishingSession"]
+__all__ = [
+    "BUDGET",
+    "DISK",
+    "HELD_BACK",
+    "ROOM",
+    "PublishingHost",
+    "PublishingMachine",
+    "PublishingSession",
+]
 
 # Why reading is paused (bits of HeldReading._holds, beside WRITE).
 ROOM = 1  # a block-policy queue is full
 BUDGET = 2  # the memory budget is spent
+DISK = 4  # the disk alarm is raised: free space below disk_free_limit
+HELD_BACK = ROOM | BUDGET | DISK  # held by the broker, not by the client
 
 
 class PublishingHost(Protocol):
@@ -38,6 +49,7 @@ class PublishingHost(Protocol):
     settings: Settings
     budget: MemoryBudget
     limits: BrokerLimits
+    disk_alarm: DiskAlarm
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 
@@ -85,6 +97,10 @@ class PublishingSession(HeldReading, RemotePeer):
       per-connection and per-user caps, not at all for a connection with no user under
       ``auth = "password"``, and closed if the frame stalls); while the budget cannot
       take it, reading pauses (:data:`BUDGET`) and a task waits for it.
+    * **Disk alarm.** While free space is below ``disk_free_limit`` a batch is not
+      published: reading pauses (:data:`DISK`), and a task waits for the alarm to clear,
+      then publishes the batch and goes on (docs/reliability.md, "Disk alarm"). Nothing
+      is acknowledged meanwhile; earlier batches are.
     * **ACKs.** The machine's ACKs are sent strictly in order, each once the messages it
       covers are handled by the publisher and, where disk stores took them, durable under
       the broker's fsync policy (``Publisher.durable``: a task waits for the fsync).
@@ -213,6 +229,8 @@ class PublishingSession(HeldReading, RemotePeer):
                 self._publish(event)
                 if self.closing:
                     return  # refused by the session (a right its user lacks)
+                if self._holds & DISK:
+                    break  # the rest waits with the batch for the alarm to clear
             elif isinstance(event, BadInput):
                 self.broker.limits.bad(
                     self.FRONTEND, f"closing {self.TITLE} connection from %s: %s",
@@ -238,16 +256,35 @@ class PublishingSession(HeldReading, RemotePeer):
         """After the machine's events of a read: the session's timers."""
 
     def _publish(self, batch: Batch) -> None:
+        if self.broker.disk_alarm.raised:
+            self._hold(DISK)
+            self._hold_waiting(batch)
+            self._room = asyncio.ensure_future(self._alarm_then_carry_on(batch))
+            return
         if self.publisher.publish(batch.runs, batch.octets):
             return
         # Block policy: stop reading until every full queue has room, then go on.
         self._hold(ROOM)
+        self._hold_waiting(batch)
+        self._room = asyncio.ensure_future(self._room_then_carry_on())
+
+    def _hold_waiting(self, batch: Batch) -> None:
         if self.HOLD_WAITING:
             # Already in memory, so taken from the budget without waiting (the batch's
             # whole size: what was published of it is in queues, which count it too).
             self._waiting_bytes = batch.octets
             self.broker.budget.used += batch.octets
-        self._room = asyncio.ensure_future(self._room_then_carry_on())
+
+    async def _alarm_then_carry_on(self, batch: Batch) -> None:
+        await self.broker.disk_alarm.wait_clear()
+        self._room = None
+        if self._waiting_bytes:
+            self.broker.budget.release(self._waiting_bytes)
+            self._waiting_bytes = 0
+        self._release(DISK)
+        self._publish(batch)  # which may wait again: for room, or a new alarm
+        if self._room is None:
+            self._pump()
 
     async def _room_then_carry_on(self) -> None:
         await self.publisher.finish()
@@ -316,7 +353,7 @@ class PublishingSession(HeldReading, RemotePeer):
 
     def _progress(self) -> tuple[int, int] | None:
         share = self._share
-        if self.closing or self._holds & (ROOM | BUDGET) or share is None or not share.held:
+        if self.closing or self._holds & HELD_BACK or share is None or not share.held:
             # Nothing held, or held back by a full queue or the budget: not the sender's
             # fault. (One that does not read what we write is held back by its own.)
             return None

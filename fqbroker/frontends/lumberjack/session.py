@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 from fqbroker.frontends.kit.connections import WRITE, peer_address
-from fqbroker.frontends.kit.publishing import BUDGET, ROOM, PublishingSession
+from fqbroker.frontends.kit.publishing import BUDGET, DISK, HELD_BACK, ROOM, PublishingSession
 from fqbroker.frontends.lumberjack.machine import Config, Machine
 from fqbroker.frontends.lumberjack.mapping import sender_for
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fqbroker.frontends.kit.limits import Limits as BrokerLimits
     from fqbroker.settings.broker import Settings
     from fqbroker.storage.configdb.users import Users
+    from fqbroker.storage.diskalarm import DiskAlarm
 
 __all__ = ["Config", "LumberjackHost", "LumberjackSession"]
 
@@ -41,6 +42,7 @@ class LumberjackHost(Protocol):
     limits: BrokerLimits
     msgids: MsgIdCounter
     users: Users | None
+    disk_alarm: DiskAlarm
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 
@@ -111,9 +113,10 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
 
     @property
     def held(self) -> str:
-        """Why reading is paused: "room", "budget", "write", or "" while it reads."""
+        """Why reading is paused: "room", "budget", "disk", "write", or "" while it reads."""
         return ",".join(
-            name for bit, name in ((ROOM, "room"), (BUDGET, "budget"), (WRITE, "write"))
+            name
+            for bit, name in ((ROOM, "room"), (BUDGET, "budget"), (DISK, "disk"), (WRITE, "write"))
             if self._holds & bit
         )  # fmt: skip
 
@@ -183,7 +186,7 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
     def _send_keepalive(self) -> None:
         """ACK(0) while held back with a v2 batch unacknowledged: Beats keep waiting."""
         self._keepalive = None
-        if self.closing or not self._holds & (ROOM | BUDGET):
+        if self.closing or not self._holds & HELD_BACK:
             return
         if not self._holds & WRITE:
             self.machine.keepalive()

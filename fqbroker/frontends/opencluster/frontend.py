@@ -73,7 +73,9 @@ def _state(host: OpenClusterHost, settings: Settings) -> KVStore:
     from fqbroker.storage.kv.store import KVStore
 
     table = settings.section(OpenCluster)
-    return KVStore(store_path(settings), sync=table.sync, max_keys=table.max_keys)
+    return KVStore(
+        store_path(settings), sync=table.sync, max_keys=table.max_keys, alarm=host.disk_alarm
+    )
 
 
 def _open(

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from fqbroker.frontends.kit.limits import Limits as BrokerLimits
     from fqbroker.settings.broker import Settings
     from fqbroker.storage.configdb.users import Users
+    from fqbroker.storage.diskalarm import DiskAlarm
     from fqbroker.storage.kv.store import Batch, KVStore
 
 __all__ = ["OpenClusterHost", "OpenClusterSession"]
@@ -35,6 +36,7 @@ class OpenClusterHost(Protocol):
     settings: Settings
     limits: BrokerLimits
     users: Users | None
+    disk_alarm: DiskAlarm  # its store's sets fail while raised
 
     def closed(self, transport: asyncio.Transport) -> None: ...
 

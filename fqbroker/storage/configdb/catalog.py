@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
 from fqbroker.core.budget import MemoryBudget
+from fqbroker.core.loglines import LogLimiter
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import UNLIMITED_BYTES, QueueKind, QueueSpec
 from fqbroker.core.router import Binding, Router
@@ -23,15 +24,26 @@ from fqbroker.storage.store import DiskStore, open_disk_store
 
 if TYPE_CHECKING:
     from fqbroker.settings.broker import Settings
+    from fqbroker.storage.diskalarm import DiskAlarm
 
 __all__ = ["Catalog"]
 
 log = logging.getLogger(__name__)
+# A full disk fails every publisher's every write: one line, then one each period at most,
+# saying how many were held back.
+WRITE_FAILED_LINES, WRITE_FAILED_SECONDS = 1, 10.0
 
 
 class Catalog:
-    def __init__(self, settings: Settings, router: Router, config: ConfigStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        router: Router,
+        config: ConfigStore,
+        alarm: DiskAlarm | None = None,
+    ) -> None:
         self.settings = settings
+        self.alarm = alarm  # disk stores refuse writes while it is raised
         self.router = router
         self.config = config
         self.queues: dict[bytes, Queue] = {}
@@ -40,6 +52,7 @@ class Catalog:
         # What memory queues and reads in flight hold, against the broker's limit.
         limit = settings.memory_budget if settings.memory_budget > 0 else UNLIMITED_BYTES
         self.budget = MemoryBudget(limit, *settings.reservation_caps(limit))
+        self._write_failed = LogLimiter(log, WRITE_FAILED_LINES, WRITE_FAILED_SECONDS)
 
     # --- start-up -------------------------------------------------------------------------
 
@@ -74,7 +87,7 @@ class Catalog:
         if spec.kind is QueueKind.DISK:
             try:
                 store = open_disk_store(
-                    self.settings, spec.name, spec.fsync, self.dirty, self.budget
+                    self.settings, spec.name, spec.fsync, self.dirty, self.budget, self.alarm
                 )
             except (OSError, LogFormatError) as exc:
                 # One line, and the client is told: no traceback for a directory we cannot
@@ -167,7 +180,9 @@ class Catalog:
             try:
                 store.flush()
             except OSError as exc:
-                log.error(
+                self._write_failed.log(
+                    logging.ERROR,
+                    "write",
                     "disk queue write failed in %s, %d messages dropped: %s",
                     store.log.directory,
                     pending,

@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fqbroker.errors import KVStoreError
+from fqbroker.storage.diskalarm import DiskAlarm
 from fqbroker.storage.files import private_dirs
 from fqbroker.storage.kv.journal import FRAMES, RECORD, JournalWriter, close_quietly, set_payload
 from fqbroker.storage.kv.sqlite import Entry, Params, key_of, load, open_db, write_fold
@@ -98,8 +99,14 @@ class KVStore:
         sync: str = "full",
         max_keys: int = 1_000_000,
         fold_bytes: int = FOLD_BYTES,
+        alarm: DiskAlarm | None = None,
     ) -> None:
         self.path = path
+        # While it is raised (free space below disk_free_limit) a batch is not written
+        # but failed as on a full disk: its sets are answered failinfo, gets go on.
+        self.alarm = alarm
+        if alarm is not None:
+            alarm.watch(path.parent)
         self.max_keys = max_keys
         self.fold_bytes = fold_bytes
         # Counters, for /stats.json and /metrics (sets: :attr:`sets`).
@@ -346,9 +353,14 @@ class KVStore:
         self._sets += batch.count
         journal = self._journal
         future: asyncio.Future[str | None]
+        alarm = self.alarm
         try:
+            if alarm is not None and alarm.raised:
+                raise alarm.refused()
             batch.size = journal.write(batch.parts)
         except OSError as exc:
+            if alarm is not None and not alarm.raised:
+                alarm.failed()  # a full disk, perhaps: look now, not in a second
             error = str(exc) or type(exc).__name__
             if not (flushing or behind):
                 self._finish(batch, error)

@@ -25,6 +25,7 @@ from fqbroker.storage.topics.topic import Topic, TopicConfig, TopicReader
 if TYPE_CHECKING:
     from fqbroker.core.budget import MemoryBudget
     from fqbroker.core.router import Router
+    from fqbroker.storage.diskalarm import DiskAlarm
     from fqbroker.storage.store import DiskStore
 
 __all__ = ["TOPIC_PROGRAM", "Topic", "TopicConfig", "TopicReader", "TopicSink", "Topics"]
@@ -92,6 +93,7 @@ class Topics:
         router: Router,
         dirty: set[DiskStore] | None = None,
         budget: MemoryBudget | None = None,
+        alarm: DiskAlarm | None = None,
     ) -> None:
         self.config = config
         self.router = router
@@ -100,6 +102,10 @@ class Topics:
         self.max_topics = config.max_topics
         self._dirty = dirty
         self._budget = budget
+        # Appends refused while free space is below disk_free_limit (docs/reliability.md).
+        self._alarm = alarm
+        if alarm is not None:
+            alarm.watch(self.directory)
         self._topics: dict[bytes, Topic] = {}
         # Could not be opened (a full disk, permissions): name -> when to try again, so a
         # failing directory is not tried on every message, nor given up on for good.
@@ -127,7 +133,10 @@ class Topics:
 
     def _make(self, name: bytes) -> Topic | None:
         try:
-            topic = Topic(name, self.directory / name.hex(), self.config, self._dirty, self._budget)
+            topic = Topic(
+                name, self.directory / name.hex(), self.config, self._dirty, self._budget,
+                self._alarm,
+            )  # fmt: skip
         except (OSError, LogFormatError) as exc:
             if name not in self._unusable:
                 log.error("topic %r cannot be opened, its messages are dropped: %s", name, exc)

@@ -24,6 +24,7 @@ from fqbroker.storage.topics.retention import enforce
 
 if TYPE_CHECKING:
     from fqbroker.core.budget import MemoryBudget
+    from fqbroker.storage.diskalarm import DiskAlarm
 
 __all__ = ["RECENT_BYTES", "Topic", "TopicConfig", "TopicReader"]
 
@@ -67,6 +68,7 @@ class Topic:
         config: TopicConfig,
         dirty: set[DiskStore] | None = None,
         budget: MemoryBudget | None = None,
+        alarm: DiskAlarm | None = None,
     ) -> None:
         self.name = name
         self.store = DiskStore(
@@ -75,6 +77,7 @@ class Topic:
             interval_ms=config.fsync_interval_ms,
             dirty=dirty,
             budget=budget,
+            alarm=alarm,
         )
         self.store.recent_limit = RECENT_BYTES
         self.retention_bytes, self.retention_seconds = config.retention(name)
