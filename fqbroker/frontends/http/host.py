@@ -23,6 +23,7 @@ from fqbroker.frontends.kit.limits import Limits
 from fqbroker.frontends.kit.logins import LoginThrottle
 from fqbroker.settings.broker import Settings
 from fqbroker.storage.configdb.catalog import Catalog
+from fqbroker.storage.diskalarm import DiskAlarm
 from fqbroker.storage.store import DiskStore
 
 __all__ = [
@@ -191,6 +192,8 @@ class StatsSource(QueueSource, Protocol):
     def budget(self) -> MemoryBudget: ...
     @property
     def front_ends(self) -> Mapping[str, LiveFrontEnd]: ...
+    @property
+    def disk_alarm(self) -> DiskAlarm: ...
 
 
 class HttpHost(StatsSource, TopicSource, Protocol):

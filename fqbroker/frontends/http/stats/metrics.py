@@ -122,7 +122,40 @@ def _families(snap: Snapshot, *, per_client: bool = True, names: bool = True) ->
     yield from _peers(snap, names)
     yield from _limits(snap)
     yield from _memory(snap)
+    yield from _disk(snap, names)
     yield from _own(snap, names)
+
+
+def _disk(snap: Snapshot, names: bool = True) -> Iterator[Metric]:
+    """The disk alarm (docs/reliability.md, "Disk alarm"): a file system's path only to
+    who may see names (the redacted fields' rule); its index tells them apart."""
+    disk = snap.disk
+    if disk is None:
+        return
+    alarm = GaugeMetricFamily(
+        "fq_disk_alarm",
+        "1 while a file system the broker writes to has less free space than disk_free_limit.",
+    )
+    alarm.add_metric([], 1 if disk.raised else 0)
+    yield alarm
+    refusals = CounterMetricFamily(
+        "fq_disk_alarm_refusals", "Writes refused while the disk alarm was set."
+    )
+    refusals.add_metric([], disk.refusals)
+    yield refusals
+    labels = ["filesystem", "path"]
+    free = GaugeMetricFamily(
+        "fq_disk_free_bytes", "Free space of a file system the broker writes to.", labels=labels
+    )
+    limit = GaugeMetricFamily(
+        "fq_disk_free_limit_bytes", "disk_free_limit on that file system.", labels=labels
+    )
+    for i, fs in enumerate(disk.filesystems):
+        shown = [str(i), fs.path if names else ""]
+        free.add_metric(shown, fs.free_bytes)
+        limit.add_metric(shown, fs.limit_bytes)
+    yield free
+    yield limit
 
 
 def _own(snap: Snapshot, names: bool = True) -> Iterator[Metric]:

@@ -23,6 +23,7 @@ from fqbroker.core.message import hop_addresses
 from fqbroker.frontends.http import auth
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.stats.frontends import front_end_snapshots
+from fqbroker.frontends.http.stats.snapshot import disk_snapshot
 from fqbroker.version import FQ_COMPAT_VERSION, __version__
 
 __all__ = ["PATH", "node_json", "node_status", "render_node_json"]
@@ -145,6 +146,8 @@ def node_json(broker: HttpHost, disk: dict[str, Any], *, names: bool = True) -> 
         "auth": settings.auth,
         "admin_access": _admin_access(broker),
         "reads_protected": settings.http_auth_reads,
+        # The disk alarm (docs/reliability.md, "Disk alarm").
+        "disk_alarm": disk_snapshot(broker).json(names=names),
     }
 
 

@@ -31,13 +31,16 @@ from fqbroker.version import FQ_COMPAT_VERSION
 
 __all__ = [
     "ClientSnapshot",
+    "DiskSnapshot",
     "ExchangeSnapshot",
+    "FileSystemSnapshot",
     "HttpCounters",
     "MemorySnapshot",
     "PeerSnapshot",
     "QueueSnapshot",
     "RouteSnapshot",
     "Snapshot",
+    "disk_snapshot",
     "http_counters",
     "render_stats_json",
     "stats_json",
@@ -174,6 +177,54 @@ class Snapshot:
     memory: MemorySnapshot | None = None  # the broker-wide budget (docs/memory.md)
     front_ends: tuple[FrontEndSnapshot, ...] = ()
     readings: tuple[Reading, ...] = ()  # the front ends' own counters, in the table's order
+    disk: DiskSnapshot | None = None  # the disk alarm
+
+
+@dataclass(frozen=True, slots=True)
+class FileSystemSnapshot:
+    """A file system the broker writes to, as the disk alarm last saw it."""
+
+    path: str  # the first directory watched on it
+    free_bytes: int
+    total_bytes: int
+    limit_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class DiskSnapshot:
+    """The disk alarm (docs/reliability.md, "Disk alarm")."""
+
+    raised: bool
+    refusals: int  # writes refused while raised
+    filesystems: tuple[FileSystemSnapshot, ...]
+
+    def json(self, *, names: bool = True) -> dict[str, Any]:
+        """What /node.json shows; without ``names`` the paths are "" (as its others)."""
+        return {
+            "raised": self.raised,
+            "refusals": self.refusals,
+            "filesystems": [
+                {
+                    "path": fs.path if names else "",
+                    "free_bytes": fs.free_bytes,
+                    "total_bytes": fs.total_bytes,
+                    "limit_bytes": fs.limit_bytes,
+                    "alarm": fs.free_bytes < fs.limit_bytes,
+                }
+                for fs in self.filesystems
+            ],
+        }
+
+
+def disk_snapshot(broker: StatsSource) -> DiskSnapshot:
+    alarm = broker.disk_alarm
+    return DiskSnapshot(
+        raised=alarm.raised,
+        refusals=alarm.refusals,
+        filesystems=tuple(
+            FileSystemSnapshot(str(r.path), r.free, r.total, limit) for r, limit in alarm.readings()
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +298,7 @@ def take_snapshot(broker: StatsSource) -> Snapshot:
         ),
         front_ends=front_end_snapshots(broker),
         readings=readings(broker),
+        disk=disk_snapshot(broker),
     )
 
 

@@ -76,6 +76,27 @@ function render(node) {
     return chip;
   });
   document.querySelector('#node-panel [data-field="peers"]').replaceChildren(...(peers.length ? peers : ["none"]));
+  renderDiskAlarm(node.disk_alarm);
+}
+
+// The disk alarm: a banner while a file system the broker writes to is below
+// disk_free_limit, naming it (when the reader may see paths) and its free space.
+function renderDiskAlarm(alarm) {
+  const banner = document.getElementById("disk-alarm");
+  if (!banner) return;
+  const raised = Boolean(alarm && alarm.raised);
+  banner.hidden = !raised;
+  banner.dataset.raised = raised ? "1" : "0";
+  if (!raised) return;
+  const low = (alarm.filesystems || []).filter((fs) => fs.alarm);
+  const where = low
+    .map((fs) => `${fs.path || "a file system"}: ${fmtBytes(fs.free_bytes)} free, limit ${fmtBytes(fs.limit_bytes)}`)
+    .join("; ");
+  setText(
+    banner,
+    `Disk alarm: free space below disk_free_limit${where ? " (" + where + ")" : ""}. ` +
+      "Publishers into disk queues and topics are refused or held back until it clears.",
+  );
 }
 
 // The uptime moves every second, from the last answer and the time since it came.
