@@ -165,14 +165,19 @@ class DiskAlarm:
         are watched); log and act on the changes."""
         seen: set[int] = set()
         for path in self.paths:
+            # A directory not made yet (a store makes it when it opens): the file system
+            # it will be on, its nearest parent's.
+            where = path
+            while not where.exists() and where.parent != where:
+                where = where.parent
             try:
-                device = os.stat(path).st_dev
+                device = os.stat(where).st_dev
                 if device in seen:
                     continue
                 seen.add(device)
-                vfs = self._statvfs(path)
+                vfs = self._statvfs(where)
             except OSError:
-                continue  # not made yet (a store opens it later) or gone: nothing to watch
+                continue  # gone meanwhile, or not ours to look at: the next look tells
             reading = Reading(path, vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize)
             change = self.watermark.observe(device, reading)
             if change is not None:

@@ -104,7 +104,7 @@ async def test_one_line_each_way(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     disk = FakeDisk(50 * MiB)
     # Two directories on one file system: looked at once, reported once.
     alarm = DiskAlarm("10MiB", (tmp_path / "queues", tmp_path), statvfs=disk)
-    alarm.watch(tmp_path / "not-yet")  # made later, if ever: skipped meanwhile
+    alarm.watch(tmp_path / "not-yet" / "q")  # made later: the file system it will be on
     caplog.set_level(logging.WARNING, "fqbroker.storage.diskalarm")
     alarm.check()
     assert disk.calls == [tmp_path / "queues"]
