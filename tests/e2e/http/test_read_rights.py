@@ -266,6 +266,11 @@ def assert_nobody_named(docs: dict[str, str], seen: Seen) -> None:
     node = json.loads(docs["/node.json"])
     assert node["queue_dir"] == node["config_db"] == ""
     assert node["queue_dir_files"] > 0
+    # The disk alarm's file systems: their free space, not where they are.
+    filesystems = node["disk_alarm"]["filesystems"]
+    assert filesystems and all(fs["path"] == "" and fs["free_bytes"] > 0 for fs in filesystems)
+    assert 'fq_disk_free_bytes{filesystem="0",path=""}' in docs["/metrics"]
+    assert "fq_disk_alarm 0.0" in docs["/metrics"]
     assert "fq_client_series_enabled 0.0" in docs["/metrics"]
     assert "fq_queue_clients" in docs["/metrics"]
 
@@ -280,6 +285,9 @@ def assert_named(docs: dict[str, str], seen: Seen) -> None:
     assert {"carol"} <= {c["user"] for c in fronts["fq-command"]["connections"]}
     assert seen.fq_port in {c["remote_port"] for c in fronts["fq-command"]["connections"]}
     assert json.loads(docs["/node.json"])["queue_dir"].startswith(seen.data_dir)
+    node = json.loads(docs["/node.json"])
+    assert node["disk_alarm"]["filesystems"][0]["path"].startswith(seen.data_dir)
+    assert f'fq_disk_free_bytes{{filesystem="0",path="{seen.data_dir}' in docs["/metrics"]
     assert 'user="carol"' in docs["/metrics"]
     assert seen.fq_client in docs["/metrics"]
 
