@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from pathlib import Path
@@ -40,12 +41,19 @@ async def port_line(fqd: Proc, title: str) -> int:
     return int(line.rsplit(" ", 1)[1])
 
 
-async def metrics(port: int) -> str:
+async def get(port: int, path: str) -> str:
+    """The body of a GET of ``path`` on the main port."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-    body = await reader.read()
+    writer.write(b"GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" % path.encode())
+    answer = await reader.read()
     writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), head
     return body.decode()
+
+
+async def metrics(port: int) -> str:
+    return await get(port, "/metrics")
 
 
 def gauge(text: str, name: str) -> float:
@@ -152,6 +160,9 @@ async def run(fqd: Proc, port: int, lj_port: int, oc_port: int, disk: Path, ball
     writer.write(encoder.batch([b'{"message":"held"}'] * 3))
     keepalives = await shipper.read_acks(1.0)
     assert len(keepalives) >= 2 and set(keepalives) == {(2, 0)}, keepalives
+    fronts = {f["name"]: f for f in json.loads(await get(port, "/frontends.json"))["frontends"]}
+    (held,) = fronts["lumberjack"]["connections"]
+    assert held["held"] == "disk" and held["acked"] == 0
 
     # Room again: the alarm clears, the held batch is acknowledged, all publish again.
     ballast.unlink()
