@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import uuid
 from pathlib import Path
 
 from fqbroker.clients.fyrehose.client import FyrehoseClient
@@ -74,3 +75,26 @@ async def test_a_subscriber_sees_no_gap_across_a_kill(tmp_path: Path, procs: lis
         assert after == list(range(51, 101))  # the first new number is the last old one + 1
         assert await received(sub, 50) == after
         assert sub.lost == [] and sub.stats.lost == 0 and sub.stats.recovered == 0
+
+
+async def test_a_record_from_another_boot_takes_the_lease(
+    tmp_path: Path, procs: list[Proc]
+) -> None:
+    """A power cut, as the next start finds it: sequence.last written in another boot (its
+    page may have reached the disk at any moment), so only the lease is safe."""
+    port = free_udp_port()
+    fqd = await start_fqd(tmp_path, port)
+    procs.append(fqd)
+    async with await FyrehoseClient.connect("127.0.0.1", port) as pub:
+        assert [await pub.publish(b"m") for _ in range(3)] == [1, 2, 3]
+    fqd.proc.send_signal(signal.SIGKILL)
+    async with asyncio.timeout(TIMEOUT):
+        await fqd.proc.wait()
+    mark = SequenceFile.under(tmp_path / "queues").mark_path
+    record = bytearray(mark.read_bytes())
+    record[32:48] = uuid.uuid4().bytes  # the boot id
+    mark.write_bytes(bytes(record))
+    fqd = await start_fqd(tmp_path, port)
+    procs.append(fqd)
+    async with await FyrehoseClient.connect("127.0.0.1", port) as pub:
+        assert await pub.publish(b"after") == 1 + LEASE
