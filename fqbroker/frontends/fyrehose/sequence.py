@@ -28,7 +28,6 @@ import logging
 import mmap
 import os
 import struct
-import uuid
 from pathlib import Path
 from typing import Final
 
@@ -64,9 +63,10 @@ def boot_id(path: Path = BOOT_ID) -> bytes | None:
     """This kernel boot's id (Linux), or None where there is none: then sequence.last is
     never trusted and every crash takes the lease."""
     try:
-        return uuid.UUID(path.read_text().strip()).bytes
+        boot = bytes.fromhex(path.read_text().strip().replace("-", ""))
     except (OSError, ValueError):
         return None
+    return boot if len(boot) == 16 else None
 
 
 class SequenceFile:

@@ -191,3 +191,5 @@ def test_the_boot_id_is_the_kernels(tmp_path: Path) -> None:
     assert boot_id(tmp_path / "none") is None
     (tmp_path / "bad").write_text("not a uuid\n")
     assert boot_id(tmp_path / "bad") is None
+    (tmp_path / "short").write_text("abcd-ef01\n")
+    assert boot_id(tmp_path / "short") is None
