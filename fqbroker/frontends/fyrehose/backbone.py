@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from fqbroker.frontends.fyrehose.sequence import LAST, MASK, Mark
 from fqbroker.protocols.fyrehose import wire
 
 __all__ = ["DROP_REASONS", "SUBSCRIBED_SECONDS", "Address", "Backbone", "Out", "Subscriber"]
@@ -37,6 +38,7 @@ Address = tuple[str, int]
 Out = tuple[bytes, Address]  # a datagram and where it goes
 
 _DELIVER_HEAD = struct.Struct(">BHHI")  # type, LENGTH, SEQUENCE as 16 + 32 bits
+_store_last: Final = LAST.pack_into  # the last number given and its complement
 
 
 @dataclass(slots=True)
@@ -64,7 +66,9 @@ class Backbone:
     :meth:`sequence` numbers a message and returns its DELIVER for every live subscriber.
     Before number ``lease`` would be given, ``renew(n)`` is called with the number about
     to be given and returns the new lease (:mod:`.sequence`): a synchronous file write
-    once per lease, which makes sure a crashed broker never gives a number twice. The
+    once per lease, which makes sure a crashed broker never gives a number twice; and
+    every number given is stored into ``mark`` (a shared file mapping: a memory store) so
+    that a start after a killed process continues right after it. The
     window keeps messages as their DELIVER datagrams, so re-sending one costs no
     encoding. A REQUEST is cut to ``request_limit`` messages from its ``from`` on, since a
     19-byte datagram from a spoofed source must not buy unbounded traffic toward a victim;
@@ -84,6 +88,7 @@ class Backbone:
         send_elsewhere: bool = False,
         renew: Callable[[int], int] = _no_lease,
         lease: int | None = None,
+        mark: Mark | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -96,6 +101,7 @@ class Backbone:
         self._renew = renew
         # The first number that needs a new lease before it is given.
         self.lease = renew(next_sequence) if lease is None else lease
+        self.mark: Mark = bytearray(LAST.size) if mark is None else mark
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         # The window: DELIVER datagrams of sequences first_retained..sequence, as
@@ -164,6 +170,8 @@ class Backbone:
         if seq >= self.lease:
             self.lease = self._renew(seq)
         self.sequence = seq
+        # Before the DELIVER goes anywhere: a number sent is a number a restart skips.
+        _store_last(self.mark, 0, seq, seq ^ MASK)
         self.sequenced += 1
         datagram = deliver(seq, data)
         window = self._window

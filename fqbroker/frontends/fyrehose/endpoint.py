@@ -21,7 +21,7 @@ from fqbroker.core.frames import ID_SIZE, encode_peer
 from fqbroker.core.router import Sink
 from fqbroker.errors import FyrehoseProtocolError
 from fqbroker.frontends.fyrehose.backbone import Address, Backbone, Out
-from fqbroker.frontends.fyrehose.sequence import LEASE, SequenceFile
+from fqbroker.frontends.fyrehose.sequence import LAST, LEASE, SequenceFile
 from fqbroker.frontends.fyrehose.settings import Fyrehose
 from fqbroker.protocols.fyrehose import wire
 
@@ -209,6 +209,8 @@ class FyrehoseEndpoint(asyncio.DatagramProtocol):
         except OSError as exc:
             # The lease on disk stands: the next start skips to it, reusing nothing.
             log.error("fyrehose: cannot write %s at stop: %s", self.file.path, exc)
+        self.backbone.mark = bytearray(LAST.size)  # nothing is numbered after a stop
+        self.file.close_mark()
 
     # --- out ------------------------------------------------------------------------------
 

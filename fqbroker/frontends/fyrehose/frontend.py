@@ -41,7 +41,7 @@ def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
 
     settings = host.settings.section(Fyrehose)
     file = SequenceFile.under(host.settings.queue_dir)
-    first = file.read()  # SequenceFileError: fqd says why in one line and exits
+    first = file.start()  # SequenceFileError: fqd says why in one line and exits
     try:
         # The same number again: a start that fails (its port taken) skips none, and a
         # directory that cannot be written stops fqd now rather than at the first message.
@@ -51,6 +51,7 @@ def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
         raise SequenceFileError(
             f"fyrehose sequence file {file.path} cannot be written: {exc.strerror or exc}"
         ) from None
+    mark = file.open_mark(first - 1)
     backbone = Backbone(
         next_sequence=first,
         window_messages=settings.window_messages,
@@ -60,6 +61,7 @@ def _open(host: FyrehoseHost, live: LiveFrontEnd) -> FyrehoseEndpoint:
         send_elsewhere=settings.send_elsewhere,
         renew=renewer(file),
         lease=first,
+        mark=mark,
     )
     return FyrehoseEndpoint(host, live, backbone, file)
 
