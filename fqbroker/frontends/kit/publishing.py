@@ -14,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from fqbroker.frontends.kit.acks import BadInput, Batch
-from fqbroker.frontends.kit.connections import HeldReading, RemotePeer, peer_address
+from fqbroker.frontends.kit.connections import WRITE, HeldReading, RemotePeer, peer_address
 from fqbroker.frontends.kit.reservations import UNRESERVED, StallWatch, may_reserve
 
 if TYPE_CHECKING:
@@ -106,6 +106,11 @@ class PublishingSession(HeldReading, RemotePeer):
       the broker's fsync policy (``Publisher.durable``: a task waits for the fsync).
     * **Disk failure.** A failed write or fsync closes the connection without the ACK: the
       client sends those messages again.
+    * **Keepalives.** A protocol with a keepalive frame (:meth:`_keepalive_every` above 0)
+      sends it every so often while reading is held back for any reason but :data:`WRITE`
+      (the client not reading: nothing could be written) and while an ACK waits for an
+      fsync: whatever holds the connection, the client keeps waiting instead of timing
+      out and sending it all again.
 
     It owns no task while nothing waits. The front end's session adds its own events
     (:meth:`_control`), timers and what /frontends.json shows.
@@ -115,6 +120,7 @@ class PublishingSession(HeldReading, RemotePeer):
         "_durable",
         "_eof",
         "_holds",
+        "_keepalive",
         "_room",
         "_share",
         "_stall",
@@ -155,6 +161,7 @@ class PublishingSession(HeldReading, RemotePeer):
         self._holds = 0  # ROOM, BUDGET, WRITE and the session's own: why reading is paused
         self._room: asyncio.Task[None] | None = None  # waiting for room or budget
         self._durable: asyncio.Task[None] | None = None  # waiting for an fsync to ACK
+        self._keepalive: asyncio.TimerHandle | None = None
         # Who the connection is (None: it has not said; a client certificate names it),
         # and its share of the memory budget, made when it first reserves: what the
         # machine's buffer holds.
@@ -201,6 +208,9 @@ class PublishingSession(HeldReading, RemotePeer):
             if task is not None:
                 task.cancel()
         self._room = self._durable = None
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
         if self._share is not None:
             self._share.close()
         if self._stall is not None:
@@ -217,6 +227,36 @@ class PublishingSession(HeldReading, RemotePeer):
         data = self.machine.data_to_send()
         if data:
             self.write(data)
+
+    # --- keepalives while held back ------------------------------------------------------
+
+    def _keepalive_every(self) -> float:
+        """Seconds between keepalives while held back; 0: the protocol has none."""
+        return 0.0
+
+    def _send_keepalive(self) -> None:
+        """Have the machine write its keepalive, if the client may be waiting for one."""
+
+    def _hold(self, why: int) -> None:
+        super()._hold(why)
+        if why != WRITE:
+            self._arm_keepalive()
+
+    def _arm_keepalive(self) -> None:
+        if self._keepalive is None and not self.closing:
+            seconds = self._keepalive_every()
+            if seconds > 0:
+                loop = asyncio.get_running_loop()
+                self._keepalive = loop.call_later(seconds, self._on_keepalive)
+
+    def _on_keepalive(self) -> None:
+        self._keepalive = None
+        if self.closing or not (self._holds & ~WRITE or self._durable is not None):
+            return  # neither held back nor waiting for an fsync: the timer stops
+        if not self._holds & WRITE:
+            self._send_keepalive()
+            self._flush()
+        self._arm_keepalive()
 
     # --- in: the machine's events ---------------------------------------------------------
 
@@ -395,6 +435,7 @@ class PublishingSession(HeldReading, RemotePeer):
                     return
                 if publisher.written:
                     self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
+                    self._arm_keepalive()
                 else:
                     machine.acknowledge(handled)
         self._flush()

@@ -58,9 +58,9 @@ class Machine(AckingMachine[tuple[int, int]]):
 
     **Timers are inputs.** :attr:`deadline` is when the idle mark is due (None while nothing
     is unmarked); the shell calls :meth:`tick` with the time then. While the shell is held
-    back with a v2 batch unacknowledged it calls :meth:`keepalive` every
-    ``keepalive_seconds``, which writes ``ACK(0)`` (Beats and go-lumber read it as "still
-    working"; v1 has none).
+    back (by whatever but the shipper not reading) or waits for an fsync, it calls
+    :meth:`keepalive` every ``keepalive_seconds``, which writes ``ACK(0)`` to a v2 shipper
+    (Beats and go-lumber read it as "still working"; v1 has none).
     """
 
     __slots__ = (
@@ -77,6 +77,7 @@ class Machine(AckingMachine[tuple[int, int]]):
         "_receiver",
         "_route_of",
         "_sender",
+        "_spoken",
         "_unmarked",
         "_violation",
         "_window",
@@ -106,6 +107,7 @@ class Machine(AckingMachine[tuple[int, int]]):
         self._mapped = 0  # events made into messages so far
         self._last_read = 0.0
         self._eof = False
+        self._spoken = False  # a frame came: the shipper may be waiting for an ACK
         self._violation: BadInput | None = None
         # Every event received is handed on: the call that ends a read's events needs
         # no decoding.
@@ -166,6 +168,7 @@ class Machine(AckingMachine[tuple[int, int]]):
 
     def _new_window(self, window: Window) -> None:
         """A W: the batch before it ends, acknowledged as far as it got (as Logstash)."""
+        self._spoken = True
         self._mark()
         self.version = window.version
         self._window = window.size
@@ -201,6 +204,7 @@ class Machine(AckingMachine[tuple[int, int]]):
     def _count(self, version: int, events: list[Event]) -> None:
         """Move the batch's counters over ``events``, marking each window they fill."""
         self.version = version
+        self._spoken = True
         n = len(events)
         start = self._mapped
         window = self._window
@@ -250,6 +254,12 @@ class Machine(AckingMachine[tuple[int, int]]):
         return True
 
     def keepalive(self) -> None:
-        """The shell is held back: ``ACK(0)`` if a v2 batch is unacknowledged."""
-        if self.version == 2 and (self._marks or self._unmarked):
+        """The shell is held back: ``ACK(0)`` to a v2 shipper.
+
+        Not only while a batch read is unacknowledged: with reading paused, the batch the
+        shipper waits for may be unread in the socket, or partly read (a memory budget
+        spent holds a connection back between frames or within one); an ACK(0) the
+        shipper did not wait for is read as the keepalive it is by Beats and pylogbeat.
+        """
+        if self.version == 2 and (self._spoken or self._receiver.buffered):
             self._out.append(encode_ack(2, 0))

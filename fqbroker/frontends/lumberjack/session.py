@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 from fqbroker.frontends.kit.connections import WRITE, peer_address
-from fqbroker.frontends.kit.publishing import BUDGET, DISK, HELD_BACK, ROOM, PublishingSession
+from fqbroker.frontends.kit.publishing import BUDGET, DISK, ROOM, PublishingSession
 from fqbroker.frontends.lumberjack.machine import Config, Machine
 from fqbroker.frontends.lumberjack.mapping import sender_for
 
@@ -63,11 +63,12 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
     batches are acknowledged one after the other.
 
     **Backpressure.** When a block-policy queue is full the publisher stops; the session
-    pauses reading (the shipper's TCP window closes, and its batch's ACK waits) and, while
-    a v2 batch is unacknowledged, sends ``ACK(0)`` every ``keepalive_seconds``. What the
+    pauses reading (the shipper's TCP window closes, and its batch's ACK waits). What the
     machine holds is reserved against the broker's memory budget, and reading also pauses
     while the budget is spent or the shipper does not read its ACKs (the transport asks us
-    to pause writing).
+    to pause writing). Whatever holds it back but the latter, and while an ACK waits for a
+    disk queue's fsync, a v2 shipper gets ``ACK(0)`` every ``keepalive_seconds`` (the
+    kit's keepalive timer).
 
     **Bad input.** A :class:`~fqbroker.protocols.lumberjack.wire.Violation` (a limit
     exceeded, a malformed frame) closes this connection with one rate-limited log line and
@@ -79,7 +80,7 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
     closes.
     """
 
-    __slots__ = ("_idle", "_keepalive", "_opened", "config")
+    __slots__ = ("_idle", "_opened", "config")
 
     FRONTEND = "lumberjack"
     TITLE = "Lumberjack"
@@ -101,7 +102,6 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
         super().__init__(host, live, transport, machine)
         self.config = config
         self._idle: asyncio.TimerHandle | None = None
-        self._keepalive: asyncio.TimerHandle | None = None
         self._opened = asyncio.get_running_loop().time()
 
     def last_input(self) -> float | None:
@@ -152,10 +152,9 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
     def _end(self) -> bool:
         if not super()._end():
             return False
-        for handle in (self._idle, self._keepalive):
-            if handle is not None:
-                handle.cancel()
-        self._idle = self._keepalive = None
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         return True
 
     # --- timers ---------------------------------------------------------------------------
@@ -177,19 +176,8 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
         elif (deadline := machine.deadline) is not None:
             self._idle = loop.call_at(deadline, self._on_idle)
 
-    def _hold(self, why: int) -> None:
-        super()._hold(why)
-        if why != WRITE and self._keepalive is None and not self.closing:
-            loop = asyncio.get_running_loop()
-            self._keepalive = loop.call_later(self.config.keepalive, self._send_keepalive)
+    def _keepalive_every(self) -> float:
+        return self.config.keepalive
 
     def _send_keepalive(self) -> None:
-        """ACK(0) while held back with a v2 batch unacknowledged: Beats keep waiting."""
-        self._keepalive = None
-        if self.closing or not self._holds & HELD_BACK:
-            return
-        if not self._holds & WRITE:
-            self.machine.keepalive()
-            self._flush()
-        loop = asyncio.get_running_loop()
-        self._keepalive = loop.call_later(self.config.keepalive, self._send_keepalive)
+        self.machine.keepalive()
