@@ -24,15 +24,18 @@ The route template: text and {a|b|'constant'} fallback chains over the event's f
 {@metadata.beat|event.dataset|fields.type|type|'lumberjack'}. Cut to 127 bytes."""
 _LIMITS = """\
 Limits; exceeding one closes that connection (fq_bad_input_total{frontend="lumberjack"}).
-Events a W frame may announce; bytes of one JSON event, D frame or C frame as sent;
-bytes inflated out of one C frame (a zip bomb stops here); pairs in one v1 D frame."""
+Events a W frame may announce (an operator's cap: any u32 by default, as Logstash; the
+memory budget bounds what a window holds); bytes of one JSON event, D frame or C frame as
+sent; bytes inflated out of one C frame and those nested in it (a zip bomb stops here);
+pairs in one v1 D frame."""
 _TLS = "TLS: a PEM certificate chain, and its key (unset: the key is in the certificate's file)."
 _ACK_IDLE = """\
 Input idle this long with events unacknowledged: acknowledge them (a shipper that sent
 one window and streams, such as lumberjack-protocol, would wait for the window otherwise)."""
 _KEEPALIVE = """\
-While a full block-policy queue (or the memory budget) holds a connection back, a v2
-shipper gets ACK(0) this often: "still working" (v1 has no keepalive)."""
+While the broker holds a connection back (a full block-policy queue, the memory budget,
+an fsync its ACK waits for), a v2 shipper gets ACK(0) this often: "still working" (v1 has
+no keepalive)."""
 
 _ANONYMOUS = """\
 Under auth = "password" clients log in with TLS client certificates (tls_cert here, the
@@ -59,8 +62,9 @@ class Lumberjack(Section):
     exchange: str = setting("logging", "the exchange every event is published to")
     route: str = setting("", "the route template; empty: the default", comment=_ROUTE)
     max_window: int = setting(
-        65536, "events one W frame may announce", comment=_LIMITS, positive=True
-    )
+        0xFFFFFFFF, "events one W frame may announce (default: any)", comment=_LIMITS,
+        positive=True,
+    )  # fmt: skip
     max_frame: int = setting(
         16 << 20, "bytes of a JSON event, D frame or C frame as sent", comment="", positive=True
     )

@@ -126,8 +126,8 @@ def sample_frames(rng: random.Random) -> bytes:
 
     Sequence numbers follow one of the real patterns (restarting per batch or cumulative),
     some ``W`` frames announce more events than follow (as lumberjack-protocol's single
-    window does), and ``C`` frames come at several levels, so a fuzzer mutating this reaches
-    every branch of the decoder.
+    window does), and ``C`` frames come at several levels, some holding the ``W`` and
+    another ``C``, so a fuzzer mutating this reaches every branch of the decoder.
     """
     version = rng.choice((1, 2))
     cumulative = rng.random() < 0.5
@@ -150,10 +150,12 @@ def sample_frames(rng: random.Random) -> bytes:
             out.append(frames)
         elif how < 0.8:
             out.append(compressed(version, frames, rng.choice((0, 1, 6, 9))))
-        else:  # some plain, the rest compressed, as a C frame may sit among plain frames
+        elif how < 0.9:  # some plain, the rest compressed: a C may sit among plain frames
             cut = _frame_boundary(frames, rng)
             out.append(frames[:cut])
             out.append(compressed(version, frames[cut:]))
+        else:  # the W and a C inside a C, as the protocol text allows
+            out[-1] = compressed(version, out[-1] + compressed(version, frames))
     return b"".join(out)
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections import deque
 from dataclasses import dataclass
+from typing import cast
 
 __all__ = [
     "Event",
@@ -45,10 +47,11 @@ _DATA_OF = {_V1: _D, _V2: _J}  # the data frame type each version carries
 class Limits:
     """Per-connection bounds; exceeding one is a :class:`Violation`."""
 
-    max_window: int = 65536  # a W larger than this
+    max_window: int = 0xFFFFFFFF  # a W larger than this (the default: any u32)
     max_frame: int = 16 << 20  # a J payload, a whole D frame or a C frame's compressed bytes
-    max_decompressed: int = 64 << 20  # bytes inflated out of one C frame (zip bomb)
+    max_decompressed: int = 64 << 20  # bytes inflated out of one C frame, nested ones included
     max_fields: int = 1024  # pairs in one D frame
+    max_nesting: int = 4  # C frames one inside another, the outermost included
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,9 +202,11 @@ class Receiver:
     - ``D`` is a version-1 frame and ``J`` a version-2 frame; ``1J`` or ``2D`` is a Violation,
       as is any version byte other than ``'1'``/``'2'`` and any type other than ``W D J C``
       (``A`` included: only a reader sends it). The Violation names the byte.
-    - A ``C`` frame holds zlib (RFC 1950) of whole data frames of its own version. Anything
-      else inside (``W``, another ``C``, a frame cut short, bytes after the zlib stream) is a
-      Violation: no real client does it, and refusing it keeps one inflate per ``C`` frame.
+    - A ``C`` frame holds zlib (RFC 1950) of whole frames of its own version: data frames,
+      and, as the protocol text allows though no known shipper sends them, ``W`` frames (a
+      new window, answered in order with the events around it) and ``C`` frames, at most
+      ``max_nesting`` deep. A frame cut short, bytes after the zlib stream, another version
+      or an ``A`` inside is a Violation.
     - A ``J`` payload is kept as the bytes received and not parsed here: parsing costs more than
       the rest of the decode, and only a route template that reads fields needs it
       (:mod:`fqbroker.frontends.lumberjack.mapping`). A payload that is not a JSON object is
@@ -212,10 +217,11 @@ class Receiver:
       ``max_window`` on ``W``; ``max_frame`` on a ``J`` payload, a ``C`` frame's compressed
       length and a whole ``D`` frame; ``max_fields`` on a ``D`` frame's pair count. Inflating is
       bounded (``decompressobj().decompress(data, max_length)``), so a zip bomb stops at
-      ``max_decompressed`` bytes.
+      ``max_decompressed`` bytes, counted over a ``C`` frame and every one nested in it
+      (each inflated layer is in memory while the next inflates).
     """
 
-    __slots__ = ("_buf", "_d", "_limits", "_pos", "_violation")
+    __slots__ = ("_buf", "_d", "_left", "_limits", "_pending", "_pos", "_violation")
 
     def __init__(self, limits: Limits = Limits()) -> None:
         self._limits = limits
@@ -223,6 +229,10 @@ class Receiver:
         self._pos = 0
         self._violation: Violation | None = None
         self._d: _PartialD | None = None
+        # Answers out of a C frame that held a W, after the first: they come before
+        # anything the buffer holds.
+        self._pending: deque[Window | Events] = deque()
+        self._left = 0  # what a C frame and those nested in it may still inflate to
 
     @property
     def buffered(self) -> int:
@@ -261,6 +271,8 @@ class Receiver:
     def next_event(self) -> Window | Events | Violation | None:
         if self._violation is not None:
             return self._violation
+        if self._pending:
+            return self._pending.popleft()
         events: list[Event] = []
         version = 0
         try:
@@ -312,9 +324,21 @@ class Receiver:
                     stop = pos + 6 + n
                     if stop > end:
                         break
-                    inner = self._inflate(v, memoryview(buf)[pos + 6 : stop])
-                    events += inner
+                    self._left = self._limits.max_decompressed
+                    inner, windows = self._inflate(v, memoryview(buf)[pos + 6 : stop], 1)
                     self._pos = stop
+                    if not windows:
+                        events += cast("list[Event]", inner)  # no W: events only
+                        continue
+                    answers = _answers(v - 0x30, inner)
+                    first = answers[0]
+                    if events and isinstance(first, Events):
+                        events += first.events
+                        del answers[0]
+                    self._pending.extend(answers)
+                    if events:
+                        break
+                    return self._pending.popleft()
         except _Bad as e:
             self._violation = Violation(str(e))
             self._buf = bytearray()
@@ -370,31 +394,44 @@ class Receiver:
         payload = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
         return _event(d.seq, payload, fields), p
 
-    def _inflate(self, version: int, data: memoryview) -> list[Event]:
-        """The data frames of one C frame's zlib stream (all or a _Bad)."""
+    def _inflate(
+        self, version: int, data: memoryview, depth: int
+    ) -> tuple[list[Event | Window], bool]:
+        """The frames of one C frame's zlib stream (all or a _Bad), ``depth`` C frames
+        deep, and whether a W is among them. What it inflates is taken off ``_left``: a
+        C frame and those nested in it inflate to ``max_decompressed`` bytes in all."""
         limit = self._limits.max_decompressed
+        left = self._left
         z = zlib.decompressobj()
         try:
             # One byte past the limit tells "exactly the limit" from "more".
-            raw = z.decompress(data, limit + 1)
+            raw = z.decompress(data, left + 1)
         except zlib.error as e:
             raise _Bad(f"C frame is not a zlib stream: {e}") from None
         finally:
             data.release()
-        if len(raw) > limit:
-            raise _Bad(f"C frame inflates past {limit} bytes")
+        if len(raw) > left:
+            if depth == 1:
+                raise _Bad(f"C frame inflates past {limit} bytes")
+            raise _Bad(f"nested C frames inflate past {limit} bytes in all")
         if not z.eof:
             raise _Bad("C frame's zlib stream is cut short")
         if z.unused_data:
             raise _Bad(f"{len(z.unused_data)} bytes after the zlib stream in a C frame")
-        return self._decode_inner(version, raw)
+        self._left = left - len(raw)
+        return self._decode_inner(version, raw, depth)
 
-    def _decode_inner(self, version: int, raw: bytes) -> list[Event]:
+    def _decode_inner(
+        self, version: int, raw: bytes, depth: int
+    ) -> tuple[list[Event | Window], bool]:
         # The hot loop of Beats traffic: one pass over the inflated bytes, J frames read
-        # with one unpack each and sliced out; D frames take the general path.
-        events: list[Event] = []
-        append = events.append
-        max_frame = self._limits.max_frame
+        # with one unpack each and sliced out; D, W and nested C frames take the general
+        # path.
+        items: list[Event | Window] = []
+        append = items.append
+        windows = False
+        limits = self._limits
+        max_frame = limits.max_frame
         data_kind = _DATA_OF[version]
         pos = 0
         end = len(raw)
@@ -409,8 +446,6 @@ class Receiver:
                     raise _Bad(
                         f"version {v - 0x30} frame inside a version {version - 0x30} C frame"
                     )
-                what = "C frame nested" if kind == _C else f"frame {_byte_name(kind)}"
-                raise _Bad(f"{what} inside a C frame (only data frames may be compressed)")
             if kind == _J:
                 if end - pos < 10:
                     raise _Bad("C frame ends inside a J frame")
@@ -426,13 +461,55 @@ class Receiver:
                 _set_fields(e, None)
                 append(e)
                 pos = stop
-            else:
+            elif kind == _D:
                 try:
-                    event, pos = _decode_d(raw, pos, end, self._limits)
+                    event, pos = _decode_d(raw, pos, end, limits)
                 except IndexError:
                     raise _Bad("C frame ends inside a D frame") from None
                 append(event)
-        return events
+            elif kind == _W:
+                if end - pos < 6:
+                    raise _Bad("C frame ends inside a W frame")
+                size = _u32_from(raw, pos + 2)[0]
+                if size > limits.max_window:
+                    raise _Bad(f"window of {size} events (limit {limits.max_window})")
+                append(Window(version - 0x30, size))
+                windows = True
+                pos += 6
+            else:  # C
+                if depth >= limits.max_nesting:
+                    raise _Bad(f"C frames nested more than {limits.max_nesting} deep")
+                if end - pos < 6:
+                    raise _Bad("C frame ends inside a C frame's header")
+                n = _u32_from(raw, pos + 2)[0]
+                if n > max_frame:
+                    raise _Bad(f"C frame of {n} bytes (limit {max_frame})")
+                stop = pos + 6 + n
+                if stop > end:
+                    raise _Bad("C frame ends inside a C frame")
+                inner, more = self._inflate(version, memoryview(raw)[pos + 6 : stop], depth + 1)
+                items += inner
+                windows = windows or more
+                pos = stop
+        return items, windows
+
+
+def _answers(version: int, items: list[Event | Window]) -> list[Window | Events]:
+    """The answers for a C frame's frames that hold a W: each W, and the runs of events
+    between them."""
+    answers: list[Window | Events] = []
+    run: list[Event] = []
+    for item in items:
+        if isinstance(item, Window):
+            if run:
+                answers.append(Events(version, run))
+                run = []
+            answers.append(item)
+        else:
+            run.append(item)
+    if run:
+        answers.append(Events(version, run))
+    return answers
 
 
 def encode_ack(version: int, seq: int) -> bytes:

@@ -305,8 +305,10 @@ def test_zip_bomb_stops_at_max_decompressed() -> None:
 @pytest.mark.parametrize(
     ("inner", "words"),
     [
-        (encoder.compressed(2, encoder.json_frame(1, b"{}")), "C frame nested inside a C"),
-        (encoder.window(2, 1), "frame 0x57 ('W') inside a C frame"),
+        (encoder.window(2, 1)[:4], "ends inside a W frame"),
+        (encoder.compressed(2, b"")[:4], "ends inside a C frame's header"),
+        (encoder.compressed(2, b"")[:-1], "ends inside a C frame"),
+        (encoder.window(1, 1), "version 1 frame inside a version 2 C frame"),
         (encoder.data_frame(1, {}), "version 1 frame inside a version 2 C frame"),
         (encoder.json_frame(1, b"{}")[:-1], "ends inside a J frame"),
         (encoder.json_frame(1, b"{}")[:5], "ends inside a J frame"),
@@ -316,6 +318,89 @@ def test_zip_bomb_stops_at_max_decompressed() -> None:
 )
 def test_bad_c_frame_contents(inner: bytes, words: str) -> None:
     assert words in violation(encoder.compressed(2, inner))
+
+
+# --- frames nested in C ------------------------------------------------------------------
+
+
+def j(seq: int) -> bytes:
+    return encoder.json_frame(seq, b'{"n":%d}' % seq)
+
+
+def ev(*seqs: int) -> Events:
+    return Events(2, [Event(seq, b'{"n":%d}' % seq, None) for seq in seqs])
+
+
+def test_a_w_inside_a_c_is_a_new_window_in_order_with_the_events_around_it() -> None:
+    stream = j(1) + encoder.compressed(2, j(2) + encoder.window(2, 2) + j(3) + j(4)) + j(5)
+    answers = decode(stream)
+    assert flat(answers) == flat([ev(1, 2), Window(2, 2), ev(3, 4, 5)])
+    assert flat(one_byte_at_a_time(stream)) == flat(answers)
+    # A W first in the C, and two in a row.
+    stream = encoder.compressed(2, encoder.window(2, 0) + encoder.window(2, 1) + j(1))
+    assert decode(stream) == [Window(2, 0), Window(2, 1), ev(1)]
+
+
+def test_a_c_inside_a_c_is_inflated_with_its_w() -> None:
+    inner = encoder.compressed(2, encoder.window(2, 2) + j(2) + j(3))
+    stream = encoder.window(2, 1) + encoder.compressed(2, j(1) + inner) + j(4)
+    answers = decode(stream)
+    assert flat(answers) == flat([Window(2, 1), ev(1), Window(2, 2), ev(2, 3, 4)])
+    assert flat(decode(stream, [3, 7, 11])) == flat(answers)
+    # Version 1 nests the same way; without a W the events stay one run.
+    d = encoder.data_frame
+    v1 = encoder.compressed(1, d(1, {"a": "1"}) + encoder.compressed(1, d(2, {"b": "2"})))
+    [events] = decode(v1)
+    assert isinstance(events, Events) and [e.fields for e in events.events] == [
+        {"a": "1"},
+        {"b": "2"},
+    ]
+
+
+def nest(frames: bytes, depth: int) -> bytes:
+    for _ in range(depth):
+        frames = encoder.compressed(2, frames)
+    return frames
+
+
+def test_nesting_is_bounded_in_depth() -> None:
+    limits = Limits(max_nesting=3)
+    assert decode(nest(j(1), 3), limits=limits) == [ev(1)]
+    assert "C frames nested more than 3 deep" in violation(nest(j(1), 4), limits)
+    assert "nested more than 4 deep" in violation(nest(j(1), 1000))
+
+
+def test_a_nested_zip_bomb_stops_at_max_decompressed_in_all() -> None:
+    limits = Limits(max_decompressed=1 << 20)
+    # Each layer under the limit, together over it: refused.
+    half = encoder.json_frame(1, b" " * (600 << 10))
+    two = encoder.compressed(2, half) + encoder.compressed(2, half)
+    assert "nested C frames inflate past 1048576 bytes in all" in violation(
+        encoder.compressed(2, two), limits
+    )
+    # A bomb inside small layers stops at the limit, never inflated whole.
+    bomb = nest(encoder.json_frame(1, b" " * (256 << 20)), 3)
+    assert len(bomb) < 300 << 10
+    tracemalloc.start()
+    try:
+        receiver = Receiver(limits)
+        receiver.receive_data(bomb)
+        answer = receiver.next_event()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(answer, Violation) and "inflate past 1048576" in answer.reason
+    assert peak < 6 << 20, peak
+
+
+def test_a_w_inside_a_c_over_max_window_is_refused() -> None:
+    limits = Limits(max_window=10)
+    bad = encoder.compressed(2, j(1) + encoder.window(2, 11) + j(2))
+    assert "window of 11 events (limit 10)" in violation(bad, limits)
+
+
+def test_any_window_a_u32_can_say_is_accepted_by_default() -> None:
+    assert decode(encoder.window(2, 0xFFFFFFFF) + j(1)) == [Window(2, 0xFFFFFFFF), ev(1)]
 
 
 def test_bad_zlib_streams() -> None:
