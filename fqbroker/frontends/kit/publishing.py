@@ -92,7 +92,10 @@ class PublishingSession(HeldReading, RemotePeer):
     * **Room.** A block-policy queue that is full stops the publisher: reading pauses
       (:data:`ROOM`) and a task waits for room, publishes the rest of the batch, and goes on
       with what was read meanwhile. Earlier batches are acknowledged while a later one waits.
-    * **Budget.** What the machine buffers (a partial frame) is reserved against the broker's
+    * **Budget.** A machine may hand one read's messages in several batches: the next is
+      asked for only once there is room in the queues and, for a connection that waits for
+      the budget, while the budget is not spent.
+      What the machine buffers (a partial frame) is reserved against the broker's
       memory budget, through the connection's share of it (kit/reservations.py: within the
       per-connection and per-user caps, not at all for a connection with no user under
       ``auth = "password"``, and closed if the frame stalls); while the budget cannot
@@ -264,13 +267,17 @@ class PublishingSession(HeldReading, RemotePeer):
         """Act on every event the machine has: publish its batches, close on bad input,
         hand the others to :meth:`_control`; then acknowledge and reserve."""
         machine = self.machine
+        spent = False
         while (event := machine.next_event()) is not None:
             if isinstance(event, Batch):
                 self._publish(event)
                 if self.closing:
                     return  # refused by the session (a right its user lacks)
-                if self._holds & DISK:
-                    break  # the rest waits with the batch for the alarm to clear
+                if self._room is not None:
+                    break  # the machine's next batch once there is room, or no alarm
+                if self._spent():
+                    spent = True  # and once the budget is not spent
+                    break
             elif isinstance(event, BadInput):
                 self.broker.limits.bad(
                     self.FRONTEND, f"closing {self.TITLE} connection from %s: %s",
@@ -287,6 +294,9 @@ class PublishingSession(HeldReading, RemotePeer):
         self._ack_ready()
         if self._room is None and not self.closing:
             self._reserve()
+            if spent and self._room is None and not self.closing:
+                self._hold(BUDGET)
+                self._room = asyncio.ensure_future(self._budget_then_carry_on())
 
     def _control(self, event: object) -> None:
         """An event of the front end's own (Figg's ATTACH and DETACH)."""
@@ -336,6 +346,13 @@ class PublishingSession(HeldReading, RemotePeer):
         self._send_acks()  # the batches published, before what was read meanwhile
         self._pump()
 
+    def _spent(self) -> bool:
+        """Whether the budget is spent for a connection that waits for it: a machine
+        that hands a read's events in several batches (an inflated one can be far larger
+        than the read) is then not asked for the next until it has room."""
+        budget = self.broker.budget
+        return budget.used > budget.limit and may_reserve(self.broker.settings, self.user)
+
     def _reserve(self) -> None:
         """Hold budget for what the machine buffers; pause reading while it cannot."""
         machine = self.machine
@@ -375,6 +392,13 @@ class PublishingSession(HeldReading, RemotePeer):
             return
         self._release(BUDGET)
         self._pump()  # whatever arrived while reading was paused
+
+    async def _budget_then_carry_on(self) -> None:
+        await self.broker.budget.wait(0)
+        self._room = None
+        if not self.closing:
+            self._release(BUDGET)
+            self._pump()  # the machine's next batch
 
     def _refuse(self, what: str) -> None:
         """Close for a reservation the connection may not have (no one else's share)."""

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Config", "Machine"]
 
+# Messages' bytes in one batch: a read's events are handed on in batches of about this
+# much, so what compressed frames inflate to enters the queues a batch at a time, each
+# after the shell found the memory budget not spent.
+BATCH_OCTETS = 1 << 20
+
 
 @dataclass(frozen=True, slots=True)
 class Config:
@@ -40,8 +45,9 @@ class Machine(AckingMachine[tuple[int, int]]):
 
     :meth:`receive_data` feeds what a read brought to the
     :class:`~fqbroker.protocols.lumberjack.wire.Receiver`, with the time it came;
-    :meth:`next_event` hands back every event decoded since as one
-    :class:`~fqbroker.frontends.kit.acks.Batch` of fq messages (the configured exchange, the
+    :meth:`next_event` hands back the events decoded since as a
+    :class:`~fqbroker.frontends.kit.acks.Batch` of fq messages, of about
+    :data:`BATCH_OCTETS` at most, the rest in the next ones (the configured exchange, the
     route the template picks, the event's JSON bytes, sender ``lumberjack/ip:port`` and our
     node id as the only hop, as HTTP ``/submit`` stamps them), then a
     :class:`~fqbroker.frontends.kit.acks.BadInput` if the input broke the protocol or a limit
@@ -153,6 +159,8 @@ class Machine(AckingMachine[tuple[int, int]]):
             if isinstance(event, Events):
                 if event.events:
                     octets += self._add(event.version, event.events, runs)
+                    if octets >= BATCH_OCTETS:
+                        break  # the rest next call
             elif isinstance(event, Window):
                 self._new_window(event)
             else:
@@ -260,6 +268,8 @@ class Machine(AckingMachine[tuple[int, int]]):
         shipper waits for may be unread in the socket, or partly read (a memory budget
         spent holds a connection back between frames or within one); an ACK(0) the
         shipper did not wait for is read as the keepalive it is by Beats and pylogbeat.
+        A connection that has not sent a whole frame yet (a shipper starts with a W) is
+        no shipper waiting for an ACK.
         """
-        if self.version == 2 and (self._spoken or self._receiver.buffered):
+        if self.version == 2 and self._spoken:
             self._out.append(encode_ack(2, 0))

@@ -40,6 +40,8 @@ _C = 0x43
 _A = 0x41
 
 _HEADER = 2
+# Events after which a run is answered at the end of a C frame, the rest next call.
+_RUN = 4096
 _DATA_OF = {_V1: _D, _V2: _J}  # the data frame type each version carries
 
 
@@ -188,7 +190,8 @@ class Receiver:
     - :class:`Events` for every whole data frame decoded since the previous answer (``D`` in
       version 1, ``J`` in version 2, whether plain or inside a ``C`` frame), in wire order, all of
       one version (a run of frames is cut where the version changes, and before each ``W``, so
-      the shell can tie a ``W`` to the events that follow it);
+      the shell can tie a ``W`` to the events that follow it; and after a ``C`` frame once it
+      holds 4,096 events, so what a read's compressed frames inflate to comes in parts);
     - :class:`Violation` when the input breaks the protocol or one of the :class:`Limits`; it is
       final: the receiver answers it again on every later call and ignores further input, and
       the shell logs it, counts it and closes the connection;
@@ -329,6 +332,8 @@ class Receiver:
                     self._pos = stop
                     if not windows:
                         events += cast("list[Event]", inner)  # no W: events only
+                        if len(events) >= _RUN:
+                            break  # a read's C frames may inflate to far more than it
                         continue
                     answers = _answers(v - 0x30, inner)
                     first = answers[0]
