@@ -65,10 +65,10 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
     **Backpressure.** When a block-policy queue is full the publisher stops; the session
     pauses reading (the shipper's TCP window closes, and its batch's ACK waits). What the
     machine holds is reserved against the broker's memory budget, and reading also pauses
-    while the budget is spent or the shipper does not read its ACKs (the transport asks us
-    to pause writing). Whatever holds it back but the latter, and while an ACK waits for a
-    disk queue's fsync, a v2 shipper gets ``ACK(0)`` every ``keepalive_seconds`` (the
-    kit's keepalive timer).
+    while the budget is spent, while the disk alarm is raised, or while the shipper does not
+    read its ACKs (the transport asks us to pause writing). Whatever holds it back but the
+    latter, and while an ACK waits for a disk queue's fsync, a v2 shipper gets ``ACK(0)``
+    every ``keepalive_seconds`` (the kit's keepalive timer).
 
     **Bad input.** A :class:`~fqbroker.protocols.lumberjack.wire.Violation` (a limit
     exceeded, a malformed frame) closes this connection with one rate-limited log line and

@@ -34,8 +34,8 @@ Input idle this long with events unacknowledged: acknowledge them (a shipper tha
 one window and streams, such as lumberjack-protocol, would wait for the window otherwise)."""
 _KEEPALIVE = """\
 While the broker holds a connection back (a full block-policy queue, the memory budget,
-an fsync its ACK waits for), a v2 shipper gets ACK(0) this often: "still working" (v1 has
-no keepalive)."""
+the disk alarm, an fsync its ACK waits for), a v2 shipper gets ACK(0) this often: "still
+working" (v1 has no keepalive)."""
 
 _ANONYMOUS = """\
 Under auth = "password" clients log in with TLS client certificates (tls_cert here, the
