@@ -37,6 +37,7 @@ LAZY = (
     "fqbroker.frontends.http.host",
     "fqbroker.frontends.http.auth",
     "fqbroker.frontends.http.endpoints",
+    "fqbroker.frontends.http.submit",
     "fqbroker.frontends.http.stats.snapshot",
     "fqbroker.frontends.http.stats.metrics",
     "fqbroker.frontends.http.stats.frontends",

@@ -29,7 +29,8 @@ _AVG_SHIFT = 7
 
 @final
 class Reach:
-    """The bindings a route reaches, and whether any of their queues blocks.
+    """The bindings a route reaches, and whether any of their queues blocks or rejects
+    (``blocks``: its runs are published exactly, never gathered).
 
     A class, not a tuple: publish_runs tells reaches apart by identity, and compiled
     (mypyc) code keeps a fixed-length tuple unboxed, boxing it afresh for each ``is``, so
@@ -150,7 +151,10 @@ class Exchange:
             key = tuple(found)
             reach = self._reaches.get(key)
             if reach is None:
-                reach = self._reaches[key] = Reach(found, any(b.queue.blocks for b in found))
+                # A reject queue too is published to exactly, run by run, so that the
+                # publisher learns which batch it refused (Router.publish_runs).
+                exact = any(b.queue.blocks or b.queue.rejects for b in found)
+                reach = self._reaches[key] = Reach(found, exact)
         self.reach_by_route[route] = reach
         return reach
 

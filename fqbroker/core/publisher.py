@@ -10,6 +10,7 @@ socket; the only awaiting is in the coroutines a shell calls by name.
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -17,7 +18,26 @@ from fqbroker.core.message import Run
 from fqbroker.core.permissions import Permissions
 from fqbroker.core.router import ClientStats, Router, Target
 
-__all__ = ["DurableStore", "FlushDirty", "Publisher"]
+__all__ = [
+    "DISK_FULL",
+    "FULL_ERRNOS",
+    "PUBLISH_DENIED",
+    "QUEUE_FULL",
+    "WRITE_FAILED",
+    "DurableStore",
+    "FlushDirty",
+    "Publisher",
+]
+
+# Why a confirm fails (docs/confirms.md). Clients match the first words: a full disk's
+# text still starts as any failed write's does.
+WRITE_FAILED = "disk queue write failed"
+DISK_FULL = "disk queue write failed: disk full"
+QUEUE_FULL = "queue full"  # then ": " and the queue's name
+PUBLISH_DENIED = "publish denied"
+# A write that failed for want of space: the disk (or the quota, or the file size limit)
+# is full, not broken.
+FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class DurableStore(Protocol):
@@ -32,10 +52,10 @@ class DurableStore(Protocol):
         ...
 
 
-# Writes every disk store's appended messages: (the stores written, messages lost). It
-# is the catalog's; every publisher calls it before it next awaits, so what it finds is
-# its own.
-FlushDirty = Callable[[], tuple[Sequence[DurableStore], int]]
+# Writes every disk store's appended messages: (the stores written, messages lost, the
+# errno of the first write that failed, 0 if none did or it had none). It is the
+# catalog's; every publisher calls it before it next awaits, so what it finds is its own.
+FlushDirty = Callable[[], tuple[Sequence[DurableStore], int, int]]
 
 
 class Publisher:
@@ -50,7 +70,10 @@ class Publisher:
       reading, a peering link simply awaits;
     * durability: the disk stores it appended to are written (``flush_dirty``) before it
       waits and after each batch, and it records per store the last seq written and the
-      number of the first message a disk write failed for;
+      number of the first message a disk write failed for, and why (a full disk or not);
+    * refusals: a full reject-policy queue refuses messages as a drop-policy one does,
+      and the router counts them (:attr:`Router.rejected`); the publisher records the
+      first message of the batch refused, so a confirm covering it fails;
     * publisher confirms (docs/confirms.md): :meth:`confirm` answers once the first
       ``count`` messages are handled and durable, or says why not;
     * permissions (auth = "password", :mod:`fqbroker.core.permissions`): a run on an
@@ -76,7 +99,10 @@ class Publisher:
         "closed",
         "denied_from",
         "failed_from",
+        "failed_why",
         "handled",
+        "rejected_by",
+        "rejected_from",
         "stamp_size",
         "stats",
         "written",
@@ -114,6 +140,11 @@ class Publisher:
         # failed for, and the event confirms wait on (made by the first that waits).
         self.written: dict[DurableStore, int] | None = None
         self.failed_from: int | None = None
+        self.failed_why = WRITE_FAILED
+        # The first message a full reject-policy queue refused (at most: the first of its
+        # batch), and that queue's name.
+        self.rejected_from: int | None = None
+        self.rejected_by = b""
         # The number of the first message denied (at most: see _deny), if any was.
         self.denied_from: int | None = None
         self._progress: asyncio.Event | None = None
@@ -154,8 +185,10 @@ class Publisher:
         i = self._next
         stats = self.stats
         counting = self._octets >= 0
-        publish_runs = self._router.publish_runs
+        router = self._router
+        publish_runs = router.publish_runs
         may = self._may_publish
+        rejected = router.rejected
         while i < len(runs):
             if may is None:
                 i, done, blocked = publish_runs(runs, i, stats)
@@ -176,6 +209,9 @@ class Publisher:
                     if k < len(part):
                         runs[i + k] = part[k]  # the rest of a run published in part
                     i += k
+            if router.rejected != rejected:
+                rejected = router.rejected
+                self._rejected(self.handled + 1 if counting else self._first)
             if counting:
                 self.handled += done
                 stats.msgs_in += done
@@ -190,6 +226,9 @@ class Publisher:
                 self._next = i
                 self.blocked = blocked
                 self.flush()
+                if not counting:
+                    # handled counts the whole batch: the rest starts this far back.
+                    self._first = self.handled + 1 - sum(len(r[2]) for r in runs[i:])
                 return False
         if counting:
             stats.octets_in += self._octets
@@ -230,6 +269,14 @@ class Publisher:
         self._router.count_denied(self.stats, run[0], n)
         return n
 
+    def _rejected(self, first: int) -> None:
+        """A full reject-policy queue refused messages of the batch starting at ``first``
+        (the router does not say which: a confirm covering any of the batch fails)."""
+        if self.rejected_from is None or first < self.rejected_from:
+            self.rejected_from = first
+            by = self._router.rejected_by
+            self.rejected_by = b"" if by is None else by.name
+
     def size_dropped(self, count: int) -> None:
         """Messages refused for their size before they were routed."""
         self._router.count(self.stats, size_dropped=count)
@@ -238,7 +285,7 @@ class Publisher:
 
     def flush(self) -> None:
         """Write what was appended to disk stores; lost messages count as drops."""
-        written, lost = self._flush_dirty()
+        written, lost, error = self._flush_dirty()
         if written:
             if self.written is None:
                 self.written = {}
@@ -248,6 +295,7 @@ class Publisher:
             self._router.count(self.stats, dropped=lost)
             if self.failed_from is None:
                 self.failed_from = self._first
+                self.failed_why = DISK_FULL if error in FULL_ERRNOS else WRITE_FAILED
         self._first = self.handled + 1
         if self._progress is not None:
             self._progress.set()
@@ -268,18 +316,31 @@ class Publisher:
                 del self.written[store]
         return True
 
+    def refused(self, count: int) -> str | None:
+        """Why one of the first ``count`` handled messages is not accepted, as far as is
+        known without waiting for an fsync; None if nothing says so yet."""
+        if self.denied_from is not None and self.denied_from <= count:
+            return PUBLISH_DENIED
+        if self.failed_from is not None and self.failed_from <= count:
+            return self.failed_why
+        if self.rejected_from is not None and self.rejected_from <= count:
+            return f"{QUEUE_FULL}: {self.rejected_by.decode('ascii', 'backslashreplace')}"
+        return None
+
     async def confirm(self, count: int) -> str | None:
-        """Wait until the first ``count`` messages are routed and durable; None, or why not."""
+        """Wait until the first ``count`` messages are routed and durable; None, or why not.
+
+        The one answer every front end gives: an fq confirm's, /submit's, and what
+        decides whether Lumberjack and Figg acknowledge."""
         while self.handled < count:
             if self.closed:
                 return "data channel closed"
             if self._progress is None:
                 self._progress = asyncio.Event()
             await self._progress.wait()
-        if self.denied_from is not None and self.denied_from <= count:
-            return "publish denied"
-        if self.failed_from is not None and self.failed_from <= count:
-            return "disk queue write failed"
+        why = self.refused(count)
+        if why is not None:
+            return why
         if not await self.durable():
-            return "disk queue write failed"  # an fsync failed
+            return WRITE_FAILED  # an fsync failed
         return None

@@ -3,7 +3,8 @@
 A queue holds the messages routed to it, each as the peer frame its consumers receive, in
 a :class:`Store` (:class:`MemoryStore` here; the disk queue's store implements the same
 protocol in :mod:`fqbroker.storage.store`). Under drop, what is past a limit is refused
-and counted; under block, only the publishers into a full queue wait. Waiting consumers
+and counted; under reject, refused as under drop, and the router tells the publisher so
+its confirm fails; under block, only the publishers into a full queue wait. Waiting consumers
 are called back in line and share a burst evenly: docs/queues.md says how, docs/memory.md
 covers the byte limits.
 """
@@ -88,6 +89,7 @@ class Queue:
         "permanent",
         "policy",
         "private",
+        "rejects",
         "store",
     )
 
@@ -103,6 +105,7 @@ class Queue:
         self.private = spec.is_private
         self.policy = spec.effective_policy
         self.blocks = self.policy is Policy.BLOCK
+        self.rejects = self.policy is Policy.REJECT
         self.limit = spec.backlog_limit
         # A disk queue's messages are in its files: its byte limit is its cache's.
         self._given_bytes = spec.backlog_bytes  # None: the broker's default, not stored
@@ -174,9 +177,8 @@ class Queue:
                 raise QueueError("requested private, queue is public")
             raise QueueError("requested public, queue is private")
         if spec.effective_policy != self.policy:
-            if spec.effective_policy is Policy.BLOCK:
-                raise QueueError("request block, queue is drop")
-            raise QueueError("request drop, queue is block")
+            # fqd's text for drop against block, and the same shape for reject.
+            raise QueueError(f"request {spec.effective_policy}, queue is {self.policy}")
         # A differing backlog= is ignored: the queue keeps the limit it was made with.
 
     def attach(self, client: object) -> None:
@@ -191,7 +193,8 @@ class Queue:
     # --- producing ------------------------------------------------------------------------
 
     def offer(self, frames: list[bytes], size: int = -1) -> int:
-        """Append messages in order; under drop, those past either limit are refused.
+        """Append messages in order; under drop and reject, those past either limit are
+        refused (the router tells a reject queue's publisher).
 
         ``size``: their bytes, if the caller has counted them already.
         """

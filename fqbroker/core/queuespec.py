@@ -3,7 +3,8 @@ docs/fq-protocol.md §1.3).
 
 ``parse_queue_field`` turns the raw field into a :class:`QueueSpec` or raises
 :class:`~fqbroker.errors.AuthError` with fqd's exact text. ``QueueSpec.attributes`` is
-the canonical ``private|public,drop|block,backlog=N`` form fqd stores in sqlite.
+the canonical ``private|public,drop|block|reject,backlog=N`` form fqd stores in sqlite
+(``reject`` is fqbroker's: fqd refuses a row with it, as it refuses ``backlog_bytes``).
 """
 
 from __future__ import annotations
@@ -40,8 +41,13 @@ class QueueKind(StrEnum):
 
 
 class Policy(StrEnum):
+    """What a full queue does with a message: ``drop`` it (and the publisher is not told),
+    ``block`` the publisher until there is room, or ``reject`` it and tell the publisher
+    (an fqbroker extension: its confirm fails, docs/queues.md)."""
+
     DROP = "drop"
     BLOCK = "block"
+    REJECT = "reject"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +134,8 @@ def _apply_params(spec: QueueSpec, params: str) -> QueueSpec:
             changes["policy"] = Policy.DROP
         elif token == "block":
             changes["policy"] = Policy.BLOCK
+        elif token == "reject":
+            changes["policy"] = Policy.REJECT
         elif token == "permanent":
             changes["permanent"] = True
         elif token == "transient":

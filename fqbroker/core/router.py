@@ -139,6 +139,11 @@ class Router:
         self.times = RouteTimes()
         self.sample = False  # time the next batch (RouteTimes)
         self._last_route_id = 0
+        # Copies refused by full reject-policy queues (counted dropped too), and the last
+        # queue that refused one: a publisher compares the count before and after a
+        # publish_runs call to learn that its batch was refused, and names the queue.
+        self.rejected = 0
+        self.rejected_by: Target | None = None
 
     # --- bindings -------------------------------------------------------------------------
 
@@ -316,14 +321,16 @@ class Router:
                 self._offer_gathered(gathered)
                 gathered = {}
                 if reach is None:
-                    n, size, run_routed, run_dropped, run_no_route, blocked = self._publish_each(
-                        ex, frames, head
+                    n, size, run_routed, run_dropped, run_no_route, blocked, refused = (
+                        self._publish_each(ex, frames, head)
                     )
                 else:
-                    n, size, run_routed, run_dropped, blocked = _publish_exactly(
+                    n, size, run_routed, run_dropped, blocked, refused = _publish_exactly(
                         reach.hits, frames, head
                     )
                     run_no_route = 0
+                if refused is not None:
+                    self._count_rejected(refused)
                 if n < len(frames):
                     runs[i] = (exchange, route, frames[n:], head)
                 else:
@@ -406,6 +413,12 @@ class Router:
         if ex is not None:
             ex.denied += n
 
+    def _count_rejected(self, refused: tuple[Target, int]) -> None:
+        """Copies a reject-policy queue refused (``refused``: the first such queue, and
+        how many copies every such queue of the run refused)."""
+        self.rejected_by = refused[0]
+        self.rejected += refused[1]
+
     @staticmethod
     def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:
         for queue, slot in gathered.items():
@@ -416,14 +429,16 @@ class Router:
 
     def _publish_each(
         self, ex: Exchange, frames: list[bytes], head: int
-    ) -> tuple[int, int, int, int, int, list[Target]]:
+    ) -> tuple[int, int, int, int, int, list[Target], tuple[Target, int] | None]:
         """A run whose targets depend on more than its route: one message at a time.
 
         Stops after the first message that leaves a block-policy target full. Returns the
-        frames published, their payload bytes, routed, dropped, no_route and those targets.
+        frames published, their payload bytes, routed, dropped, no_route, those targets,
+        and what reject-policy queues refused (as :func:`_publish_exactly`).
         """
         routed = dropped = no_route = 0
         blocked: list[Target] = []
+        refused: tuple[Target, int] | None = None
         n = 0
         for frame in frames:
             n += 1
@@ -435,13 +450,15 @@ class Router:
             for queue in targets:
                 if not queue.offer(one):
                     dropped += 1
+                    if queue.rejects:
+                        refused = (queue if refused is None else refused[0], _copies(refused) + 1)
                 elif queue.is_full:
                     blocked.append(queue)
             routed += len(targets)
             if blocked:
                 break
         size = sum(map(len, frames[:n] if n < len(frames) else frames)) - n * head
-        return n, size, routed, dropped, no_route, blocked
+        return n, size, routed, dropped, no_route, blocked, refused
 
     def publish(self, msg: Message, client: ClientStats | None = None) -> PublishResult:
         """Publish one message, as a run of one, and say what became of it
@@ -463,13 +480,18 @@ class Router:
         )
 
 
+def _copies(refused: tuple[Target, int] | None) -> int:
+    return 0 if refused is None else refused[1]
+
+
 def _publish_exactly(
     hits: list[Binding], frames: list[bytes], head: int
-) -> tuple[int, int, int, int, list[Target]]:
-    """A run with a block-policy target, whose targets follow from its route.
+) -> tuple[int, int, int, int, list[Target], tuple[Target, int] | None]:
+    """A run with a block- or reject-policy target, whose targets follow from its route.
 
     Stops after the first message that leaves a block-policy target full. Returns the
-    frames published, their payload bytes, routed, dropped and those targets.
+    frames published, their payload bytes, routed, dropped, those targets, and what
+    reject-policy queues refused: None, or the first such queue and the copies refused.
     """
     n = len(frames)
     for binding in hits:
@@ -480,10 +502,14 @@ def _publish_exactly(
     size = sum(map(len, batch)) - n * head
     dropped = 0
     blocked: list[Target] = []
+    refused: tuple[Target, int] | None = None
     for binding in hits:
         binding.invocations += n
         queue = binding.queue
-        dropped += n - queue.offer(batch)
+        lost = n - queue.offer(batch)
+        dropped += lost
+        if lost and queue.rejects:
+            refused = (queue if refused is None else refused[0], _copies(refused) + lost)
         if queue.is_full:
             blocked.append(queue)
-    return n, size, n * len(hits), dropped, blocked
+    return n, size, n * len(hits), dropped, blocked, refused

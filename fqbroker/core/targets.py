@@ -25,6 +25,12 @@ class Target(Protocol):
     blocks: bool
     """Block policy: full, it takes messages still and makes the publisher wait."""
 
+    name: bytes
+    """What it is called, in a refused publisher's confirm failure."""
+
+    rejects: bool
+    """Reject policy: full, it refuses messages and their publisher learns of it."""
+
     @property
     def room(self) -> int:
         """Messages it takes before it is full (0 or less: none)."""
@@ -56,6 +62,7 @@ class Sink:
     :meth:`offer`."""
 
     blocks = False
+    rejects = False
     name = b"(sink)"
 
     @property

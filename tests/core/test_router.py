@@ -27,6 +27,8 @@ class Box:
         return len(taken)
 
     blocks = False
+    rejects = False
+    name = b"box"
 
     @property
     def room(self) -> int:

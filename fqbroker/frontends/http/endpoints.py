@@ -22,15 +22,13 @@ from urllib.parse import unquote, urlsplit
 import aiofiles.os
 import h11
 
-from fqbroker.core.message import Message, runs_of
-from fqbroker.frontends.http import auth, checkpoints, crosssite
+from fqbroker.frontends.http import auth, checkpoints, crosssite, submit
 from fqbroker.frontends.http.admin import routes as admin
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.reads import guard, topics
 from fqbroker.frontends.http.reads import queues as replay
 from fqbroker.frontends.http.stats.snapshot import http_counters
 from fqbroker.frontends.kit.connections import peer_address
-from fqbroker.protocols.fq import wire
 
 __all__ = ["serve"]
 
@@ -89,13 +87,6 @@ def _json_reply(status: int, obj: object, *, close: bool = False) -> Reply:
 def _refused_reply(status: int, text: str) -> Reply:
     # The admin API's error shape, which fq-admin and the web UI show as they are.
     return _json_reply(status, {"status": "error", "error": text})
-
-
-def _submit_error(text: str, *, close: bool = False) -> Reply:
-    # fqd's exact body and status line: "500 ERROR" and { "error": "<msg>" }
-    # (docs/fq-protocol.md §4.2).
-    body = b'{ "error": ' + json.dumps(text).encode() + b" }\n"
-    return Reply(500, body, reason=b"ERROR", close=close)
 
 
 NOT_FOUND = Reply(404, content_type="text/html")
@@ -436,65 +427,17 @@ class _Connection:
         return reply
 
     async def _submit(self, headers: dict[bytes, bytes]) -> Reply:
-        """Publish the body as one message, as fqd's /submit does
-        (docs/fq-protocol.md §4.2, §1.11)."""
-        broker = self.broker
-        if b"transfer-encoding" in headers or b"content-length" not in headers:
-            # fqd needs the length up front; chunked bodies get the same answer.
-            return _submit_error("no message")
-        length = int(headers[b"content-length"])  # h11 has checked it is a number
-        # The body, and the frame made of it: what the budget holds while we read, as the
-        # requester's share of it (capped per connection and per user, docs/memory.md).
-        reserve = 2 * length
-        user = auth.credentials(headers).user
-        share = broker.budget.share(None if user is None else user.encode())
-        try:
-            if length > min(broker.settings.max_message_size, broker.settings.http_max_body) or (
-                reserve > share.cap
-            ):
-                # fqd takes any size; we refuse before reading, as the data channel would,
-                # and the body is discarded as it arrives (docs/memory.md).
-                return Reply(413, b'{ "error": "message too large" }\n', close=True)
-            await share.acquire(reserve)  # publishers are slowed while it is spent
-            return await self._publish_body(headers, length)
-        finally:
-            share.close()
+        """/submit (submit.py): one message, answered as a publisher confirm is."""
+        expects_continue = self.conn.they_are_waiting_for_100_continue
+        answer = await submit.submit(self.broker, headers, expects_continue, self._submitted)
+        return Reply(answer.status, answer.body, reason=answer.reason, close=answer.close)
 
-    async def _publish_body(self, headers: dict[bytes, bytes], length: int) -> Reply:
-        broker = self.broker
-        sender = headers.get(b"x-fq-sender") or b"_web"
-        route = headers.get(b"x-fq-route")
-        exchange = headers.get(b"x-fq-exchange")
-        problem = _header_problem(sender, route, exchange)
-        if problem and self.conn.they_are_waiting_for_100_continue:
-            # No need to take a body we will refuse anyway.
-            return _submit_error(problem, close=True)
+    async def _submitted(self, length: int) -> bytes | None:
+        """/submit's body; None if the client cut it short."""
         try:
-            payload = await self._read_body(length)
+            return await self._read_body(length)
         except _BodyCut:
-            return _submit_error("short message", close=True)
-        if not payload:
-            return _submit_error("no message")
-        if problem:
-            return _submit_error(problem)
-        assert route is not None and exchange is not None
-        # One hop, the node id: fqd sends none, which the npm client rejects
-        # (docs/fq-protocol.md §9 point 6).
-        msg = Message(exchange, route, payload, broker.msgids.next(), sender, broker.node_id)
-        publisher = broker.make_publisher()
-        room = publisher.publish(runs_of([msg]), len(payload))
-        # Written and durable under each disk queue's fsync policy before we say "routed":
-        # a 200 is as good as a publisher confirm.
-        if not await publisher.durable():
-            return _submit_error("disk queue write failed")  # an fsync failed, as a confirm
-        if not room:
-            await publisher.wait_for_room()  # block policy: the reply waits for room
-        result = publisher.stats  # this message's outcome, disk writes lost counted dropped
-        body = (
-            f'{{"routed":{result.routed},"dropped":{result.dropped},'
-            f'"no_route":{result.no_route},"no_exchange":{result.no_exchange}}}\n'
-        )
-        return Reply(200, body.encode())
+            return None
 
     async def _admin(
         self, request: h11.Request, path: str, query: str, headers: dict[bytes, bytes]
@@ -553,22 +496,6 @@ async def linger_close(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
             while await reader.read(65536):
                 pass
     writer.close()
-
-
-def _header_problem(sender: bytes, route: bytes | None, exchange: bytes | None) -> str | None:
-    """fqd's header checks, in fqd's order (docs/fq-protocol.md §4.2); None when all is
-    well."""
-    if len(sender) > wire.MAX_RK_LEN:
-        return "sender too long"
-    if route is None:
-        return "missing route"
-    if len(route) > wire.MAX_RK_LEN:
-        return "route too long"
-    if exchange is None:
-        return "missing exchange"
-    if len(exchange) > wire.MAX_RK_LEN:
-        return "exchange too long"
-    return None
 
 
 def _read_static(root: Path, url_path: str) -> tuple[bytes, str] | None:

@@ -109,6 +109,8 @@ class PublishingSession(HeldReading, RemotePeer):
       the broker's fsync policy (``Publisher.durable``: a task waits for the fsync).
     * **Disk failure.** A failed write or fsync closes the connection without the ACK: the
       client sends those messages again.
+    * **Refused.** So does a message a full reject-policy queue refused (docs/queues.md),
+      with its own log line.
     * **Keepalives.** A protocol with a keepalive frame (:meth:`_keepalive_every` above 0)
       sends it every so often while reading is held back for any reason but :data:`WRITE`
       (the client not reading: nothing could be written) and while an ACK waits for an
@@ -457,6 +459,10 @@ class PublishingSession(HeldReading, RemotePeer):
                 if failed is not None and failed <= due:
                     self._disk_failed()
                     return
+                rejected = publisher.rejected_from
+                if rejected is not None and rejected <= due:
+                    self._refused(publisher.refused(due))
+                    return
                 if publisher.written:
                     self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
                     self._arm_keepalive()
@@ -474,6 +480,14 @@ class PublishingSession(HeldReading, RemotePeer):
             return
         self.machine.acknowledge(handled)
         self._ack_ready()  # more may have been handled meanwhile
+
+    def _refused(self, why: str | None) -> None:
+        # As a disk failure: no ACK, so the client sends the batch again, later.
+        self.broker.limits.log.log(
+            logging.WARNING, self.FRONTEND,
+            f"closing {self.TITLE} connection from %s: %s; not acknowledged", self._name(), why,
+        )  # fmt: skip
+        self.close()
 
     def _disk_failed(self) -> None:
         self.broker.limits.log.log(

@@ -165,15 +165,16 @@ class Catalog:
         self.router.unbind_queue(queue)
         queue.close(destroy=True)
 
-    def flush_dirty(self) -> tuple[list[DiskStore], int]:
-        """Write every disk store's appended messages: (stores written, messages lost).
+    def flush_dirty(self) -> tuple[list[DiskStore], int, int]:
+        """Write every disk store's appended messages: (stores written, messages lost, the
+        errno of the first failed write or 0), the errno telling a full disk from others.
 
         Every publisher calls this before it next awaits, so what it finds is its own:
         its :class:`~fqbroker.core.publisher.Publisher` counts the lost messages as drops,
         in the aggregate and for itself, so status shows them to any fq client.
         """
         written: list[DiskStore] = []
-        lost = 0
+        lost = error = 0
         while self.dirty:
             store = self.dirty.pop()
             pending = store.pending
@@ -189,9 +190,10 @@ class Catalog:
                     exc,
                 )
                 lost += pending
+                error = error or exc.errno or 0
             else:
                 written.append(store)
-        return written, lost
+        return written, lost, error
 
     def close(self) -> None:
         for queue in self.queues.values():
