@@ -234,3 +234,23 @@ async def test_submit_too_large_is_refused_before_the_body(broker: Broker) -> No
     assert b"connection: close" in data.lower()
     assert broker.router.aggregate.messages == 0
     await assert_still_serving(broker)
+
+
+async def test_submit_into_a_full_reject_queue_answers_507(broker: Broker) -> None:
+    """Refused, not dropped in silence: the answer says which queue, as a confirm does."""
+    source = "c/rq/mem:permanent,reject,backlog=2,public"
+    async with Client(port=broker.port, source=source) as setup:
+        await setup.bind(b"test", b"prefix:", wire.BindFlags.PERM)
+    headers = [("X-Fq-Route", "r"), ("X-Fq-Exchange", "test")]
+    async with asyncio.timeout(TIMEOUT):
+        for i in range(2):
+            response, body = await get(broker.port, "/submit", headers, b"kept %d" % i)
+            assert response.status_code == 200, body
+        response, body = await get(broker.port, "/submit", headers, b"refused")
+        assert (response.status_code, body) == (507, b'{ "error": "queue full: rq" }\n')
+        assert response.reason == b"Insufficient Storage"
+        async with Client(port=broker.port, source=source) as reader:
+            assert [(await reader.receive()).payload for _ in range(2)] == [b"kept 0", b"kept 1"]
+        # Room again.
+        response, _ = await get(broker.port, "/submit", headers, b"again")
+        assert response.status_code == 200
