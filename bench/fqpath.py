@@ -44,7 +44,7 @@ class _Host:
         pass
 
     def make_publisher(self, stats: Any = None, permissions: Any = None) -> Publisher:
-        return Publisher(self.router, lambda: ((), 0), stats, permissions=permissions)
+        return Publisher(self.router, lambda: ((), 0, 0), stats, permissions=permissions)
 
 
 class _Transport:

@@ -23,8 +23,8 @@ READ = 64  # messages per read
 RUN = 8  # messages in a row on one exchange
 
 
-def _no_disk() -> tuple[list[DurableStore], int]:
-    return [], 0
+def _no_disk() -> tuple[list[DurableStore], int, int]:
+    return [], 0, 0
 
 
 def _publisher(permissions: Permissions | None) -> tuple[Publisher, list[list[Run]]]:

@@ -25,6 +25,8 @@ class Sink:
 
     is_full = False
     blocks = False
+    rejects = False
+    name = b"sink"
     room = 1 << 62
     room_bytes = 1 << 62
 
