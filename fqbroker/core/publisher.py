@@ -274,8 +274,7 @@ class Publisher:
         (the router does not say which: a confirm covering any of the batch fails)."""
         if self.rejected_from is None or first < self.rejected_from:
             self.rejected_from = first
-            by = self._router.rejected_by
-            self.rejected_by = b"" if by is None else by.name
+            self.rejected_by = self._router.rejected_by
 
     def size_dropped(self, count: int) -> None:
         """Messages refused for their size before they were routed."""

@@ -139,11 +139,11 @@ class Router:
         self.times = RouteTimes()
         self.sample = False  # time the next batch (RouteTimes)
         self._last_route_id = 0
-        # Copies refused by full reject-policy queues (counted dropped too), and the last
-        # queue that refused one: a publisher compares the count before and after a
-        # publish_runs call to learn that its batch was refused, and names the queue.
+        # Copies refused by full reject-policy queues (counted dropped too), and the name
+        # of the last queue that refused one: a publisher compares the count before and
+        # after a publish_runs call to learn that its batch was refused, and names it.
         self.rejected = 0
-        self.rejected_by: Target | None = None
+        self.rejected_by = b""
 
     # --- bindings -------------------------------------------------------------------------
 
@@ -236,9 +236,10 @@ class Router:
         same bindings (one shared Reach: :meth:`Exchange.hits`) are joined first and
         gathered as one, so many routes into few queues cost a run a few lookups, not a
         walk over its targets; each queue still gets its messages in the order sent. A run
-        that reaches a block-policy queue, or needs programs run, is published exactly
-        after what was gathered, and stops after the message that leaves a block-policy
-        queue full.
+        that reaches a block- or reject-policy queue, or needs programs run, is published
+        exactly after what was gathered, and stops after the message that leaves a
+        block-policy queue full; what reject-policy queues refuse is counted in
+        :attr:`rejected`.
 
         Returns the index to go on from, the messages published and the block-policy
         targets now full (publish again after waiting on them); when a run was published
@@ -416,7 +417,7 @@ class Router:
     def _count_rejected(self, refused: tuple[Target, int]) -> None:
         """Copies a reject-policy queue refused (``refused``: the first such queue, and
         how many copies every such queue of the run refused)."""
-        self.rejected_by = refused[0]
+        self.rejected_by = refused[0].name
         self.rejected += refused[1]
 
     @staticmethod
