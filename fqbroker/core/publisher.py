@@ -72,8 +72,9 @@ class Publisher:
       waits and after each batch, and it records per store the last seq written and the
       number of the first message a disk write failed for, and why (a full disk or not);
     * refusals: a full reject-policy queue refuses messages as a drop-policy one does,
-      and the router counts them (:attr:`Router.rejected`); the publisher records the
-      first message of the batch refused, so a confirm covering it fails;
+      and the router counts them (:attr:`Router.rejected`) and says where its call
+      refused the first; the publisher records that message's number, so a confirm
+      covering it fails;
     * publisher confirms (docs/confirms.md): :meth:`confirm` answers once the first
       ``count`` messages are handled and durable, or says why not;
     * permissions (auth = "password", :mod:`fqbroker.core.permissions`): a run on an
@@ -141,8 +142,7 @@ class Publisher:
         self.written: dict[DurableStore, int] | None = None
         self.failed_from: int | None = None
         self.failed_why = WRITE_FAILED
-        # The first message a full reject-policy queue refused (at most: the first of its
-        # batch), and that queue's name.
+        # The first message a full reject-policy queue refused, and that queue's name.
         self.rejected_from: int | None = None
         self.rejected_by = b""
         # The number of the first message denied (at most: see _deny), if any was.
@@ -189,6 +189,9 @@ class Publisher:
         publish_runs = router.publish_runs
         may = self._may_publish
         rejected = router.rejected
+        # Messages before the next one published: what the router's count of a call's
+        # messages before its first refused one is added to.
+        before = self.handled if counting else self._first - 1
         while i < len(runs):
             if may is None:
                 i, done, blocked = publish_runs(runs, i, stats)
@@ -211,7 +214,8 @@ class Publisher:
                     i += k
             if router.rejected != rejected:
                 rejected = router.rejected
-                self._rejected(self.handled + 1 if counting else self._first)
+                self._rejected(before + router.rejected_after + 1)
+            before += done
             if counting:
                 self.handled += done
                 stats.msgs_in += done
@@ -270,8 +274,8 @@ class Publisher:
         return n
 
     def _rejected(self, first: int) -> None:
-        """A full reject-policy queue refused messages of the batch starting at ``first``
-        (the router does not say which: a confirm covering any of the batch fails)."""
+        """A full reject-policy queue refused message number ``first`` (and maybe more
+        after it): a confirm covering it fails."""
         if self.rejected_from is None or first < self.rejected_from:
             self.rejected_from = first
             self.rejected_by = self._router.rejected_by

@@ -79,6 +79,16 @@ def _gather(
     return dropped
 
 
+# What reject-policy queues refused of a run: the first queue that did, the copies
+# refused by all of them, and the index in the run of the first message refused.
+Refused = tuple[Target, int, int]
+
+
+def _one_more(refused: Refused, copies: int, at: int = -1) -> Refused:
+    first = refused[2] if at < 0 else min(refused[2], at)
+    return (refused[0], refused[1] + copies, first)
+
+
 def _settle_group(
     ex: Exchange,
     hits: list[Binding],
@@ -139,11 +149,13 @@ class Router:
         self.times = RouteTimes()
         self.sample = False  # time the next batch (RouteTimes)
         self._last_route_id = 0
-        # Copies refused by full reject-policy queues (counted dropped too), and the name
-        # of the last queue that refused one: a publisher compares the count before and
-        # after a publish_runs call to learn that its batch was refused, and names it.
+        # Copies refused by full reject-policy queues (counted dropped too); of the last
+        # publish_runs call that refused one, the first queue that did and how many
+        # messages that call published before the first refused one. A publisher compares
+        # the count before and after its call to learn which of its messages was refused.
         self.rejected = 0
         self.rejected_by = b""
+        self.rejected_after = 0
 
     # --- bindings -------------------------------------------------------------------------
 
@@ -265,6 +277,7 @@ class Router:
         last_name = None
         reached = _NOWHERE.reach_by_route
         timed = perf_counter_ns() if self.sample else 0  # RouteTimes: a sampled batch
+        refusals = self.rejected  # what reject-policy queues refused before this call
         i = start
         end = len(runs)  # runs[i] may be replaced by its rest, never added to
         try:
@@ -331,7 +344,10 @@ class Router:
                     )
                     run_no_route = 0
                 if refused is not None:
-                    self._count_rejected(refused)
+                    if self.rejected == refusals:  # the call's first: where it was
+                        self.rejected_by = refused[0].name
+                        self.rejected_after = messages + refused[2]
+                    self.rejected += refused[1]
                 if n < len(frames):
                     runs[i] = (exchange, route, frames[n:], head)
                 else:
@@ -414,12 +430,6 @@ class Router:
         if ex is not None:
             ex.denied += n
 
-    def _count_rejected(self, refused: tuple[Target, int]) -> None:
-        """Copies a reject-policy queue refused (``refused``: the first such queue, and
-        how many copies every such queue of the run refused)."""
-        self.rejected_by = refused[0].name
-        self.rejected += refused[1]
-
     @staticmethod
     def _offer_gathered(gathered: dict[Target, list[Any]]) -> None:
         for queue, slot in gathered.items():
@@ -430,7 +440,7 @@ class Router:
 
     def _publish_each(
         self, ex: Exchange, frames: list[bytes], head: int
-    ) -> tuple[int, int, int, int, int, list[Target], tuple[Target, int] | None]:
+    ) -> tuple[int, int, int, int, int, list[Target], Refused | None]:
         """A run whose targets depend on more than its route: one message at a time.
 
         Stops after the first message that leaves a block-policy target full. Returns the
@@ -439,7 +449,7 @@ class Router:
         """
         routed = dropped = no_route = 0
         blocked: list[Target] = []
-        refused: tuple[Target, int] | None = None
+        refused: Refused | None = None
         n = 0
         for frame in frames:
             n += 1
@@ -452,7 +462,7 @@ class Router:
                 if not queue.offer(one):
                     dropped += 1
                     if queue.rejects:
-                        refused = (queue if refused is None else refused[0], _copies(refused) + 1)
+                        refused = (queue, 1, n - 1) if refused is None else _one_more(refused, 1)
                 elif queue.is_full:
                     blocked.append(queue)
             routed += len(targets)
@@ -481,13 +491,9 @@ class Router:
         )
 
 
-def _copies(refused: tuple[Target, int] | None) -> int:
-    return 0 if refused is None else refused[1]
-
-
 def _publish_exactly(
     hits: list[Binding], frames: list[bytes], head: int
-) -> tuple[int, int, int, int, list[Target], tuple[Target, int] | None]:
+) -> tuple[int, int, int, int, list[Target], Refused | None]:
     """A run with a block- or reject-policy target, whose targets follow from its route.
 
     Stops after the first message that leaves a block-policy target full. Returns the
@@ -503,14 +509,16 @@ def _publish_exactly(
     size = sum(map(len, batch)) - n * head
     dropped = 0
     blocked: list[Target] = []
-    refused: tuple[Target, int] | None = None
+    refused: Refused | None = None
     for binding in hits:
         binding.invocations += n
         queue = binding.queue
-        lost = n - queue.offer(batch)
+        took = queue.offer(batch)
+        lost = n - took
         dropped += lost
         if lost and queue.rejects:
-            refused = (queue if refused is None else refused[0], _copies(refused) + lost)
+            # A queue takes what fits and refuses the rest: the first refused is at took.
+            refused = (queue, lost, took) if refused is None else _one_more(refused, lost, took)
         if queue.is_full:
             blocked.append(queue)
     return n, size, n * len(hits), dropped, blocked, refused

@@ -36,9 +36,9 @@ async def test_a_confirm_covering_a_rejected_batch_fails(catalog: Catalog) -> No
     assert len(queue.take(100)) == 3
     # Counted dropped, as a drop-policy queue's, and rejected.
     assert (publisher.stats.routed, publisher.stats.dropped, router.rejected) == (5, 2, 2)
-    assert publisher.rejected_from == 3  # the first of the batch refused in part
-    assert await publisher.confirm(2) is None
-    assert await publisher.confirm(3) == "queue full: q"
+    assert publisher.rejected_from == 4  # the first it refused, not the first of its batch
+    assert await publisher.confirm(3) is None
+    assert await publisher.confirm(4) == "queue full: q"
     assert await publisher.confirm(5) == "queue full: q"
 
 
@@ -66,17 +66,20 @@ async def test_beside_other_queues_and_through_programs(catalog: Catalog) -> Non
     sent = messages(3)
     assert publisher.publish(runs_of(sent), octets(sent))
     assert (len(full.take(100)), len(other.take(100))) == (2, 3)
+    assert publisher.rejected_from == 3
+    assert await publisher.confirm(2) is None
     assert await publisher.confirm(3) == "queue full: full"
     each = Publisher(router, catalog.flush_dirty)
     sent = messages(2, b"ex2")
     assert each.publish(runs_of(sent), octets(sent))
-    assert len(picky.take(100)) == 1 and each.rejected_from == 1
+    assert len(picky.take(100)) == 1 and each.rejected_from == 2
+    assert await each.confirm(1) is None
     assert await each.confirm(2) == "queue full: picky"
 
 
 async def test_a_rejected_batch_counted_when_read(catalog: Catalog) -> None:
-    """Counted as read before it is published (received()): the batch's first message
-    stands for it, after a wait on a block-policy queue too."""
+    """Counted as read before it is published (received()): the number is found as
+    well, after a wait on a block-policy queue too."""
     router = catalog.router
     block = Queue(QueueSpec(b"b", policy=Policy.BLOCK, backlog=3))
     reject = Queue(QueueSpec(b"r", policy=Policy.REJECT, backlog=1))
@@ -91,10 +94,9 @@ async def test_a_rejected_batch_counted_when_read(catalog: Catalog) -> None:
     assert not publisher.publish(runs_of(sent))  # the block queue is full
     block.take(100)
     await publisher.finish()
-    # The part published after the wait starts at 4: not past the batch, though all of
-    # it was counted read.
-    assert publisher.rejected_from == 4
-    assert await publisher.confirm(3) is None
+    # 6 and 7 went to the reject queue after the wait, and 7 did not fit.
+    assert publisher.rejected_from == 7
+    assert await publisher.confirm(6) is None
     assert await publisher.confirm(7) == "queue full: r"
 
 

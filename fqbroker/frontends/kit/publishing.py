@@ -463,11 +463,20 @@ class PublishingSession(HeldReading, RemotePeer):
                 if rejected is not None and rejected <= due:
                     self._refused(publisher.refused(due))
                     return
+                # ACKs up to the first message refused or not written, never past it:
+                # the batch that holds it fails in its turn, right after.
+                whole = handled
+                for bad in (failed, rejected):
+                    if bad is not None and bad <= handled:
+                        handled = bad - 1
                 if publisher.written:
                     self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
                     self._arm_keepalive()
                 else:
                     machine.acknowledge(handled)
+                    if handled < whole:
+                        self._send_acks()
+                        return
         self._flush()
 
     async def _durable_then_ack(self, handled: int) -> None:

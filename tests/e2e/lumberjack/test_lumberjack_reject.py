@@ -72,3 +72,15 @@ async def test_pylogbeat_is_not_told_a_refused_batch_arrived(lj: Broker) -> None
         # Its ConnectionException: the connection closed where the ACK was due.
         with pytest.raises(Exception, match="No ACK received"):
             await asyncio.to_thread(_pylogbeat_send, port, [{"n": 3}])
+
+
+async def test_pipelined_the_batch_before_the_refused_one_is_acknowledged(lj: Broker) -> None:
+    """Two windows in one write, the second one too many: the first is acknowledged, the
+    second is not (no ACK covers a refused event, however the windows were read)."""
+    await reject_queue(lj)
+    shipper = await Shipper.open(lj)
+    await shipper.send(encoder.batch(events(2)) + encoder.batch(events(2, first=2), first_seq=3))
+    assert await shipper.ack() == (2, 2)
+    with pytest.raises(EOFError):  # and nothing else but keepalives before the close
+        await shipper.ack()
+    await shipper.close()
