@@ -2,7 +2,8 @@
 rest, and every 200 read back after a restart.
 
 The broker's queue directory is a real 1 MiB tmpfs (tests/smalldisk.py), so its writes
-fail in the kernel with ENOSPC as on any full disk.
+fail in the kernel with ENOSPC as on any full disk. The disk alarm is off: it would refuse
+every write on so small a disk before the kernel does (its own test is test_disk_alarm.py).
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ async def test_submit_answers_507_on_a_full_disk_and_200_only_for_what_it_stored
     tmp_path: Path,
 ) -> None:
     answered: dict[int, tuple[int, bytes]] = {}
+    conf = tmp_path / "fqd.toml"
+    conf.write_text("[fqd]\ndisk_free_limit = 0\n")
     with small_disk(tmp_path / "queues", SIZE):
-        fqd, port = await Proc.start_fqd(tmp_path)
+        fqd, port = await Proc.start_fqd(tmp_path, "--config", str(conf))
         reading = asyncio.ensure_future(_read_stderr(fqd))
         try:
             async with asyncio.timeout(120):
@@ -67,7 +70,7 @@ async def test_submit_answers_507_on_a_full_disk_and_200_only_for_what_it_stored
 
     # On a disk with room again, every message answered 200 is there, in order.
     shutil.copytree(tmp_path / "kept", tmp_path / "queues", dirs_exist_ok=True)
-    fqd, port = await Proc.start_fqd(tmp_path)
+    fqd, port = await Proc.start_fqd(tmp_path, "--config", str(conf))
     try:
         async with asyncio.timeout(60):
             response, _ = await get(port, "/submit", HEADERS, b"999999 the end")
@@ -81,3 +84,23 @@ async def test_submit_answers_507_on_a_full_disk_and_200_only_for_what_it_stored
     finally:
         fqd.kill()
         await fqd.proc.wait()
+
+
+async def test_submit_answers_507_while_the_disk_alarm_is_set(tmp_path: Path) -> None:
+    """The default disk_free_limit (256 MiB) is more than the whole disk: the alarm is set
+    from the start, the store refuses the write, and /submit says the disk is full."""
+    with small_disk(tmp_path / "queues", SIZE):
+        fqd, port = await Proc.start_fqd(tmp_path)
+        reading = asyncio.ensure_future(_read_stderr(fqd))
+        try:
+            async with asyncio.timeout(60):
+                async with Client(port=port, source=SOURCE) as setup:
+                    await setup.bind(b"logs", b"prefix:", wire.BindFlags.PERM)
+                response, body = await get(port, "/submit", HEADERS, b"000001 " + PAYLOAD)
+                assert response.status_code == 507, body
+                assert json.loads(body)["error"] == "disk queue write failed: disk full"
+        finally:
+            fqd.proc.send_signal(signal.SIGTERM)
+            async with asyncio.timeout(10):
+                await reading
+                await fqd.proc.wait()
