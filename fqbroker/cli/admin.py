@@ -83,7 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--type", choices=("mem", "disk"), default="mem", help="where it keeps")
     create.add_argument(
-        "--policy", choices=("drop", "block"), default="drop", help="what a full queue does"
+        "--policy",
+        choices=("drop", "block", "reject"),
+        default="drop",
+        help="what a full queue does",
     )
     create.add_argument("--public", action="store_true", help="up to 16 clients share it")
     create.add_argument("--permanent", action="store_true", help="kept across restarts")

@@ -20,7 +20,7 @@ from fqbroker.frontends.http import auth
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.protocols.fq import wire
 
-__all__ = ["Answer", "error", "failure", "submit"]
+__all__ = ["Answer", "error", "failure", "failure_status", "submit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +43,22 @@ def error(text: str, *, close: bool = False) -> Answer:
     return Answer(500, _error_body(text), b"ERROR", close)
 
 
-def failure(why: str) -> Answer:
-    """A confirm's failure as /submit answers it: 507 when storage is full (the disk, or
-    a reject-policy queue), 403 when the publisher may not publish there, and fqd's
-    ``500 ERROR`` for any other failed write or fsync, which clients of fqd read as a
-    failure already."""
+def failure_status(why: str) -> int:
+    """The HTTP status of a confirm's failure: 507 when storage is full (the disk, or a
+    reject-policy queue), 403 when the publisher may not publish there, 500 for any other
+    failed write or fsync. /submit and the admin API's publish answer alike."""
     if why.startswith((DISK_FULL, QUEUE_FULL)):
-        return Answer(507, _error_body(why))
+        return 507
     if why == PUBLISH_DENIED:
-        return Answer(403, _error_body(why))
-    return error(why)
+        return 403
+    return 500
+
+
+def failure(why: str) -> Answer:
+    """A confirm's failure as /submit answers it (:func:`failure_status`); a 500 is fqd's
+    ``500 ERROR``, which clients of fqd read as a failure already."""
+    status = failure_status(why)
+    return error(why) if status == 500 else Answer(status, _error_body(why))
 
 
 def _error_body(text: str) -> bytes:

@@ -486,3 +486,16 @@ async def test_every_endpoint_needs_admin_credentials(with_users: Broker) -> Non
     await call(token, "add_user", "eve", "evepw")
     await call(token, "allow", "eve", "admin", "*")
     assert (await call(client(broker, user="eve", password="evepw"), "status"))["node_id"]
+
+
+async def test_publish_into_a_full_reject_queue_is_refused(
+    broker: Broker, admin: AdminClient
+) -> None:
+    """The admin API's publish answers as /submit and a confirm do: never "published"
+    for a message a reject-policy queue refused."""
+    await call(admin, "create_queue", "rq", policy="reject", backlog_limit=1)
+    await call(admin, "bind", "ex", "prefix:", "rq")
+    assert (await call(admin, "publish", "ex", "r", "kept"))["routed"] == 1
+    error = await refused(admin, "publish", "ex", "r", "refused")
+    assert (error.status, str(error)) == (507, "queue full: rq")
+    assert broker.queues[b"rq"].backlog == 1

@@ -86,7 +86,7 @@ async def _create(broker: HttpHost, params: Params, who: str) -> dict[str, Any]:
     if b"\x00" in name:
         raise Refused(400, "a queue name holds no NUL")
     kind = params.choice("type", "mem", ("mem", "disk"))
-    policy = params.choice("policy", "drop", ("drop", "block"))
+    policy = params.choice("policy", "drop", ("drop", "block", "reject"))
     public = params.flag("public", False)
     permanent = params.flag("permanent", False)
     attributes = ["public" if public else "private", policy]

@@ -22,6 +22,7 @@ from fqbroker.frontends.http.admin import queues as adminqueues
 from fqbroker.frontends.http.admin.base import PREFIX, ROUTES, Params, Refused, changed, route
 from fqbroker.frontends.http.host import HttpHost
 from fqbroker.frontends.http.stats.node import node_status
+from fqbroker.frontends.http.submit import failure_status
 
 __all__ = ["PREFIX", "allowed_methods", "body_limit", "respond"]
 
@@ -123,19 +124,19 @@ async def _publish(broker: HttpHost, params: Params, who: str) -> dict[str, Any]
     if len(payload) > payload_limit(broker):
         raise Refused(400, f"the payload is over {payload_limit(broker)} bytes (http_max_body)")
     # As /submit: the budget holds the payload and its frame while it is routed, and the
-    # answer waits until disk queues have it durably (and, under block, for room).
+    # answer is the publisher's confirm: written, durable, refused by no reject queue,
+    # after room under the block policy.
     reserve = 2 * len(payload)
     await broker.budget.acquire(reserve)
     try:
         msg = Message(exchange, route_, payload, broker.msgids.next(), sender, broker.node_id)
         publisher = broker.make_publisher()
-        room = publisher.publish(runs_of([msg]), len(payload))
-        if not await publisher.durable():
-            raise Refused(409, "a disk queue's write failed: the message is not stored")
-        if not room:
-            await publisher.finish()  # block policy: the answer waits for room
+        await publisher.publish_all(runs_of([msg]), len(payload))
+        why = await publisher.confirm(publisher.handled)
     finally:
         broker.budget.release(reserve)
+    if why is not None:
+        raise Refused(failure_status(why), why)
     result = publisher.stats
     changed(who, "published %d bytes to %r route %r", len(payload), exchange, route_)
     return {
