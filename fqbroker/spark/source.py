@@ -126,11 +126,13 @@ def _refusal(options: SourceOptions, name: str, exc: BrokerError) -> BrokerError
     broker = options.broker
     kind = "consume" if options.topics else "queue"
     who = "the adminToken" if broker.token else f"user {broker.user!r}"
+    # The queue a source creates is private: its creator's alone (docs/permissions.md).
+    private = "" if options.topics else " and, for a private queue, to be the one who made it"
     return BrokerError(
         f"fq source: the broker refused {who} reading {options.label_of(name)} "
         f"({exc.text}): that needs the {kind!r} right on {name!r} "
-        f"(fq-admin user allow {broker.user} {kind} '{name}'), the admin right, or the "
-        "broker's admin_token as option adminToken"
+        f"(fq-admin user allow {broker.user} {kind} '{name}'){private}, the admin right, or "
+        "the broker's admin_token as option adminToken"
     )
 
 
@@ -203,13 +205,12 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _infos(self) -> dict[str, QueueInfo]:
         opts = self.options
         client = opts.broker.client()
-        try:
-            if opts.topics:
-                infos = {topic: _topic_info(client, topic) for topic in opts.topics}
-            else:
-                infos = {opts.queue: self._queue_info(client)}
-        except BrokerError as exc:
-            raise _refusal(opts, opts.name, exc) from exc
+        infos: dict[str, QueueInfo] = {}
+        for name in opts.names:
+            try:
+                infos[name] = _topic_info(client, name) if opts.topics else self._queue_info(client)
+            except BrokerError as exc:
+                raise _refusal(opts, name, exc) from exc
         self._latest = {name: info.next for name, info in infos.items()}
         return infos
 
