@@ -74,10 +74,10 @@ def share(limit: int, wants: Mapping[str, int], turn: int = 0) -> dict[str, int]
     return got
 
 
-def _loss(options: SourceOptions, start: int, first: int, name: str = "") -> int:
+def _loss(options: SourceOptions, start: int, first: int, name: str) -> int:
     """Where to go on when ``[start, first)`` is gone: ``first``, or raise if told to fail."""
     text = (
-        f"fq source: offsets {start} to {first - 1} of {options.label_of(name or options.name)} "
+        f"fq source: offsets {start} to {first - 1} of {options.label_of(name)} "
         f"are no longer stored (it now starts at {first}); some data was lost."
     )
     if options.fail_on_data_loss:
@@ -110,7 +110,8 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
                 return
             start = _loss(options, start, exc.first, part.queue)
         except BrokerError as exc:
-            raise _refusal(options, part.queue, exc) from exc
+            _name_the_right(options, part.queue, exc)
+            raise
 
 
 def _topic_info(client: ReplayClient, topic: str) -> QueueInfo:
@@ -119,21 +120,23 @@ def _topic_info(client: ReplayClient, topic: str) -> QueueInfo:
     return QueueInfo(info.first, info.next)
 
 
-def _refusal(options: SourceOptions, name: str, exc: BrokerError) -> BrokerError:
-    """``exc``, saying which right it takes when the broker refused a read for want of one."""
+def _name_the_right(options: SourceOptions, name: str, exc: BrokerError) -> None:
+    """When the broker refused reading ``name`` for want of a right, raise an error saying
+    which right; else return, and the caller raises ``exc`` as it is (a 401 for a wrong
+    password and the rest say what they are)."""
     if not exc.text.endswith(": forbidden"):
-        return exc  # 401 (a wrong password) and the rest say what they are
+        return
     broker = options.broker
     kind = "consume" if options.topics else "queue"
     who = "the adminToken" if broker.token else f"user {broker.user!r}"
     # The queue a source creates is private: its creator's alone (docs/permissions.md).
     private = "" if options.topics else " and, for a private queue, to be the one who made it"
-    return BrokerError(
+    raise BrokerError(
         f"fq source: the broker refused {who} reading {options.label_of(name)} "
         f"({exc.text}): that needs the {kind!r} right on {name!r} "
         f"(fq-admin user allow {broker.user} {kind} '{name}'){private}, the admin right, or "
         "the broker's admin_token as option adminToken"
-    )
+    ) from exc
 
 
 def plan(
@@ -210,7 +213,8 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 infos[name] = _topic_info(client, name) if opts.topics else self._queue_info(client)
             except BrokerError as exc:
-                raise _refusal(opts, name, exc) from exc
+                _name_the_right(opts, name, exc)
+                raise
         self._latest = {name: info.next for name, info in infos.items()}
         return infos
 
@@ -335,7 +339,8 @@ class FqBatchReader(DataSourceReader):
             try:
                 info = _topic_info(client, name) if opts.topics else client.info(name)
             except BrokerError as exc:
-                raise _refusal(opts, name, exc) from exc
+                _name_the_right(opts, name, exc)
+                raise
             start = opts.starting.at(name).resolve(info.first, info.next)
             end = min(opts.ending.at(name).resolve(info.first, info.next), info.next)
             if start < info.first:
