@@ -2,8 +2,10 @@
 
 The columns mirror the Kafka source's in fq's words: ``exchange``/``route`` for the topic,
 ``payload`` for the value, ``offset`` for the position in the queue, and ``timestamp``
-for when the broker received the message. Names are bytes on the wire and become text
-here, with invalid UTF-8 as U+FFFD; ``payload`` and ``msgid`` stay bytes.
+for when the broker received the message; ``topic`` names the retained topic a row was
+read from (null for a queue), last so that the columns before it keep their places. Names
+are bytes on the wire and become text here, with invalid UTF-8 as U+FFFD; ``payload`` and
+``msgid`` stay bytes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ SCHEMA = StructType(
         StructField("queue", StringType()),
         StructField("offset", LongType()),
         StructField("timestamp", TimestampType()),
+        StructField("topic", StringType()),
     ]
 )
 # Spark compares a batch's schema with exactly this one (timestamps in UTC), so build it
@@ -45,7 +48,8 @@ SCHEMA = StructType(
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
 
 
-def record_batch(queue: str, entries: Sequence[Entry]) -> pa.RecordBatch:
+def record_batch(queue: str, entries: Sequence[Entry], *, topic: bool = False) -> pa.RecordBatch:
+    """``queue``: the queue's or (with ``topic``) the topic's name."""
     msgs = [e.message for e in entries]
     columns = [
         [m.exchange.decode(errors="replace") for m in msgs],
@@ -57,6 +61,7 @@ def record_batch(queue: str, entries: Sequence[Entry]) -> pa.RecordBatch:
         [queue] * len(msgs),
         [e.seq for e in entries],
         [e.arrival_us for e in entries],  # microseconds, as the timestamp type counts
+        [queue if topic else None] * len(msgs),
     ]
     arrays = [
         pa.array(values, type=field.type)

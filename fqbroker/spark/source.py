@@ -11,7 +11,7 @@ reads with ``/queue/read``, which consumes nothing, so a batch run again gets th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -24,7 +24,7 @@ from fqbroker.errors import BrokerError, DataLossError, DataLost
 from .options import SourceOptions
 from .schema import record_batch
 
-__all__ = ["DataLossError", "FqBatchReader", "FqRange", "FqStreamReader"]
+__all__ = ["DataLossError", "FqBatchReader", "FqRange", "FqStreamReader", "plan", "share"]
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +47,38 @@ def split(queue: str, start: int, end: int, parts: int, *, topic: bool = False) 
     return [FqRange(queue, bounds[i], bounds[i + 1], topic) for i in range(n)]
 
 
-def _loss(options: SourceOptions, start: int, first: int) -> int:
+def share(limit: int, wants: Mapping[str, int], turn: int = 0) -> dict[str, int]:
+    """``limit`` rows shared fairly among topics that have ``wants`` rows each to read.
+
+    Max-min fair, not in proportion to the backlog as Kafka's split over partitions: each
+    topic gets an equal share, or all it has when that is less, and what those leave goes
+    to the others; so a busy topic never holds back a quiet one. Units too few to go round
+    (``limit`` below the number of topics with rows) go one each in a rotating order
+    that starts at ``turn``, so that none is left out batch after batch. The shares add up
+    to ``min(limit, sum(wants))`` exactly.
+    """
+    got = dict.fromkeys(wants, 0)
+    left = limit
+    active = [name for name, n in wants.items() if n > 0]
+    while left > 0 and active:
+        each = left // len(active)
+        if each == 0:
+            for i in range(left):
+                got[active[(turn + i) % len(active)]] += 1
+            break
+        for name in active:
+            take = min(each, wants[name] - got[name])
+            got[name] += take
+            left -= take
+        active = [name for name in active if got[name] < wants[name]]
+    return got
+
+
+def _loss(options: SourceOptions, start: int, first: int, name: str) -> int:
     """Where to go on when ``[start, first)`` is gone: ``first``, or raise if told to fail."""
     text = (
-        f"fq source: offsets {start} to {first - 1} of {options.label} are no longer "
-        f"stored (it now starts at {first}); some data was lost."
+        f"fq source: offsets {start} to {first - 1} of {options.label_of(name)} "
+        f"are no longer stored (it now starts at {first}); some data was lost."
     )
     if options.fail_on_data_loss:
         raise DataLossError(f"{text} Set failOnDataLoss=false to skip it and go on.")
@@ -69,7 +96,7 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
         try:
             reads = client.read_topic_range if part.topic else client.read_range
             for entries in reads(part.queue, start, part.end):
-                yield record_batch(part.queue, entries)
+                yield record_batch(part.queue, entries, topic=part.topic)
                 start = entries[-1].seq + 1
         except DataLost as exc:
             if exc.first <= start:
@@ -81,7 +108,10 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
                     ) from exc
                 log.warning("fq source: %s; skipping to the end of the batch", exc.text)
                 return
-            start = _loss(options, start, exc.first)
+            start = _loss(options, start, exc.first, part.queue)
+        except BrokerError as exc:
+            _name_the_right(options, part.queue, exc)
+            raise
 
 
 def _topic_info(client: ReplayClient, topic: str) -> QueueInfo:
@@ -90,81 +120,157 @@ def _topic_info(client: ReplayClient, topic: str) -> QueueInfo:
     return QueueInfo(info.first, info.next)
 
 
+def _name_the_right(options: SourceOptions, name: str, exc: BrokerError) -> None:
+    """When the broker refused reading ``name`` for want of a right, raise an error saying
+    which right; else return, and the caller raises ``exc`` as it is (a 401 for a wrong
+    password and the rest say what they are)."""
+    if not exc.text.endswith(": forbidden"):
+        return
+    broker = options.broker
+    kind = "consume" if options.topics else "queue"
+    who = "the adminToken" if broker.token else f"user {broker.user!r}"
+    # The queue a source creates is private: its creator's alone (docs/permissions.md).
+    private = "" if options.topics else " and, for a private queue, to be the one who made it"
+    raise BrokerError(
+        f"fq source: the broker refused {who} reading {options.label_of(name)} "
+        f"({exc.text}): that needs the {kind!r} right on {name!r} "
+        f"(fq-admin user allow {broker.user} {kind} '{name}'){private}, the admin right, or "
+        "the broker's admin_token as option adminToken"
+    ) from exc
+
+
+def plan(
+    options: SourceOptions,
+    start: Mapping[str, int],
+    infos: Mapping[str, QueueInfo],
+    *,
+    target: Mapping[str, int] | None = None,
+    limit: int | None = None,
+) -> dict[str, int]:
+    """The end of the next micro-batch: the offset JSON of every name read.
+
+    ``start`` is where the last batch ended (an old single-topic checkpoint is the same
+    JSON with one topic); ``infos`` what each queue or topic holds now; ``target`` where
+    availableNow stops; ``limit`` maxOffsetsPerTrigger, shared among the topics
+    (:func:`share`). A topic the start does not name (added to the ``topic`` list of a
+    query restarted on its checkpoint) enters at its earliest retained index, as Kafka's
+    new partitions do; the batch that adds it reads none of it, so that the rows of a
+    batch depend only on its start and end. A topic no longer in the list is dropped.
+    """
+    end: dict[str, int] = {}
+    wants: dict[str, int] = {}
+    for name in options.names:
+        info = infos[name]
+        if name not in start:
+            log.info("fq source: %s joins the query at %d", options.label_of(name), info.first)
+            end[name] = info.first
+            continue
+        was = int(start[name])
+        begin = _loss(options, was, info.first, name) if was < info.first else was
+        top = info.next if target is None else min(info.next, target.get(name, info.next))
+        if begin > top:
+            if options.fail_on_data_loss and begin > info.next:
+                raise DataLossError(
+                    f"fq source: {options.label_of(name)} ends at {info.next}, before "
+                    f"the query's position {begin}: it was emptied or recreated. Set "
+                    "failOnDataLoss=false to wait for new messages past that position."
+                )
+            end[name] = was
+            continue
+        end[name] = begin
+        wants[name] = top - begin
+    turn = sum(end.values())  # moves on with every batch that reads something
+    counts = wants if limit is None else share(limit, wants, turn)
+    for name, n in counts.items():
+        end[name] += n
+    return end
+
+
 class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The stream's reader on the driver, one long-lived process.
 
     Offsets are ``{"<queue>": seq}``, the next sequence number to read. Spark's checkpoint
     is the truth; the broker checkpoint lags it by a batch (``commit`` comes late, and
-    never for the last batch before a stop) and only bounds deletion. With a topic the
-    offsets are ``{"T": index}``, the 0-based index of the next message (a Figg offset is
-    the same number), and nothing is created, bound or committed on the broker, so any
-    number of queries read one topic independently; retention alone decides what is
-    deleted, and ``failOnDataLoss`` what happens when it deleted what a query needed.
+    never for the last batch before a stop) and only bounds deletion. With topics the
+    offsets are ``{"T1": index, "T2": index}``, the 0-based index of each topic's next
+    message (a Figg offset is the same number), and nothing is created, bound or committed
+    on the broker, so any number of queries read a topic independently; retention alone
+    decides what is deleted, and ``failOnDataLoss`` what happens when it deleted what a
+    query needed.
     """
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._ready = False  # queue and binding ensured by this process (with an exchange)
-        self._target: int | None = None  # availableNow: the end to stop at
-        self._latest: int | None = None  # the end seen last, for progress reports
+        self._target: dict[str, int] | None = None  # availableNow: the ends to stop at
+        self._latest: dict[str, int] | None = None  # the ends seen last, for progress reports
 
-    def _info(self) -> QueueInfo:
+    def _infos(self) -> dict[str, QueueInfo]:
         opts = self.options
         client = opts.broker.client()
-        if opts.topic:
-            info = _topic_info(client, opts.topic)
-            self._latest = info.next
-            return info
-        if not self._ready and opts.exchange:
-            client.ensure_queue(
-                opts.queue,
-                user=opts.broker.user,
-                password=opts.broker.password,
-                exchange=opts.exchange,
-                program=opts.program,
-            )
-            self._ready = True
-        info = client.info(opts.queue)
-        self._latest = info.next
-        return info
+        infos: dict[str, QueueInfo] = {}
+        for name in opts.names:
+            try:
+                infos[name] = _topic_info(client, name) if opts.topics else self._queue_info(client)
+            except BrokerError as exc:
+                _name_the_right(opts, name, exc)
+                raise
+        self._latest = {name: info.next for name, info in infos.items()}
+        return infos
 
-    def _seq(self, offset: dict[str, int]) -> int:
-        name = self.options.name
-        if name not in offset:
+    def _queue_info(self, client: ReplayClient) -> QueueInfo:
+        opts = self.options
+        if not self._ready and opts.exchange:
+            try:
+                client.ensure_queue(
+                    opts.queue,
+                    user=opts.broker.user,
+                    password=opts.broker.password,
+                    exchange=opts.exchange,
+                    program=opts.program,
+                )
+            except BrokerError as exc:
+                if not exc.text.startswith("cannot bind"):
+                    raise
+                # fq answers a bind it refuses as it answers a bad program: say both.
+                user = opts.broker.user
+                raise BrokerError(
+                    f'fq source: {exc.text}: under auth = "password" binding needs the '
+                    f"'consume' right on {opts.exchange!r} (fq-admin user allow {user} "
+                    f"consume '{opts.exchange}'); else check option 'program'"
+                ) from exc
+            self._ready = True
+        return client.info(opts.queue)
+
+    def _start(self, offset: Mapping[str, int]) -> dict[str, int]:
+        """A checkpoint's offsets: those of a queue must name it; topics may come and go."""
+        name = self.options.queue
+        if not self.options.topics and name not in offset:
             raise ValueError(
-                f"fq source: the checkpoint's offsets {offset} are not for "
+                f"fq source: the checkpoint's offsets {dict(offset)} are not for "
                 f"{self.options.label}; use a new checkpoint location for another source"
             )
-        return int(offset[name])
+        return {k: int(v) for k, v in offset.items()}
 
     def initialOffset(self) -> dict[str, int]:
         opts = self.options
-        info = self._info()
-        start = opts.starting.resolve(info.first, info.next)
-        if not opts.topic and opts.checkpoint not in info.checkpoints:
-            # Hold on to what this new query will read before its first commit.
-            opts.broker.client().set_checkpoint(
-                opts.queue, opts.checkpoint, min(max(start, info.first), info.next)
-            )
-        return {opts.name: start}
+        infos = self._infos()
+        start = {
+            name: opts.starting.at(name).resolve(info.first, info.next)
+            for name, info in infos.items()
+        }
+        if not opts.topics:
+            info, seq = infos[opts.queue], start[opts.queue]
+            if opts.checkpoint not in info.checkpoints:
+                # Hold on to what this new query will read before its first commit.
+                self._set_checkpoint(min(max(seq, info.first), info.next))
+        return start
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        info = self._info()
-        begin = self._seq(start)
-        if begin < info.first:
-            begin = _loss(self.options, begin, info.first)
-        end = info.next if self._target is None else min(info.next, self._target)
-        if begin > end:
-            if self.options.fail_on_data_loss and begin > info.next:
-                raise DataLossError(
-                    f"fq source: {self.options.label} ends at {info.next}, before "
-                    f"the query's position {begin}: it was emptied or recreated. Set "
-                    "failOnDataLoss=false to wait for new messages past that position."
-                )
-            return start
-        if isinstance(limit, ReadMaxRows):
-            end = min(end, begin + limit.max_rows)
-        return {self.options.name: end}
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return plan(
+            self.options, self._start(start), self._infos(), target=self._target, limit=rows
+        )
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets is None:
@@ -172,33 +278,54 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.options.max_offsets)
 
     def reportLatestOffset(self) -> dict[str, int] | None:
-        return None if self._latest is None else {self.options.name: self._latest}
+        return self._latest
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._info().next
+        self._target = {name: info.next for name, info in self._infos().items()}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[FqRange]:
         opts = self.options
-        return split(
-            opts.name, self._seq(start), self._seq(end), opts.partitions, topic=bool(opts.topic)
-        )
+        begin = self._start(start)
+        self._start(end)
+        return [
+            part
+            for name, stop in end.items()
+            if name in begin  # a topic joining in this batch: nothing of it yet (see plan)
+            for part in split(
+                name, begin[name], int(stop), opts.partitions, topic=bool(opts.topics)
+            )
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(self.options, partition)
 
     def commit(self, end: dict[str, int]) -> None:
-        opts = self.options
-        if opts.topic:
+        if self.options.topics:
             return  # readers of a topic hold nothing on the broker: retention alone deletes
         try:
-            opts.broker.client().set_checkpoint(opts.queue, opts.checkpoint, self._seq(end))
+            self._set_checkpoint(self._start(end)[self.options.queue])
         except BrokerError as exc:
             # Only a deletion hint: the query is right without it, the disk just fills up.
             log.warning("fq source: could not move the broker checkpoint: %s", exc.text)
 
+    def _set_checkpoint(self, seq: int) -> None:
+        opts = self.options
+        try:
+            opts.broker.client().set_checkpoint(opts.queue, opts.checkpoint, seq)
+        except BrokerError as exc:
+            if "forbidden" not in exc.text:
+                raise
+            who = "the adminToken" if opts.broker.token else f"user {opts.broker.user!r}"
+            raise BrokerError(
+                f"fq source: the broker refused {who} moving checkpoint {opts.checkpoint!r} "
+                f"of {opts.label} ({exc.text}): the checkpoint endpoints need the admin "
+                f"right (fq-admin user allow {opts.broker.user} admin '*') or the broker's "
+                "admin_token as option adminToken"
+            ) from exc
+
 
 class FqBatchReader(DataSourceReader):
-    """``spark.read.format("fq")``: the queue or topic between startingOffsets and
+    """``spark.read.format("fq")``: each queue or topic between startingOffsets and
     endingOffsets."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -207,12 +334,19 @@ class FqBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[FqRange]:
         opts = self.options
         client = opts.broker.client()
-        info = _topic_info(client, opts.topic) if opts.topic else client.info(opts.queue)
-        start = opts.starting.resolve(info.first, info.next)
-        end = min(opts.ending.resolve(info.first, info.next), info.next)
-        if start < info.first:
-            start = _loss(opts, start, info.first)
-        return split(opts.name, start, end, opts.partitions, topic=bool(opts.topic))
+        parts: list[FqRange] = []
+        for name in opts.names:
+            try:
+                info = _topic_info(client, name) if opts.topics else client.info(name)
+            except BrokerError as exc:
+                _name_the_right(opts, name, exc)
+                raise
+            start = opts.starting.at(name).resolve(info.first, info.next)
+            end = min(opts.ending.at(name).resolve(info.first, info.next), info.next)
+            if start < info.first:
+                start = _loss(opts, start, info.first, name)
+            parts += split(name, start, end, opts.partitions, topic=bool(opts.topics))
+        return parts
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_range(self.options, partition)

@@ -169,9 +169,10 @@ def test_batch_read_between_offsets(spark: Any, fq: FqBroker) -> None:
     rows = sorted(df.collect(), key=lambda r: r.offset)
     assert [r.offset for r in rows] == list(range(5, 15))
     assert [r.payload for r in rows] == [m[2] for m in messages("batchq", 4, 10)]
+    assert all(r.queue == "batchq" and r.topic is None for r in rows)
     assert df.schema.simpleString() == (
         "struct<exchange:string,route:string,payload:binary,msgid:binary,sender:string,"
-        "hops:array<string>,queue:string,offset:bigint,timestamp:timestamp>"
+        "hops:array<string>,queue:string,offset:bigint,timestamp:timestamp,topic:string>"
     )
     everything = spark.read.format("fq").options(**fq.options(queue="batchq")).load()
     assert everything.count() == 20

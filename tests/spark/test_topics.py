@@ -4,6 +4,7 @@ by index range, and data loss after retention, against real brokers and real Spa
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,7 +49,7 @@ class Sink:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        rows = sorted((tuple(r) for r in df.collect()), key=lambda r: r[7])
+        rows = sorted((tuple(r) for r in df.collect()), key=lambda r: (r[6], r[7]))
         with self.lock:
             if batch_id in self.batches:
                 self.replays.append((batch_id, self.batches[batch_id] == rows))
@@ -57,6 +58,10 @@ class Sink:
     def rows(self) -> list[Row]:
         with self.lock:
             return [r for _, rows in sorted(self.batches.items()) for r in rows]
+
+    def sizes(self) -> list[int]:
+        with self.lock:
+            return [len(rows) for _, rows in sorted(self.batches.items())]
 
 
 def topic_stream(spark: Any, fq: FqBroker, topic: str, **options: object) -> Any:
@@ -140,6 +145,76 @@ def test_two_queries_one_restarted_each_write_every_message_once(
     stats = json.loads(_get(figg_fq.port, "/stats.json"))
     assert stats["topics"][topic]["last_offset"] == total
     assert not any(name.startswith("spark") for name in stats["queues"])
+
+
+def test_two_topics_in_one_query_each_row_once_across_a_restart(
+    spark: Any, figg_fq: FqBroker, tmp_path: Path
+) -> None:
+    news, small, late = "multi-news", "multi-small", "multi-late"
+    publish(figg_fq.port, messages(news, 0, 45) + messages(small, 0, 6) + messages(late, 0, 4))
+    sink, ckpt = Sink(), tmp_path / "ckpt"
+
+    def start(names: str) -> Any:
+        return (
+            topic_stream(spark, figg_fq, names, maxOffsetsPerTrigger=10)
+            .writeStream.foreachBatch(sink)
+            .option("checkpointLocation", str(ckpt))
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
+    def got(topic: str) -> list[int]:
+        return [r[7] for r in sink.rows() if r[9] == topic]
+
+    query = start(f"{news},{small}")
+    try:
+        wait_until("both topics", lambda: len(got(news)) + len(got(small)) == 51, [query])
+    finally:
+        query.stop()
+    first_run = len(sink.rows())
+    # The limit is shared: no batch over 10 rows, and the small topic is not kept waiting
+    # until the big one is read.
+    assert max(sink.sizes()) == 10
+    assert {r[9] for r in sink.rows()[:10]} == {news, small}
+
+    # A new query on the same checkpoint, with a third topic in the list, while more
+    # messages arrive: only those, and the whole of the new topic, are read, each once.
+    query = start(f"{news},{small},{late}")
+    try:
+        publish(figg_fq.port, messages(news, 45, 15) + messages(small, 6, 5))
+        want = 60 + 11 + 4
+        wait_until("the new rows", lambda: len(sink.rows()) >= want, [query])
+        time.sleep(1)  # a few more triggers: nothing more may arrive
+    finally:
+        query.stop()
+    assert first_run == 51
+    assert got(news) == list(range(60)) and got(small) == list(range(11))
+    assert got(late) == list(range(4))
+    rows = sink.rows()
+    assert len(rows) == want
+    assert all(r[6] == r[9] == r[1] and r[0] == "figg" for r in rows)
+    assert [r[2] for r in rows if r[9] == news] == [m[2] for m in messages(news, 0, 60)]
+    assert all(same for _, same in sink.replays)
+    offsets = json.loads(
+        (ckpt / "offsets" / max(os.listdir(ckpt / "offsets"))).read_text().splitlines()[-1]
+    )
+    assert offsets == {news: 60, small: 11, late: 4}
+
+
+def test_batch_read_of_two_topics(spark: Any, figg_fq: FqBroker) -> None:
+    publish(figg_fq.port, messages("batch-a", 0, 8) + messages("batch-b", 0, 5))
+    df = (
+        spark.read.format("fq")
+        .options(**figg_fq.options(topic="batch-a, batch-b"))
+        .option("startingOffsets", '{"batch-a": 2, "batch-b": -2}')
+        .option("endingOffsets", '{"batch-a": 6, "batch-b": -1}')
+        .load()
+    )
+    rows = sorted(df.collect(), key=lambda r: (r.topic, r.offset))
+    assert [(r.topic, r.offset) for r in rows] == [("batch-a", i) for i in range(2, 6)] + [
+        ("batch-b", i) for i in range(5)
+    ]
+    assert df.rdd.getNumPartitions() == 2  # one per topic at least
 
 
 def _get(port: int, path: str) -> bytes:
