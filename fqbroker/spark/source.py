@@ -19,9 +19,9 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from fqbroker.clients.http.replay import QueueInfo, ReplayClient
-from fqbroker.errors import BrokerError, DataLossError, DataLost
+from fqbroker.errors import BrokerError, DataLossError, DataLost, SparkOptionError
 
-from .options import SourceOptions
+from .options import SourceOptions, first_line
 from .schema import record_batch
 
 __all__ = ["DataLossError", "FqBatchReader", "FqRange", "FqStreamReader"]
@@ -63,6 +63,11 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
     """The rows of ``part``: one Arrow batch per broker response."""
     if not isinstance(part, FqRange):
         return  # with no partitions to read, Spark still runs one task, with a placeholder
+    with first_line():
+        yield from _read(options, part)
+
+
+def _read(options: SourceOptions, part: FqRange) -> Iterator[pa.RecordBatch]:
     client = options.broker.client()
     start = part.start
     while start < part.end:
@@ -82,6 +87,23 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
                 log.warning("fq source: %s; skipping to the end of the batch", exc.text)
                 return
             start = _loss(options, start, exc.first)
+
+
+def _past_end(options: SourceOptions, start: int, end: int, *, batch: bool = False) -> bool:
+    """Whether ``startingOffsets`` is past the end (``end``, the next offset): a stream
+    waits for it, a batch reads nothing. Raises, as Kafka does, unless failOnDataLoss is
+    false."""
+    if start <= end:
+        return False
+    text = (
+        f"fq option 'startingOffsets': offset {start} is past the end of {options.label} "
+        f"(next offset {end})"
+    )
+    if options.fail_on_data_loss:
+        then = "read nothing" if batch else "wait for it"
+        raise SparkOptionError(f"{text}. Set failOnDataLoss=false to {then}.")
+    log.warning("%s; %s (failOnDataLoss=false).", text, "nothing read" if batch else "waiting")
+    return True
 
 
 def _topic_info(client: ReplayClient, topic: str) -> QueueInfo:
@@ -137,10 +159,12 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return int(offset[name])
 
+    @first_line()
     def initialOffset(self) -> dict[str, int]:
         opts = self.options
         info = self._info()
         start = opts.starting.resolve(info.first, info.next)
+        _past_end(opts, start, info.next)
         if not opts.topic and opts.checkpoint not in info.checkpoints:
             # Hold on to what this new query will read before its first commit.
             opts.broker.client().set_checkpoint(
@@ -148,6 +172,7 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return {opts.name: start}
 
+    @first_line()
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         info = self._info()
         begin = self._seq(start)
@@ -156,10 +181,12 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = info.next if self._target is None else min(info.next, self._target)
         if begin > end:
             if self.options.fail_on_data_loss and begin > info.next:
+                # The query read there before (a new one is checked in initialOffset).
                 raise DataLossError(
-                    f"fq source: {self.options.label} ends at {info.next}, before "
-                    f"the query's position {begin}: it was emptied or recreated. Set "
-                    "failOnDataLoss=false to wait for new messages past that position."
+                    f"fq source: the query's position {begin} is past the end of "
+                    f"{self.options.label} (next offset {info.next}): it was emptied "
+                    "or recreated since. Set failOnDataLoss=false to wait for new "
+                    "messages past that position."
                 )
             return start
         if isinstance(limit, ReadMaxRows):
@@ -174,9 +201,11 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict[str, int] | None:
         return None if self._latest is None else {self.options.name: self._latest}
 
+    @first_line()
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = self._info().next
 
+    @first_line()
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[FqRange]:
         opts = self.options
         return split(
@@ -204,12 +233,15 @@ class FqBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
+    @first_line()
     def partitions(self) -> Sequence[FqRange]:
         opts = self.options
         client = opts.broker.client()
         info = _topic_info(client, opts.topic) if opts.topic else client.info(opts.queue)
         start = opts.starting.resolve(info.first, info.next)
         end = min(opts.ending.resolve(info.first, info.next), info.next)
+        if _past_end(opts, start, info.next, batch=True):
+            return []
         if start < info.first:
             start = _loss(opts, start, info.first)
         return split(opts.name, start, end, opts.partitions, topic=bool(opts.topic))
