@@ -36,7 +36,7 @@ from .schema import SCHEMA
 from .sink import FqStreamWriter, FqWriter
 from .source import FqBatchReader, FqStreamReader
 
-__all__ = ["FqDataSource"]
+__all__ = ["FqDataSource", "register"]
 
 
 def _columns(schema: StructType) -> dict[str, str]:
@@ -109,3 +109,20 @@ class _Refused(DataSourceStreamReader):
 
     def stop(self) -> None:
         pass
+
+
+def register(spark: Any) -> None:
+    """Register the ``fq`` format with the SparkSession ``spark``, unless Spark already has it.
+
+    Where fqbroker is installed, Spark finds the format by itself through the
+    ``pyspark_fqbroker`` shim; ``spark.dataSource.register`` would replace that one, and
+    Spark warns on every run that it did. Elsewhere (no shim on the driver's path, or a
+    Python without fqbroker looking formats up) this registers it.
+    """
+    try:
+        manager = spark._jsparkSession.sessionState().dataSourceManager()
+        found = bool(manager.dataSourceExists(FqDataSource.name()))
+    except Exception:  # Spark Connect (no JVM here), or the lookup itself failed
+        found = False
+    if not found:
+        spark.dataSource.register(FqDataSource)
