@@ -3,6 +3,7 @@ option as a user sees it through a real SparkSession, its first line naming the 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,38 @@ def test_split_is_contiguous_and_even(
 
 def test_split_of_a_topic_starts_at_index_0() -> None:
     assert split("t", 0, 3, 2, topic=True) == [FqRange("t", 0, 1, True), FqRange("t", 1, 3, True)]
+
+
+def test_every_documented_option_is_known_where_it_applies() -> None:
+    from fqbroker.spark.options import ANY, READ, STREAM, STREAM_WRITE, WRITE, check_names
+
+    check_names({"queue": "q", "exchange": "x", "maxOffsetsPerTrigger": "1"}, frozenset({STREAM}))
+    check_names({"queue": "q", "endingOffsets": "latest"}, frozenset({READ}))
+    check_names({"exchange": "x", "route": "r"}, frozenset({WRITE}))
+    check_names({"checkpointLocation": "/c", "ROUTE": "r"}, frozenset({STREAM_WRITE}))
+    check_names({"waitForTopic": "true", "adminToken": "t"}, ANY)
+
+
+@pytest.mark.parametrize(
+    ("given", "uses", "error"),
+    [
+        ({"startingOffset": "1"}, "any", "did you mean 'startingOffsets'"),
+        ({"zzz": "1"}, "any", "fq option 'zzz' is not known (options: host, port"),
+        ({"subscribe": "t"}, "any", "use 'topic'"),
+        ({"kafka.ssl.truststore.location": "f"}, "any", "no Kafka client settings"),
+        ({"topic": "t"}, "write", "fq option 'topic' is Kafka's: use 'exchange'"),
+        ({"endingOffsets": "latest"}, "stream", "'endingOffsets' is for batch reads"),
+        ({"adminToken": "t"}, "write", "'adminToken' is for reading"),
+        ({"exchange": "x"}, "read", "'exchange' is for streams (which bind the queue to it)"),
+    ],
+)
+def test_check_names_refuses(given: dict[str, str], uses: str, error: str) -> None:
+    from fqbroker.errors import SparkOptionError
+    from fqbroker.spark.options import ANY, READ, STREAM, WRITE, check_names
+
+    where = {"any": ANY, "read": frozenset({READ}), "stream": frozenset({STREAM})}
+    with pytest.raises(SparkOptionError, match=re.escape(error)):
+        check_names(given, where.get(uses, frozenset({WRITE})))
 
 
 # --- refused options, as a user sees them through a SparkSession -----------------------------
