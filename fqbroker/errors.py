@@ -25,7 +25,9 @@
     ├── BrokerError          a replay request was refused or found no broker; .text
     │   ├── DataLost         records asked for are no longer stored; .first is the oldest
     │   └── AdminError       the admin API refused a request; .status is the HTTP status
-    └── DataLossError        Spark: offsets a query needs are gone (also a RuntimeError)
+    ├── DataLossError        Spark: offsets a query needs are gone (also a RuntimeError)
+    └── SparkOptionError     Spark: an `fq` option unknown, misplaced or bad, or naming
+                             no queue or topic; names the option (also a ValueError)
 
 Five internal signals stay outside the tree, since none reaches a user as itself:
 ``frontends.http.reads.queues.Refused``, ``frontends.http.admin.base.Refused``,
@@ -78,6 +80,7 @@ __all__ = [
     "ProtocolError",
     "QueueError",
     "SequenceFileError",
+    "SparkOptionError",
 ]
 
 
@@ -230,5 +233,34 @@ class AdminError(BrokerError):
         self.status = status
 
 
-class DataLossError(FqError, RuntimeError):
+_SUPPRESS_CONTEXT = BaseException.__dict__["__suppress_context__"]
+
+
+class _SparkError(FqError):
+    """An error the ``fq`` Spark data source reports to a user through Spark.
+
+    Spark shows such an error as its formatted traceback, whose first line is "Traceback
+    (most recent call last):", and clears its ``__cause__`` first, which suppresses its
+    context too. With ``lead`` set (by ``fqbroker.spark.options.headline``, which puts a
+    copy of the error with no traceback as its context), the context is shown anyway: one
+    line, the message, ahead of the traceback.
+    """
+
+    lead = False
+
+    @property
+    def __suppress_context__(self) -> bool:
+        return False if self.lead else bool(_SUPPRESS_CONTEXT.__get__(self))
+
+    @__suppress_context__.setter
+    def __suppress_context__(self, value: bool) -> None:
+        _SUPPRESS_CONTEXT.__set__(self, value)
+
+
+class DataLossError(_SparkError, RuntimeError):
     """Offsets the query needs are no longer stored, and ``failOnDataLoss`` is true."""
+
+
+class SparkOptionError(_SparkError, ValueError):
+    """An option of the Spark data source ``fq`` is unknown, misplaced or has a bad value,
+    or names a queue or topic the broker does not have; the message names the option."""

@@ -32,7 +32,9 @@ from pyspark.sql import functions as F
 
 from fqbroker.clients.http.replay import ReplayClient
 from fqbroker.errors import BrokerError
-from fqbroker.spark import FqDataSource
+from fqbroker.spark import register
+
+STOP_MARGIN = 0.3  # seconds: the least time left before a trigger to stop the query in
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,33 +104,48 @@ def start(spark: SparkSession, args: argparse.Namespace) -> Any:
     return writer.trigger(processingTime=f"{args.trigger_seconds} seconds").start()
 
 
-def run_until_interrupted(query: Any) -> bool:
-    """Wait for the query to end; True if Ctrl-C (SIGINT) ended the wait instead.
+class CtrlC:
+    """Ctrl-C (SIGINT) as a flag, from :meth:`arm` on.
 
-    The signal only sets a flag: raised inside py4j's read (what pyspark's own handler
-    does) it leaves pages of traceback and a gateway mid-answer. The wait polls
-    once a second so the flag is seen; a second Ctrl-C interrupts at once."""
-    interrupted = threading.Event()
+    Raised inside py4j's read (what pyspark's own handler does), or while pyspark waits for
+    its JVM to start, the interrupt leaves pages of Python and Java traceback and a gateway
+    mid-answer; a flag is seen between steps instead. A second Ctrl-C interrupts at once."""
 
-    def on_sigint(signum: int, frame: object) -> None:
-        interrupted.set()
+    def __init__(self) -> None:
+        self.pressed = threading.Event()
+
+    def arm(self) -> None:
+        if not self.pressed.is_set():
+            signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        self.pressed.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        while not interrupted.is_set():
-            if query.awaitTermination(1):
-                return False
-    finally:
-        signal.signal(signal.SIGINT, previous)
+
+def run_until_interrupted(query: Any, ctrl_c: CtrlC) -> bool:
+    """Wait for the query to end; True if Ctrl-C ended the wait instead. The wait polls
+    once a second so the flag is seen."""
+    ctrl_c.arm()
+    while not ctrl_c.pressed.is_set():
+        if query.awaitTermination(1):
+            return False
     return True
 
 
-def stop_between_batches(query: Any, wait: float = 30.0) -> None:
+def stop_between_batches(query: Any, every: float | None = None, wait: float = 30.0) -> None:
     """Stop the query while it waits for its next trigger: interrupted inside one, Spark
-    prints pages of Java stack on its way out."""
+    prints pages of Java stack on its way out.
+
+    Seeing the query idle and stopping it are two calls, and a trigger may start between
+    them. With a processing-time trigger (``every`` seconds) Spark starts triggers at
+    multiples of the interval since the epoch, so stopping only well before the next one
+    closes that window."""
     deadline = time.monotonic() + wait
-    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+    while query.isActive and time.monotonic() < deadline:
+        soon = every is not None and every - time.time() % every < STOP_MARGIN
+        if not soon and not query.status["isTriggerActive"]:
+            break
         time.sleep(0.05)
     query.stop()
 
@@ -149,13 +166,19 @@ def main(argv: list[str] | None = None) -> None:
         create_queue(args)
         print(f"queue {args.queue} is bound to exchange {args.exchange}")
         return
+    ctrl_c = CtrlC()
+    ctrl_c.arm()
     spark = SparkSession.builder.appName("fq-route-stats").getOrCreate()
-    # Not needed where pyspark_fqbroker is installed (Spark finds "fq" itself); harmless.
-    spark.dataSource.register(FqDataSource)
+    ctrl_c.arm()  # again: the SparkContext installs a handler of its own
+    if ctrl_c.pressed.is_set():
+        spark.stop()
+        raise SystemExit("route_stats: stopped (Ctrl-C) before the query started")
+    # Spark finds "fq" itself where pyspark_fqbroker is installed; this covers the rest.
+    register(spark)
     query = start(spark, args)
-    if run_until_interrupted(query):
+    if run_until_interrupted(query, ctrl_c):
         spark.sparkContext.setLogLevel("ERROR")  # its warnings about stopping: we mean to
-        stop_between_batches(query)
+        stop_between_batches(query, None if args.available_now else args.trigger_seconds)
         spark.stop()
         print("route_stats: stopped (Ctrl-C); run it again to go on from the checkpoint",
               file=sys.stderr)  # fmt: skip
@@ -168,4 +191,9 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        # Ctrl-C before the query runs, or a second one while it stops: Spark goes with
+        # this process, and the traceback would only show where Python was waiting.
+        raise SystemExit("route_stats: interrupted (Ctrl-C)") from None

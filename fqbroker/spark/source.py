@@ -19,9 +19,9 @@ from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, Inp
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
 from fqbroker.clients.http.replay import QueueInfo, ReplayClient
-from fqbroker.errors import BrokerError, DataLossError, DataLost
+from fqbroker.errors import BrokerError, DataLossError, DataLost, SparkOptionError
 
-from .options import SourceOptions
+from .options import SourceOptions, first_line, name_the_right
 from .schema import record_batch
 
 __all__ = ["DataLossError", "FqBatchReader", "FqRange", "FqStreamReader", "plan", "share"]
@@ -90,6 +90,11 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
     """The rows of ``part``: one Arrow batch per broker response."""
     if not isinstance(part, FqRange):
         return  # with no partitions to read, Spark still runs one task, with a placeholder
+    with first_line():
+        yield from _read(options, part)
+
+
+def _read(options: SourceOptions, part: FqRange) -> Iterator[pa.RecordBatch]:
     client = options.broker.client()
     start = part.start
     while start < part.end:
@@ -110,33 +115,33 @@ def read_range(options: SourceOptions, part: InputPartition) -> Iterator[pa.Reco
                 return
             start = _loss(options, start, exc.first, part.queue)
         except BrokerError as exc:
-            _name_the_right(options, part.queue, exc)
+            name_the_right(options, part.queue, exc)
             raise
+
+
+def _past_end(
+    options: SourceOptions, name: str, start: int, end: int, *, batch: bool = False
+) -> bool:
+    """Whether ``startingOffsets`` is past the end (``end``, the next offset): a stream
+    waits for it, a batch reads nothing. Raises, as Kafka does, unless failOnDataLoss is
+    false."""
+    if start <= end:
+        return False
+    text = (
+        f"fq option 'startingOffsets': offset {start} is past the end of {options.label_of(name)} "
+        f"(next offset {end})"
+    )
+    if options.fail_on_data_loss:
+        then = "read nothing" if batch else "wait for it"
+        raise SparkOptionError(f"{text}. Set failOnDataLoss=false to {then}.")
+    log.warning("%s; %s (failOnDataLoss=false).", text, "nothing read" if batch else "waiting")
+    return True
 
 
 def _topic_info(client: ReplayClient, topic: str) -> QueueInfo:
     # A topic appears with its first message: until then it reads as empty from index 0.
     info = client.topic_info(topic, missing_ok=True)
     return QueueInfo(info.first, info.next)
-
-
-def _name_the_right(options: SourceOptions, name: str, exc: BrokerError) -> None:
-    """When the broker refused reading ``name`` for want of a right, raise an error saying
-    which right; else return, and the caller raises ``exc`` as it is (a 401 for a wrong
-    password and the rest say what they are)."""
-    if not exc.text.endswith(": forbidden"):
-        return
-    broker = options.broker
-    kind = "consume" if options.topics else "queue"
-    who = "the adminToken" if broker.token else f"user {broker.user!r}"
-    # The queue a source creates is private: its creator's alone (docs/permissions.md).
-    private = "" if options.topics else " and, for a private queue, to be the one who made it"
-    raise BrokerError(
-        f"fq source: the broker refused {who} reading {options.label_of(name)} "
-        f"({exc.text}): that needs the {kind!r} right on {name!r} "
-        f"(fq-admin user allow {broker.user} {kind} '{name}'){private}, the admin right, or "
-        "the broker's admin_token as option adminToken"
-    ) from exc
 
 
 def plan(
@@ -213,7 +218,7 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 infos[name] = _topic_info(client, name) if opts.topics else self._queue_info(client)
             except BrokerError as exc:
-                _name_the_right(opts, name, exc)
+                name_the_right(opts, name, exc)
                 raise
         self._latest = {name: info.next for name, info in infos.items()}
         return infos
@@ -252,6 +257,7 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return {k: int(v) for k, v in offset.items()}
 
+    @first_line()
     def initialOffset(self) -> dict[str, int]:
         opts = self.options
         infos = self._infos()
@@ -259,6 +265,8 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             name: opts.starting.at(name).resolve(info.first, info.next)
             for name, info in infos.items()
         }
+        for name, info in infos.items():
+            _past_end(opts, name, start[name], info.next)
         if not opts.topics:
             info, seq = infos[opts.queue], start[opts.queue]
             if opts.checkpoint not in info.checkpoints:
@@ -266,6 +274,7 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._set_checkpoint(min(max(seq, info.first), info.next))
         return start
 
+    @first_line()
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return plan(
@@ -280,9 +289,11 @@ class FqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict[str, int] | None:
         return self._latest
 
+    @first_line()
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = {name: info.next for name, info in self._infos().items()}
 
+    @first_line()
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[FqRange]:
         opts = self.options
         begin = self._start(start)
@@ -331,6 +342,7 @@ class FqBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
+    @first_line()
     def partitions(self) -> Sequence[FqRange]:
         opts = self.options
         client = opts.broker.client()
@@ -339,10 +351,12 @@ class FqBatchReader(DataSourceReader):
             try:
                 info = _topic_info(client, name) if opts.topics else client.info(name)
             except BrokerError as exc:
-                _name_the_right(opts, name, exc)
+                name_the_right(opts, name, exc)
                 raise
             start = opts.starting.at(name).resolve(info.first, info.next)
             end = min(opts.ending.at(name).resolve(info.first, info.next), info.next)
+            if _past_end(opts, name, start, info.next, batch=True):
+                continue
             if start < info.first:
                 start = _loss(opts, start, info.first, name)
             parts += split(name, start, end, opts.partitions, topic=bool(opts.topics))

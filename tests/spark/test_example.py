@@ -88,9 +88,42 @@ def test_route_stats_stops_on_ctrl_c_with_one_line(fq: FqBroker, tmp_path: Path)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    everything = err_path.read_text(errors="replace")
+    # The example registers "fq" only where Spark did not find it itself (here it does).
+    assert "replaced a statically registered" not in everything, everything
     after = err_path.read_bytes()[before:].decode(errors="replace")
     # What a terminal shows: a progress bar redrawn with \r leaves its last state only.
     lines = [s for line in after.split("\n") if (s := line.split("\r")[-1].strip())]
     assert "Traceback" not in after and "Exception" not in after, after
     assert len(lines) <= 3, after
     assert lines[-1].startswith("route_stats: stopped (Ctrl-C)"), after
+
+
+def test_route_stats_stops_on_ctrl_c_before_its_query_runs(fq: FqBroker, tmp_path: Path) -> None:
+    # Ctrl-C while the SparkSession starts: one line, no KeyboardInterrupt traceback.
+    err_path = tmp_path / "stderr"
+    env = {**ENV, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
+    with err_path.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "examples" / "spark" / "route_stats.py"),
+             "--port", str(fq.port), "--exchange", "ctrl-c-early",
+             "--output", str(tmp_path / "out"), "--checkpoint", str(tmp_path / "ckpt")],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + QUERY_TIMEOUT
+        while b"log4j" not in err_path.read_bytes():  # Spark's JVM is starting
+            assert proc.poll() is None, err_path.read_text()
+            assert time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = err_path.read_text(errors="replace")
+    lines = [s for line in text.split("\n") if (s := line.split("\r")[-1].strip())]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert lines[-1].startswith("route_stats: "), text
+    assert code in (0, 1), text  # 1: interrupted while starting; 0: it had started already

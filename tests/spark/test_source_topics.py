@@ -17,8 +17,8 @@ from fqbroker.spark.source import DataLossError, FqRange, plan, share  # noqa: E
 pytestmark = pytest.mark.spark
 
 
-def topics(**options: str) -> SourceOptions:
-    return SourceOptions.parse({"topic": "news,small", **options}, streaming=True)
+def topics(*, streaming: bool = True, **options: str) -> SourceOptions:
+    return SourceOptions.parse({"topic": "news,small", **options}, streaming=streaming)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,9 @@ def test_options_of_two_topics() -> None:
 
 
 def test_offsets_json_gives_each_topic() -> None:
-    opts = topics(startingOffsets='{"news": 120, "small": -2}', endingOffsets="latest")
+    opts = topics(
+        streaming=False, startingOffsets='{"news": 120, "small": -2}', endingOffsets="latest"
+    )
     assert [opts.starting.at(t) for t in opts.topics] == [Offsets(120), Offsets(EARLIEST)]
     assert opts.ending.at("small") == Offsets(LATEST)
     assert opts.starting.at("news").resolve(0, 200) == 120

@@ -253,9 +253,9 @@ def test_batch_read_by_index_range(spark: Any, figg_fq: FqBroker) -> None:
 def test_source_on_a_topic_that_does_not_exist_yet_waits_for_it(
     spark: Any, figg_fq: FqBroker, tmp_path: Path
 ) -> None:
-    sink = Sink()
+    sink = Sink()  # waitForTopic: without it a missing topic is refused (test_options)
     query = run_query(
-        topic_stream(spark, figg_fq, "notyet")
+        topic_stream(spark, figg_fq, "notyet", waitForTopic=True)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(tmp_path / "ckpt"))
     )
