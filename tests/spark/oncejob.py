@@ -1,8 +1,9 @@
-"""A batch write through the fq sink in a Spark of its own, ``local[2,4]``: four attempts
-per task, where the shared session of these tests (local[2]) gives one. Run by
-test_sink_once.py as ``python -m tests.spark.oncejob PORT EXCHANGE ROWS FAIL_PARTITION
-FAIL_ROW [option=value ...]``; the partition FAIL_PARTITION raises at row FAIL_ROW of its
-first attempt (-1: none does), after its earlier rows were published."""
+"""A batch write through the fq sink in a Spark of its own, ``local[2,4]`` (four attempts
+per task, where the shared session of these tests, local[2], gives one) or the master
+``ONCE_MASTER`` names. Run by test_sink_once*.py as ``python -m tests.spark.oncejob PORT
+EXCHANGE ROWS FAIL_PARTITION FAIL_ROW [option=value ...]``; the partition FAIL_PARTITION
+raises at row FAIL_ROW of its first attempt (-1: none does), after its earlier rows were
+published."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def main(argv: list[str]) -> None:
     from pyspark.sql.functions import udf
 
     spark = (
-        SparkSession.builder.master("local[2,4]")
+        SparkSession.builder.master(os.environ.get("ONCE_MASTER", "local[2,4]"))
         .appName("fqbroker-once")
         .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "1g")

@@ -108,11 +108,13 @@ class RestartingRelay:
             dst.shutdown(socket.SHUT_WR)
 
 
-def run_job(port: int, exchange: str, *options: str) -> subprocess.CompletedProcess[str]:
+def run_job(
+    port: int, exchange: str, *options: str, env: dict[str, str] = ENV
+) -> subprocess.CompletedProcess[str]:
     args = [str(port), exchange, str(ROWS), "1", "1200", *options]
     return subprocess.run(
         [sys.executable, "-m", "tests.spark.oncejob", *args],
-        env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT,
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=JOB_TIMEOUT,
     )  # fmt: skip
 
 
