@@ -7,7 +7,9 @@ queue bound to the exchange written to, and one ``local[2]`` SparkSession. Each 
 ``rows`` rows with ``df.write.format("fq")``, ``dedup`` true (ids derived per row, the
 connection opted in, each queue's window checked and filled) and false (at least once),
 interleaved (ABBA, after one warm-up run of each), the write's wall time measured around
-``save()``; the table gives each column's median rows/s and the ratio. What the broker did is checked after each run: the
+``save()``; the table gives each column's median rows/s, the ratio, and the broker
+process's CPU time a row (user and system, from /proc), which other load on the machine
+disturbs less than the wall time. What the broker did is checked after each run: the
 queue grew by exactly ``rows``.
 """
 
@@ -64,6 +66,12 @@ def spark_session() -> Any:
     return session
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def write(spark: Any, port: int, rows: int, payload: int, partitions: int, dedup: bool) -> float:
     df = spark.range(0, rows, 1, partitions).selectExpr(
         f"concat(CAST(id AS STRING), repeat('x', {payload})) AS payload"
@@ -99,11 +107,14 @@ def main(argv: list[str]) -> int:
             for dedup in (False, True):  # warm up: the JVM, the workers, the broker
                 write(spark, port, args.rows, args.payload, args.partitions, dedup)
             times: dict[bool, list[float]] = {True: [], False: []}
+            cpu: dict[bool, list[float]] = {True: [], False: []}  # the broker's, a row
             for run in range(args.runs):
                 # ABBA: neither column always goes first.
                 for dedup in (False, True) if run % 2 == 0 else (True, False):
                     before = client.info(QUEUE).next
+                    used = cpu_seconds(proc.pid)
                     seconds = write(spark, port, args.rows, args.payload, args.partitions, dedup)
+                    cpu[dedup].append((cpu_seconds(proc.pid) - used) / args.rows)
                     grew = client.info(QUEUE).next - before
                     if grew != args.rows:
                         raise SystemExit(f"the queue grew by {grew}, not {args.rows}")
@@ -115,13 +126,17 @@ def main(argv: list[str]) -> int:
             proc.wait(30)
     plain = args.rows / statistics.median(times[False])
     once = args.rows / statistics.median(times[True])
+    plain_cpu = statistics.median(cpu[False]) * 1e6
+    once_cpu = statistics.median(cpu[True]) * 1e6
     print(f"Spark sink, local[2], {args.rows:,} rows of ~{args.payload} B into a disk queue,")
     print(f"{args.partitions} partitions, median of {args.runs} interleaved runs")
     print()
-    print("| sink | rows/s | relative |")
-    print("|---|---|---|")
-    print(f"| dedup = false (at least once) | {plain:,.0f} | 1.00 |")
-    print(f"| dedup = true (ids, exactly once) | {once:,.0f} | {once / plain:.2f} |")
+    print("| sink | rows/s | relative | broker CPU us/row |")
+    print("|---|---|---|---|")
+    print(f"| dedup = false (at least once) | {plain:,.0f} | 1.00 | {plain_cpu:.2f} |")
+    print(
+        f"| dedup = true (ids, exactly once) | {once:,.0f} | {once / plain:.2f} | {once_cpu:.2f} |"
+    )
     return 0
 
 

@@ -106,7 +106,8 @@ class Window:
         kept: list[bytes] = []
         where: list[int] = []
         for i, frame in enumerate(frames):
-            key = dedup_key(frame)
+            at = 2 + frame[0] + frame[1 + frame[0]]  # dedup_key(), inline: once a message
+            key = frame[at : at + ID_SIZE + 1 + frame[at + ID_SIZE]]
             if key in ids:
                 continue
             ids[key] = now
