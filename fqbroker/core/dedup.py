@@ -97,15 +97,13 @@ class Window:
             self.ids[key] = at
             self._order.append(key)
 
-    def fresh(self, frames: list[bytes], now: int) -> tuple[list[bytes], list[int]]:
-        """The frames not seen before (each now remembered as of ``now``), and their
-        indexes in ``frames``; the others are counted in :attr:`duplicates`. A repeat
-        within ``frames`` is a duplicate too."""
+    def fresh(self, frames: list[bytes], now: int) -> list[bytes]:
+        """The frames not seen before, in order, each now remembered as of ``now``; the
+        others are counted in :attr:`duplicates`. A repeat within ``frames`` is one too."""
         self.expire(now)
         ids, order = self.ids, self._order
         kept: list[bytes] = []
-        where: list[int] = []
-        for i, frame in enumerate(frames):
+        for frame in frames:
             at = 2 + frame[0] + frame[1 + frame[0]]  # dedup_key(), inline: once a message
             key = frame[at : at + ID_SIZE + 1 + frame[at + ID_SIZE]]
             if key in ids:
@@ -113,12 +111,11 @@ class Window:
             ids[key] = now
             order.append(key)
             kept.append(frame)
-            where.append(i)
         if len(kept) < len(frames):
             self.duplicates += len(frames) - len(kept)
             if self.on_repeat is not None:
                 self.on_repeat()
-        return kept, where
+        return kept
 
     def forget(self, frames: Iterable[bytes]) -> None:
         """Take back the keys of frames just remembered that were not stored after all (a

@@ -215,14 +215,17 @@ class Queue:
         if window is None:
             window = self.window = self._open_window(limits)
         n = len(frames)
-        kept, where = window.fresh(frames, now_us())
+        kept = window.fresh(frames, now_us())
         if not kept:
             return n
         took = self._offer(kept, -1)
         if took == len(kept):
             return n
         window.forget(kept[took:])  # refused: a retry must get in
-        return where[took]  # the first refused; before it all were taken or repeats
+        # Where the first refused is in ``frames`` (the very object: a repeat of it may be
+        # equal); before it, all were taken or repeats.
+        first = kept[took]
+        return next(i for i, frame in enumerate(frames) if frame is first)
 
     def _open_window(self, limits: DedupLimits) -> Window:
         # A disk store rebuilds its window from its log (storage/store.py); a memory

@@ -86,7 +86,7 @@ class TopicSink(Sink):
             # queue does, its window read back from its log when first needed.
             store = topic.store
             window = store.window if store.window is not None else store.open_window(limits)
-            frames = window.fresh(frames, now_us())[0]
+            frames = window.fresh(frames, now_us())
             if not frames:
                 return n
         topic.append(frames)

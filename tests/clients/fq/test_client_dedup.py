@@ -54,8 +54,11 @@ async def test_messages_without_ids_get_distinct_ids_of_the_client(broker: Broke
 
 async def test_a_broker_that_does_not_announce_it_is_never_asked() -> None:
     asked: list[wire.Frame] = []
+    handlers: list[asyncio.Future[object]] = []
 
     async def fake_fqd(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if (task := asyncio.current_task()) is not None:
+            handlers.append(task)
         if await reader.readexactly(4) != wire.Mode.CMD.to_bytes(4, "big"):
             await reader.read()
             writer.close()
@@ -79,4 +82,7 @@ async def test_a_broker_that_does_not_announce_it_is_never_asked() -> None:
     finally:
         server.close()
         await server.wait_closed()
+        # The handler sees the client's close and closes its end: nothing left open.
+        async with asyncio.timeout(TIMEOUT):
+            await asyncio.gather(*handlers)
     assert not any(isinstance(frame, wire.DedupRequest) for frame in asked)
