@@ -7,20 +7,22 @@ Ids of publishers that did not opt in are never looked at nor remembered: fq's C
 count ids from 1 in every process, so equal ids from them mean nothing.
 
 Opting in is a scope, not an argument: :data:`SCOPE` holds the broker's limits while an
-opted-in publisher's batch is routed (a synchronous call, so no other batch runs
-meanwhile) and None otherwise, and a queue reads it once per batch it is offered. Routing
-code and the publishers that never opt in pay one test per queue per batch.
+opted-in publisher's batch is routed (a synchronous call, so no other batch of that thread
+runs meanwhile), keyed by the thread (brokers embedded on two threads each publish on
+their own), and is empty otherwise; a queue tests it once per batch it is offered. Routing
+code and the publishers that never opt in pay that one test.
 """
 
 from __future__ import annotations
 
 import collections
 import time
+from _thread import get_ident
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["SCOPE", "DedupLimits", "Window", "dedup_key", "now_us"]
+__all__ = ["SCOPE", "DedupLimits", "Window", "current", "dedup_key", "enter", "leave", "now_us"]
 
 ID_SIZE: Final = 16
 
@@ -38,8 +40,22 @@ class DedupLimits:
         return int(self.seconds * 1_000_000)
 
 
-# The limits while an opted-in batch is routed; None otherwise (module docstring).
-SCOPE: list[DedupLimits | None] = [None]
+# The limits while an opted-in batch is routed, by thread (module docstring).
+SCOPE: dict[int, DedupLimits] = {}
+
+
+def enter(limits: DedupLimits) -> None:
+    """This thread's batches are an opted-in publisher's until :func:`leave`."""
+    SCOPE[get_ident()] = limits
+
+
+def leave() -> None:
+    SCOPE.pop(get_ident(), None)
+
+
+def current() -> DedupLimits | None:
+    """The limits if this thread routes an opted-in batch now, else None."""
+    return SCOPE.get(get_ident()) if SCOPE else None
 
 
 def now_us() -> int:

@@ -14,7 +14,7 @@ import errno
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from fqbroker.core.dedup import SCOPE
+from fqbroker.core import dedup
 from fqbroker.core.message import Run
 from fqbroker.core.permissions import Permissions
 from fqbroker.core.router import ClientStats, Router, Target
@@ -180,11 +180,11 @@ class Publisher:
         """Publish what is left of the batch; False when it has to wait again."""
         if not self.dedup:
             return self._carry_on()
-        SCOPE[0] = self._router.dedup
+        dedup.enter(self._router.dedup)
         try:
             return self._carry_on()
         finally:
-            SCOPE[0] = None
+            dedup.leave()
 
     def _carry_on(self) -> bool:
         """:meth:`carry_on`, in or out of the de-duplication scope.

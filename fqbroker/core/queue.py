@@ -205,9 +205,10 @@ class Queue:
         ``size``: their bytes, if the caller has counted them already. While an opted-in
         publisher's batch is routed, repeats are dropped first and count as taken.
         """
-        limits = SCOPE[0]
-        if limits is not None:
-            return self._offer_once(frames, limits)
+        if SCOPE:  # empty unless an opted-in batch is being routed
+            limits = SCOPE.get(get_ident())
+            if limits is not None:
+                return self._offer_once(frames, limits)
         return self._offer(frames, size)
 
     def _offer_once(self, frames: list[bytes], limits: DedupLimits) -> int:

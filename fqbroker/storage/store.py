@@ -21,7 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fqbroker.core.dedup import SCOPE, DedupLimits, Window, dedup_key, now_us
+from fqbroker.core.dedup import SCOPE, DedupLimits, Window, current, dedup_key, now_us
 from fqbroker.core.frames import frame_length, frame_seq, place_seq
 from fqbroker.storage.segments.coldread import ReadAhead
 from fqbroker.storage.segments.log import SegmentLog
@@ -241,7 +241,7 @@ class DiskStore:
 
     def extend(self, frames: list[bytes], size: int = -1) -> None:
         pending = self._pending
-        if SCOPE[0] is not None:
+        if SCOPE and current() is not None:
             start = len(pending)
             self._pending_once.append((start, start + len(frames)))
         pending.extend(frames)

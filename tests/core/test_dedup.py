@@ -3,11 +3,13 @@ queue that drops repeats only while an opted-in publisher's batch is routed."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 
-from fqbroker.core.dedup import SCOPE, DedupLimits, Window, dedup_key
+from fqbroker.core import dedup
+from fqbroker.core.dedup import DedupLimits, Window, dedup_key
 from fqbroker.core.message import Message
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import Policy, QueueSpec
@@ -22,11 +24,11 @@ def frame(n: int, sender: bytes = b"spark", payload: bytes = b"x") -> bytes:
 @pytest.fixture
 def opted_in() -> Iterator[DedupLimits]:
     limits = DedupLimits(seconds=120, ids=1000)
-    SCOPE[0] = limits
+    dedup.enter(limits)
     try:
         yield limits
     finally:
-        SCOPE[0] = None
+        dedup.leave()
 
 
 def test_the_key_is_the_id_and_the_sender() -> None:
@@ -86,11 +88,11 @@ def test_a_queue_drops_repeats_only_in_the_scope(opted_in: DedupLimits) -> None:
     assert queue.offer([frame(2), frame(3), frame(1)]) == 3  # repeats count as taken
     assert queue.backlog == 3
     assert queue.duplicates == 2
-    SCOPE[0] = None
+    dedup.leave()
     # A publisher that did not opt in: its ids are never looked at, nor remembered.
     assert queue.offer([frame(1), frame(9)]) == 2
     assert queue.backlog == 5
-    SCOPE[0] = opted_in
+    dedup.enter(opted_in)
     assert queue.offer([frame(9)]) == 1
     assert queue.backlog == 6
 
@@ -110,3 +112,16 @@ def test_what_a_full_queue_refused_gets_in_when_sent_again(opted_in: DedupLimits
     assert queue.offer([frame(1), frame(2), frame(3)]) == 3
     assert queue.take(10) == [frame(3)]
     assert queue.duplicates == 3
+
+
+def test_the_scope_is_this_threads_only(opted_in: DedupLimits) -> None:
+    # Brokers embedded on two threads: one routing an opted-in batch must not make the
+    # other's publishers de-duplicated.
+    queue = Queue(QueueSpec(b"q", backlog=100))
+    took: list[int] = []
+    other = threading.Thread(target=lambda: took.append(queue.offer([frame(1), frame(1)])))
+    other.start()
+    other.join()
+    assert (took, queue.backlog, queue.window) == ([2], 2, None)
+    assert queue.offer([frame(1), frame(1)]) == 2
+    assert (queue.backlog, queue.duplicates) == (3, 1)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker.core.dedup import SCOPE, DedupLimits, dedup_key, now_us
+from fqbroker.core import dedup
+from fqbroker.core.dedup import DedupLimits, dedup_key, now_us
 from fqbroker.core.message import Message
 from fqbroker.core.queue import Queue
 from fqbroker.core.queuespec import QueueKind, QueueSpec
@@ -32,11 +33,11 @@ def disk_queue(path: Path, segment_bytes: int = 64 << 20) -> Queue:
 
 @pytest.fixture
 def opted_in() -> Iterator[None]:
-    SCOPE[0] = LIMITS
+    dedup.enter(LIMITS)
     try:
         yield
     finally:
-        SCOPE[0] = None
+        dedup.leave()
 
 
 def flush(queue: Queue) -> None:
@@ -48,7 +49,7 @@ def flush(queue: Queue) -> None:
 async def test_opted_in_records_are_tagged(tmp_path: Path, opted_in: None) -> None:
     queue = disk_queue(tmp_path / "q")
     queue.offer([frame(1), frame(2)])
-    SCOPE[0] = None
+    dedup.leave()
     queue.offer([frame(3)])
     flush(queue)
     store = queue.store
@@ -63,11 +64,11 @@ async def test_the_window_survives_a_restart(tmp_path: Path, opted_in: None) -> 
     for i in range(1, 21):
         queue.offer([frame(i)])
         flush(queue)
-    SCOPE[0] = None
+    dedup.leave()
     queue.offer([frame(21)])  # not opted in: not remembered
     flush(queue)
     queue.close(destroy=False)
-    SCOPE[0] = LIMITS
+    dedup.enter(LIMITS)
     again = disk_queue(tmp_path / "q", segment_bytes=300)
     store = again.store
     assert isinstance(store, DiskStore)

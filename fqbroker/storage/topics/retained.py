@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from itertools import repeat
 from typing import TYPE_CHECKING
 
-from fqbroker.core.dedup import SCOPE, now_us
+from fqbroker.core.dedup import current, now_us
 from fqbroker.core.router import Sink
 from fqbroker.errors import LogFormatError
 from fqbroker.storage.topics.topic import Topic, TopicConfig, TopicReader
@@ -80,7 +80,7 @@ class TopicSink(Sink):
             topics.dropped += len(frames)
             return 0
         n = len(frames)
-        limits = SCOPE[0]
+        limits = current()
         if limits is not None:
             # An opted-in publisher (core/dedup.py): a topic drops repeats as a disk
             # queue does, its window read back from its log when first needed.

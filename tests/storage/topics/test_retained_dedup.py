@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fqbroker.core.dedup import SCOPE, DedupLimits
+from fqbroker.core import dedup
+from fqbroker.core.dedup import DedupLimits
 from fqbroker.core.frames import encode_peer
 from tests.storage.topics.test_retained import figg_settings, harness, payloads_of, read_all
 
@@ -19,11 +20,11 @@ def frame(n: int) -> bytes:
 
 @pytest.fixture
 def opted_in() -> Iterator[None]:
-    SCOPE[0] = DedupLimits()
+    dedup.enter(DedupLimits())
     try:
         yield
     finally:
-        SCOPE[0] = None
+        dedup.leave()
 
 
 async def test_a_topic_keeps_one_copy_across_a_restart(tmp_path: Path, opted_in: None) -> None:
@@ -38,7 +39,7 @@ async def test_a_topic_keeps_one_copy_across_a_restart(tmp_path: Path, opted_in:
         topic = await h.durable(b"t")
         assert payloads_of(read_all(topic)) == [b"m1", b"m2", b"m3"]
         assert topic.store.window is not None and topic.store.window.duplicates == 1
-        SCOPE[0] = None
+        dedup.leave()
         h.topics.sink.offer([frame(3)])  # not opted in: kept
         h.flush()
         topic = await h.durable(b"t")
