@@ -66,7 +66,7 @@ class _Transport:
 def _owner(user: bytes, queue: Queue | None) -> Any:
     return SimpleNamespace(
         user=user, queue=queue, stats=ClientStats(), permissions=None, pretty=user.decode(),
-        data=None, paired=lambda data: None,
+        data=None, paired=lambda data: None, dedup=False,
     )  # fmt: skip
 
 

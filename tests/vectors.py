@@ -24,8 +24,8 @@ STATUS_KEYS = [
     "octets_in",
     "octets_out",
 ]
-# fqbroker's announcement of publisher confirms follows them, always last.
-BROKER_STATUS_KEYS = [*STATUS_KEYS, wire.CONFIRM_STATUS_KEY]
+# fqbroker's announcements of publisher confirms and de-duplication follow them, last.
+BROKER_STATUS_KEYS = [*STATUS_KEYS, wire.CONFIRM_STATUS_KEY, wire.DEDUP_STATUS_KEY]
 
 
 def h(text: str) -> bytes:
@@ -57,6 +57,7 @@ CLIENT_COMMANDS: list[tuple[str, wire.Frame, bytes]] = [
         h("b170 0110 0000 0007") + b"prefix:",
     ),
     ("unbind", wire.UnbindRequest(7, b"ex"), h("071b 00000007 0002 6578")),
+    ("dedup", wire.DedupRequest(), h("c0f4")),
 ]
 
 # Frames the broker sends on the command channel.
@@ -67,6 +68,7 @@ SERVER_REPLIES: list[tuple[str, wire.Frame, bytes]] = [
     ("bind_illegal", wire.BindResponse(0xFFFFFFFF), h("b171 ffffffff")),
     ("unbind_response", wire.UnbindResponse(3), h("171b 00000003")),
     ("unbind_illegal", wire.UnbindResponse(0xFFFFFFFF), h("171b ffffffff")),
+    ("dedup_on", wire.DedupOn(), h("c0f5")),
     (
         "status_no_data",
         wire.Status((("dropped_in", 4),)),

@@ -14,6 +14,7 @@ import errno
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from fqbroker.core import dedup
 from fqbroker.core.message import Run
 from fqbroker.core.permissions import Permissions
 from fqbroker.core.router import ClientStats, Router, Target
@@ -98,6 +99,7 @@ class Publisher:
         "_runs",
         "blocked",
         "closed",
+        "dedup",
         "denied_from",
         "failed_from",
         "failed_why",
@@ -149,6 +151,8 @@ class Publisher:
         self.denied_from: int | None = None
         self._progress: asyncio.Event | None = None
         self.closed = False
+        # Opted in to de-duplication (core/dedup.py): its batches are routed in the scope.
+        self.dedup = False
 
     # --- publishing -----------------------------------------------------------------------
 
@@ -173,7 +177,17 @@ class Publisher:
         return self.carry_on()
 
     def carry_on(self) -> bool:
-        """Publish what is left of the batch; False when it has to wait again.
+        """Publish what is left of the batch; False when it has to wait again."""
+        if not self.dedup:
+            return self._carry_on()
+        dedup.enter(self._router.dedup)
+        try:
+            return self._carry_on()
+        finally:
+            dedup.leave()
+
+    def _carry_on(self) -> bool:
+        """:meth:`carry_on`, in or out of the de-duplication scope.
 
         The consumers it wakes are called back on the loop's next turn, not before it
         returns: calling them in the read's own turn was measured to cost broker CPU on

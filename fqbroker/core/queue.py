@@ -16,6 +16,7 @@ from _thread import get_ident
 from typing import Protocol
 
 from fqbroker.core.budget import MemoryBudget, fitting
+from fqbroker.core.dedup import SCOPE, DedupLimits, Window, now_us
 from fqbroker.core.memstore import Buffer, MemoryStore, split_frames
 from fqbroker.core.queuespec import (
     DEFAULT_BACKLOG_BYTES,
@@ -91,6 +92,7 @@ class Queue:
         "private",
         "rejects",
         "store",
+        "window",
     )
 
     def __init__(
@@ -129,6 +131,9 @@ class Queue:
         # Consumers woken for new messages that have not taken their share yet.
         self._woken = 0
         self._space: asyncio.Event | None = None
+        # The ids of opted-in publishers' messages it took (core/dedup.py): made when
+        # the first comes, a disk queue's read back from its log.
+        self.window: Window | None = None
 
     # --- attributes -----------------------------------------------------------------------
 
@@ -194,10 +199,51 @@ class Queue:
 
     def offer(self, frames: list[bytes], size: int = -1) -> int:
         """Append messages in order; under drop and reject, those past either limit are
-        refused (the router tells a reject queue's publisher).
+        refused (the router tells a reject queue's publisher). Returns how many of the
+        first it took: the rest were refused.
 
-        ``size``: their bytes, if the caller has counted them already.
+        ``size``: their bytes, if the caller has counted them already. While an opted-in
+        publisher's batch is routed, repeats are dropped first and count as taken.
         """
+        if SCOPE:  # empty unless an opted-in batch is being routed
+            limits = SCOPE.get(get_ident())
+            if limits is not None:
+                return self._offer_once(frames, limits)
+        return self._offer(frames, size)
+
+    def _offer_once(self, frames: list[bytes], limits: DedupLimits) -> int:
+        window = self.window
+        if window is None:
+            window = self.window = self._open_window(limits)
+        n = len(frames)
+        kept = window.fresh(frames, now_us())
+        if not kept:
+            return n
+        took = self._offer(kept, -1)
+        if took == len(kept):
+            return n
+        window.forget(kept[took:])  # refused: a retry must get in
+        # Where the first refused is in ``frames`` (the very object: a repeat of it may be
+        # equal); before it, all were taken or repeats.
+        first = kept[took]
+        return next(i for i, frame in enumerate(frames) if frame is first)
+
+    def _open_window(self, limits: DedupLimits) -> Window:
+        # A disk store rebuilds its window from its log (storage/store.py); a memory
+        # queue's messages die with the process, and so may its window.
+        opener = getattr(self.store, "open_window", None)
+        if opener is None:
+            return Window(limits)
+        window: Window = opener(limits)
+        return window
+
+    @property
+    def duplicates(self) -> int:
+        """Messages of opted-in publishers dropped as repeats (core/dedup.py)."""
+        window = self.window
+        return 0 if window is None else window.duplicates
+
+    def _offer(self, frames: list[bytes], size: int) -> int:
         n = len(frames)
         store = self.store
         if size < 0:

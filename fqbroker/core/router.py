@@ -18,6 +18,7 @@ from typing import Any, Final
 
 from fqbroker.core.bindflags import BIND_ILLEGAL, BindFlags
 from fqbroker.core.budget import fitting
+from fqbroker.core.dedup import DedupLimits
 from fqbroker.core.exchange import Binding, Exchange, Reach
 from fqbroker.core.message import Message, Run, message_from_frame
 from fqbroker.core.program import RuleRegistry, compile_program
@@ -156,6 +157,9 @@ class Router:
         self.rejected = 0
         self.rejected_by = b""
         self.rejected_after = 0
+        # How long and how many ids each queue remembers for publishers that opted in to
+        # de-duplication (core/dedup.py); the broker sets it from its settings.
+        self.dedup = DedupLimits()
 
     # --- bindings -------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from fqbroker.core.dedup import DedupLimits
 from fqbroker.core.message import MsgIdCounter
 from fqbroker.core.permissions import Permissions
 from fqbroker.core.program import RuleRegistry, default_registry
@@ -67,6 +68,7 @@ class Broker:
         self.settings = settings or Settings()
         self.node_id = resolve_node_id(self.settings.node_id)
         self.router = Router(self._rule_registry())
+        self.router.dedup = DedupLimits(self.settings.dedup_window, self.settings.dedup_window_ids)
         # Free space of what the broker writes to, below which writes are refused or held
         # back (docs/reliability.md, "Disk alarm"); the stores add their directories.
         self.disk_alarm = DiskAlarm(

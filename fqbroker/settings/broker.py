@@ -189,6 +189,10 @@ class Settings:
     peer_poll_seconds: float = 1.0  # how often the sqlite upstream table is read again
     peer_dedupe: int = 0  # message ids from peers remembered to drop repeats; 0: off, as fqd
     confirm_pair_timeout: float = 10.0  # seconds a confirm waits for the data socket to pair
+    # Publishers that opt in to de-duplication by message id (docs/confirms.md): how long
+    # each queue remembers an id it took, and how many ids at most (about 150 bytes each).
+    dedup_window: float = 120.0  # seconds
+    dedup_window_ids: int = 1_000_000
     # --- resource limits and bad input (docs/limits.md) ---
     max_connections: int = 0  # all connections; 0: from RLIMIT_NOFILE, an eighth kept back
     max_connections_per_address: int = 0  # from one source address; 0: no such limit
@@ -415,6 +419,7 @@ _SCALARS: dict[str, type | tuple[type, ...]] = {
 _POSITIVE = (
     "max_message_size", "idle_sniff_timeout", "fsync_interval_ms", "segment_bytes",
     "peer_poll_seconds", "confirm_pair_timeout", "http_max_body", "login_timeout",
+    "dedup_window", "dedup_window_ids",
     "idle_timeout", "http_header_timeout", "http_keepalive_timeout",
 )  # fmt: skip
 _NOT_NEGATIVE = (

@@ -80,6 +80,8 @@ KNOWN: dict[str, tuple[str, frozenset[str]]] = {
         ("checkpointName", frozenset({STREAM})),
         ("maxOffsetsPerTrigger", frozenset({STREAM})),
         ("route", WRITES),
+        ("dedup", WRITES),
+        ("writeId", WRITES),
         ("checkpointLocation", frozenset({STREAM_WRITE})),  # Spark's own, passed along
     ]
 }
@@ -429,6 +431,11 @@ class SinkOptions:
     broker: BrokerOptions
     exchange: str  # overrides the column when set
     route: str  # overrides the column when set
+    # Exactly once (docs/confirms.md): rows get ids the broker de-duplicates by, derived
+    # from ``write_id`` (else the streaming query's id, or one per batch write), the batch,
+    # the partition and the row; ``dedup = false`` publishes at least once.
+    dedup: bool = True
+    write_id: str = ""
 
     @classmethod
     def parse(
@@ -436,7 +443,13 @@ class SinkOptions:
     ) -> SinkOptions:
         """``columns`` maps the DataFrame's column names to their Spark type names."""
         check_names(options, frozenset({STREAM_WRITE if streaming else WRITE}))
-        sink = cls(BrokerOptions.parse(options), _get(options, "exchange"), _get(options, "route"))
+        sink = cls(
+            BrokerOptions.parse(options),
+            _get(options, "exchange"),
+            _get(options, "route"),
+            dedup=_bool(options, "dedup", True),
+            write_id=_get(options, "writeId"),
+        )
         for name, value in (("exchange", sink.exchange), ("route", sink.route)):
             if len(value.encode()) > 127:
                 raise SparkOptionError(f"fq sink: option {name!r} is over 127 bytes")

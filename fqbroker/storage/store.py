@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fqbroker.core.dedup import SCOPE, DedupLimits, Window, current, dedup_key, now_us
 from fqbroker.core.frames import frame_length, frame_seq, place_seq
 from fqbroker.storage.segments.coldread import ReadAhead
 from fqbroker.storage.segments.log import SegmentLog
@@ -49,6 +50,10 @@ RECENT_BYTES = 8 << 20
 _RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # seconds between attempts to repair a failed log
 _TAG = struct.Struct(">BQ")  # record version, arrival time in microseconds
 RECORD_V1 = 0x81
+# The same, for a message whose publisher opted in to de-duplication (core/dedup.py): what
+# a queue's window is read back from when it is first needed after the queue was opened.
+RECORD_ONCE = 0x82
+_WINDOW_READ = 4096  # records read at a time while a window is rebuilt
 
 
 class FsyncPolicy(StrEnum):
@@ -101,17 +106,25 @@ def rewind_queue(queue: Queue, seq: int) -> None:
     queue.refilled()
 
 
-def encode_records(frames: list[bytes], arrival_us: int) -> list[bytes]:
-    """The records of frames that arrived together: one tag, put before each."""
+def encode_records(
+    frames: list[bytes], arrival_us: int, once: Sequence[tuple[int, int]] = ()
+) -> list[bytes]:
+    """The records of frames that arrived together: one tag, put before each; the frames
+    in the ``once`` ranges [start, stop) get the tag of opted-in messages."""
     tag = _TAG.pack(RECORD_V1, arrival_us)
-    return [tag + frame for frame in frames]
+    records = [tag + frame for frame in frames]
+    if once:
+        tag = _TAG.pack(RECORD_ONCE, arrival_us)
+        for start, stop in once:
+            records[start:stop] = [tag + frame for frame in frames[start:stop]]
+    return records
 
 
 def split_record(record: bytes) -> tuple[int | None, bytes]:
     """(arrival time in microseconds or None if not recorded, peer frame) of a record."""
     if record[:1] < b"\x80":
         return None, record
-    if record[0] != RECORD_V1:
+    if record[0] != RECORD_V1 and record[0] != RECORD_ONCE:
         raise ValueError(f"unknown record version 0x{record[0]:02x}")
     return _TAG.unpack_from(record)[1], record[_TAG.size :]
 
@@ -169,6 +182,10 @@ class DiskStore:
         self.interval = interval_ms / 1000
         self._dirty = dirty if dirty is not None else set()
         self._pending: list[bytes] = []
+        # De-duplication (core/dedup.py): the queue's window once an opted-in publisher
+        # first sent to it, and which pending frames are such a publisher's.
+        self.window: Window | None = None
+        self._pending_once: list[tuple[int, int]] = []
         # The frames last written, the newest at ``written_seq``: a consumer that keeps
         # up gets them from here instead of reading them back from the file.
         self._recent: collections.deque[bytes] = collections.deque()
@@ -223,8 +240,60 @@ class DiskStore:
         return self._recent_bytes
 
     def extend(self, frames: list[bytes], size: int = -1) -> None:
-        self._pending.extend(frames)
+        pending = self._pending
+        if SCOPE and current() is not None:
+            start = len(pending)
+            self._pending_once.append((start, start + len(frames)))
+        pending.extend(frames)
         self._dirty.add(self)
+
+    # --- de-duplication -------------------------------------------------------------------
+
+    def open_window(self, limits: DedupLimits) -> Window:
+        """The queue's window, read back from the opted-in records of its log's tail: the
+        ids a queue remembers are kept with the messages they guard, and survive a
+        restart as long as those records are in the log."""
+        window = Window(limits)
+        window.on_repeat = self._repeated
+        now = now_us()
+        cutoff = now - limits.span_us
+        found: list[tuple[int, bytes]] = []  # (arrival, key), newest segment first
+        log = self.log
+        for first in reversed(log.segment_firsts()):
+            batch: list[tuple[int, bytes]] = []
+            oldest = now
+            seq = max(first, log.first_seq)
+            stop = log.segment_end(first)
+            while seq < stop:
+                records = log.read(seq, min(_WINDOW_READ, stop - seq))
+                if not records:
+                    break
+                for _, record in records:
+                    if record[:1] == b"\x82" or record[:1] == b"\x81":
+                        arrival = _TAG.unpack_from(record)[1]
+                        oldest = min(oldest, arrival)
+                        if record[0] == RECORD_ONCE and arrival > cutoff:
+                            batch.append((arrival, dedup_key(record[_TAG.size :])))
+                seq = records[-1][0] + 1
+            found = batch + found
+            if oldest <= cutoff or len(found) >= limits.ids:
+                break
+        for arrival, key in found[-limits.ids :]:
+            window.add(key, arrival)
+        self.window = window
+        return window
+
+    def _repeated(self) -> None:
+        # A repeat is confirmed once the original is durable: its publisher waits for
+        # this store's next fsync, as if it had written to it.
+        self._dirty.add(self)
+
+    def _forget_once(self, frames: list[bytes]) -> None:
+        """Opted-in frames that were not written: sent again, they must get in."""
+        ranges, self._pending_once = self._pending_once, []
+        if self.window is not None:
+            for start, stop in ranges:
+                self.window.forget(frames[start:stop])
 
     # --- writing --------------------------------------------------------------------------
 
@@ -241,12 +310,16 @@ class DiskStore:
             return
         alarm = self.alarm
         if alarm is not None and alarm.raised:
+            self._forget_once(frames)
             raise alarm.refused(len(frames))  # nothing written: not a write error
         # Arrival is when the publisher's read is written: the same loop turn it was read.
         first = self.log.next_seq
+        once, self._pending_once = self._pending_once, []
         try:
-            self.log.append(encode_records(frames, time.time_ns() // 1000))
+            self.log.append(encode_records(frames, time.time_ns() // 1000, once))
         except OSError:
+            self._pending_once = once
+            self._forget_once(frames)
             self.write_errors += len(frames)
             if alarm is not None:
                 alarm.failed()  # a full disk, perhaps: look now, not in a second

@@ -70,16 +70,23 @@ class Refused:
 @dataclass(frozen=True, slots=True)
 class Reply(Generic[T]):
     token: T
-    frame: wire.BindResponse | wire.UnbindResponse | wire.Status | ConfirmReply
+    frame: wire.BindResponse | wire.UnbindResponse | wire.Status | ConfirmReply | wire.DedupOn
 
 
 ConfirmReply = wire.Confirmed | wire.ConfirmFailed
-Request = wire.BindRequest | wire.UnbindRequest | wire.StatusRequest | wire.ConfirmRequest
+Request = (
+    wire.BindRequest
+    | wire.UnbindRequest
+    | wire.StatusRequest
+    | wire.ConfirmRequest
+    | wire.DedupRequest
+)
 _REPLY_TYPE: dict[type, type | tuple[type, ...]] = {
     wire.BindRequest: wire.BindResponse,
     wire.UnbindRequest: wire.UnbindResponse,
     wire.StatusRequest: wire.Status,
     wire.ConfirmRequest: (wire.Confirmed, wire.ConfirmFailed),
+    wire.DedupRequest: wire.DedupOn,
 }
 
 
@@ -129,7 +136,8 @@ class CommandChannel(Generic[T]):
                     | wire.UnbindResponse
                     | wire.Status
                     | wire.Confirmed
-                    | wire.ConfirmFailed,
+                    | wire.ConfirmFailed
+                    | wire.DedupOn,
                 )
                 and self._waiting
                 and isinstance(frame, self._waiting[0][0])

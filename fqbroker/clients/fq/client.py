@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import ssl
 import time
@@ -114,6 +115,7 @@ class Client:
         cafile: str | Path | None = None,
         certfile: str | Path | None = None,
         keyfile: str | Path | None = None,
+        dedup: bool = False,
     ) -> None:
         if not 0 <= heartbeat_ms <= 0xFFFF:
             raise ValueError("heartbeat_ms is a u16")
@@ -135,6 +137,13 @@ class Client:
         # certificate is checked against the system's CAs or only ``cafile``'s; a client
         # certificate (``certfile``) is presented to a server that asks for one.
         self.ssl = client_ssl(tls, cafile, certfile, keyfile)
+        # Ask the broker to drop messages whose ids a queue already took (docs/confirms.md,
+        # "Exactly once"): publish the same message with the same id, and it is stored
+        # once. Messages published without an id get one of this client's own, unique
+        # across processes (a random prefix, then a count).
+        self.dedup = dedup
+        self._dedup_prefix = os.urandom(8)
+        self._dedup_count = 0
         self.connections = 0  # successful connects so far, reconnects included
         self.dropped = 0  # messages refused because the backlog was full
         self._state = _State.NEW
@@ -291,7 +300,9 @@ class Client:
         if not self.connected and len(self._pending) >= self.backlog:
             self.dropped += 1
             return False
-        msg = Message(exchange, route, payload, msgid or _MSGIDS.next(), sender=self.user)
+        if msgid is None:
+            msgid = self._own_id() if self.dedup else _MSGIDS.next()
+        msg = Message(exchange, route, payload, msgid, sender=self.user)
         # A peer channel carries the peer format both ways (docs/fq-protocol.md §5.3: fqd
         # gets this wrong).
         frame = msg.publish_frame() if self.peer_id is None else msg.peer_frame()
@@ -300,6 +311,10 @@ class Client:
             # One write per loop iteration, not one per message.
             self._write_handle = asyncio.get_running_loop().call_soon(self._write_pending)
         return True
+
+    def _own_id(self) -> bytes:
+        self._dedup_count += 1
+        return self._dedup_prefix + self._dedup_count.to_bytes(8, "big")
 
     def _write_pending(self) -> None:
         self._write_handle = None
@@ -411,6 +426,9 @@ class Client:
                     raise ConnectionError("connection closed during auth")
                 channel.receive_data(chunk)
             key = event.key
+            if self.dedup:
+                # Before the data socket opens, so that its every message is covered.
+                await self._ask_dedup(channel, cmd_r, cmd_w)
             if self.heartbeat_ms:
                 cmd_w.write(wire.encode(wire.HeartbeatRequest(self.heartbeat_ms)))
             data_r, data_w = await asyncio.open_connection(
@@ -426,6 +444,28 @@ class Client:
                 data_w.close()
             raise
         return _Link(channel, cmd_r, cmd_w, data_r, data_w)
+
+    @staticmethod
+    async def _ask_dedup(
+        channel: CommandChannel[asyncio.Future[wire.Frame]],
+        cmd_r: asyncio.StreamReader,
+        cmd_w: asyncio.StreamWriter,
+    ) -> None:
+        """Status first: fqd, and a broker without the extension, would end the session on
+        a request it does not know."""
+        loop = asyncio.get_running_loop()
+        for request in (wire.StatusRequest(), wire.DedupRequest()):
+            future: asyncio.Future[wire.Frame] = loop.create_future()
+            cmd_w.write(channel.request(request, future))
+            while not isinstance(event := channel.next_event(), Reply):
+                if out := channel.data_to_send():
+                    cmd_w.write(out)
+                if not (chunk := await cmd_r.read(READ_SIZE)):
+                    raise ConnectionError("connection closed before de-duplication was on")
+                channel.receive_data(chunk)
+            frame = event.frame
+            if isinstance(frame, wire.Status) and wire.DEDUP_STATUS_KEY not in frame.as_dict():
+                raise ClientError("the broker does not de-duplicate by message id")
 
     def _install(self, link: _Link) -> None:
         self._link = link

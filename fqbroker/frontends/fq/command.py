@@ -65,6 +65,10 @@ class DataChannel(Protocol):
 
     def drain_then_close(self, linger: float) -> None: ...
 
+    def deduplicate(self) -> None:
+        """Its messages from now on are de-duplicated by id (core/dedup.py)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -145,6 +149,7 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         "_beat",
         "_pairing",
         "_stats",
+        "dedup",
         "host",
         "key",
         "machine",
@@ -170,6 +175,9 @@ class CommandSession(RemotePeer, asyncio.Protocol):
         self._stats: ClientStats | None = None
         self._pairing: Pairing = None
         self._beat: Entry | None = None
+        # Its data channel's messages are de-duplicated by id (core/dedup.py): asked for
+        # with a DEDUP request, which fq's own clients never send.
+        self.dedup = False
 
     def __lt__(self, other: object) -> bool:
         # Heartbeat entries of one time compare their sessions; any fixed order will do.
@@ -320,6 +328,12 @@ class CommandSession(RemotePeer, asyncio.Protocol):
             case wire.UnbindRequest(route_id, exchange):
                 assert self.queue is not None
                 machine.unbound(route_id, host.unbind(exchange, route_id, self.queue))
+            case wire.DedupRequest():
+                self.dedup = True
+                data = self.data
+                if data is not None:
+                    data.deduplicate()
+                machine.deduplicating()
             case wire.ConfirmRequest(count):
                 task = asyncio.ensure_future(self._confirm(count))
                 machine.defer(task)

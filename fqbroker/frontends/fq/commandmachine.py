@@ -93,6 +93,7 @@ CommandEvent = (
     | wire.BindRequest
     | wire.UnbindRequest
     | wire.ConfirmRequest
+    | wire.DedupRequest
     | Refused
     | Broken
 )
@@ -264,7 +265,13 @@ class CommandMachine(Generic[T]):
         # Last, so fq clients reading the keys they know see no change: the broker
         # takes confirm requests (docs/confirms.md).
         items.append((wire.CONFIRM_STATUS_KEY, wire.CONFIRM_VERSION))
+        # ... and de-duplication requests (docs/confirms.md, "Exactly once").
+        items.append((wire.DEDUP_STATUS_KEY, wire.DEDUP_VERSION))
         self._reply(wire.encode(wire.Status(tuple(items))))
+
+    def deduplicating(self) -> None:
+        """The answer to a de-duplication request: from now on."""
+        self._reply(wire.encode(wire.DedupOn()))
 
     def defer(self, token: T) -> None:
         """Hold the place of a confirm's reply; every later reply waits behind it."""

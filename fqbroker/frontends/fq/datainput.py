@@ -114,6 +114,7 @@ class InputSide:
             assert self.owner is not None
             publisher = self.broker.make_publisher(self.owner.stats, self.owner.permissions)
             publisher.closed = self.phase is Phase.CLOSED
+            publisher.dedup = self.owner.dedup
             input_ = self._in = _Input(publisher, self.broker.budget.share(self.owner.user))
         return input_
 
@@ -296,6 +297,11 @@ class InputSide:
             self.close()
         elif self._reserve():
             self.transport.resume_reading()
+
+    def deduplicate(self) -> None:
+        """Its messages from now on are de-duplicated by id (core/dedup.py)."""
+        if self._in is not None:
+            self._in.publisher.dedup = True
 
     async def confirm(self, count: int) -> str | None:
         """Wait until the first ``count`` messages are routed and durable; None, or why not."""

@@ -1,11 +1,12 @@
 """``POST /submit``: one message published, answered as a publisher confirm is (fqd_http.c).
 
 The body is one message; the ``X-Fq-*`` headers name its route, exchange and sender
-(docs/fq-protocol.md §4.2). It goes through a :class:`~fqbroker.core.publisher.Publisher`
-like every other publish, and the answer is that publisher's confirm of it
-(:meth:`Publisher.confirm`): ``200`` only when an fq confirm of the same message would
-succeed, else the confirm's reason with a status that says who can fix it (docs/http.md,
-docs/confirms.md). fqd's own refusals (headers, body) keep fqd's ``500 ERROR``.
+(docs/fq-protocol.md §4.2), and ``X-Fq-Msg-Id`` (ours) an id to de-duplicate it by. It
+goes through a :class:`~fqbroker.core.publisher.Publisher` like every other publish, and
+the answer is that publisher's confirm of it (:meth:`Publisher.confirm`): ``200`` only
+when an fq confirm of the same message would succeed, else the confirm's reason with a
+status that says who can fix it (docs/http.md, docs/confirms.md). fqd's own refusals
+(headers, body) keep fqd's ``500 ERROR``.
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ async def _publish_body(
     route = headers.get(b"x-fq-route")
     exchange = headers.get(b"x-fq-exchange")
     problem = _header_problem(sender, route, exchange)
+    msgid = _msgid(headers.get(b"x-fq-msg-id"))
+    if msgid == b"" and not problem:
+        # An extension of ours, so an HTTP answer of our own: the client can fix it.
+        return Answer(400, _error_body(BAD_MSGID), close=True)
     if problem and expects_continue:
         # No need to take a body we will refuse anyway.
         return error(problem, close=True)
@@ -117,8 +122,11 @@ async def _publish_body(
     assert route is not None and exchange is not None
     # One hop, the node id: fqd sends none, which the npm client rejects
     # (docs/fq-protocol.md §9 point 6).
-    msg = Message(exchange, route, payload, broker.msgids.next(), sender, broker.node_id)
+    msg = Message(exchange, route, payload, msgid or broker.msgids.next(), sender, broker.node_id)
     publisher = broker.make_publisher()
+    # With an id of the client's: a message a queue took already is dropped, and this
+    # answer is still 200 (docs/confirms.md, "Exactly once").
+    publisher.dedup = msgid is not None
     # Block policy: the answer waits for room. Then the confirm's own answer: written,
     # durable under each disk queue's fsync policy, and refused by no reject queue.
     await publisher.publish_all(runs_of([msg]), len(payload))
@@ -131,6 +139,20 @@ async def _publish_body(
         f'"no_route":{result.no_route},"no_exchange":{result.no_exchange}}}\n'
     )
     return Answer(200, body.encode())
+
+
+BAD_MSGID = "X-Fq-Msg-Id must be 32 hex digits (a 16-byte message id)"
+
+
+def _msgid(value: bytes | None) -> bytes | None:
+    """The id ``X-Fq-Msg-Id`` gives: None without the header, b"" when it is not one."""
+    if value is None:
+        return None
+    try:
+        msgid = bytes.fromhex(value.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return b""
+    return msgid if len(msgid) == 16 else b""
 
 
 def _header_problem(sender: bytes, route: bytes | None, exchange: bytes | None) -> str | None:

@@ -41,6 +41,8 @@ __all__ = [
     "Confirmed",
     "DataHello",
     "DataHelloDecoder",
+    "DedupOn",
+    "DedupRequest",
     "ErrorReply",
     "Frame",
     "Heartbeat",
@@ -83,6 +85,9 @@ class Cmd(IntEnum):
     CONFIRM = 0xC0F1
     CONFIRMED = 0xC0F2
     CONFIRM_FAILED = 0xC0F3
+    # fqbroker extension (docs/confirms.md, "Exactly once"): de-duplication by message id.
+    DEDUP = 0xC0F4
+    DEDUP_ON = 0xC0F5
 
 
 AUTH_PLAIN: Final = 0
@@ -100,6 +105,9 @@ _U16U64 = struct.Struct(">HQ")
 NO_PEER: Final = bytes(4)  # the peer id of a data channel that is no peer
 CONFIRM_STATUS_KEY: Final = "confirm"
 CONFIRM_VERSION: Final = 1
+# The status key that announces de-duplication by message id, and its version.
+DEDUP_STATUS_KEY: Final = "dedup"
+DEDUP_VERSION: Final = 1
 
 
 # --- frames -------------------------------------------------------------------------------
@@ -187,6 +195,17 @@ class ConfirmFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class DedupRequest:
+    """Extension: drop my data channel's messages whose ids a queue already took."""
+
+
+@dataclass(frozen=True, slots=True)
+class DedupOn:
+    """The answer to :class:`DedupRequest`: every message on the data channel paired after
+    it (or already paired) is de-duplicated."""
+
+
+@dataclass(frozen=True, slots=True)
 class DataHello:
     key: bytes
     peer_id: bytes = bytes(4)
@@ -207,6 +226,8 @@ Frame = (
     | ConfirmRequest
     | Confirmed
     | ConfirmFailed
+    | DedupRequest
+    | DedupOn
 )
 
 # What a client may send on its command socket.
@@ -218,6 +239,7 @@ ClientRequest = (
     | BindRequest
     | UnbindRequest
     | ConfirmRequest
+    | DedupRequest
 )
 # What a broker may send on a command socket.
 ServerReply = (
@@ -229,6 +251,7 @@ ServerReply = (
     | Status
     | Confirmed
     | ConfirmFailed
+    | DedupOn
 )
 
 
@@ -270,6 +293,10 @@ def encode(frame: Frame) -> bytes:
             return _U16U64.pack(Cmd.CONFIRMED, count)
         case ConfirmFailed(count, text):
             return _U16U64.pack(Cmd.CONFIRM_FAILED, count) + _short(text.encode())
+        case DedupRequest():
+            return _U16.pack(Cmd.DEDUP)
+        case DedupOn():
+            return _U16.pack(Cmd.DEDUP_ON)
         case Status(items):
             parts = [_U16.pack(Cmd.STATUSRESP)]
             for name, value in items:
@@ -381,6 +408,8 @@ class ServerCommandDecoder(Decoder):
             return UnbindRequest(route_id, _limited(buf, "exchange", MAX_RK_LEN))
         if code == Cmd.CONFIRM:
             return ConfirmRequest(buf.u64())
+        if code == Cmd.DEDUP:
+            return DedupRequest()
         raise ProtocolError(f"unknown command 0x{code:04x}")
 
 
@@ -417,6 +446,8 @@ class ClientCommandDecoder(Decoder):
             if code == Cmd.CONFIRM_FAILED:
                 count = buf.u64()
                 return ConfirmFailed(count, buf.take(buf.u16()).decode("latin-1"))
+            if code == Cmd.DEDUP_ON:
+                return DedupOn()
             raise ProtocolError(f"unknown reply 0x{code:04x}")
         except NeedData:
             buf.pos = start

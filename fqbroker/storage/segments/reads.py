@@ -66,6 +66,15 @@ class SegmentReads:
     def first_seq(self) -> int:
         return self._segments[0].first
 
+    def segment_firsts(self) -> list[int]:
+        """The first seq of each segment, oldest first: where a reader walking back from
+        the end (a window of recent ids, storage/store.py) starts each step."""
+        return [seg.first for seg in self._segments]
+
+    def segment_end(self, first: int) -> int:
+        """The seq after the last record of the segment that starts at ``first``."""
+        return min(self._find(first).end, self.next_seq)
+
     def skipped_from(self, seq: int) -> int:
         """How many seqs from ``seq`` on were skipped as damaged: no record has them."""
         return sum(stop - max(lo, seq) for lo, stop in self._skipped if stop > seq)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from itertools import repeat
 from typing import TYPE_CHECKING
 
+from fqbroker.core.dedup import current, now_us
 from fqbroker.core.router import Sink
 from fqbroker.errors import LogFormatError
 from fqbroker.storage.topics.topic import Topic, TopicConfig, TopicReader
@@ -78,10 +79,20 @@ class TopicSink(Sink):
         if topic is None:
             topics.dropped += len(frames)
             return 0
+        n = len(frames)
+        limits = current()
+        if limits is not None:
+            # An opted-in publisher (core/dedup.py): a topic drops repeats as a disk
+            # queue does, its window read back from its log when first needed.
+            store = topic.store
+            window = store.window if store.window is not None else store.open_window(limits)
+            frames = window.fresh(frames, now_us())
+            if not frames:
+                return n
         topic.append(frames)
         if topic.store.log.size_bytes > topic.retention_bytes:
             topics.retention_soon(topic)
-        return len(frames)
+        return n
 
 
 class Topics:

@@ -134,7 +134,7 @@ async def test_bad_data_frame_closes_only_the_data_channel(
     assert await data.closed() == b""
     assert [m.payload for m in await consumer.receive()] == [b"before"]
     # The command session survives; with no data channel its status is only dropped_in.
-    assert await session.status() == {"dropped_in": 0, "confirm": 1}
+    assert await session.status() == {"dropped_in": 0, "confirm": 1, "dedup": 1}
     await session.close()
     await consumer.close()
     await assert_broker_serves(broker)

@@ -99,7 +99,7 @@ async def test_status_before_pairing_has_only_dropped_in(broker: Broker) -> None
     cmd = await authenticate(broker.port)
     assert isinstance(await cmd.frame(), wire.AuthResponse)
     await cmd.send(wire.encode(wire.StatusRequest()))
-    assert await cmd.reply() == wire.Status((("dropped_in", 0), ("confirm", 1)))
+    assert await cmd.reply() == wire.Status((("dropped_in", 0), ("confirm", 1), ("dedup", 1)))
     await cmd.close()
 
 
@@ -126,6 +126,7 @@ async def test_status_counters_after_drops(broker: Broker) -> None:
         "octets_in": 260,
         "octets_out": 0,
         "confirm": 1,
+        "dedup": 1,
     }
     assert (await sink.status())["dropped_in"] == 5
     # The first five were kept (tail drop) and reach a consumer that pairs later.

@@ -154,7 +154,13 @@ def test_a_dropped_confirm_sends_nothing_and_lets_the_rest_go() -> None:
     machine.defer("c1")
     machine.status(4, None)
     machine.drop("c1")
-    expected = wire.Status((("dropped_in", 4), (wire.CONFIRM_STATUS_KEY, wire.CONFIRM_VERSION)))
+    expected = wire.Status(
+        (
+            ("dropped_in", 4),
+            (wire.CONFIRM_STATUS_KEY, wire.CONFIRM_VERSION),
+            (wire.DEDUP_STATUS_KEY, wire.DEDUP_VERSION),
+        )
+    )
     assert machine.data_to_send(0.0) == wire.encode(expected)
 
 
@@ -179,7 +185,7 @@ def test_status_shows_traffic_counters_once_paired() -> None:
     assert isinstance(frame, wire.Status)
     assert list(frame.as_dict()) == [
         "dropped_in", "no_exchange", "no_route", "routed", "dropped", "size_dropped",
-        "msgs_in", "msgs_out", "octets_in", "octets_out", "confirm",
+        "msgs_in", "msgs_out", "octets_in", "octets_out", "confirm", "dedup",
     ]  # fmt: skip
     assert frame.as_dict()["routed"] == 3 and frame.as_dict()["dropped_in"] == 2
 

@@ -105,6 +105,8 @@ class QueueSnapshot:
     # Memory bounds (docs/memory.md): bytes held in memory, and the byte limit.
     held_bytes: int = 0
     limit_bytes: int | None = None  # None: unlimited (a disk queue's files are not counted)
+    # Messages of publishers that opted in to de-duplication dropped as repeats.
+    duplicates: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +345,7 @@ def _queue_snapshot(queue: Queue) -> QueueSnapshot:
         corrupt_bytes=_optional_int(store, "corrupt_bytes"),
         held_bytes=_optional_int(store, "held_bytes") or 0,
         limit_bytes=None if queue.limit_bytes >= UNLIMITED_BYTES else queue.limit_bytes,
+        duplicates=_optional_int(queue, "duplicates") or 0,
     )
 
 
@@ -444,6 +447,8 @@ def stats_json(snap: Snapshot, *, names: bool = True) -> dict[str, Any]:
             "dropped_to": q.dropped_to,
             "clients": [_client_json(c, names) for c in q.clients],
         }
+        if q.duplicates:  # only where a publisher opted in: fq's keys are unchanged
+            queues[_text(q.name)]["duplicates"] = q.duplicates
     out: dict[str, Any] = {"version": snap.version, "exchanges": exchanges, "queues": queues}
     if snap.peers:
         # Not in fqd, which shows its upstreams nowhere; only present when there are some,
