@@ -28,6 +28,7 @@ from fqbroker.clients.http.replay import ReplayClient
 from fqbroker.core.message import Message
 from tests.prereqs import missing, require_module
 from tests.procs import ENV, ROOT
+from tests.spark.cluster import Procs
 
 TIMEOUT = 10.0
 QUERY_TIMEOUT = 180.0  # one streaming query, the session's first included
@@ -163,6 +164,16 @@ def own_fq(tmp_path: Path) -> Iterator[Callable[..., FqBroker]]:
     yield start
     for broker in started:
         stop_fqd(broker.proc)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    """A test's cluster processes (tests/spark/cluster.py), all stopped at its end."""
+    running = Procs(tmp_path)
+    try:
+        yield running
+    finally:
+        running.stop_all()
 
 
 def publish(port: int, messages: list[tuple[str, str, bytes]]) -> None:

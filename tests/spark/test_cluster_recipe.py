@@ -17,28 +17,21 @@ without Java or the spark extra, and fails instead when ``CI`` is set.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
 import socket
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.prereqs import missing, require_module
-from tests.procs import ENV, ROOT
+from tests.procs import ROOT
+from tests.spark.cluster import START_TIMEOUT, Procs, cluster_env, free_port, wait_for
 from tests.spark.conftest import java_problem, publish
 
 pytestmark = pytest.mark.spark
 
-START_TIMEOUT = 60.0  # the master, the worker, fqd
 SUBMIT_TIMEOUT = 120.0  # one spark-submit (~20 s here); two fit in pytest's 300 s
-STOP_TIMEOUT = 10.0
 README_VENV = "/opt/fqenv"
 
 
@@ -56,86 +49,12 @@ def recipe() -> list[str]:
     return commands
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the process's group (a JVM's children, an executor's Python workers), then
-    SIGKILL whatever of the group is left."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(STOP_TIMEOUT)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(STOP_TIMEOUT)
-
-
-class Procs:
-    """Every process the test starts, each in its own session, all stopped at the end."""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> Path:
-        log = self.logs / f"{name}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=env, cwd=ROOT, start_new_session=True,
-            )  # fmt: skip
-        self.started.append(proc)
-        return log
-
-    def run(self, name: str, command: str, env: dict[str, str], timeout: float) -> str:
-        """One recipe command under bash; its output, or the test fails with it."""
-        log = self.start(name, ["bash", "-euo", "pipefail", "-c", command], env)
-        proc = self.started[-1]
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            stop(proc)
-            pytest.fail(f"{name} ran over {timeout:.0f} s: {log.read_text()[-3000:]}")
-        out = log.read_text()
-        assert proc.returncode == 0, f"{name} failed ({proc.returncode}): {out[-3000:]}"
-        return out
-
-    def stop_all(self) -> None:
-        for proc in reversed(self.started):
-            stop(proc)
-
-
-def wait_for(
-    what: str, ready: Callable[[], bool], log: Path, proc: subprocess.Popen[bytes]
-) -> None:
-    deadline = time.monotonic() + START_TIMEOUT
-    while not ready():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"{what} did not start: {log.read_text()[-3000:]}")
-        time.sleep(0.2)
-
-
 def listening(port: int) -> bool:
     try:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
         return True
     except OSError:
         return False
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    running = Procs(tmp_path)
-    try:
-        yield running
-    finally:
-        running.stop_all()
 
 
 def test_readme_cluster_recipe_on_a_standalone_master_and_worker(
@@ -152,40 +71,12 @@ def test_readme_cluster_recipe_on_a_standalone_master_and_worker(
             missing(f"{venv}/bin/{tool} is missing: the recipe runs the venv's tools")
 
     # The cluster's own configuration, not the recipe's: small, quiet and on loopback.
-    conf = tmp_path / "spark-conf"
-    conf.mkdir()
-    (conf / "spark-defaults.conf").write_text(
-        "spark.ui.enabled false\n"
-        "spark.master.rest.enabled false\n"
-        "spark.executor.memory 512m\n"
-        "spark.sql.shuffle.partitions 2\n"
-    )
-    (tmp_path / "work").mkdir()
-    base = {k: v for k, v in ENV.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
-    base |= {
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_CONF_DIR": str(conf),
-        "SPARK_DAEMON_MEMORY": "256m",
-        "STATE_DIRECTORY": str(tmp_path / "state"),  # nothing of fqd's in the checkout
-    }
+    base = cluster_env(tmp_path, "spark.sql.shuffle.partitions 2")
+    base["STATE_DIRECTORY"] = str(tmp_path / "state")  # nothing of fqd's in the checkout
     python = str(venv / "bin" / "python")
     daemon_env = base | {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
-    spark_class = str(venv / "bin" / "spark-class")
-    master_port = free_port()
-    master_url = f"spark://127.0.0.1:{master_port}"
-    procs.start(
-        "master",
-        [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-         "--port", str(master_port), "--webui-port", str(free_port())],
-        daemon_env,
-    )  # fmt: skip
-    worker_log = procs.start(
-        "worker",
-        [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-         "--webui-port", str(free_port()), "--cores", "2", "--memory", "512m",
-         "--work-dir", str(tmp_path / "work"), master_url],
-        daemon_env,
-    )  # fmt: skip
+    master_url = procs.master(daemon_env)
+    worker_log = procs.worker("worker", master_url, tmp_path / "work", 2, daemon_env)
 
     fq_port = free_port()
     names = {

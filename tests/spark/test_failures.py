@@ -4,11 +4,8 @@ and a broker restarted under a running stream (it goes on, losing nothing confir
 
 from __future__ import annotations
 
-import contextlib
 import resource
 import signal
-import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +15,7 @@ import pytest
 
 from fqbroker.clients.http.replay import ReplayClient
 from tests.spark.conftest import Consumer, FqBroker, publish, stop_fqd
+from tests.spark.relay import CuttingRelay
 from tests.spark.test_source import Capture, messages
 
 pytestmark = pytest.mark.spark
@@ -51,71 +49,6 @@ def test_sink_fails_the_job_when_the_broker_refuses_the_confirm(
     with pytest.raises(Exception, match=r"fq sink: publishing to 127\.0\.0\.1:\d+ failed") as exc:
         df.write.format("fq").options(**broker.options()).mode("append").save()
     assert "disk queue write failed" in str(exc.value)
-
-
-class CuttingRelay:
-    """A loopback relay to a broker that, once ``after`` bytes went toward the broker,
-    forwards nothing more, calls ``trip`` (which kills the broker) and cuts every
-    connection: the broker dies in the middle of a write, whatever the machine's speed."""
-
-    def __init__(self, target: int, after: int, trip: Callable[[], None]) -> None:
-        self.target = target
-        self.after = after
-        self.trip = trip
-        self.sent = 0
-        self.tripped = threading.Event()
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)
-        self._server.close()
-        self._cut()
-
-    def _cut(self) -> None:
-        with self._lock:
-            socks, self._socks = self._socks, []
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            if self.tripped.is_set():
-                client.close()
-                continue
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            with self._lock:
-                self._socks += [client, upstream]
-            for src, dst, toward in ((client, upstream, True), (upstream, client, False)):
-                threading.Thread(target=self._pump, args=(src, dst, toward), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, toward_broker: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                if toward_broker:
-                    with self._lock:
-                        self.sent += len(data)
-                        trip = self.sent >= self.after and not self.tripped.is_set()
-                        if trip:
-                            self.tripped.set()
-                    if trip:
-                        self.trip()
-                        self._cut()
-                    if self.tripped.is_set():
-                        return
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
 
 
 def test_sink_fails_the_job_when_the_broker_dies_mid_write(

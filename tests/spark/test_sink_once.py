@@ -9,12 +9,9 @@ task retry finds a broker, whatever the machine's speed."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import subprocess
 import sys
-import threading
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -25,87 +22,12 @@ import pytest
 from fqbroker.clients.http.replay import ReplayClient
 from tests.procs import ENV, ROOT
 from tests.spark.conftest import FqBroker, stop_fqd
+from tests.spark.relay import RestartingRelay
 
 pytestmark = pytest.mark.spark
 
 ROWS = 20_000
 JOB_TIMEOUT = 300.0
-
-
-class RestartingRelay:
-    """A loopback relay to a broker that, once ``after`` bytes went toward it, kills it,
-    cuts every connection and calls ``restart`` for the new broker's port; connections
-    that come meanwhile wait for it."""
-
-    def __init__(self, target: int, after: int, restart: Callable[[], int]) -> None:
-        self.target = target
-        self.after = after
-        self.restart = restart
-        self.sent = 0
-        self.tripped = threading.Event()
-        self.up = threading.Event()
-        self.up.set()
-        self._lock = threading.Lock()
-        self._socks: list[socket.socket] = []
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.port = self._server.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self._server.shutdown(socket.SHUT_RDWR)
-        self._server.close()
-        self._cut()
-
-    def _cut(self) -> None:
-        with self._lock:
-            socks, self._socks = self._socks, []
-        for sock in socks:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._server.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
-
-    def _connect(self, client: socket.socket) -> None:
-        self.up.wait()
-        try:
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-        except OSError:
-            client.close()
-            return
-        with self._lock:
-            self._socks += [client, upstream]
-        for src, dst, toward in ((client, upstream, True), (upstream, client, False)):
-            threading.Thread(target=self._pump, args=(src, dst, toward), daemon=True).start()
-
-    def _trip(self) -> None:
-        self.up.clear()
-        self._cut()
-        self.target = self.restart()
-        self.up.set()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, toward_broker: bool) -> None:
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                if toward_broker:
-                    with self._lock:
-                        self.sent += len(data)
-                        trip = self.sent >= self.after and not self.tripped.is_set()
-                        if trip:
-                            self.tripped.set()
-                    if trip:
-                        self._trip()
-                        return
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
 
 
 def run_job(

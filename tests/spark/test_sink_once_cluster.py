@@ -8,28 +8,19 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from fqbroker.clients.http.replay import ReplayClient
 from tests.prereqs import missing, require_module
-from tests.procs import ENV
+from tests.spark.cluster import Procs, cluster_env, stop, wait_for
 from tests.spark.conftest import FqBroker, java_problem, stop_fqd
-from tests.spark.test_cluster_recipe import Procs, free_port, stop, wait_for
-from tests.spark.test_sink_once import ROWS, RestartingRelay, held, queue_stats, run_job
+from tests.spark.relay import RestartingRelay
+from tests.spark.test_sink_once import ROWS, held, queue_stats, run_job
 
 pytestmark = pytest.mark.spark
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    running = Procs(tmp_path)
-    try:
-        yield running
-    finally:
-        running.stop_all()
 
 
 def test_a_cluster_write_survives_a_broker_restart_and_a_lost_worker_once(
@@ -40,39 +31,12 @@ def test_a_cluster_write_survives_a_broker_restart_and_a_lost_worker_once(
     if problem:
         missing(f"Spark needs Java 17+ ({problem}); `make java` installs it")
     venv = Path(sys.prefix)
-    conf = tmp_path / "spark-conf"
-    conf.mkdir()
-    (conf / "spark-defaults.conf").write_text(
-        "spark.ui.enabled false\nspark.master.rest.enabled false\nspark.executor.memory 512m\n"
-    )
-    base = {k: v for k, v in ENV.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
     python = str(venv / "bin" / "python")
-    env = base | {
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_CONF_DIR": str(conf),
-        "SPARK_DAEMON_MEMORY": "256m",
-        "PYSPARK_PYTHON": python,
-        "PYSPARK_DRIVER_PYTHON": python,
-    }
-    spark_class = str(venv / "bin" / "spark-class")
-    master_port = free_port()
-    master = f"spark://127.0.0.1:{master_port}"
-    procs.start(
-        "master",
-        [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-         "--port", str(master_port), "--webui-port", str(free_port())],
-        env,
-    )  # fmt: skip
+    env = cluster_env(tmp_path) | {"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python}
+    master = procs.master(env)
     workers = []
     for i in (1, 2):
-        (tmp_path / f"work{i}").mkdir()
-        log = procs.start(
-            f"worker{i}",
-            [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-             "--webui-port", str(free_port()), "--cores", "1", "--memory", "512m",
-             "--work-dir", str(tmp_path / f"work{i}"), master],
-            env,
-        )  # fmt: skip
+        log = procs.worker(f"worker{i}", master, tmp_path / f"work{i}", 1, env)
         workers.append((log, procs.started[-1]))
     for log, proc in workers:
         wait_for(

@@ -69,9 +69,11 @@ def topic_stream(spark: Any, fq: FqBroker, topic: str, **options: object) -> Any
     return spark.readStream.format("fq").options(**opts).load()
 
 
-def start_query(spark: Any, fq: FqBroker, topic: str, sink: Sink, ckpt: Path) -> Any:
+def start_query(
+    spark: Any, fq: FqBroker, topic: str, sink: Sink, ckpt: Path, per_trigger: int = 40
+) -> Any:
     return (
-        topic_stream(spark, fq, topic, maxOffsetsPerTrigger=40)
+        topic_stream(spark, fq, topic, maxOffsetsPerTrigger=per_trigger)
         .writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(ckpt))
         .trigger(processingTime="200 milliseconds")
@@ -155,13 +157,7 @@ def test_two_topics_in_one_query_each_row_once_across_a_restart(
     sink, ckpt = Sink(), tmp_path / "ckpt"
 
     def start(names: str) -> Any:
-        return (
-            topic_stream(spark, figg_fq, names, maxOffsetsPerTrigger=10)
-            .writeStream.foreachBatch(sink)
-            .option("checkpointLocation", str(ckpt))
-            .trigger(processingTime="200 milliseconds")
-            .start()
-        )
+        return start_query(spark, figg_fq, names, sink, ckpt, per_trigger=10)
 
     def got(topic: str) -> list[int]:
         return [r[7] for r in sink.rows() if r[9] == topic]
