@@ -1,12 +1,11 @@
 """The optional compiled accelerator: fqbroker.accel.MODULES compiled with mypyc.
 
-Everything else about the package is in pyproject.toml. The extension is built only where
+Everything else about the package is in pyproject.toml. The extension is built where
 mypyc (the mypy package) can be imported and a C compiler works, and not with
 FQBROKER_PURE=1 in the environment; if any of that fails the build goes on without it and
-the package is pure Python (fqbroker.accel chooses at import). ``make accel`` builds it in
-place for a checkout or an editable install; ``pip install --no-build-isolation .`` with
-mypy installed builds it into the wheel. pip's default isolated build has only setuptools,
-so it installs pure Python.
+the package is pure Python (fqbroker.accel chooses at import). pyproject.toml's
+build-system requires mypy, so pip's isolated build (``pip install .``, ``pip install -e
+.``, ``pip wheel .``) has mypyc; ``make accel`` builds in place for a checkout.
 """
 
 from __future__ import annotations

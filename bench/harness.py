@@ -380,6 +380,21 @@ def version(system: System) -> str:
     return ""
 
 
+def build_of(tree: Path | None = None) -> str:
+    """Which build of fqbroker a broker from ``tree`` (None: this one) runs, as its
+    ``fqd --version`` says: "compiled: N of N modules, mypyc" or "pure Python: why"."""
+    code = "from fqbroker.accel import describe; print(describe())"
+    env = ENV if tree is None else env_for(tree)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"unknown ({exc})"
+    lines = done.stdout.strip().splitlines()
+    return lines[-1] if done.returncode == 0 and lines else "unknown (fqbroker does not import)"
+
+
 # --- load generators -------------------------------------------------------------------------
 
 

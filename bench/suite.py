@@ -24,6 +24,7 @@ from .harness import (
     Redis,
     Relay,
     System,
+    build_of,
     cpu_seconds,
     credit_file,
     finish_all,
@@ -506,13 +507,18 @@ SCENARIOS = [
 def run(names: Sequence[str], cfg: Config) -> str:
     peers, notes = peers_of(cfg)
     table = Table([p.name for p in peers])
+    # Every row's fqbroker is this build (the baseline's column, that one's): a pure
+    # Python install measures far slower than a compiled one.
+    build = build_of()
     print(
-        f"fqbroker bench: {cfg.runs} interleaved runs per figure, median; peers: "
-        + ", ".join(f"{p.name} {version(p)}".strip() for p in peers),
+        f"fqbroker bench: {cfg.runs} interleaved runs per figure, median; fqbroker {build};"
+        " peers: " + ", ".join(f"{p.name} {version(p)}".strip() for p in peers),
         flush=True,
     )
+    notes.append(["fqbroker", f"{build} (fqd --version)"])
     if cfg.baseline is not None:
-        notes.append([BASELINE, f"fqbroker from {cfg.baseline}, in the same runs"])
+        built = build_of(cfg.baseline)
+        notes.append([BASELINE, f"fqbroker from {cfg.baseline}, in the same runs; {built}"])
     try:
         _run(names, cfg, table)
     finally:

@@ -5,9 +5,12 @@ Speed itself is measured only by `make bench`, never asserted here.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from bench.harness import ROOT
+from bench.harness import ROOT, build_of, env_for
 from bench.suite import Config, run
 
 
@@ -36,6 +39,26 @@ def test_bench_baseline_is_a_column_of_the_same_table() -> None:
     assert "| before " in head and "vs before" in head, table
     cells = [c.strip() for c in row.split("|")]
     assert cells[0] == "1 to 1, 100 B" and cells[3] not in ("", "-"), table
+    # Which build each column measured, as fqd --version says it.
+    build = build_of()
+    assert f"\nfqbroker: {build} (fqd --version)\n" in table, table
+    assert f"in the same runs; {build}\n" in table, table
+
+
+def test_bench_says_which_build_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FQBROKER_PURE", "1")
+    assert build_of(ROOT) == "pure Python: FQBROKER_PURE is set"
+    monkeypatch.setenv("FQBROKER_PURE", "0")
+    assert build_of(ROOT) == describe_child()
+
+
+def describe_child() -> str:
+    """What ``fqd --version`` of this tree says of its build (after the protocol's)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "fqbroker", "--version"],
+        env=env_for(ROOT), cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return done.stdout.strip().split(", ", 2)[2].removesuffix(")")
 
 
 def test_bench_figg_rows_run_tiny(capsys: pytest.CaptureFixture[str]) -> None:
