@@ -38,11 +38,12 @@ def _say(text: str) -> None:
 
 
 def _extensions() -> list[Any]:
+    # Metadata only (pip asks for it before the build): nothing to say yet.
+    if "egg_info" in sys.argv or "dist_info" in sys.argv:
+        return []
     accel = _accel()
     if os.environ.get(accel.ENV, "") not in ("", "0"):
         _say(f"{accel.ENV} is set: pure Python")
-        return []
-    if "egg_info" in sys.argv or "dist_info" in sys.argv:
         return []
     try:
         from mypyc.build import mypycify

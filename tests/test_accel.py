@@ -143,6 +143,12 @@ def test_a_build_runs_the_compiled_modules() -> None:
     flag, files = _run(code, FQBROKER_PURE="0").splitlines()
     assert flag == "True compiled (mypyc)"
     assert all(f.endswith(SUFFIX) for f in files.split())
+    version = _run(
+        "from fqbroker.cli.console import version_text; print(version_text('fqd'))",
+        FQBROKER_PURE="0",
+    )
+    n = len(accel.MODULES)
+    assert version.rstrip().endswith(f", compiled: {n} of {n} modules, mypyc)")
 
 
 def test_an_extension_not_to_run_is_passed_over_for_its_source() -> None:
