@@ -90,6 +90,7 @@ class BuildExt(build_ext):
             super().run()
         except Exception as exc:  # no compiler, a compile error: CompileError, ...
             self._remove(accel, inplace, extensions=True)
+            self._pure()
             _say(f"the C build failed ({str(exc)[:300]}): pure Python")
             return
         if inplace:
@@ -98,6 +99,16 @@ class BuildExt(build_ext):
         for directory in self._package_dirs(accel, inplace):
             (directory / accel.MANIFEST).write_text(json.dumps(data, indent=1) + "\n")
         _say(f"compiled in {time.monotonic() - started:.1f} s")
+
+    def _pure(self) -> None:
+        """Nothing compiled: a wheel of this build is a pure one (py3-none-any, in
+        purelib), as one built without the accelerator is, not one tagged for this
+        platform with no extension in it. bdist_wheel chose its tag before the build and
+        lays out the wheel after it."""
+        self.distribution.ext_modules = []
+        wheel = self.distribution.command_obj.get("bdist_wheel")
+        if wheel is not None:
+            wheel.root_is_pure = True  # type: ignore[attr-defined]
 
     def _package_dirs(self, accel: Any, inplace: bool) -> list[Path]:
         """Where fqbroker's extensions go: the build's tree, and the sources' if in place."""

@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,31 @@ def test_a_build_that_fails_leaves_pure_python(tmp_path: Path) -> None:
     assert not list(src.rglob("*.so"))
     assert not (src / "fqbroker" / accel.MANIFEST).exists()
     assert accel._check(str(src / "fqbroker"), env=False) == "not built"
+
+
+def test_a_wheel_whose_build_fails_is_a_pure_one(tmp_path: Path) -> None:
+    """What pip wheel . (pip install .) makes without a C compiler: the build backend
+    pip calls, with this venv's mypyc and setuptools (the isolated build's: tests/test_setup.py)."""
+    if importlib.util.find_spec("mypyc") is None:
+        pytest.skip("mypyc is not installed (the dev extra)")
+    src = _checkout(tmp_path)
+    shutil.copytree(ROOT / "pyspark_fqbroker", src / "pyspark_fqbroker")
+    code = (
+        "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        cwd=src, env={**os.environ, "CC": "/bin/false", "FQBROKER_PURE": "0"},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "the C build failed" in done.stderr and "pure Python" in done.stderr
+    name = done.stdout.strip().splitlines()[-1]
+    assert name.endswith("-py3-none-any.whl"), name
+    with zipfile.ZipFile(tmp_path / name) as archive:
+        names = archive.namelist()
+    assert "fqbroker/core/frames.py" in names
+    assert not [n for n in names if n.endswith(".so") or n.endswith(accel.MANIFEST)]
 
 
 def test_fqbroker_pure_skips_the_build(tmp_path: Path) -> None:
