@@ -41,7 +41,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which(os.environ.get("CC", "cc")) is None:
+    if shutil.which((os.environ.get("CC") or "cc").split()[0]) is None:
         missing("no C compiler (cc): pip wheel . would be pure Python")
     tmp = tmp_path_factory.mktemp("wheel")
     # A copy of what a clone has: no build of the checkout's comes along.
