@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from fqbroker import accel
 from fqbroker.clients.http.admin import AdminClient
 from fqbroker.errors import AdminError
 from fqbroker.protocols.fq import wire
@@ -48,6 +49,8 @@ async def test_status_names_the_node(broker: Broker, admin: AdminClient) -> None
     node = await call(admin, "status")
     assert node["node_id"] == "10.254.254.1"
     assert node["version"] and node["fq_version"]
+    # Which build runs, as `fqd --version` says it.
+    assert node["accelerator"] == accel.describe()
     assert node["uptime_seconds"] >= 0 and node["rss_bytes"] > 0
     assert {"name": "fq", "address": f"127.0.0.1:{broker.port}"} in node["listeners"] or any(
         listener["address"].endswith(f":{broker.port}") for listener in node["listeners"]

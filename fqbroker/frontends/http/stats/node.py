@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fqbroker import accel
 from fqbroker.core.message import hop_addresses
 from fqbroker.frontends.http import auth
 from fqbroker.frontends.http.host import HttpHost
@@ -120,6 +121,7 @@ def node_json(broker: HttpHost, disk: dict[str, Any], *, names: bool = True) -> 
         "hostname": platform.node(),
         "pid": os.getpid(),
         "python": platform.python_version(),
+        "accelerator": accel.describe(),
         "uptime_seconds": round(time.monotonic() - broker.started, 3),
         "rss_bytes": rss_bytes(),
         "memory_budget_used": broker.budget.used,
