@@ -33,7 +33,9 @@ ACCEL_SOURCES = $(shell $(PYTHON) -c 'import sys; sys.path.insert(0, "."); \
 accel: $(ACCEL_STAMP) ## compile the hot modules with mypyc (pure Python where that fails)
 
 $(ACCEL_STAMP): $(STAMP) setup.py fqbroker/accel.py $(ACCEL_SOURCES)
-	$(PY) setup.py --quiet build_ext --inplace || echo "fqbroker accelerator: not built" >&2
+	@# pip install -e built it already when the sources are those it was built from.
+	$(PY) -c 'import sys, fqbroker.accel as a; sys.exit(not a.ACCELERATED)' 2>/dev/null || \
+	  $(PY) setup.py --quiet build_ext --inplace || echo "fqbroker accelerator: not built" >&2
 	touch $@
 
 # The spark extra (pyspark, pyarrow) for fqbroker.spark and tests/spark, and Java for Spark.
