@@ -333,6 +333,13 @@ class Publisher:
                 del self.written[store]
         return True
 
+    @property
+    def first_refused(self) -> int | None:
+        """The number of the first message not accepted (denied, not written, or refused
+        by a full reject-policy queue), if any was."""
+        firsts = [n for n in (self.denied_from, self.failed_from, self.rejected_from) if n]
+        return min(firsts) if firsts else None
+
     def refused(self, count: int) -> str | None:
         """Why one of the first ``count`` handled messages is not accepted, as far as is
         known without waiting for an fsync; None if nothing says so yet."""

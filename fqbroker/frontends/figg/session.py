@@ -96,7 +96,6 @@ class FiggSession(PublishingSession, asyncio.Protocol):
 
     FRONTEND = "figg"
     TITLE = "Figg"
-    DISK_FAILED = "a disk write failed; its publishes are not acknowledged"
 
     broker: FiggHost
     machine: Machine

@@ -13,6 +13,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from fqbroker.core.publisher import WRITE_FAILED
 from fqbroker.frontends.kit.acks import BadInput, Batch
 from fqbroker.frontends.kit.connections import WRITE, HeldReading, RemotePeer, peer_address
 from fqbroker.frontends.kit.reservations import UNRESERVED, StallWatch, may_reserve
@@ -139,11 +140,9 @@ class PublishingSession(HeldReading, RemotePeer):
         "user",
     )
 
-    # The front end's name (its bad-input counter and log kind), its name in log lines,
-    # and why a disk failure closes a connection.
+    # The front end's name (its bad-input counter and log kind) and its name in log lines.
     FRONTEND: ClassVar[str]
     TITLE: ClassVar[str]
-    DISK_FAILED: ClassVar[str]
     # Whether a batch that waits for room counts against the memory budget meanwhile.
     HOLD_WAITING: ClassVar[bool] = False
 
@@ -455,20 +454,16 @@ class PublishingSession(HeldReading, RemotePeer):
             publisher = self.publisher
             handled = publisher.handled
             if due <= handled:
-                failed = publisher.failed_from
-                if failed is not None and failed <= due:
-                    self._disk_failed()
-                    return
-                rejected = publisher.rejected_from
-                if rejected is not None and rejected <= due:
-                    self._refused(publisher.refused(due))
+                why = publisher.refused(due)
+                if why is not None:
+                    self._not_acknowledged(why)
                     return
                 # ACKs up to the first message refused or not written, never past it:
                 # the batch that holds it fails in its turn, right after.
                 whole = handled
-                for bad in (failed, rejected):
-                    if bad is not None and bad <= handled:
-                        handled = bad - 1
+                first = publisher.first_refused
+                if first is not None and first <= handled:
+                    handled = first - 1
                 if publisher.written:
                     self._durable = asyncio.ensure_future(self._durable_then_ack(handled))
                     self._arm_keepalive()
@@ -485,22 +480,16 @@ class PublishingSession(HeldReading, RemotePeer):
         if self.closing:
             return
         if not ok:
-            self._disk_failed()
+            self._not_acknowledged(WRITE_FAILED)  # an fsync failed
             return
         self.machine.acknowledge(handled)
         self._ack_ready()  # more may have been handled meanwhile
 
-    def _refused(self, why: str | None) -> None:
-        # As a disk failure: no ACK, so the client sends the batch again, later.
+    def _not_acknowledged(self, why: str) -> None:
+        """A failed write or fsync, or a message a full reject-policy queue refused:
+        close without the ACK, so the client sends the batch again, later."""
         self.broker.limits.log.log(
             logging.WARNING, self.FRONTEND,
             f"closing {self.TITLE} connection from %s: %s; not acknowledged", self._name(), why,
-        )  # fmt: skip
-        self.close()
-
-    def _disk_failed(self) -> None:
-        self.broker.limits.log.log(
-            logging.WARNING, self.FRONTEND,
-            f"closing {self.TITLE} connection from %s: {self.DISK_FAILED}", self._name(),
         )  # fmt: skip
         self.close()

@@ -84,7 +84,6 @@ class LumberjackSession(PublishingSession, asyncio.Protocol):
 
     FRONTEND = "lumberjack"
     TITLE = "Lumberjack"
-    DISK_FAILED = "a disk queue write failed; its events are not acknowledged"
     HOLD_WAITING = True
 
     broker: LumberjackHost
