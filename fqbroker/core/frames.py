@@ -248,18 +248,21 @@ def scan_runs(
     ``names`` maps each frame head (u8 + exchange + u8 + route) to its two names, so
     every message on a route shares one copy of them.
     """
-    # Indexing, slicing and startswith on a bytes are mypyc primitives, and a length
-    # read from four of its bytes costs no call: struct's unpack_from and a try around
-    # the loop for its error took half the time of a compiled read of small frames
-    # (bench/RESULTS.md, latency at 10k msg/s).
+    # Indexing, slicing and comparing bytes are mypyc primitives, and a length read from
+    # four of its bytes costs no call: struct's unpack_from and a try around the loop for
+    # its error took half the time of a compiled read of small frames (bench/RESULTS.md,
+    # latency at 10k msg/s). startswith is not one: a generic method call with its
+    # arguments parsed, it was half of this loop's time (bench/RESULTS.md, figures behind
+    # comments), so the run's head is compared as a slice.
     extra = ID_SIZE + len(after_id) + 4  # what a frame's head has past exchange and route
     n = len(data)
     head = b""  # u8 + exchange + u8 + route of the run being filled
+    size_of_head = 0
     to_length = 0  # from a frame's start to its payload length: head and id
     frames: list[bytes] = []
     view: memoryview | None = None
     while pos < n:
-        if head and data.startswith(head, pos):
+        if size_of_head and data[pos : pos + size_of_head] == head:
             q = pos + to_length
         else:
             size = data[pos]
@@ -268,6 +271,7 @@ def scan_runs(
                 break
             q = p + 1 + data[p]
             head = data[pos:q]
+            size_of_head = q - pos
             pair = names.get(head)
             if pair is None:
                 # One copy of each name however many messages and queues hold it.
