@@ -37,6 +37,15 @@ class JetStream(System):
             "-l", str(self.workdir / "nats-server.log"),
         ]  # fmt: skip
 
+    def _wait_listening(self) -> None:
+        try:
+            super()._wait_listening()
+        except RuntimeError as exc:  # its own words are in the log file, not on stderr
+            assert self.workdir is not None
+            log = self.workdir / "nats-server.log"
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{exc}\n{tail}".strip()) from None
+
     def version(self) -> str:
         """The server's release as the table prints it ("2.9.10"), or "" when unknown."""
         with contextlib.suppress(OSError, subprocess.SubprocessError):

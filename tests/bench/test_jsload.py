@@ -213,3 +213,57 @@ def test_command_and_version(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     cmd = js.command()
     assert cmd[:5] == ["nats-server", "-a", "127.0.0.1", "-p", "4222"] and "-js" in cmd
     assert cmd[cmd.index("-sd") + 1] == str(tmp_path / "w" / "jetstream")
+
+
+# --- deliveries a block at a time ----------------------------------------------------------------
+
+
+def deliveries(seqs: list[int], size: int = 100, pending: int = 1000) -> bytes:
+    """Deliveries as a replay sends them: the pending count in the reply subject shrinks,
+    so the header loses a digit on the way (at 999), as the server's do."""
+    out = []
+    for n, seq in enumerate(seqs):
+        reply = b"$JS.ACK.g1.5PLrtnUn.1.%d.%d.1795956407730288342.%d" % (seq, seq, pending - n)
+        payload = U64.pack(seq) + b"x" * (size - 8)
+        out.append(b"MSG g1 2 %s %d\r\n%s\r\n" % (reply, size, payload))
+    return b"".join(out)
+
+
+def read_in(data: bytes, step: int) -> Reader:
+    reader = Reader(INBOX, b"g1")
+    for i in range(0, len(data), step):
+        reader.feed(data[i : i + step])
+    return reader
+
+
+@pytest.mark.parametrize("step", [1, 97, 1000, 4096, 1 << 20])
+def test_a_long_run_counted_whole_across_header_and_size_changes(step: int) -> None:
+    # A header a digit shorter at seq 2, a size change at 300, a flow-control request.
+    data = deliveries(list(range(1, 300))) + FLOW_CONTROL + deliveries([300, 301], 20)
+    data += deliveries(list(range(302, 500)))
+    reader = read_in(data, step)
+    assert (reader.received, reader.whole, reader.first_seq) == (499, True, 1)
+    assert reader.out == [b"PUB $JS.FC.g1.5PLrtnUn.udLj 0\r\n\r\n"]
+    assert reader.pos == len(reader.buf)
+
+
+@pytest.mark.parametrize("step", [1, 1000, 1 << 20])
+@pytest.mark.parametrize("at", [5, 40, 150, 250])
+def test_a_gap_or_a_repeat_in_a_long_run_is_not_whole(step: int, at: int) -> None:
+    seqs = list(range(1, 301))
+    for broken in (seqs[:at] + seqs[at + 1 :], [*seqs[:at], seqs[at], *seqs[at:]]):
+        reader = read_in(deliveries(broken), step)
+        assert reader.received == len(broken) and not reader.whole, (at, step)
+
+
+def test_a_longer_last_frame_in_a_block_is_walked_not_skipped() -> None:
+    # Headers of one length throughout. The first frame is walked, then blocks of BLOCK:
+    # the second ends with frame 2 * BLOCK, one payload byte longer, which only the size in
+    # its header says.
+    seqs = list(range(1000, 1200))
+    last = 2 * jsload.BLOCK
+    data = deliveries(seqs[:last], pending=5000)
+    data += deliveries(seqs[last : last + 1], 101, pending=5000 - last)
+    data += deliveries(seqs[last + 1 :], pending=5000 - last - 1)
+    reader = read_in(data, 1 << 20)
+    assert (reader.received, reader.whole) == (200, True)
