@@ -122,9 +122,10 @@ def consumer_config(stream: str, deliver: bytes) -> dict[str, Any]:
 
 def _error_text(doc: dict[str, Any]) -> str:
     err = doc.get("error")
-    if isinstance(err, dict):
-        return f"{err.get('code')} {err.get('err_code', '')}: {err.get('description')}".strip()
-    return str(err)
+    if not isinstance(err, dict):
+        return str(err)
+    codes = " ".join(str(err[k]) for k in ("code", "err_code") if k in err)
+    return f"{codes}: {err.get('description')}" if codes else str(err.get("description"))
 
 
 # --- the reader ------------------------------------------------------------------------------
@@ -317,13 +318,19 @@ class Reader:
     def _message(
         self, subject: bytes, sid: bytes, reply: bytes | None, headers: bytes, payload: bytes
     ) -> None:
+        inbox = self.inbox
+        token = subject[len(inbox) :] if subject.startswith(inbox) else None
         if headers:
             status = headers.split(CRLF, 1)[0]
             if status.startswith(b"NATS/1.0 100"):
                 self._control(reply, headers)
                 return
             if status.strip() != b"NATS/1.0":  # 503 no responders, 404, 408, 409 ...
-                raise JetStreamError(f"{subject.decode()}: {status.decode(errors='replace')}")
+                text = status.decode(errors="replace")
+                if token is not None and token.startswith(b"api-"):
+                    self.replies[token] = {"error": {"description": text}}
+                    return
+                raise JetStreamError(f"{subject.decode()}: {text}")
         if sid == b"2":
             seq = _U64.unpack_from(payload)[0]
             if seq != self.expected:
@@ -334,18 +341,23 @@ class Reader:
             self.expected = seq + 1
             self.received += 1
             return
-        if not subject.startswith(self.inbox):
+        if token is None:
             return
-        token = subject[len(self.inbox) :]
-        if b'"error"' in payload:
-            doc = json.loads(payload)
-            raise JetStreamError(f"{token.decode()}: {_error_text(doc)}")
-        if token.startswith(b"api-"):
+        if token.startswith(b"api-"):  # its caller decides what an error means (take_reply)
             self.replies[token] = json.loads(payload)
+        elif b'"error"' in payload:
+            raise JetStreamError(f"{token.decode()}: {_error_text(json.loads(payload))}")
         elif b'"seq":' in payload:
             self.acks += 1
         else:
             raise JetStreamError(f"not a PubAck on {token.decode()}: {payload[:200]!r}")
+
+    def take_reply(self, token: bytes) -> dict[str, Any]:
+        """The API reply kept under ``token``, taken; an error reply raises."""
+        doc = self.replies.pop(token)
+        if "error" in doc:
+            raise JetStreamError(f"{token.decode()}: {_error_text(doc)}")
+        return doc
 
     def _control(self, reply: bytes | None, headers: bytes) -> None:
         """A flow-control request is answered on its reply subject; an idle heartbeat that
@@ -404,13 +416,23 @@ class Conn:
     def await_reply(self, token: bytes) -> dict[str, Any]:
         while token not in self.reader.replies:
             self.pump()
-        return self.reader.replies.pop(token)
+        return self.reader.take_reply(token)
 
     def ensure_stream(self, stream: str) -> None:
         """The stream created, or there already with this configuration; else an error."""
         config = stream_config(stream)
         subject = API + b"STREAM.CREATE." + stream.encode()
-        self.await_reply(self.send_request(subject, config))
+        for attempt in range(3):
+            try:
+                self.await_reply(self.send_request(subject, config))
+                return
+            except JetStreamError:
+                # Two connections creating it at once: 2.9 may refuse the second with
+                # "subjects overlap" while the first is being made; once made, a create
+                # of the same configuration succeeds.
+                if attempt == 2:
+                    raise
+                time.sleep(0.1)
 
 
 # --- roles -----------------------------------------------------------------------------------
@@ -489,6 +511,8 @@ def run_sub(args: argparse.Namespace) -> None:
             feed(chunk)
             if reader.out:
                 conn.flush()
+            if reader.replies:  # the consumer's creation, walked with the deliveries
+                reader.take_reply(next(iter(reader.replies)))
             if reader.received != seen:
                 seen, seen_ns = reader.received, time.monotonic_ns()
                 first_ns = first_ns or seen_ns

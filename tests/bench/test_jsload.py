@@ -133,6 +133,15 @@ def test_an_error_reply_fails_the_run(reply: bytes, text: str) -> None:
             with pytest.raises(JetStreamError, match=text):
                 for data in reads:
                     getattr(reader, feed)(data)
+                reader.take_reply(b"api-1")  # an API error is its caller's to raise
+
+
+def test_an_api_status_is_kept_as_an_error_reply() -> None:
+    # JetStream not there (no responders): the request's caller gets the error.
+    reader = Reader(INBOX)
+    reader.feed(b"HMSG _INBOX.4b960b9d5f63.api-1 1 16 16\r\nNATS/1.0 503\r\n\r\n\r\n")
+    with pytest.raises(JetStreamError, match=r"api-1: NATS/1\.0 503"):
+        reader.take_reply(b"api-1")
 
 
 def test_api_reply_kept_under_its_token() -> None:
