@@ -1,16 +1,23 @@
 """The JetStream generator's frames and walk, against bytes nats-server 2.9.10 sent.
 
-No server here (CI has none): the golden replies were read off a live `nats-server -js`.
-Each reader is fed whole, a byte at a time and at every split in two, as reads come.
+No nats-server here (CI has none): the golden replies were read off a live
+`nats-server -js`. Each reader is fed whole, a byte at a time and at every split in two,
+as reads come. The roles themselves run against a scripted server on a loopback port,
+which replays those bytes and checks the window and the flow-control answer.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import socket
 import struct
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -276,3 +283,132 @@ def test_a_longer_last_frame_in_a_block_is_walked_not_skipped() -> None:
     data += deliveries(seqs[last + 1 :], pending=5000 - last - 1)
     reader = read_in(data, 1 << 20)
     assert (reader.received, reader.whole) == (200, True)
+
+
+# --- the roles against a scripted server ---------------------------------------------------------
+
+
+class ScriptedServer:
+    """Just enough of nats-server -js for one jsload connection, on a loopback port: INFO,
+    PONG, the API replies, PubAcks held until the client stops sending (so a window fills),
+    and for a consumer, deliveries with a flow-control request halfway that must be
+    answered before the rest are sent."""
+
+    def __init__(self, deliveries: int = 0) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.deliveries = deliveries
+        self.outstanding = self.most_outstanding = self.acked = 0
+        self.replies: list[bytes] = []
+        self.api: list[bytes] = []
+        self.answered_fc = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            with self.listener:
+                conn, _ = self.listener.accept()
+            with conn:
+                self._talk(conn)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+
+    def _talk(self, conn: socket.socket) -> None:
+        conn.sendall(b'INFO {"server_id":"x","version":"2.9.10","headers":true}\r\n')
+        buf = b""
+        while True:
+            conn.settimeout(0.005 if self.outstanding else None)
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:  # the client waits for acks: all of them now
+                acks = b"".join(
+                    b'MSG %s 1  24\r\n{"stream":"g1", "seq":%d}\r\n' % (r, i)
+                    for i, r in enumerate(self.replies, self.acked + 1)
+                )
+                self.acked += self.outstanding
+                self.outstanding, self.replies = 0, []
+                conn.sendall(acks)
+                continue
+            if not chunk:
+                return
+            buf += chunk
+            while b"\r\n" in buf:
+                line, rest = buf.split(b"\r\n", 1)
+                words = line.split()
+                if words[0] == b"PUB":
+                    size = int(words[-1])
+                    if len(rest) < size + 2:
+                        break
+                    payload, buf = rest[:size], rest[size + 2 :]
+                    reply = words[2] if len(words) == 4 else b""
+                    self._pub(conn, words[1], reply, payload)
+                    continue
+                buf = rest
+                if words[0] == b"PING":
+                    conn.sendall(b"PONG\r\n")
+
+    def _pub(self, conn: socket.socket, subject: bytes, reply: bytes, payload: bytes) -> None:
+        if subject.startswith(b"$JS.API."):
+            self.api.append(subject)
+            body = json.dumps({"type": "io.nats.jetstream.api.v1.response"}).encode()
+            conn.sendall(b"MSG %s 1 %d\r\n%s\r\n" % (reply, len(body), body))
+            if b"CONSUMER.CREATE" in subject:
+                deliver = json.loads(payload)["config"]["deliver_subject"].encode()
+                half = self.deliveries // 2
+                conn.sendall(deliveries(list(range(1, half + 1))))
+                conn.sendall(FLOW_CONTROL.replace(b"_DLV.2c8721481a10", deliver))
+            return
+        if subject.startswith(b"$JS.FC."):
+            self.answered_fc.set()
+            half = self.deliveries // 2
+            conn.sendall(deliveries(list(range(half + 1, self.deliveries + 1)), pending=500))
+            return
+        assert subject == b"g1" and reply, (subject, reply)
+        self.replies.append(reply)
+        self.outstanding += 1
+        self.most_outstanding = max(self.most_outstanding, self.outstanding)
+
+
+def run_role(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str
+) -> dict[str, Any]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
+    jsload.main(list(argv))
+    ready, result = capsys.readouterr().out.splitlines()
+    assert ready == "READY"
+    figures: dict[str, Any] = json.loads(result)
+    return figures
+
+
+def test_pub_keeps_at_most_its_window_without_a_puback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = ScriptedServer()
+    result = run_role(
+        monkeypatch, capsys, "pub", "--port", str(server.port), "--stream", "g1",
+        "--count", "1000", "--window", "64", "--size", "100",
+    )  # fmt: skip
+    server.thread.join(5)
+    assert server.error is None
+    assert (result["sent"], result["confirmed"], server.acked) == (1000, 1000, 1000)
+    assert server.most_outstanding == 64
+    assert server.api == [b"$JS.API.STREAM.CREATE.g1"]
+    assert result["end_ns"] > result["start_ns"]
+
+
+def test_sub_replay_makes_its_consumer_at_go_and_answers_flow_control(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = ScriptedServer(deliveries=400)
+    result = run_role(
+        monkeypatch, capsys, "sub", "--port", str(server.port), "--stream", "g1",
+        "--count", "400", "--replay", "--idle-timeout", "5",
+    )  # fmt: skip
+    server.thread.join(5)
+    assert server.error is None and server.answered_fc.is_set()
+    assert server.api == [b"$JS.API.STREAM.CREATE.g1", b"$JS.API.CONSUMER.CREATE.g1"]
+    assert (result["received"], result["whole"], result["first_seq"]) == (400, True, 1)
+    assert result["flow_controls"] == 1
+    assert result["start_ns"] <= result["first_ns"] <= result["last_ns"]
