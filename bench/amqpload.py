@@ -17,10 +17,13 @@ waits on stdin between READY and go), open channel 1 and declare the queue durab
   and the messages a window lets go are written with one sendall. basic.ack (single or
   multiple) counts confirms; a basic.nack fails the run. JSON: ``sent``, ``confirmed``,
   ``start_ns`` (go), ``end_ns`` (the last confirm's arrival).
-- ``sub`` consumes with ``no_ack`` (auto-ack) by default: measured faster for RabbitMQ
-  than manual acks (``--ack manual``: basic.qos ``--prefetch``, one basic.ack with
-  ``multiple`` every ``--ack-every`` deliveries), on both queue types. It is READY once
-  basic.consume-ok arrived and counts deliveries until ``--count``. JSON: ``received``,
+- ``sub`` consumes with ``no_ack`` (auto-ack) by default, which RabbitMQ 3.10 serves
+  faster than manual acks (``--ack manual``: basic.qos ``--prefetch``, one basic.ack with
+  ``multiple`` every ``--ack-every`` deliveries): on a classic queue 29k to 52k against
+  15k to 24k msg/s, the server's CPU 20 to 28 against 35 to 51 us a message (300,000
+  messages of 100 B, window 1000, prefetch 2,000 or 20,000); on a quorum queue the same
+  within the noise. It is READY once basic.consume-ok arrived and counts deliveries until
+  ``--count``. JSON: ``received``,
   ``first_ns``, ``last_ns`` (the first and last delivery's arrival), ``whole`` (every body
   had the expected size and the next sequence number).
 
