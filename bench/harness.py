@@ -15,6 +15,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -206,9 +207,10 @@ class System:
         return ENV
 
     def start(self) -> None:
-        self.workdir = Path(
-            tempfile.mkdtemp(prefix=f"bench-{self.name.replace('/', '-')}-", dir=_var())
-        )
+        # A name's spaces kept out of the path: RabbitMQ's disk monitor runs df on its data
+        # directory unquoted ("rabbitmq classic").
+        slug = re.sub(r"[^\w.-]+", "-", self.name)
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"bench-{slug}-", dir=_var()))
         self.port = free_port()
         try:
             self.proc = spawn(
