@@ -116,10 +116,12 @@ bench: install ## the bench table, or some rows: make bench BENCH="1to1-100 late
 
 # The peers the table compares against, from Debian's packages (needs root for apt-get);
 # without them the table says "skipped: not installed".
-bench-peers: ## redis-server and nats-server with apt-get (root), for the bench
-	command -v redis-server >/dev/null 2>&1 && command -v nats-server >/dev/null 2>&1 || { \
+bench-peers: ## redis-server, nats-server and rabbitmq-server with apt-get (root), for the bench
+	command -v redis-server >/dev/null 2>&1 && command -v nats-server >/dev/null 2>&1 && \
+	  command -v rabbitmq-server >/dev/null 2>&1 || { \
 	  apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server </dev/null; }
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server nats-server \
+	    rabbitmq-server </dev/null; }
 
 # The reliability suite (docs/reliability.md): each exits non-zero on a failed check.
 # Options after the target's variable, e.g. make soak SOAK="--minutes 5"; broker settings
