@@ -178,3 +178,10 @@ def test_rabbitmq_row_says_skipped_without_the_server(
         "amqp",
         "bench.amqpload",
     )
+
+
+def test_deliveries_fail_on_a_frame_without_its_end() -> None:
+    broken = body(0)[:-1] + b"\x00"
+    for stream in (deliver(1) + header(100) + broken, deliver(1)[:-1] + b"\x00"):
+        with pytest.raises(amqp.AmqpError, match="end octet"):
+            amqp.Deliveries(100).feed(stream + deliver(2) + header(100) + body(1))
