@@ -385,8 +385,8 @@ class Deliveries:
 class Connection:
     """A blocking AMQP connection for the set-up and close: one method at a time."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
+    def __init__(self, port: int, timeout: float | None = None) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = bytearray()
         self.frame_max = 131072
@@ -425,6 +425,14 @@ class Connection:
 
     def open(self, queue: str, queue_type: str) -> None:
         """Log in, tune, open channel 1 and declare the queue."""
+        self.login()
+        self.send(channel_open())
+        self.expect(CHANNEL_OPEN_OK, "channel.open-ok")
+        self.send(queue_declare(queue, queue_type))
+        self.expect(QUEUE_DECLARE_OK, "queue.declare-ok")
+
+    def login(self) -> None:
+        """The protocol header, log in, tune, and open the vhost."""
         self.send(PROTOCOL_HEADER)
         self.expect(CONNECTION_START, "connection.start")
         self.send(start_ok())
@@ -434,10 +442,6 @@ class Connection:
         self.send(tune_ok(channel_max, self.frame_max, 0))
         self.send(connection_open())
         self.expect(CONNECTION_OPEN_OK, "connection.open-ok")
-        self.send(channel_open())
-        self.expect(CHANNEL_OPEN_OK, "channel.open-ok")
-        self.send(queue_declare(queue, queue_type))
-        self.expect(QUEUE_DECLARE_OK, "queue.declare-ok")
 
     def close(self) -> None:
         """connection.close and its close-ok, or whatever the server does within 5 s."""

@@ -18,10 +18,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from .amqpload import AmqpError, Connection
 from .harness import ENV, System, free_port, spawn, stop_process
 
 BOOT_SECONDS = 60.0  # a cold node boots in several seconds; a busy 2-core box takes longer
-PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 
 
 def server_script() -> Path | None:
@@ -142,8 +142,8 @@ class RabbitMQ(System):
         raise RuntimeError(f"epmd did not listen on {self.epmd_port}")
 
     def _wait_listening(self) -> None:
-        """Until the AMQP port answers the protocol header with connection.start: the
-        listener opens last in the boot, so the node is then ready for clients."""
+        """Until guest can log in on the AMQP port: the listener opens last in the boot,
+        so the node is then ready for clients."""
         began = time.monotonic()
         deadline = began + BOOT_SECONDS
         while time.monotonic() < deadline:
@@ -176,11 +176,16 @@ class RabbitMQ(System):
 
 
 def _answers_amqp(port: int) -> bool:
+    """Whether a guest can log in; then a clean close (a probe that hung up after
+    connection.start would leave a warning in the node's log)."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
-            sock.sendall(PROTOCOL_HEADER)
-            reply = sock.recv(11)
+        conn = Connection(port, timeout=5)
     except OSError:
         return False
-    # A method frame on channel 0 of class 10 (connection), method 10 (start).
-    return reply[:3] == b"\x01\x00\x00" and reply[7:11] == b"\x00\x0a\x00\x0a"
+    try:
+        conn.login()
+    except (OSError, AmqpError):
+        conn.sock.close()
+        return False
+    conn.close()
+    return True
