@@ -77,9 +77,9 @@ class RabbitMQ(System):
         return {
             **ENV,
             "HOME": str(work),  # the Erlang cookie, .erlang.cookie, is written here
-            # The script execs erl, erl execs beam.smp: the process spawn() started is the
-            # server's (its CPU is what the suite reads). Without it the script stays as a
-            # parent that only forwards signals. No shell input is kept by -noinput.
+            # The script then execs erl, and erl execs beam.smp: the process spawn() started
+            # is the server (its CPU is what the suite reads). Without it the script stays,
+            # a parent that forwards signals. -noinput keeps the Erlang shell off stdin.
             "RABBITMQ_ALLOW_INPUT": "1",
             "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": erl_args,
             "ERL_EPMD_PORT": str(self.epmd_port),
