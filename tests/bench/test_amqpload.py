@@ -1,17 +1,26 @@
-"""The AMQP 0-9-1 generator's codec against bytes written out from the spec, and the
-RabbitMQ peer's row text where rabbitmq-server is not installed.
+"""The AMQP 0-9-1 generator's codec against bytes written out from the spec, its roles
+against a scripted server, and the RabbitMQ peer's row text where rabbitmq-server is not
+installed.
 
 The expected bytes are spelled field by field from AMQP 0-9-1 (section 4.2.3: a frame is
 type octet, channel short, size long, payload, 0xCE; 4.2.4: a method payload starts with
 class id and method id shorts; 4.2.6: a content header is class id, weight, body size
 longlong, property flags, then the properties set) and its class list (basic 60: publish
-40, deliver 60, ack 80, nack 120; queue 50: declare 10; channel 20: open 10). No server:
-CI has none, and a live run is by hand (docs/bench.md, "Durable peers").
+40, deliver 60, ack 80, nack 120; queue 50: declare 10; channel 20: open 10). No
+RabbitMQ: CI has none, and a live run is by hand (docs/bench.md, "Durable peers").
 """
 
 from __future__ import annotations
 
+import io
+import json
+import socket
+import struct
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -185,3 +194,153 @@ def test_deliveries_fail_on_a_frame_without_its_end() -> None:
     for stream in (deliver(1) + header(100) + broken, deliver(1)[:-1] + b"\x00"):
         with pytest.raises(amqp.AmqpError, match="end octet"):
             amqp.Deliveries(100).feed(stream + deliver(2) + header(100) + body(1))
+
+
+# --- the roles against a scripted server ---------------------------------------------------------
+
+
+class ScriptedServer:
+    """Just enough of an AMQP 0-9-1 server for one amqpload connection, on a loopback port:
+    the handshake (frame_max 4096, so a 5,000-byte body takes two frames), the queue and
+    confirm set-up, confirms held until the client stops sending (so a window fills; one
+    single ack ahead of a multiple one each time), and for a consumer, ``deliveries``
+    messages sent at once."""
+
+    def __init__(self, deliveries: int = 0, size: int = 100) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.deliveries, self.size = deliveries, size
+        self.methods: list[tuple[int, int, bytes]] = []  # class, method, arguments
+        self.published = self.acked = self.most_outstanding = 0
+        self.bodies: list[int] = []  # body bytes of each published message
+        self.client_acks: list[tuple[int, int]] = []  # (tag, multiple) from a consumer
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            with self.listener:
+                conn, _ = self.listener.accept()
+            with conn:
+                self._talk(conn)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.error = exc
+
+    def _frames(self, conn: socket.socket) -> Iterator[tuple[int, bytes]]:
+        buf = b""
+        while True:
+            while len(buf) >= 8 and len(buf) >= 8 + int.from_bytes(buf[3:7], "big"):
+                end = 8 + int.from_bytes(buf[3:7], "big")
+                assert buf[end - 1] == 0xCE
+                yield buf[0], buf[7 : end - 1]
+                buf = buf[end:]
+            conn.settimeout(0.005 if self.published > self.acked else None)
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:  # the client waits for confirms: all of them now
+                tags = range(self.acked + 1, self.published + 1)
+                if len(tags) > 1:
+                    conn.sendall(amqp.basic_ack(tags[1], False))
+                conn.sendall(amqp.basic_ack(tags[-1], True))
+                self.acked = self.published
+                continue
+            if not chunk:
+                return
+            buf += chunk
+
+    def _talk(self, conn: socket.socket) -> None:
+        assert conn.recv(8) == amqp.PROTOCOL_HEADER
+        mechanisms = amqp.longstr("PLAIN AMQPLAIN") + amqp.longstr("en_US")
+        conn.sendall(amqp.method(0, 10, 10, b"\x00\x09" + amqp.table({}) + mechanisms))
+        replies = {
+            (10, 11): amqp.method(0, 10, 30, hexb("07ff 00001000 003c")),  # tune
+            (10, 40): amqp.method(0, 10, 41, b"\x00"),
+            (20, 10): amqp.method(1, 20, 11, hexb("00000000")),
+            (50, 10): amqp.method(1, 50, 11, b"\x01q" + hexb("00000000 00000000")),
+            (85, 10): amqp.method(1, 85, 11),
+            (60, 10): amqp.method(1, 60, 11),
+            (10, 50): amqp.method(0, 10, 51),
+        }
+        for kind, payload in self._frames(conn):
+            if kind == amqp.BODY:
+                self.bodies[-1] += len(payload)
+                continue
+            if kind != amqp.METHOD:
+                continue
+            class_id, method_id = struct.unpack_from(">HH", payload)
+            self.methods.append((class_id, method_id, payload[4:]))
+            if (class_id, method_id) == (60, 40):
+                self.published += 1
+                self.bodies.append(0)
+                self.most_outstanding = max(self.most_outstanding, self.published - self.acked)
+            elif (class_id, method_id) == (60, 20):
+                conn.sendall(amqp.method(1, 60, 21, b"\x02ct"))
+                conn.sendall(b"".join(self._delivery(i) for i in range(self.deliveries)))
+            elif (class_id, method_id) == (60, 80):
+                self.client_acks.append(struct.unpack_from(">QB", payload, 4))
+            elif (class_id, method_id) in replies:
+                conn.sendall(replies[class_id, method_id])
+                if (class_id, method_id) == (10, 50):
+                    return
+
+    def _delivery(self, seq: int) -> bytes:
+        body = seq.to_bytes(8, "big") + b"x" * (self.size - 8)
+        return deliver(seq + 1) + header(self.size) + amqp.frame(amqp.BODY, 1, body)
+
+
+def run_role(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str
+) -> dict[str, Any]:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
+    amqp.main(list(argv))
+    ready, result = capsys.readouterr().out.splitlines()
+    assert ready == "READY"
+    figures: dict[str, Any] = json.loads(result)
+    return figures
+
+
+def test_pub_sets_up_confirms_and_keeps_at_most_its_window(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = ScriptedServer()
+    result = run_role(
+        monkeypatch, capsys, "pub", "--port", str(server.port), "--queue", "q",
+        "--queue-type", "quorum", "--count", "1000", "--window", "64", "--size", "5000",
+    )  # fmt: skip
+    server.thread.join(5)
+    assert server.error is None
+    assert (result["sent"], result["confirmed"], server.acked) == (1000, 1000, 1000)
+    assert server.most_outstanding == 64
+    assert server.bodies == [5000] * 1000  # in two frames each, under frame_max 4096
+    setup = [(c, m) for c, m, _ in server.methods[:6]]
+    assert setup == [(10, 11), (10, 31), (10, 40), (20, 10), (50, 10), (85, 10)]
+    tune_ok = server.methods[1][2]
+    assert tune_ok == hexb("07ff 00001000 0000")  # the server's frame_max, no heartbeats
+    assert server.methods[4][2] == amqp.queue_declare("q", "quorum")[11:-1]
+    assert server.methods[-1][:2] == (10, 50)  # closed at the end, politely
+    assert result["end_ns"] > result["start_ns"]
+
+
+@pytest.mark.parametrize("ack", ["auto", "manual"])
+def test_sub_consumes_and_counts_deliveries(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], ack: str
+) -> None:
+    server = ScriptedServer(deliveries=1200)
+    result = run_role(
+        monkeypatch, capsys, "sub", "--port", str(server.port), "--queue", "q",
+        "--count", "1200", "--ack", ack, "--ack-every", "500",
+    )  # fmt: skip
+    server.thread.join(5)
+    assert server.error is None
+    assert (result["received"], result["whole"]) == (1200, True)
+    assert result["first_ns"] <= result["last_ns"]
+    consume = next(args for c, m, args in server.methods if (c, m) == (60, 20))
+    no_ack = consume[-5] & 0x02
+    if ack == "auto":
+        assert no_ack and not server.client_acks
+        assert (60, 10) not in [(c, m) for c, m, _ in server.methods]
+    else:
+        assert not no_ack
+        assert server.client_acks[-1] == (1200, 1)  # every delivery acked by the end
+        assert all(multiple for _, multiple in server.client_acks)
