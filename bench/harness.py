@@ -372,6 +372,11 @@ def _var() -> Path:
 
 
 def version(system: System) -> str:
+    """The release of a peer's server as the table prints it, or "" when unknown: the
+    durable peers say their own (``version()``), Redis and NATS ask the executable."""
+    own = getattr(system, "version", None)
+    if callable(own):
+        return str(own())
     exe = {"redis": "redis-server", "nats": "nats-server"}.get(system.name)
     if exe is None:
         return ""

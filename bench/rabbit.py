@@ -55,6 +55,13 @@ class RabbitMQ(System):
         self.epmd: subprocess.Popen[bytes] | None = None
         self.boot_seconds = 0.0
 
+    def version(self) -> str:
+        """The release installed ("3.10.8"): Debian's lib/rabbitmq_server-X beside the
+        script, read without starting a node (rabbitmqctl would need one)."""
+        script = server_script()
+        found = sorted(script.parent.parent.glob("lib/rabbitmq_server-*")) if script else []
+        return found[-1].name.removeprefix("rabbitmq_server-") if found else ""
+
     def available(self) -> str | None:
         if server_script() is None or shutil.which("epmd") is None:
             return "skipped: rabbitmq-server not installed (make bench-peers)"

@@ -14,6 +14,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .durablesuite import (
+    FSYNC,
+    PROMISES,
+    SIZE,
+    WINDOW,
+    durable_peers,
+    durable_run,
+    js_publish_run,
+    js_replay_run,
+    peer_row,
+)
 from .figgsuite import FANOUT_SUBS, fanout_run, publish_run, publish_run_4, replay_run
 from .flame import Flame
 from .fyrehosesuite import LOSS, SUBS, fyrehose_run, lossy_run
@@ -453,17 +464,57 @@ FIGG_ROWS = [
 ]
 
 
+JETSTREAM_BESIDE = {
+    publish_run: (js_publish_run, f"JetStream acknowledged publish, window 256, {SIZE} B"),
+    replay_run: (js_replay_run, "JetStream replay of the whole stream by a new consumer"),
+}
+
+
 def scenario_figg(cfg: Config, table: Table) -> None:
-    """The rows of bench/figgsuite.py, one broker with a Figg listener for each."""
+    """The rows of bench/figgsuite.py, one broker with a Figg listener for each; JetStream
+    in the same runs beside the acknowledged publish and the replay, when it is here."""
+    jetstream = [s for s in durable_peers()[0] if s.name == "jetstream"] if cfg.peers else []
     for label, one, fsync, target in FIGG_ROWS:
-        res = interleaved(
-            [FqBroker(fsync, figg=True)],
-            cfg.runs,
-            lambda s, run, one=one: one(s, run, cfg.scale),
-        )
+        beside = JETSTREAM_BESIDE.get(one) if fsync == "always" and jetstream else None
+        systems: list[System] = [FqBroker(fsync, figg=True)]
+        if beside is not None:
+            systems.append(type(jetstream[0])())
+
+        def each(s: System, run: int, one: Any = one, beside: Any = beside) -> dict[str, float]:
+            figures: dict[str, float] = (one if isinstance(s, FqBroker) else beside[0])(
+                s, run, cfg.scale
+            )
+            return figures
+
+        res = interleaved(systems, cfg.runs, each)
         r = res["fqbroker"]
         unit = "dlv/s" if one is fanout_run else "msg/s"
         table.add([label, f"{_rate(r['rate'])} {unit}", f"{r['us']:.2f}"], target)
+        if beside is not None:
+            label = f"{beside[1]} ({version(systems[1])})"
+            table.add(peer_row(label, r, res["jetstream"], PROMISES["jetstream"]))
+
+
+def scenario_durable(cfg: Config, table: Table) -> None:
+    """Confirmed durable publish 1 to 1 (bench/durablesuite.py), each durable peer that is
+    here in the same interleaved runs, a row under ours each."""
+    peers, missing = durable_peers() if cfg.peers else ([], [])
+    res = interleaved(
+        [*brokers(cfg, FSYNC), *peers], cfg.runs, lambda s, run: durable_run(s, run, cfg.scale)
+    )
+    r = res["fqbroker"]
+    label = f"confirmed durable publish 1 to 1, {SIZE} B, window {WINDOW:,}"
+    promise = f"disk queue, fsync={FSYNC}: confirmed once fsynced"
+    table.add([label, _rate(r["rate"]), f"{r['us']:.2f}", promise], DURABLE_TARGET)
+    if BASELINE in res:
+        table.add(peer_row(BASELINE, r, res[BASELINE], "the baseline tree"))
+    for p in peers:
+        table.add(peer_row(f"{p.name} {version(p)}", r, res[p.name], PROMISES[p.name]))
+    for note in missing:
+        table.add(note)
+
+
+DURABLE_TARGET = ">=2x best RabbitMQ, >=1.0x JetStream"
 
 
 def scenario_fyrehose(cfg: Config, table: Table) -> None:
@@ -500,7 +551,8 @@ def scenario_opencluster(cfg: Config, table: Table) -> None:
 
 
 SCENARIOS = [
-    *FLOWS, "disk", "latency", "memory", "idle", "lumberjack", "figg", "fyrehose", "opencluster",
+    *FLOWS, "disk", "durable", "latency", "memory", "idle", "lumberjack", "figg", "fyrehose",
+    "opencluster",
 ]  # fmt: skip
 
 
@@ -533,6 +585,7 @@ def run(names: Sequence[str], cfg: Config) -> str:
 def _run(names: Sequence[str], cfg: Config, table: Table) -> None:
     rows: dict[str, Callable[[Config, Table], None]] = {
         "disk": scenario_disk,
+        "durable": scenario_durable,
         "latency": scenario_latency,
         "memory": scenario_memory,
         "idle": scenario_idle,
