@@ -477,6 +477,8 @@ def scenario_figg(cfg: Config, table: Table) -> None:
     for label, one, fsync, target in FIGG_ROWS:
         beside = JETSTREAM_BESIDE.get(one) if fsync == "always" and jetstream else None
         systems: list[System] = [FqBroker(fsync, figg=True)]
+        if cfg.baseline is not None:
+            systems.append(FqBroker(fsync, figg=True, tree=cfg.baseline, name=BASELINE))
         if beside is not None:
             systems.append(type(jetstream[0])())
 
@@ -490,8 +492,10 @@ def scenario_figg(cfg: Config, table: Table) -> None:
         r = res["fqbroker"]
         unit = "dlv/s" if one is fanout_run else "msg/s"
         table.add([label, f"{_rate(r['rate'])} {unit}", f"{r['us']:.2f}"], target)
+        if BASELINE in res:
+            table.add(peer_row(BASELINE, r, res[BASELINE], "the baseline tree"))
         if beside is not None:
-            label = f"{beside[1]} ({version(systems[1])})"
+            label = f"{beside[1]} ({version(systems[-1])})"
             table.add(peer_row(label, r, res["jetstream"], PROMISES["jetstream"]))
 
 

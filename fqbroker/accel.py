@@ -61,6 +61,7 @@ MODULES: Final[tuple[str, ...]] = (
     "fqbroker.protocols.opencluster.wire",
     "fqbroker.storage.kv.store",
     "fqbroker.frontends.opencluster.machine",
+    "fqbroker.storage.segments.runs",
 )
 
 _PACKAGE_DIR: Final = os.path.dirname(os.path.abspath(__file__))

@@ -10,12 +10,10 @@ stop at its durable end).
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from fqbroker.core.frames import ID_SIZE
-from fqbroker.protocols.figg.wire import DATA, VERSION
+from fqbroker.protocols.figg.wire import data_frames
 
 if TYPE_CHECKING:
     from fqbroker.storage.topics.retained import Topic
@@ -41,14 +39,14 @@ class Subscription:
     Why it costs little: each read is one bounded batch (``BATCH_RECORDS``/``BATCH_BYTES``)
     from the topic's store, written as one ``transport.write`` of one joined buffer, so a
     thousand subscribers replaying one topic hold a batch each, never the backlog. Each
-    record's DATA frame is a prefix packed in one call (header, topic, offset) and the tail
-    of the stored fq frame from its payload length on, which is byte for byte the tail of a
-    DATA frame: no payload is copied out of its frame on its own. While the connection's
-    write buffer is over its high-water mark (``pause_writing``) every subscription waits
-    before its next read.
+    record's DATA frame is a prefix (header, topic, offset) and the tail of the stored fq
+    frame from its payload length on, which is byte for byte the tail of a DATA frame: no
+    payload is copied out of its frame on its own (wire.data_frames, compiled). While the
+    connection's write buffer is over its high-water mark (``pause_writing``) every
+    subscription waits before its next read.
     """
 
-    __slots__ = ("_head", "_task", "offset", "remote", "topic")
+    __slots__ = ("_task", "offset", "remote", "topic")
 
     def __init__(
         self,
@@ -61,10 +59,6 @@ class Subscription:
         self.topic = topic
         self.offset = offset  # the last offset sent (and where reading goes on after)
         self.remote = remote
-        name = topic.name
-        # Header (type, version, payload length), topic length, topic, offset: all but
-        # the payload length and the payload, which the stored frame's tail supplies.
-        self._head = struct.Struct(f">HHII{len(name)}sQ")
         topic.subscribers.add(self)
         self._task = asyncio.ensure_future(self._run(writer))
         self._task.add_done_callback(lambda task: _report(task, on_error))
@@ -76,31 +70,19 @@ class Subscription:
     async def _run(self, writer: Writer) -> None:
         topic = self.topic
         name = topic.name
-        t = len(name)
-        base = 16 + t
-        pack = self._head.pack
-        read = topic.read
+        read = topic.read_frames
         writable = writer.writable
         while not topic.closed:
             if not writable.is_set():
                 await writable.wait()
                 continue
-            records = read(self.offset, BATCH_RECORDS, BATCH_BYTES)
-            if not records:
+            start, frames = read(self.offset, BATCH_RECORDS, BATCH_BYTES)
+            if not frames:
                 await topic.wait_beyond(self.offset)
                 continue
-            parts: list[bytes] = []
-            append = parts.append
-            for offset, frame in records:
-                # Where the payload length is: past the names, the id, sender and hops.
-                at = 2 + frame[0] + frame[1 + frame[0]] + ID_SIZE
-                at += 1 + frame[at]
-                at += 1 + 4 * frame[at]
-                append(pack(DATA, VERSION, base + len(frame) - at - 4, t, name, offset))
-                append(frame[at:])
-            self.offset = records[-1][0]
-            writer.delivered += len(records)
-            writer.write(b"".join(parts))
+            self.offset = start + len(frames) - 1
+            writer.delivered += len(frames)
+            writer.write(data_frames(name, start, frames))
             # Others (this connection's input, other subscribers) get their turn.
             await asyncio.sleep(0)
 

@@ -30,6 +30,7 @@ from fqbroker.storage.segments.records import (
     records,
 )
 from fqbroker.storage.segments.recovery import Problem
+from fqbroker.storage.segments.runs import checked_payloads
 
 __all__ = ["SegmentReads"]
 
@@ -146,21 +147,9 @@ class SegmentReads:
             first = HEADER.unpack_from(buf)[1] + HEADER_SIZE
             if first > len(buf) and off + first <= seg.size:  # one record bigger than that
                 buf = os.pread(fd, first, off)
-        view = memoryview(buf)
-        unpack, crc32 = HEADER.unpack_from, zlib.crc32
         out: list[bytes] = []
-        append = out.append
-        pos, size, stop, cut = 0, len(buf), seq + n, HEADER_SIZE + skip
-        try:
-            while pos + HEADER_SIZE <= size and seq < stop:
-                crc, length, rseq = unpack(buf, pos)
-                end = pos + HEADER_SIZE + length
-                if end > size or rseq != seq or crc32(view[pos + 4 : end]) != crc:
-                    break  # cut off (read on next time), or damage: read() steps over it
-                append(buf[pos + cut : end])
-                pos, seq = end, seq + 1
-        finally:
-            view.release()
+        # Stops before a record cut off (read on next time) or damaged (read() steps over).
+        pos, seq = checked_payloads(buf, seq, seq + n, skip, out)
         self._remember(seq, seg, off + pos)
         return out
 

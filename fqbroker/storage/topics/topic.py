@@ -130,42 +130,72 @@ class Topic:
         """Durable messages with offset > ``after`` as (offset, peer frame), in order; []
         when caught up. At least one when there is one, however large. From the oldest
         kept if ``after`` expired; offsets jump over damaged records."""
+        start, frames, records = self._read(after, max_records, max_bytes)
+        if records is not None:
+            return records
+        return list(zip(range(start, start + len(frames)), frames, strict=True))
+
+    def read_frames(
+        self, after: int, max_records: int = 4096, max_bytes: int = 1 << 20
+    ) -> tuple[int, list[bytes]]:
+        """As :meth:`read`, as the offset of the first and the peer frames of consecutive
+        offsets from it: a subscription's batch, with no (offset, frame) pair made a
+        message. Where damage was stepped over, up to the first offset skipped (the next
+        read goes on from there)."""
+        start, frames, records = self._read(after, max_records, max_bytes)
+        if records is None:
+            return start, frames
+        if not records:
+            return start, []
+        first = records[0][0]
+        k = 1
+        while k < len(records) and records[k][0] == first + k:
+            k += 1
+        return first, [frame for _, frame in records[:k]]
+
+    def _read(
+        self, after: int, max_records: int, max_bytes: int
+    ) -> tuple[int, list[bytes], list[tuple[int, bytes]] | None]:
+        """(start, frames from start on, None), or, where the careful read stepped over
+        damage, (start, [], its (offset, frame) records)."""
+        start = after + 1
         if self.closed:
-            return []
+            return start, [], None
         store = self.store
         last = store.durable_seq
-        start = after + 1
         if start > last or max_records <= 0:
-            return []
+            return start, [], None
         start = max(start, store.log.first_seq)
         n = min(max_records, last - start + 1)
         if n <= 0:
-            return []
+            return start, [], None
         first_cached, recent = store.recent()
         if recent and start >= first_cached:
             frames = _slice(recent, start - first_cached, n)
             if frames:
-                frames = _fit(frames, max_bytes)
-                return list(zip(range(start, start + len(frames)), frames, strict=True))
+                return start, _fit(frames, max_bytes), None
         return self._read_file(start, n, max_bytes, last)
 
-    def _read_file(self, start: int, n: int, max_bytes: int, last: int) -> list[tuple[int, bytes]]:
+    def _read_file(
+        self, start: int, n: int, max_bytes: int, last: int
+    ) -> tuple[int, list[bytes], list[tuple[int, bytes]] | None]:
         store = self.store
         log = store.log
         # Every topic record has the arrival tag (topics are younger than it: store.py).
         frames = log.read_run(start, n, max_bytes, _TAG)
         if frames:
             frames = _fit(frames, max_bytes)
-            out = list(zip(range(start, start + len(frames)), frames, strict=True))
-        else:  # a gap or damage where it starts: the careful read steps over it
-            records = log.read(start, n, max_bytes)
-            if records and records[-1][0] > last:  # stepped over damage, past the durable
-                records = records[: bisect_right(records, last, key=_seq)]
-            if not records:
-                return []
-            out = [(seq, record[_TAG:]) for seq, record in records]
+            store.replay_ahead.after_read(log.position(start + len(frames)))
+            return start, frames, None
+        # A gap or damage where it starts: the careful read steps over it.
+        records = log.read(start, n, max_bytes)
+        if records and records[-1][0] > last:  # stepped over damage, past the durable
+            records = records[: bisect_right(records, last, key=_seq)]
+        if not records:
+            return start, [], None
+        out = [(seq, record[_TAG:]) for seq, record in records]
         store.replay_ahead.after_read(log.position(out[-1][0] + 1))
-        return out
+        return start, [], out
 
     async def wait_beyond(self, offset: int) -> None:
         """Return once ``last_offset`` > ``offset``, or the topic is closing (``closed``)."""

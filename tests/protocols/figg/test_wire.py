@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fqbroker.core.frames import encode_peer
 from fqbroker.errors import FiggProtocolError, ProtocolError
 from fqbroker.protocols.figg import wire
 from fqbroker.protocols.figg.wire import (
@@ -97,6 +98,21 @@ def test_the_fast_encoders_match_encode() -> None:
     head = wire.data_head(b"t2", 1, 2)
     assert head + b"m0" == _hex(DERIVED[3][0])
     assert head[:-4] + struct.pack(">I", 2) + b"m0" == _hex(DERIVED[3][0])
+
+
+def test_data_frames_are_the_data_frames_of_stored_frames_in_a_row() -> None:
+    # Sizes change within the batch (the head is packed again), senders and hops differ.
+    payloads = [b"m0", b"m1", b"", b"x" * 300, b"m4"]
+    frames = [
+        encode_peer(b"figg", b"t2", bytes(16), b"u" * i, b"\x0a\x00\x00\x01" * (i % 3), p)
+        for i, p in enumerate(payloads)
+    ]
+    expected = b"".join(wire.encode_data(b"t2", 7 + i, p) for i, p in enumerate(payloads))
+    assert wire.data_frames(b"t2", 7, frames) == expected
+    assert wire.data_frames(b"t2", 7, frames[:1]) == _hex(DERIVED[3][0]).replace(
+        struct.pack(">Q", 1), struct.pack(">Q", 7)
+    )
+    assert wire.data_frames(b"t2", 1, []) == b""
 
 
 def test_the_version_is_ignored_on_read_and_other_attach_flags_too() -> None:

@@ -522,6 +522,11 @@ async def test_reads_step_over_damage_and_nothing_trims_a_topic(
         assert payloads_of(got) == sent[:4] + sent[5:]
         assert topic.store.corrupt_records == 1
         assert "record changed on disk" in caplog.text
+        # A subscription's reads: frames of consecutive offsets, up to the one skipped.
+        assert topic.read_frames(0, 3) == (1, [f for _, f in got[:3]])
+        assert topic.read_frames(3, 3) == (4, [got[3][1]])
+        assert topic.read_frames(4, 3) == (6, [f for _, f in got[4:7]])
+        assert topic.read_frames(200) == (201, [])
         # Readers never move a checkpoint, so no trim deletes what they read.
         assert dict(topic.store.log.checkpoints) == {}
         assert topic.store.log.trim() == 0
