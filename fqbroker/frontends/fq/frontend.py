@@ -124,6 +124,7 @@ DATA: FrontEnd[Any] = FrontEnd(
         "fanout",
         "fanin",
         "disk",
+        "durable",
         "latency",
         "memory",
     ),
