@@ -44,6 +44,12 @@ FOLD_BYTES = 64 << 20  # journal bytes that start a fold into sqlite
 # one turn of the loop, so there are more and smaller batches, and each fdatasync costs
 # CPU of its own.
 FLUSHES = 1
+# A flush ("full") is done on the loop, as Redis does with ``appendfsync always``, while
+# the last one took less than this: handing it to the journal thread and back cost more
+# CPU a batch than this disk's fdatasync blocks the loop, and the batches grow (every set
+# read during the flush joins the next). A slower disk's flushes go to the journal thread,
+# so that the loop goes on serving the other connections meanwhile (bench/RESULTS.md).
+INLINE_FLUSH = 0.001  # seconds
 
 _Bytes = bytes  # in KVStore, whose ``bytes`` property hides the type
 _pack_record = RECORD.pack
@@ -122,6 +128,7 @@ class KVStore:
         self._failed_error = ""
         self._folding: asyncio.Future[str | None] | None = None
         self._closed = False
+        self._flush_seconds = 0.0  # how long the last fdatasync took (INLINE_FLUSH)
         try:
             private_dirs(path.parent)
             self._db = open_db(path)
@@ -374,16 +381,27 @@ class KVStore:
                 self._finish(batch, None)
                 return
             batch.gen = journal.gen
+            if not (flushing or behind) and self._flush_seconds < INLINE_FLUSH:
+                # On the loop: nothing is in flight, so nothing is to complete before it.
+                failed = self._flush(journal.fd)
+                if failed is not None:
+                    journal.discard()  # its file may have lost pages: go on in a new one
+                self._finish(batch, failed)
+                return
             future = self._loop.run_in_executor(self._flusher, self._flush, journal.fd)
         flushing.append((batch, future))
         future.add_done_callback(self._flushed)
 
     def _flush(self, fd: int | None) -> str | None:
-        """In the journal thread: None, or why the fdatasync failed."""
+        """In the journal thread, or on the loop (INLINE_FLUSH): None, or why the
+        fdatasync failed."""
+        started = time.perf_counter()
         try:
             self._journal.flush(fd)
         except OSError as exc:
             return str(exc) or type(exc).__name__
+        finally:
+            self._flush_seconds = time.perf_counter() - started
         return None
 
     def _close_later(self, fd: int) -> None:
@@ -410,8 +428,13 @@ class KVStore:
                     self._journal.discard()
             elif batch.gen <= self._failed_gen:
                 error = self._failed_error
-        if error is None and self._unfolded + batch.size >= self.fold_bytes:
-            self._finish(batch, error)  # a fold, if none runs, before the next write
+        if error is None and (
+            self._unfolded + batch.size >= self.fold_bytes
+            or (not self._flushing and self._flush_seconds < INLINE_FLUSH)
+        ):
+            # A fold, if none runs, before the next write; or the next flush on the loop
+            # (the disk is fast again), once this batch's clients have their acks.
+            self._finish(batch, error)
             self._commit()
             return
         # The sets that came while this batch was flushed are written, and their flush

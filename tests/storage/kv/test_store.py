@@ -290,6 +290,7 @@ class Flushes:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, in_flight: int = 2) -> None:
         monkeypatch.setattr(kvstore, "FLUSHES", in_flight)  # 2: a batch written behind one
+        monkeypatch.setattr(kvstore, "INLINE_FLUSH", 0.0)  # every flush in the thread
         self.gates: list[threading.Event] = []
         self.errors: list[OSError | None] = []
         self.open_at_flush: list[bool] = []
@@ -473,6 +474,7 @@ async def test_folds_wait_for_the_flushes_in_flight_and_lose_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(kvstore, "FLUSHES", 2)
+    monkeypatch.setattr(kvstore, "INLINE_FLUSH", 0.0)
     path = tmp_path / "db" / "kv.sqlite3"
     store = KVStore(path, fold_bytes=4096)
     try:
