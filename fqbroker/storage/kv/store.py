@@ -21,7 +21,9 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
+from fqbroker.accel import ACCELERATED
 from fqbroker.errors import KVStoreError
 from fqbroker.storage.diskalarm import DiskAlarm
 from fqbroker.storage.files import private_dirs
@@ -33,8 +35,9 @@ WARN_EVERY = 10.0  # seconds between lines about failing writes: a full disk fai
 
 __all__ = ["INT", "STRING", "Batch", "KVStore", "key_of"]
 
-INT = 1  # the kind of an i32 value
-STRING = 2  # the kind of a byte-string value
+# Final: compiled (mypyc), a constant in the code, not a lookup in the module's dict.
+INT: Final = 1  # the kind of an i32 value
+STRING: Final = 2  # the kind of a byte-string value
 
 SWEEP_SECONDS = 0.5  # expired keys are reclaimed within a second
 FOLD_BYTES = 64 << 20  # journal bytes that start a fold into sqlite
@@ -55,11 +58,14 @@ _Bytes = bytes  # in KVStore, whose ``bytes`` property hides the type
 _pack_record = RECORD.pack
 # An OpenCluster set frame (docs/opencluster-protocol.md): its header (command, repcmd,
 # user id, payload length) and the payload's head (hashes, expires, full_wait, name
-# length), in one unpack; then the name and the value.
-_unpack_set_frame = struct.Struct(">hhiiIIiii").unpack_from
-_SET_FRAME_HEAD = 32
+# length), in one unpack; then the name and the value. The two 32-bit hashes are read
+# as one 64-bit key: (map_hash << 32) | key_hash, what key_of makes.
+_unpack_set_frame = struct.Struct(">hhiiQiii").unpack_from
+_SET_FRAME_HEAD: Final = 32
 _i32_from = struct.Struct(">i").unpack_from
-_SET_STRING = 2020  # its value is a string; set_int's (2000) an i32
+_SET_STRING: Final = 2020  # its value is a string; set_int's (2000) an i32
+_FRAMES: Final = FRAMES
+_COMPILED: Final = ACCELERATED  # this module is (mypyc)
 
 
 def _failed(error: str) -> str | None:
@@ -278,17 +284,17 @@ class KVStore:
         start = pos
         grow = count = 0
         append = userids.append
+        unpack_frame, i32_from = _unpack_set_frame, _i32_from  # one lookup, not one a set
+        compiled = _COMPILED
         # Typed, so that compiled (mypyc) they are machine ints, not objects.
         cmd: int
         userid: int
         size: int
-        map_hash: int
-        key_hash: int
         expires: int
         n: int
         length: int
         while count < room and have - pos >= _SET_FRAME_HEAD:
-            cmd, _, userid, size, map_hash, key_hash, expires, _, n = _unpack_set_frame(buf, pos)
+            cmd, _, userid, size, key, expires, _, n = unpack_frame(buf, pos)
             if cmd != command or size < 24 or size > max_payload:
                 break
             end = pos + 12 + size
@@ -297,16 +303,22 @@ class KVStore:
                 break
             value: int | bytes
             if string:
-                length = _i32_from(buf, at)[0]
-                if at + 4 + length != end or length < 0 or length > max_value:
+                # The value's length is the frame's rest; its 4 bytes must say so.
+                length = end - at - 4
+                if length < 0 or length > max_value:
+                    break
+                if compiled:  # four machine loads, no tuple nor int object
+                    said = buf[at] << 24 | buf[at + 1] << 16 | buf[at + 2] << 8 | buf[at + 3]
+                else:  # interpreted, one struct call costs less than four indexings
+                    said = i32_from(buf, at)[0]
+                if said != length:
                     break
                 value = buf[at + 4 : end]
             else:
                 if at + 4 != end:
                     break
-                value = _i32_from(buf, at)[0]
+                value = i32_from(buf, at)[0]
                 length = 4
-            key = (map_hash << 32) | key_hash
             old = get(key)
             if old is None:
                 if len(values) >= max_keys:
@@ -328,7 +340,7 @@ class KVStore:
             count += 1
         if count:
             self._bytes += grow
-            batch.parts += (_pack_record(FRAMES, now, pos - start), buf[start:pos])
+            batch.parts += (_pack_record(_FRAMES, now, pos - start), buf[start:pos])
             batch.count += count
             if fresh:
                 self._open = batch
