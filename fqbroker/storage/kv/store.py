@@ -68,6 +68,11 @@ _FRAMES: Final = FRAMES
 _COMPILED: Final = ACCELERATED  # this module is (mypyc)
 
 
+def _u32(buf: bytes, at: int) -> int:
+    """The big-endian unsigned 32-bit int at ``at``: compiled, four loads and no object."""
+    return buf[at] << 24 | buf[at + 1] << 16 | buf[at + 2] << 8 | buf[at + 3]
+
+
 def _failed(error: str) -> str | None:
     """In the journal thread: a batch whose write failed, answered in its turn."""
     return error
@@ -294,7 +299,19 @@ class KVStore:
         n: int
         length: int
         while count < room and have - pos >= _SET_FRAME_HEAD:
-            cmd, _, userid, size, key, expires, _, n = unpack_frame(buf, pos)
+            if compiled:  # machine loads, no tuple nor int objects (but the key)
+                cmd = buf[pos] << 8 | buf[pos + 1]
+                userid = _u32(buf, pos + 4)
+                if userid >= 0x80000000:  # >i
+                    userid -= 0x100000000
+                size = _u32(buf, pos + 8)  # negative: over max_payload
+                key = _u32(buf, pos + 12) << 32 | _u32(buf, pos + 16)
+                expires = _u32(buf, pos + 20)
+                if expires >= 0x80000000:  # negative: never, as 0
+                    expires = 0
+                n = _u32(buf, pos + 28)  # negative: over max_name
+            else:  # interpreted, one struct call costs less than the loads
+                cmd, _, userid, size, key, expires, _, n = unpack_frame(buf, pos)
             if cmd != command or size < 24 or size > max_payload:
                 break
             end = pos + 12 + size
@@ -307,10 +324,7 @@ class KVStore:
                 length = end - at - 4
                 if length < 0 or length > max_value:
                     break
-                if compiled:  # four machine loads, no tuple nor int object
-                    said = buf[at] << 24 | buf[at + 1] << 16 | buf[at + 2] << 8 | buf[at + 3]
-                else:  # interpreted, one struct call costs less than four indexings
-                    said = i32_from(buf, at)[0]
+                said = _u32(buf, at) if compiled else i32_from(buf, at)[0]
                 if said != length:
                     break
                 value = buf[at + 4 : end]
@@ -333,8 +347,7 @@ class KVStore:
             else:
                 expiry = 0.0
             values[key] = (kind, value, expiry, buf[pos + _SET_FRAME_HEAD : at])
-            if key not in olds:
-                olds[key] = old
+            olds.setdefault(key, old)  # the value before the batch: its first set's old
             append(userid)
             pos = end
             count += 1

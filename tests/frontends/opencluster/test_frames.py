@@ -164,6 +164,22 @@ async def test_a_bad_frame_ends_the_run_after_the_sets_before_it(tmp_path: Path)
         await store.close()
 
 
+async def test_every_user_id_comes_back_in_its_ack_as_sent(tmp_path: Path) -> None:
+    store = KVStore(tmp_path / "kv.sqlite3", sync="normal")
+    try:
+        machine = Machine(store, LIMITS)
+        userids = [0, 1, -1, 2**31 - 1, -(2**31), 65_535, -65_536]
+        data = b"".join(wire.set_string(u, b"k%d" % i, b"v") for i, u in enumerate(userids))
+        data += b"".join(wire.set_int(u, b"i%d" % i, -7) for i, u in enumerate(userids))
+        out = await feed(machine, data, [])
+        assert out == b"".join(wire.ack(wire.SET_STRING, u) for u in userids) + b"".join(
+            wire.ack(wire.SET_INT, u) for u in userids
+        )
+        assert store.get(key_of(0, wire.fnv1a32(b"i2")))[:2] == (INT, -7)  # type: ignore[index]
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("length", [2, 4, -1, 2**31 + 3, 2**32 - 3, 3 + (1 << 8), 3 + (1 << 24)])
 async def test_a_string_set_whose_length_field_is_not_its_values_ends_the_run(
     tmp_path: Path, length: int
