@@ -180,6 +180,21 @@ async def test_every_user_id_comes_back_in_its_ack_as_sent(tmp_path: Path) -> No
         await store.close()
 
 
+@pytest.mark.parametrize("sets", [1, 2, 31, 32, 33, 64, 100])
+async def test_a_run_of_any_length_is_acked_one_header_each_in_order(
+    tmp_path: Path, sets: int
+) -> None:
+    store = KVStore(tmp_path / "kv.sqlite3", sync="normal")
+    try:
+        machine = Machine(store, LIMITS)
+        userids = [(i * 7919 - 50) * (-1) ** i for i in range(sets)]
+        data = b"".join(wire.set_int(u, b"k%d" % (i % 5), i) for i, u in enumerate(userids))
+        out = await feed(machine, data, [])
+        assert out == b"".join(wire.ack(wire.SET_INT, u) for u in userids)
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("length", [2, 4, -1, 2**31 + 3, 2**32 - 3, 3 + (1 << 8), 3 + (1 << 24)])
 async def test_a_string_set_whose_length_field_is_not_its_values_ends_the_run(
     tmp_path: Path, length: int
