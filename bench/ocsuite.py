@@ -8,6 +8,7 @@ always`` and ``everysec``); docs/bench.md, "OpenCluster rows", says what each ro
 from __future__ import annotations
 
 import csv
+import os
 import random
 import shutil
 import subprocess
@@ -89,6 +90,10 @@ def oc_run(system: System, run: int, scale: float) -> dict[str, float]:
     """One run on ``system``: ours through bench/ocload.py, Redis through redis-benchmark
     (and bench/ocload.py, as ``gen_set`` and ``gen_get``)."""
     count = _count(scale)
+    # What the system before wrote and did not sync (a sync=normal journal, an everysec
+    # AOF: tens of MB) is written back by the kernel meanwhile, and every fdatasync of
+    # this run would wait behind it: each system starts on a clean page cache.
+    os.sync()
     if not isinstance(system, Redis):
         return generator_run(system, count)
     result: dict[str, float] = {}

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from fqbroker.errors import OpenClusterProtocolError
 from fqbroker.protocols.opencluster import wire
@@ -98,20 +99,34 @@ class _Acks:
         self.userids = userids
 
     def encode(self) -> bytes:
-        """The acks, one header each: the user ids packed in one call and spread into
-        copies of the ack's header by four strided slice assignments (no per-ack Python)."""
+        """The acks, one header each, :data:`_ACK_RUN` at most packed by one struct
+        call: its arguments the header's head and a user id, by turns (a list made by
+        one repetition and one slice assignment: no per-ack Python)."""
         userids = self.userids
         n = len(userids)
-        if n == 1:
-            return _pack_header(_ACK, self.command, userids[0], 0)
-        acks = bytearray(_pack_header(_ACK, self.command, 0, 0) * n)
-        packed = struct.pack(f">{n}i", *userids)
-        for byte in range(4):
-            acks[4 + byte :: _ACK_SIZE] = packed[byte::4]
-        return bytes(acks)
+        head = _pack_ack_head(_ACK, self.command)
+        if n <= _ACK_RUN:
+            return _acks(head, userids)
+        return b"".join([_acks(head, userids[i : i + _ACK_RUN]) for i in range(0, n, _ACK_RUN)])
 
 
-_ACK_SIZE = wire.HEADER_SIZE
+# An ack is its command and repcmd (the head, the same for a run), the user id and a
+# payload length of 0. A run of n acks is packed by one Struct of n of them: made the
+# first time, up to _ACK_RUN (a Struct holds each of its fields: a longer run is split).
+_ACK_RUN: Final = 32
+_pack_ack_head = struct.Struct(">hh").pack
+_ACK_PACKS: Final[dict[int, Callable[..., bytes]]] = {}
+
+
+def _acks(head: bytes, userids: list[int]) -> bytes:
+    n = len(userids)
+    pack = _ACK_PACKS.get(n)
+    if pack is None:
+        pack = _ACK_PACKS[n] = struct.Struct(">" + "4si4x" * n).pack
+    args: list[object] = [head] * (2 * n)
+    args[1::2] = userids
+    return pack(*args)
+
 
 # A reply waiting in the queue: its bytes, the acks of a run of sets, or _CLOSE.
 _Pending = bytes | _Acks | None

@@ -55,6 +55,7 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
         "_eof",
         "_holds",
         "_last",
+        "_loop",
         "_waiting",
         "broker",
         "closing",
@@ -82,7 +83,9 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
         self._holds = 0
         self._eof = False
         self.closing = False
-        self._last = asyncio.get_running_loop().time()
+        # Kept: get_running_loop() is a getpid() each call, once a read.
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
 
     def last_input(self) -> float | None:
         """When input last came (loop time), for the listeners' idle limit; None while
@@ -95,7 +98,7 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
         if self.closing:
             return
         self.live.counters.bytes_in += len(data)  # type: ignore[operator]  # counts_bytes
-        self._last = asyncio.get_running_loop().time()
+        self._last = self._loop.time()
         self._after(self.machine.receive(data))
 
     def eof_received(self) -> bool:
@@ -135,7 +138,7 @@ class OpenClusterSession(HeldReading, asyncio.Protocol):
         if batch is not None and batch is not self._waiting:
             self._waiting = batch
             if batch.done:
-                asyncio.get_running_loop().call_soon(self._committed)
+                self._loop.call_soon(self._committed)
             else:
                 batch.waiters.append(self._committed)
         if machine.full:

@@ -21,7 +21,9 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
+from fqbroker.accel import ACCELERATED
 from fqbroker.errors import KVStoreError
 from fqbroker.storage.diskalarm import DiskAlarm
 from fqbroker.storage.files import private_dirs
@@ -33,8 +35,9 @@ WARN_EVERY = 10.0  # seconds between lines about failing writes: a full disk fai
 
 __all__ = ["INT", "STRING", "Batch", "KVStore", "key_of"]
 
-INT = 1  # the kind of an i32 value
-STRING = 2  # the kind of a byte-string value
+# Final: compiled (mypyc), a constant in the code, not a lookup in the module's dict.
+INT: Final = 1  # the kind of an i32 value
+STRING: Final = 2  # the kind of a byte-string value
 
 SWEEP_SECONDS = 0.5  # expired keys are reclaimed within a second
 FOLD_BYTES = 64 << 20  # journal bytes that start a fold into sqlite
@@ -44,16 +47,30 @@ FOLD_BYTES = 64 << 20  # journal bytes that start a fold into sqlite
 # one turn of the loop, so there are more and smaller batches, and each fdatasync costs
 # CPU of its own.
 FLUSHES = 1
+# A flush ("full") is done on the loop, as Redis does with ``appendfsync always``, while
+# the last one took less than this: handing it to the journal thread and back cost more
+# CPU a batch than this disk's fdatasync blocks the loop, and the batches grow (every set
+# read during the flush joins the next). A slower disk's flushes go to the journal thread,
+# so that the loop goes on serving the other connections meanwhile (bench/RESULTS.md).
+INLINE_FLUSH = 0.001  # seconds
 
 _Bytes = bytes  # in KVStore, whose ``bytes`` property hides the type
 _pack_record = RECORD.pack
 # An OpenCluster set frame (docs/opencluster-protocol.md): its header (command, repcmd,
 # user id, payload length) and the payload's head (hashes, expires, full_wait, name
-# length), in one unpack; then the name and the value.
-_unpack_set_frame = struct.Struct(">hhiiIIiii").unpack_from
-_SET_FRAME_HEAD = 32
+# length), in one unpack; then the name and the value. The two 32-bit hashes are read
+# as one 64-bit key: (map_hash << 32) | key_hash, what key_of makes.
+_unpack_set_frame = struct.Struct(">hhiiQiii").unpack_from
+_SET_FRAME_HEAD: Final = 32
 _i32_from = struct.Struct(">i").unpack_from
-_SET_STRING = 2020  # its value is a string; set_int's (2000) an i32
+_SET_STRING: Final = 2020  # its value is a string; set_int's (2000) an i32
+_FRAMES: Final = FRAMES
+_COMPILED: Final = ACCELERATED  # this module is (mypyc)
+
+
+def _u32(buf: bytes, at: int) -> int:
+    """The big-endian unsigned 32-bit int at ``at``: compiled, four loads and no object."""
+    return buf[at] << 24 | buf[at + 1] << 16 | buf[at + 2] << 8 | buf[at + 3]
 
 
 def _failed(error: str) -> str | None:
@@ -122,6 +139,7 @@ class KVStore:
         self._failed_error = ""
         self._folding: asyncio.Future[str | None] | None = None
         self._closed = False
+        self._flush_seconds = 0.0  # how long the last fdatasync took (INLINE_FLUSH)
         try:
             private_dirs(path.parent)
             self._db = open_db(path)
@@ -271,17 +289,29 @@ class KVStore:
         start = pos
         grow = count = 0
         append = userids.append
+        unpack_frame, i32_from = _unpack_set_frame, _i32_from  # one lookup, not one a set
+        compiled = _COMPILED
         # Typed, so that compiled (mypyc) they are machine ints, not objects.
         cmd: int
         userid: int
         size: int
-        map_hash: int
-        key_hash: int
         expires: int
         n: int
         length: int
         while count < room and have - pos >= _SET_FRAME_HEAD:
-            cmd, _, userid, size, map_hash, key_hash, expires, _, n = _unpack_set_frame(buf, pos)
+            if compiled:  # machine loads, no tuple nor int objects (but the key)
+                cmd = buf[pos] << 8 | buf[pos + 1]
+                userid = _u32(buf, pos + 4)
+                if userid >= 0x80000000:  # >i
+                    userid -= 0x100000000
+                size = _u32(buf, pos + 8)  # negative: over max_payload
+                key = _u32(buf, pos + 12) << 32 | _u32(buf, pos + 16)
+                expires = _u32(buf, pos + 20)
+                if expires >= 0x80000000:  # negative: never, as 0
+                    expires = 0
+                n = _u32(buf, pos + 28)  # negative: over max_name
+            else:  # interpreted, one struct call costs less than the loads
+                cmd, _, userid, size, key, expires, _, n = unpack_frame(buf, pos)
             if cmd != command or size < 24 or size > max_payload:
                 break
             end = pos + 12 + size
@@ -290,16 +320,19 @@ class KVStore:
                 break
             value: int | bytes
             if string:
-                length = _i32_from(buf, at)[0]
-                if at + 4 + length != end or length < 0 or length > max_value:
+                # The value's length is the frame's rest; its 4 bytes must say so.
+                length = end - at - 4
+                if length < 0 or length > max_value:
+                    break
+                said = _u32(buf, at) if compiled else i32_from(buf, at)[0]
+                if said != length:
                     break
                 value = buf[at + 4 : end]
             else:
                 if at + 4 != end:
                     break
-                value = _i32_from(buf, at)[0]
+                value = i32_from(buf, at)[0]
                 length = 4
-            key = (map_hash << 32) | key_hash
             old = get(key)
             if old is None:
                 if len(values) >= max_keys:
@@ -314,14 +347,13 @@ class KVStore:
             else:
                 expiry = 0.0
             values[key] = (kind, value, expiry, buf[pos + _SET_FRAME_HEAD : at])
-            if key not in olds:
-                olds[key] = old
+            olds.setdefault(key, old)  # the value before the batch: its first set's old
             append(userid)
             pos = end
             count += 1
         if count:
             self._bytes += grow
-            batch.parts += (_pack_record(FRAMES, now, pos - start), buf[start:pos])
+            batch.parts += (_pack_record(_FRAMES, now, pos - start), buf[start:pos])
             batch.count += count
             if fresh:
                 self._open = batch
@@ -374,16 +406,27 @@ class KVStore:
                 self._finish(batch, None)
                 return
             batch.gen = journal.gen
+            if not (flushing or behind) and self._flush_seconds < INLINE_FLUSH:
+                # On the loop: nothing is in flight, so nothing is to complete before it.
+                failed = self._flush(journal.fd)
+                if failed is not None:
+                    journal.discard()  # its file may have lost pages: go on in a new one
+                self._finish(batch, failed)
+                return
             future = self._loop.run_in_executor(self._flusher, self._flush, journal.fd)
         flushing.append((batch, future))
         future.add_done_callback(self._flushed)
 
     def _flush(self, fd: int | None) -> str | None:
-        """In the journal thread: None, or why the fdatasync failed."""
+        """In the journal thread, or on the loop (INLINE_FLUSH): None, or why the
+        fdatasync failed."""
+        started = time.perf_counter()
         try:
             self._journal.flush(fd)
         except OSError as exc:
             return str(exc) or type(exc).__name__
+        finally:
+            self._flush_seconds = time.perf_counter() - started
         return None
 
     def _close_later(self, fd: int) -> None:
@@ -410,8 +453,13 @@ class KVStore:
                     self._journal.discard()
             elif batch.gen <= self._failed_gen:
                 error = self._failed_error
-        if error is None and self._unfolded + batch.size >= self.fold_bytes:
-            self._finish(batch, error)  # a fold, if none runs, before the next write
+        if error is None and (
+            self._unfolded + batch.size >= self.fold_bytes
+            or (not self._flushing and self._flush_seconds < INLINE_FLUSH)
+        ):
+            # A fold, if none runs, before the next write; or the next flush on the loop
+            # (the disk is fast again), once this batch's clients have their acks.
+            self._finish(batch, error)
             self._commit()
             return
         # The sets that came while this batch was flushed are written, and their flush

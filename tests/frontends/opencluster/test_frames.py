@@ -13,6 +13,7 @@ import tempfile
 import zlib
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -159,6 +160,57 @@ async def test_a_bad_frame_ends_the_run_after_the_sets_before_it(tmp_path: Path)
         assert out == wire.ack(wire.SET_STRING, 1) + wire.ack(wire.SET_INT, 2)
         assert machine.error is not None and "name of 17 bytes" in str(machine.error)
         assert store.keys == 2 and len(replayed(tmp_path / "kv.sqlite3")) == 2
+    finally:
+        await store.close()
+
+
+async def test_every_user_id_comes_back_in_its_ack_as_sent(tmp_path: Path) -> None:
+    store = KVStore(tmp_path / "kv.sqlite3", sync="normal")
+    try:
+        machine = Machine(store, LIMITS)
+        userids = [0, 1, -1, 2**31 - 1, -(2**31), 65_535, -65_536]
+        data = b"".join(wire.set_string(u, b"k%d" % i, b"v") for i, u in enumerate(userids))
+        data += b"".join(wire.set_int(u, b"i%d" % i, -7) for i, u in enumerate(userids))
+        out = await feed(machine, data, [])
+        assert out == b"".join(wire.ack(wire.SET_STRING, u) for u in userids) + b"".join(
+            wire.ack(wire.SET_INT, u) for u in userids
+        )
+        assert store.get(key_of(0, wire.fnv1a32(b"i2")))[:2] == (INT, -7)  # type: ignore[index]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("sets", [1, 2, 31, 32, 33, 64, 100])
+async def test_a_run_of_any_length_is_acked_one_header_each_in_order(
+    tmp_path: Path, sets: int
+) -> None:
+    store = KVStore(tmp_path / "kv.sqlite3", sync="normal")
+    try:
+        machine = Machine(store, LIMITS)
+        userids = [(i * 7919 - 50) * (-1) ** i for i in range(sets)]
+        data = b"".join(wire.set_int(u, b"k%d" % (i % 5), i) for i, u in enumerate(userids))
+        out = await feed(machine, data, [])
+        assert out == b"".join(wire.ack(wire.SET_INT, u) for u in userids)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("length", [2, 4, -1, 2**31 + 3, 2**32 - 3, 3 + (1 << 8), 3 + (1 << 24)])
+async def test_a_string_set_whose_length_field_is_not_its_values_ends_the_run(
+    tmp_path: Path, length: int
+) -> None:
+    store = KVStore(tmp_path / "kv.sqlite3", sync="normal")
+    try:
+        machine = Machine(store, LIMITS)
+        good = wire.set_string(1, b"a", b"x")
+        frame = bytearray(wire.set_string(2, b"b", b"yyy"))
+        at = wire.HEADER_SIZE + 20 + 1  # the value's length field, after the name "b"
+        assert frame[at : at + 4] == struct.pack(">i", 3)
+        frame[at : at + 4] = (length & 0xFFFFFFFF).to_bytes(4, "big")
+        out = await feed(machine, good + bytes(frame) + wire.set_int(3, b"c", 1), [])
+        assert out == wire.ack(wire.SET_STRING, 1)
+        assert machine.error is not None
+        assert store.keys == 1 and len(replayed(tmp_path / "kv.sqlite3")) == 1
     finally:
         await store.close()
 

@@ -260,8 +260,43 @@ async def test_a_torn_last_batch_is_ignored_and_the_batches_before_it_kept(
         await store.close()
     ((_, journal),) = journals(crashed)
     data = journal.read_bytes()
-    journal.write_bytes(data[:-3])  # the second batch's write never finished
+    # The batches, then the zeros written ahead of them (the last set's value ends in 2).
+    end = len(data.rstrip(b"\0"))
+    assert end < len(data)
+    journal.write_bytes(data[: end - 3])  # the second batch's write never finished
     caplog.set_level(logging.WARNING)
+    store = KVStore(crashed)
+    try:
+        assert store.get(key_of(0, 1)) == (INT, 1, 0.0, b"a") and store.get(key_of(0, 2)) is None
+        assert any("never finished" in r.getMessage() for r in caplog.records)
+    finally:
+        await store.close()
+
+
+async def test_a_batch_torn_over_the_zeros_ahead_is_ignored_and_the_zeros_are_no_damage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "db" / "kv.sqlite3"
+    store = KVStore(path)
+    try:
+        await committed(store.set(0, 1, b"a", INT, 1))
+        await committed(store.set(0, 2, b"b", INT, 2))
+        crashed = crash_copy(path, tmp_path / "crash")
+    finally:
+        await store.close()
+    ((_, journal),) = journals(crashed)
+    caplog.set_level(logging.WARNING)
+    # As written: both batches, and no word about the zeros (a copy: a close folds).
+    store = KVStore(crash_copy(crashed, tmp_path / "again"))
+    try:
+        assert store.get(key_of(0, 2)) == (INT, 2, 0.0, b"b")
+        assert not caplog.records
+    finally:
+        await store.close()
+    data = bytearray(journal.read_bytes())
+    end = len(data.rstrip(b"\0"))
+    data[end - 3 : end] = bytes(3)  # the last pages of the second batch never reached the disk
+    journal.write_bytes(bytes(data))
     store = KVStore(crashed)
     try:
         assert store.get(key_of(0, 1)) == (INT, 1, 0.0, b"a") and store.get(key_of(0, 2)) is None
@@ -290,6 +325,7 @@ class Flushes:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, in_flight: int = 2) -> None:
         monkeypatch.setattr(kvstore, "FLUSHES", in_flight)  # 2: a batch written behind one
+        monkeypatch.setattr(kvstore, "INLINE_FLUSH", 0.0)  # every flush in the thread
         self.gates: list[threading.Event] = []
         self.errors: list[OSError | None] = []
         self.open_at_flush: list[bool] = []
@@ -473,6 +509,7 @@ async def test_folds_wait_for_the_flushes_in_flight_and_lose_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(kvstore, "FLUSHES", 2)
+    monkeypatch.setattr(kvstore, "INLINE_FLUSH", 0.0)
     path = tmp_path / "db" / "kv.sqlite3"
     store = KVStore(path, fold_bytes=4096)
     try:
