@@ -181,8 +181,8 @@ def data_frames(topic: bytes, first: int, frames: list[bytes]) -> bytes:
     Each is a DATA head (packed again only when the size changes) and the offset, then the
     stored frame's tail from its u32 payload length on, which is byte for byte the tail of
     a DATA frame: no payload is copied out on its own. Compiled, the walk to the payload
-    length is indexing on bytes, and the offset one ``to_bytes``: about a third of the
-    interpreted loop's time a message (bench/RESULTS.md, figures behind comments).
+    length is indexing on bytes, and the offset one ``to_bytes``, where the interpreted
+    loop packed a struct a message (bench/RESULTS.md, figures behind comments).
     """
     t = len(topic)
     parts: list[bytes] = []

@@ -48,9 +48,8 @@ _SET_INT = 2000  # wire.SET_INT: the frames' other command is set_string
 # A synced journal ("full") is grown by this many zero bytes ahead of its batches: a
 # batch written over zeros leaves the file's size and blocks as they were, so its
 # fdatasync writes the data alone, where an append's must also commit the file's new
-# size to the filesystem's journal: 120 against 250 us, 55 against 115 us of CPU, for
-# 78 KB on the bench machine's ext4 (bench/RESULTS.md). PostgreSQL zero-fills its WAL
-# segments for the same reason.
+# size to the filesystem's journal: about half the time and CPU (bench/RESULTS.md,
+# figures behind comments). PostgreSQL zero-fills its WAL segments for the same reason.
 ZERO_AHEAD = 1 << 20
 
 # One replayed record: (map_hash, key_hash, kind, value, expires, name).
