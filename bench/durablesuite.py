@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .figgsuite import PUBLISH_COUNT, REPLAY_COUNT
+from .figgsuite import PUBLISH_COUNT, REPLAY_COUNT, timed_replay
 from .harness import Client, FqBroker, System, cpu_seconds, finish_all
 from .jetstream import JetStream
 from .rabbit import RabbitMQ
@@ -105,22 +105,7 @@ def js_replay_run(system: System, run: int, scale: float) -> dict[str, float]:
     if run == 0:
         _js_publish(system, "replay", count, WINDOW)  # the server lives through every run
     sub = Client("sub", system, module=system.loadgen, stream="replay", count=count, replay=True)
-    failed = True
-    try:
-        sub.ready()
-        cpu0 = cpu_seconds(system.pid)
-        sub.go()
-        got = sub.collect()
-        cpu1 = cpu_seconds(system.pid)
-        failed = False
-    finally:
-        finish_all([sub], failed=failed)
-    if got["received"] != count or not got["whole"]:
-        print(f"  ! jetstream replay: {got['received']} of {count}", flush=True)
-    return {
-        "rate": got["received"] / ((got["last_ns"] - got["start_ns"]) / 1e9),
-        "us": (cpu1 - cpu0) * 1e6 / max(1, got["received"]),
-    }
+    return timed_replay(system, sub, count, "jetstream")
 
 
 def _js_publish(system: JetStream, stream: str, count: int, window: int) -> dict[str, Any]:

@@ -78,19 +78,24 @@ def replay_run(broker: System, run: int, scale: float) -> dict[str, float]:
     count = _count(REPLAY_COUNT, scale)
     if run == 0:
         _publish(broker, "replay", count)  # the broker lives through every run
-    sub = _subscriber(broker, "replay", count, offset=0)
+    return timed_replay(broker, _subscriber(broker, "replay", count, offset=0), count, "figg")
+
+
+def timed_replay(system: System, sub: Client, count: int, name: str) -> dict[str, float]:
+    """A replay by ``sub``, timed from its ``go`` (it starts reading then) to its last
+    message: msg/s, and the server's CPU a message over that time."""
     failed = True
     try:
         sub.ready()
-        cpu0 = cpu_seconds(broker.pid)
+        cpu0 = cpu_seconds(system.pid)
         sub.go()
         got = sub.collect()
-        cpu1 = cpu_seconds(broker.pid)
+        cpu1 = cpu_seconds(system.pid)
         failed = False
     finally:
         finish_all([sub], failed=failed)
     if got["received"] != count or not got["whole"]:
-        print(f"  ! figg replay: {got['received']} of {count}, whole={got['whole']}", flush=True)
+        print(f"  ! {name} replay: {got['received']} of {count}, whole={got['whole']}", flush=True)
     return {
         "rate": got["received"] / ((got["last_ns"] - got["start_ns"]) / 1e9),
         "us": (cpu1 - cpu0) * 1e6 / max(1, got["received"]),

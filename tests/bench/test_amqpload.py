@@ -12,11 +12,8 @@ RabbitMQ: CI has none, and a live run is by hand (docs/bench.md, "Durable peers"
 
 from __future__ import annotations
 
-import io
-import json
 import socket
 import struct
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +23,7 @@ import pytest
 
 from bench import amqpload as amqp
 from bench.rabbit import RabbitMQ
+from tests.bench import roles
 
 
 def hexb(text: str) -> bytes:
@@ -292,12 +290,7 @@ class ScriptedServer:
 def run_role(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str
 ) -> dict[str, Any]:
-    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
-    amqp.main(list(argv))
-    ready, result = capsys.readouterr().out.splitlines()
-    assert ready == "READY"
-    figures: dict[str, Any] = json.loads(result)
-    return figures
+    return roles.run_role(amqp.main, monkeypatch, capsys, *argv)
 
 
 def test_pub_sets_up_confirms_and_keeps_at_most_its_window(

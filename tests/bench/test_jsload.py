@@ -8,12 +8,10 @@ which replays those bytes and checks the window and the flow-control answer.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import socket
 import struct
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 from bench import jsload
 from bench.jetstream import JetStream
 from bench.jsload import JetStreamError, Reader
+from tests.bench import roles
 
 INBOX = b"_INBOX.4b960b9d5f63"
 U64 = struct.Struct(">Q")
@@ -374,12 +373,7 @@ class ScriptedServer:
 def run_role(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *argv: str
 ) -> dict[str, Any]:
-    monkeypatch.setattr(sys, "stdin", io.StringIO("go\n"))
-    jsload.main(list(argv))
-    ready, result = capsys.readouterr().out.splitlines()
-    assert ready == "READY"
-    figures: dict[str, Any] = json.loads(result)
-    return figures
+    return roles.run_role(jsload.main, monkeypatch, capsys, *argv)
 
 
 def test_pub_keeps_at_most_its_window_without_a_puback(
