@@ -74,8 +74,9 @@ def _state(host: OpenClusterHost, settings: Settings) -> KVStore:
 
     table = settings.section(OpenCluster)
     return KVStore(
-        store_path(settings), sync=table.sync, max_keys=table.max_keys, alarm=host.disk_alarm
-    )
+        store_path(settings), sync=table.sync, max_keys=table.max_keys, alarm=host.disk_alarm,
+        inline_flush=table.inline_sync_ms / 1000,
+    )  # fmt: skip
 
 
 def _open(

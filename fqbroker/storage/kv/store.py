@@ -117,8 +117,12 @@ class KVStore:
         max_keys: int = 1_000_000,
         fold_bytes: int = FOLD_BYTES,
         alarm: DiskAlarm | None = None,
+        inline_flush: float | None = None,
     ) -> None:
         self.path = path
+        # An fdatasync runs on the loop while the last took under this many seconds (0:
+        # never): [opencluster] inline_sync_ms; None: INLINE_FLUSH's, read at each flush.
+        self._inline_flush = inline_flush
         # While it is raised (free space below disk_free_limit) a batch is not written
         # but failed as on a full disk: its sets are answered failinfo, gets go on.
         self.alarm = alarm
@@ -406,7 +410,8 @@ class KVStore:
                 self._finish(batch, None)
                 return
             batch.gen = journal.gen
-            if not (flushing or behind) and self._flush_seconds < INLINE_FLUSH:
+            inline = INLINE_FLUSH if self._inline_flush is None else self._inline_flush
+            if not (flushing or behind) and self._flush_seconds < inline:
                 # On the loop: nothing is in flight, so nothing is to complete before it.
                 failed = self._flush(journal.fd)
                 if failed is not None:

@@ -31,6 +31,8 @@ from tests.procs import Proc
         ("max_payload = 4294967296", "opencluster max_payload must fit"),
         ('listen = "host:port"', "opencluster listen 'host:port' is not HOST:PORT"),
         ('tls_key = "k.pem"', "opencluster tls_key needs tls_cert"),
+        ("inline_sync_ms = -1", "opencluster inline_sync_ms must be 0 or more"),
+        ("inline_sync_ms = nan", "opencluster inline_sync_ms must be 0 or more"),
     ],
 )
 def test_bad_opencluster_settings_are_clear_errors(
@@ -46,9 +48,13 @@ def test_opencluster_table_and_flag(tmp_path: Path) -> None:
     from fqbroker.cli.fqd import settings_from_args
 
     conf = tmp_path / "fqd.toml"
-    conf.write_text('[fqd]\n[opencluster]\nlisten = "0.0.0.0:"\nsync = "normal"\nmax_keys = 5\n')
+    conf.write_text(
+        '[fqd]\n[opencluster]\nlisten = "0.0.0.0:"\nsync = "normal"\nmax_keys = 5\n'
+        "inline_sync_ms = 0\n"
+    )
     table = Settings.from_toml(conf).section(OpenCluster)
-    assert (table.sync, table.max_keys) == ("normal", 5)
+    assert (table.sync, table.max_keys, table.inline_sync_ms) == ("normal", 5, 0.0)
+    assert Settings().section(OpenCluster).inline_sync_ms == 1.0
     assert table.address("127.0.0.1") == ("0.0.0.0", 13600)  # the protocol's port
     assert Settings.from_toml(conf).open_to_anyone() == ["0.0.0.0"]
     flagged = settings_from_args(["--config", str(conf), "--opencluster", "127.0.0.2:9"])

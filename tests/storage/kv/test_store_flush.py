@@ -118,3 +118,21 @@ async def test_a_failed_flush_on_the_loop_fails_its_batch_and_the_journal_goes_o
                 assert store.get(key_of(0, 2)) is None
         finally:
             await store.close()
+
+
+async def test_inline_flush_zero_keeps_every_fdatasync_in_the_journal_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # [opencluster] inline_sync_ms = 0: a disk that hangs in an fdatasync stalls the
+    # store's thread, never the loop.
+    syncs = Syncs(monkeypatch)
+    store = KVStore(tmp_path / "kv.sqlite3", inline_flush=0.0)
+    try:
+        await committed(store.set(0, 1, b"k", STRING, b"v"))
+        syncs.threads.clear()  # the journal's creation is synced where it is made
+        for n in range(3):
+            assert (await committed(store.set(0, 1, b"k", STRING, b"v%d" % n))).error is None
+        assert len(syncs.threads) == 3
+        assert all(t.startswith("fq-kvjournal") for t in syncs.threads), syncs.threads
+    finally:
+        await store.close()
