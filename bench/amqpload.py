@@ -36,12 +36,13 @@ close before it closes the connection (connection.close, close-ok).
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import struct
 import sys
 import time
 from collections.abc import Mapping
+
+from .loadgen import ready, report, wait_eof, wait_go
 
 PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
 FRAME_END = 0xCE
@@ -456,14 +457,6 @@ class Connection:
             self.sock.close()
 
 
-def _wait_go() -> None:
-    sys.stdin.readline()
-
-
-def _wait_eof() -> None:
-    sys.stdin.read()  # the harness says go again, then closes stdin
-
-
 def run_pub(args: argparse.Namespace) -> None:
     count, window = args.count, args.window
     conn = Connection(args.port)
@@ -478,8 +471,8 @@ def run_pub(args: argparse.Namespace) -> None:
     parts: list[bytes] = []  # before, seq, after for each message of a write
     scratch = bytearray(65536)
     view = memoryview(scratch)
-    print("READY", flush=True)
-    _wait_go()
+    ready()
+    wait_go()
     start = time.monotonic_ns()
     sent = 0
     while confirms.confirmed < count:
@@ -496,8 +489,8 @@ def run_pub(args: argparse.Namespace) -> None:
         confirms.feed(view[:n])
     end = time.monotonic_ns()
     result = {"sent": sent, "confirmed": confirms.confirmed, "start_ns": start, "end_ns": end}
-    print(json.dumps(result), flush=True)
-    _wait_eof()
+    report(**result)
+    wait_eof()
     conn.close()
 
 
@@ -513,8 +506,8 @@ def run_sub(args: argparse.Namespace) -> None:
     conn.expect(BASIC_CONSUME_OK, "basic.consume-ok")
     got = Deliveries(args.size)
     sock = conn.sock
-    print("READY", flush=True)
-    _wait_go()
+    ready()
+    wait_go()
     if conn.buf:  # deliveries read with the consume-ok (a queue not empty at start)
         got.feed(bytes(conn.buf))
     first_ns = time.monotonic_ns() if got.received else 0
@@ -542,8 +535,8 @@ def run_sub(args: argparse.Namespace) -> None:
         "last_ns": last_ns,
         "whole": got.whole and got.received == count,
     }
-    print(json.dumps(result), flush=True)
-    _wait_eof()
+    report(**result)
+    wait_eof()
     conn.close()
 
 

@@ -124,14 +124,20 @@ def _js_publish(system: JetStream, stream: str, count: int, window: int) -> dict
     return sent
 
 
-def _k(rate: float) -> str:
+def rate_text(rate: float) -> str:
+    """A rate as the table prints it: thousands as "k" from 10,000 on."""
     return f"{rate / 1000:,.0f}k" if rate >= 10_000 else f"{rate:,.0f}"
 
 
 def peer_row(label: str, ours: dict[str, float], theirs: dict[str, float], note: str) -> list[str]:
     """A row under one of ours: a peer's figures and ours as a ratio of them."""
     ratio = ours["rate"] / theirs["rate"]
-    return [f"  {label}", _k(theirs["rate"]), f"{theirs['us']:.2f}", f"ours {ratio:.2f}x; {note}"]
+    return [
+        f"  {label}",
+        rate_text(theirs["rate"]),
+        f"{theirs['us']:.2f}",
+        f"ours {ratio:.2f}x; {note}",
+    ]
 
 
 PROMISES = {

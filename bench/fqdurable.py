@@ -17,26 +17,17 @@ bench/loadgen.py each prints ``READY``, waits for ``go``, and prints one JSON li
 from __future__ import annotations
 
 import argparse
-import json
 import struct
-import sys
 import time
 
+from fqbroker.core.frames import frame_length
 from fqbroker.protocols.fq import wire
 
-from .loadgen import FqClient
+from .loadgen import FqClient, ready, report, wait_go
 
 _CONFIRMED = struct.Struct(">HQ")
 _SEQ = struct.Struct(">Q")
 READ_SIZE = 1 << 20
-
-
-def _wait_go() -> None:
-    sys.stdin.readline()
-
-
-def _report(**figures: object) -> None:
-    print(json.dumps(figures), flush=True)
 
 
 def frames(topic: bytes, size: int, first: int, count: int) -> bytes:
@@ -52,8 +43,8 @@ def run_pub(args: argparse.Namespace) -> None:
     cmd = client.cmd
     topic, count, window = args.topic.encode(), args.count, args.window
     step = max(1, window // 4)
-    print("READY", flush=True)
-    _wait_go()
+    ready()
+    wait_go()
     start = time.monotonic_ns()
     sent = confirmed = 0
     buf = b""
@@ -75,17 +66,8 @@ def run_pub(args: argparse.Namespace) -> None:
             confirmed = n
             buf = buf[_CONFIRMED.size :]
     end = time.monotonic_ns()
-    _report(sent=sent, confirmed=confirmed, start_ns=start, end_ns=end)
-    _wait_go()  # keep the connection until the harness is done with the run
-
-
-def _payload_at(frame: bytes | bytearray) -> int:
-    """Where the payload starts in a delivered frame: u8 exchange, exchange, u8 route,
-    route, 16-byte id, u8 sender, sender, u8 hops, 4 bytes a hop, u32 length."""
-    pos = 1 + frame[0]
-    pos += 1 + frame[pos] + 16
-    pos += 1 + frame[pos]
-    return pos + 1 + 4 * frame[pos] + 4
+    report(sent=sent, confirmed=confirmed, start_ns=start, end_ns=end)
+    wait_go()  # keep the connection until the harness is done with the run
 
 
 def run_sub(args: argparse.Namespace) -> None:
@@ -93,8 +75,8 @@ def run_sub(args: argparse.Namespace) -> None:
     client = FqClient(args.port, b"sub", queue, args.topic.encode())
     sock = client.open_data()
     size, count = args.size, args.count
-    print("READY", flush=True)
-    _wait_go()
+    ready()
+    wait_go()
     data = bytearray()
     received = first = last = at = fsize = 0
     whole = True
@@ -107,8 +89,8 @@ def run_sub(args: argparse.Namespace) -> None:
         if not at:
             if len(data) < 64:
                 continue
-            at = _payload_at(data)
-            fsize = at + size
+            fsize = frame_length(data)  # every delivered frame the same size
+            at = fsize - size
         n = len(data) // fsize
         for i in range(n):
             if _SEQ.unpack_from(data, i * fsize + at)[0] != received + i:
@@ -116,8 +98,8 @@ def run_sub(args: argparse.Namespace) -> None:
         received += n
         del data[: n * fsize]
         last = time.monotonic_ns()
-    _report(received=received, first_ns=first, last_ns=last, whole=whole and not data)
-    _wait_go()
+    report(received=received, first_ns=first, last_ns=last, whole=whole and not data)
+    wait_go()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -39,6 +39,8 @@ import sys
 import time
 from typing import Any
 
+from .loadgen import ready, report, wait_eof, wait_go
+
 CRLF = b"\r\n"
 PING = b"PING\r\n"
 PONG = b"PONG\r\n"
@@ -438,16 +440,6 @@ class Conn:
 # --- roles -----------------------------------------------------------------------------------
 
 
-def _wait_go() -> None:
-    sys.stdin.readline()
-
-
-def _wait_eof() -> None:
-    """Keep the connection until the harness closes stdin (it may say go first)."""
-    while sys.stdin.readline():
-        pass
-
-
 def run_pub(args: argparse.Namespace) -> None:
     count, window = args.count, args.window
     conn = Conn(args.port)
@@ -456,8 +448,8 @@ def run_pub(args: argparse.Namespace) -> None:
     view = memoryview(block)
     sock, reader = conn.sock, conn.reader
     recv, feed = sock.recv, reader.feed_acks
-    print("READY", flush=True)
-    _wait_go()
+    ready()
+    wait_go()
     start = time.monotonic_ns()
     sent = 0
     while reader.acks < count:
@@ -473,8 +465,8 @@ def run_pub(args: argparse.Namespace) -> None:
             conn.flush()
     end = time.monotonic_ns()
     result = {"sent": sent, "confirmed": reader.acks, "start_ns": start, "end_ns": end}
-    print(json.dumps(result), flush=True)
-    _wait_eof()
+    report(**result)
+    wait_eof()
     sock.close()
 
 
@@ -488,12 +480,12 @@ def run_sub(args: argparse.Namespace) -> None:
     if not args.replay:
         # Live: the consumer is there before READY, so it drains while the publisher runs.
         conn.await_reply(conn.send_request(consumer, body))
-        print("READY", flush=True)
-        _wait_go()
+        ready()
+        wait_go()
     else:
         # Replay: timed from go, the consumer's creation included.
-        print("READY", flush=True)
-        _wait_go()
+        ready()
+        wait_go()
         start_ns = time.monotonic_ns()
         conn.send_request(consumer, body)  # its reply is walked with the deliveries
     sock, reader = conn.sock, conn.reader
@@ -532,9 +524,9 @@ def run_sub(args: argparse.Namespace) -> None:
         "first_seq": reader.first_seq,
         "flow_controls": reader.flow_controls,
     }
-    print(json.dumps(result), flush=True)
+    report(**result)
     sock.settimeout(None)
-    _wait_eof()
+    wait_eof()
     sock.close()
 
 

@@ -237,17 +237,23 @@ def make_proto(args: argparse.Namespace) -> Proto:
     return NatsProto(args.port, topic)
 
 
-def _ready() -> None:
+def ready() -> None:
     print("READY", flush=True)
 
 
-def _report(**figures: object) -> None:
+def report(**figures: object) -> None:
     print(json.dumps(figures), flush=True)
 
 
-def _wait_go() -> None:
+def wait_go() -> None:
     """Block until the harness says go (a line on stdin): every process starts together."""
     sys.stdin.readline()
+
+
+def wait_eof() -> None:
+    """Keep the connections until the harness closes stdin (it may say go first)."""
+    while sys.stdin.readline():
+        pass
 
 
 # --- roles -----------------------------------------------------------------------------------
@@ -267,8 +273,8 @@ def run_pub(args: argparse.Namespace) -> None:
         block = b"".join(proto.frame(payload, i % args.routes) for i in range(per_send))
     credit = Credit(args.credit) if args.credit else None
     subs, pubs = args.subs, args.pubs
-    _ready()
-    _wait_go()
+    ready()
+    wait_go()
     start = time.monotonic_ns()
     sent = 0
     count = args.count
@@ -291,8 +297,8 @@ def run_pub(args: argparse.Namespace) -> None:
             time.sleep(0.0005)
         tail = time.monotonic_ns()
         sock.sendall(frame)
-    _report(sent=sent, start_ns=start, end_ns=end, tail_ns=tail)
-    _wait_go()  # keep the connection until the harness is done with the run
+    report(sent=sent, start_ns=start, end_ns=end, tail_ns=tail)
+    wait_go()  # keep the connection until the harness is done with the run
 
 
 def _frame_size(proto: Proto, size: int, buf: bytes) -> int:
@@ -317,7 +323,7 @@ def run_sub(args: argparse.Namespace) -> None:
     sock, buf = proto.subscriber(f"{args.topic}-{args.slot}")
     credit = Credit(args.credit) if args.credit else None
     slot = args.slot
-    _ready()
+    ready()
     expected = args.count
     data = bytearray(buf)
     first = 0
@@ -353,7 +359,7 @@ def run_sub(args: argparse.Namespace) -> None:
         pass
     if credit is not None:
         credit.set(slot, total // fsize)
-    _report(
+    report(
         received=total // fsize,
         whole=total % fsize == 0,
         frame=fsize,
@@ -367,8 +373,8 @@ def run_latpub(args: argparse.Namespace) -> None:
     sock = proto.publisher(args.ident)
     filler = b"x" * (args.size - 8)
     tick = 0.001
-    _ready()
-    _wait_go()
+    ready()
+    wait_go()
     start = time.monotonic_ns()
     end = start + int(args.seconds * 1e9)
     sent = 0
@@ -385,14 +391,14 @@ def run_latpub(args: argparse.Namespace) -> None:
             sock.sendall(one * due)
             sent += due
         time.sleep(max(0.0, tick - (time.monotonic_ns() - now) / 1e9) if due > 0 else tick / 4)
-    _report(sent=sent, start_ns=start, end_ns=time.monotonic_ns())
-    _wait_go()
+    report(sent=sent, start_ns=start, end_ns=time.monotonic_ns())
+    wait_go()
 
 
 def run_latsub(args: argparse.Namespace) -> None:
     proto = make_proto(args)
     sock, buf = proto.subscriber(f"{args.topic}-{args.slot}")
-    _ready()
+    ready()
     data = bytearray(buf)
     sock.settimeout(args.idle_timeout)
     fsize = 0
@@ -419,14 +425,14 @@ def run_latsub(args: argparse.Namespace) -> None:
             pos = 0
     except TimeoutError:
         pass
-    _report(received=len(latencies), lat_ns=latencies)
+    report(received=len(latencies), lat_ns=latencies)
 
 
 def run_hold(args: argparse.Namespace) -> None:
     field = b"hold\0mem:private,drop,backlog=%d,backlog_bytes=0" % args.backlog
     client = FqClient(args.port, b"hold", field, args.topic.encode())
-    _ready()
-    _wait_go()
+    ready()
+    wait_go()
     client.cmd.close()
 
 
@@ -448,8 +454,8 @@ def run_idle(args: argparse.Namespace) -> None:
     for i, client in enumerate(clients):
         client.cmd.setblocking(False)
         sel.register(client.cmd, selectors.EVENT_READ, i)
-    _ready()
-    _wait_go()
+    ready()
+    wait_go()
     # Heartbeats asked for only now: while the others were being set up, nobody answered.
     hbreq = wire.encode(wire.HeartbeatRequest(args.hb_ms))
     for client in clients:
@@ -484,7 +490,7 @@ def run_idle(args: argparse.Namespace) -> None:
     interval = args.hb_ms * 1_000_000
     gaps = [b - a for times in arrivals for a, b in itertools.pairwise(times)]
     late = [g - interval for g in gaps]
-    _report(
+    report(
         clients=len(clients),
         connections=2 * len(clients),
         heartbeats=sum(map(len, arrivals)),
@@ -495,7 +501,7 @@ def run_idle(args: argparse.Namespace) -> None:
         errors=errors,
         closed=len(closed),
     )
-    _wait_go()
+    wait_go()
 
 
 ROLES: dict[str, Callable[[argparse.Namespace], None]] = {

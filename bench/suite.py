@@ -24,6 +24,7 @@ from .durablesuite import (
     js_publish_run,
     js_replay_run,
     peer_row,
+    rate_text,
 )
 from .figgsuite import FANOUT_SUBS, fanout_run, publish_run, publish_run_4, replay_run
 from .flame import Flame
@@ -227,10 +228,6 @@ def interleaved(
 # --- formatting ------------------------------------------------------------------------------
 
 
-def _rate(value: float) -> str:
-    return f"{value / 1000:,.0f}k" if value >= 10_000 else f"{value:,.0f}"
-
-
 def _ratio(ours: float, theirs: float | None) -> str:
     return f"{ours / theirs:.2f}x" if theirs else "-"
 
@@ -253,10 +250,10 @@ class Table:
 
     def flow(self, label: str, res: dict[str, dict[str, float]], target: str) -> None:
         ours = res["fqbroker"]
-        row = [label, _rate(ours["rate"]), f"{ours['us']:.2f}"]
+        row = [label, rate_text(ours["rate"]), f"{ours['us']:.2f}"]
         for p in self.peers:
             r = res.get(p)
-            row += [_rate(r["rate"]), f"{r['us']:.2f}"] if r else ["-", "-"]
+            row += [rate_text(r["rate"]), f"{r['us']:.2f}"] if r else ["-", "-"]
         for p in self.peers:
             r = res.get(p)
             row.append(_ratio(ours["rate"], r["rate"] if r else None))
@@ -307,13 +304,13 @@ def scenario_disk(cfg: Config, table: Table) -> None:
         r = res["fqbroker"]
         target = ">=150k, last <=20 ms" if policy == "interval" else ""
         tail = f"then one more message: delivered in {r['tail_ms']:.1f} ms"
-        row = [flow.label, _rate(r["rate"]), f"{r['us']:.2f}"]
+        row = [flow.label, rate_text(r["rate"]), f"{r['us']:.2f}"]
         before = res.get(BASELINE)
         if before is None:
             row.append(tail)
         else:  # its own columns and ratio; the tail note names both
             tail += f" ({BASELINE}: {before['tail_ms']:.1f} ms)"
-            row += [_rate(before["rate"]), f"{before['us']:.2f}", tail]
+            row += [rate_text(before["rate"]), f"{before['us']:.2f}", tail]
             vs_before = len(table.head) - 1 - len(table.peers) + table.peers.index(BASELINE)
             row += [""] * (vs_before - len(row)) + [_ratio(r["rate"], before["rate"])]
         table.add(row, target)
@@ -443,7 +440,7 @@ def scenario_lumberjack(cfg: Config, table: Table) -> None:
     table.add(
         [
             "Lumberjack ingest, 300 B JSON, compressed batches of 2,048",
-            f"{_rate(r['rate'])} ev/s",
+            f"{rate_text(r['rate'])} ev/s",
             f"{r['us']:.2f}",
             "events delivered to an fq consumer; us: broker CPU per event",
         ],
@@ -491,7 +488,7 @@ def scenario_figg(cfg: Config, table: Table) -> None:
         res = interleaved(systems, cfg.runs, each)
         r = res["fqbroker"]
         unit = "dlv/s" if one is fanout_run else "msg/s"
-        table.add([label, f"{_rate(r['rate'])} {unit}", f"{r['us']:.2f}"], target)
+        table.add([label, f"{rate_text(r['rate'])} {unit}", f"{r['us']:.2f}"], target)
         if BASELINE in res:
             table.add(peer_row(BASELINE, r, res[BASELINE], "the baseline tree"))
         if beside is not None:
@@ -509,7 +506,7 @@ def scenario_durable(cfg: Config, table: Table) -> None:
     r = res["fqbroker"]
     label = f"confirmed durable publish 1 to 1, {SIZE} B, window {WINDOW:,}"
     promise = f"disk queue, fsync={FSYNC}: confirmed once fsynced"
-    table.add([label, _rate(r["rate"]), f"{r['us']:.2f}", promise], DURABLE_TARGET)
+    table.add([label, rate_text(r["rate"]), f"{r['us']:.2f}", promise], DURABLE_TARGET)
     if BASELINE in res:
         table.add(peer_row(BASELINE, r, res[BASELINE], "the baseline tree"))
     for p in peers:
@@ -529,7 +526,7 @@ def scenario_fyrehose(cfg: Config, table: Table) -> None:
     r = res["fqbroker"]
     lost = f"lost on loopback: {r['lost']:,.0f} of {r['expected']:,.0f}"
     label = f"fyrehose PUSH to DELIVER, {SUBS} subscribers, 100 B"
-    table.add([label, f"{_rate(r['rate'])} dlv/s", f"{r['us']:.2f}", lost])
+    table.add([label, f"{rate_text(r['rate'])} dlv/s", f"{r['us']:.2f}", lost])
     res = interleaved(
         [FqBroker(fyrehose=True)], cfg.runs, lambda s, run: lossy_run(s, run, cfg.scale)
     )
@@ -539,7 +536,7 @@ def scenario_fyrehose(cfg: Config, table: Table) -> None:
         f" p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms"
     )
     label = f"fyrehose, {LOSS:.0%} loss each way, gaps REQUESTed"
-    table.add([label, f"{_rate(r['rate'])} dlv/s", f"{r['us']:.2f}", note])
+    table.add([label, f"{rate_text(r['rate'])} dlv/s", f"{r['us']:.2f}", note])
 
 
 def scenario_opencluster(cfg: Config, table: Table) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from bench.fqdurable import _payload_at, frames
-from fqbroker.core.frames import scan_runs, stamp
+from bench.fqdurable import frames
+from fqbroker.core.frames import peer_fields, scan_runs, stamp
 
 
 def test_frames_are_publisher_frames_numbered_in_their_payloads() -> None:
@@ -16,6 +16,6 @@ def test_frames_are_publisher_frames_numbered_in_their_payloads() -> None:
     [(exchange, route, delivered, _)] = out
     assert (exchange, route, len(delivered)) == (b"ex", b"r.k", 3)
     for seq, frame in enumerate(delivered, 7):
-        at = _payload_at(frame)
-        assert len(frame) - at == 100
-        assert struct.unpack_from(">Q", frame, at)[0] == seq
+        payload = peer_fields(frame)[2]
+        assert len(payload) == 100
+        assert struct.unpack_from(">Q", payload)[0] == seq

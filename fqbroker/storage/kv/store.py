@@ -410,8 +410,7 @@ class KVStore:
                 self._finish(batch, None)
                 return
             batch.gen = journal.gen
-            inline = INLINE_FLUSH if self._inline_flush is None else self._inline_flush
-            if not (flushing or behind) and self._flush_seconds < inline:
+            if not (flushing or behind) and self._disk_is_fast():
                 # On the loop: nothing is in flight, so nothing is to complete before it.
                 failed = self._flush(journal.fd)
                 if failed is not None:
@@ -421,6 +420,12 @@ class KVStore:
             future = self._loop.run_in_executor(self._flusher, self._flush, journal.fd)
         flushing.append((batch, future))
         future.add_done_callback(self._flushed)
+
+    def _disk_is_fast(self) -> bool:
+        """Whether the next fdatasync runs on the loop: the last took under the threshold
+        (``inline_flush``, else INLINE_FLUSH, read now: tests change it)."""
+        limit = INLINE_FLUSH if self._inline_flush is None else self._inline_flush
+        return self._flush_seconds < limit
 
     def _flush(self, fd: int | None) -> str | None:
         """In the journal thread, or on the loop (INLINE_FLUSH): None, or why the
@@ -460,7 +465,7 @@ class KVStore:
                 error = self._failed_error
         if error is None and (
             self._unfolded + batch.size >= self.fold_bytes
-            or (not self._flushing and self._flush_seconds < INLINE_FLUSH)
+            or (not self._flushing and self._disk_is_fast())
         ):
             # A fold, if none runs, before the next write; or the next flush on the loop
             # (the disk is fast again), once this batch's clients have their acks.

@@ -9,11 +9,10 @@ header's fields are read by indexing the bytes, no tuple a record; the crc is zl
 from __future__ import annotations
 
 import zlib
-from typing import Final
+
+from fqbroker.storage.segments.records import HEADER_SIZE
 
 __all__ = ["checked_payloads"]
-
-_HEADER_SIZE: Final = 16  # records.HEADER: crc32, payload length, seq (big-endian)
 
 
 def checked_payloads(
@@ -26,13 +25,14 @@ def checked_payloads(
     match is damage, for the careful reader to step over."""
     size = len(buf)
     pos = 0
-    cut = _HEADER_SIZE + skip
+    head = HEADER_SIZE  # crc32, payload length, seq (big-endian): read once a call
+    cut = head + skip
     crc32 = zlib.crc32
     with memoryview(buf) as view:
-        while pos + _HEADER_SIZE <= size and seq < stop:
+        while pos + head <= size and seq < stop:
             crc = buf[pos] << 24 | buf[pos + 1] << 16 | buf[pos + 2] << 8 | buf[pos + 3]
             length = buf[pos + 4] << 24 | buf[pos + 5] << 16 | buf[pos + 6] << 8 | buf[pos + 7]
-            end = pos + _HEADER_SIZE + length
+            end = pos + head + length
             if end > size:
                 break  # cut off: read on next time
             high = buf[pos + 8] << 24 | buf[pos + 9] << 16 | buf[pos + 10] << 8 | buf[pos + 11]
